@@ -13,4 +13,10 @@
 //! * `embedded`: a throwaway local PostgreSQL cluster, for the zero-config default and tests.
 
 pub mod auth;
+pub mod config;
+pub mod driver;
 pub mod embedded;
+pub mod error;
+pub mod pool;
+pub mod protocol;
+pub mod session;

@@ -1,1 +1,106 @@
-fn main() {}
+//! The `parsnip` binary: parse the command line, load the configuration, start the
+//! embedded PostgreSQL when no server is given, run the pooler until a signal.
+
+use clap::Parser;
+use parsnip::config::{Cli, Config, DbUrl, LogFormat, cli::apply_url};
+use parsnip::embedded::{Cluster, ClusterOptions};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+fn init_logging(cfg: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.log_level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cfg.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut embedded = None;
+    let cfg = if cli.wants_embedded() {
+        let cluster = match Cluster::start(ClusterOptions::default()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("parsnip: could not start the embedded PostgreSQL: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let mut cfg = match cli.to_config_without_databases() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("parsnip: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let url = DbUrl {
+            user: cluster.superuser().to_owned(),
+            password: None,
+            host: cluster.socket_dir().display().to_string(),
+            port: cluster.port(),
+            dbname: "postgres".into(),
+        };
+        apply_url(&mut cfg, &url, true);
+        eprintln!(
+            "parsnip: embedded PostgreSQL {} running in {} (port {}); connect with: psql -h 127.0.0.1 -p {} -U postgres postgres",
+            cluster.major_version(),
+            cluster.data_dir().display(),
+            cluster.port(),
+            cfg.listen
+                .iter()
+                .find_map(|l| l.rsplit_once(':').map(|(_, p)| p.to_owned()))
+                .unwrap_or_else(|| "6432".into())
+        );
+        embedded = Some(cluster);
+        cfg
+    } else {
+        match cli.to_config() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("parsnip: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    init_logging(&cfg);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("parsnip: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = rt.block_on(run(Arc::new(cfg)));
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    drop(embedded);
+    code
+}
+
+async fn run(cfg: Arc<Config>) -> ExitCode {
+    use tokio::signal::unix::{SignalKind, signal};
+    let handle = match parsnip::driver::start(cfg).await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!("cannot listen: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers");
+        return ExitCode::FAILURE;
+    };
+    tokio::select! {
+        _ = term.recv() => {
+            tracing::info!("SIGTERM: graceful shutdown, waiting for transactions to finish");
+            tokio::select! {
+                _ = handle.shutdown() => tracing::info!("all clients gone, exiting"),
+                _ = int.recv() => tracing::info!("SIGINT: immediate shutdown"),
+            }
+        }
+        _ = int.recv() => tracing::info!("SIGINT: immediate shutdown"),
+    }
+    ExitCode::SUCCESS
+}

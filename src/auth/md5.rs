@@ -65,16 +65,11 @@ pub fn verify_md5(secret: &Secret, user: &str, salt: [u8; 4], response: &[u8]) -
 pub fn verify_cleartext(secret: &Secret, user: &str, password: &[u8]) -> bool {
     match secret {
         Secret::Plain(stored) => ct_eq(&sha256(stored.as_bytes()), &sha256(password)),
-        Secret::Md5(stored) => ct_eq(
-            md5_secret_bytes(user.as_bytes(), password).as_bytes(),
-            stored.as_bytes(),
-        ),
+        Secret::Md5(stored) => ct_eq(md5_secret_bytes(user.as_bytes(), password).as_bytes(), stored.as_bytes()),
         Secret::Scram(stored) => {
-            let derived =
-                ScramSecret::from_password_bytes(password, &stored.salt, stored.iterations);
+            let derived = ScramSecret::from_password_bytes(password, &stored.salt, stored.iterations);
             // Non-short-circuiting `&` keeps both comparisons in the timing.
-            ct_eq(&derived.stored_key, &stored.stored_key)
-                & ct_eq(&derived.server_key, &stored.server_key)
+            ct_eq(&derived.stored_key, &stored.stored_key) & ct_eq(&derived.server_key, &stored.server_key)
         }
     }
 }
@@ -105,20 +100,10 @@ mod tests {
         assert!(matches!(md5, Secret::Md5(_)));
         for s in [&plain, &md5] {
             assert!(verify_md5(s, "postgres", SALT, RESPONSE.as_bytes()));
-            assert!(!verify_md5(
-                s,
-                "postgres",
-                [1, 2, 3, 5],
-                RESPONSE.as_bytes()
-            ));
+            assert!(!verify_md5(s, "postgres", [1, 2, 3, 5], RESPONSE.as_bytes()));
             assert!(!verify_md5(s, "postgres", SALT, b""));
             assert!(!verify_md5(s, "postgres", SALT, &RESPONSE.as_bytes()[..34]));
-            assert!(!verify_md5(
-                s,
-                "postgres",
-                SALT,
-                b"md5bb41a296aab6baccb36ff243a562abfe"
-            ));
+            assert!(!verify_md5(s, "postgres", SALT, b"md5bb41a296aab6baccb36ff243a562abfe"));
         }
         // A plain secret is hashed with the user name; a stored md5 secret already contains it.
         assert!(!verify_md5(&plain, "other", SALT, RESPONSE.as_bytes()));
@@ -132,11 +117,7 @@ mod tests {
         let kinds = [
             Secret::Plain("secret".into()),
             Secret::Md5(SECRET.into()),
-            Secret::Scram(ScramSecret::from_password(
-                "secret",
-                b"0123456789abcdef",
-                64,
-            )),
+            Secret::Scram(ScramSecret::from_password("secret", b"0123456789abcdef", 64)),
         ];
         for s in &kinds {
             assert!(verify_cleartext(s, "postgres", b"secret"), "{s:?}");

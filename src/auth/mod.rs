@@ -51,9 +51,7 @@ impl fmt::Display for AuthError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AuthError::Malformed(what) => write!(f, "malformed authentication message: {what}"),
-            AuthError::ChannelBinding => {
-                f.write_str("SCRAM channel binding is not supported or does not match")
-            }
+            AuthError::ChannelBinding => f.write_str("SCRAM channel binding is not supported or does not match"),
             AuthError::WrongPassword => f.write_str("password authentication failed"),
             AuthError::UnsupportedSecret => {
                 f.write_str("the stored secret cannot be used with this authentication method")
@@ -95,10 +93,6 @@ mod tests {
             AuthError::Malformed("missing nonce").to_string(),
             "malformed authentication message: missing nonce"
         );
-        assert!(
-            AuthError::ServerRejected("invalid-proof".into())
-                .to_string()
-                .contains("invalid-proof")
-        );
+        assert!(AuthError::ServerRejected("invalid-proof".into()).to_string().contains("invalid-proof"));
     }
 }

@@ -32,8 +32,7 @@ const NONCE_LEN: usize = 18;
 /// HMAC-SHA-256 of the concatenation of `parts` under `key`.
 pub(crate) fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC is defined for keys of any length (long keys are hashed), so this cannot fail.
-    let mut mac =
-        <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC accepts keys of any length");
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC accepts keys of any length");
     for part in parts {
         mac.update(part);
     }
@@ -100,11 +99,7 @@ fn attribute(part: &str) -> Option<(u8, &str)> {
 }
 
 /// The value of `part` if it is the attribute `name`, else `Malformed(missing)`.
-fn expect_attribute<'a>(
-    part: Option<&'a str>,
-    name: u8,
-    missing: &'static str,
-) -> Result<&'a str, AuthError> {
+fn expect_attribute<'a>(part: Option<&'a str>, name: u8, missing: &'static str) -> Result<&'a str, AuthError> {
     match part.and_then(attribute) {
         Some((n, value)) if n == name => Ok(value),
         _ => Err(AuthError::Malformed(missing)),
@@ -127,9 +122,7 @@ fn decode_base64(s: &str, what: &'static str) -> Result<Vec<u8>, AuthError> {
 
 /// Decodes a base64 proof, signature or key, which must be exactly 32 bytes.
 fn decode_key(s: &str, what: &'static str) -> Result<[u8; 32], AuthError> {
-    decode_base64(s, what)?
-        .try_into()
-        .map_err(|_| AuthError::Malformed(what))
+    decode_base64(s, what)?.try_into().map_err(|_| AuthError::Malformed(what))
 }
 
 fn xor(a: &[u8; 32], b: &[u8; 32]) -> [u8; 32] {
@@ -138,11 +131,7 @@ fn xor(a: &[u8; 32], b: &[u8; 32]) -> [u8; 32] {
 
 /// AuthMessage = client-first-message-bare + "," + server-first-message + "," +
 /// client-final-message-without-proof.
-fn auth_message(
-    client_first_bare: &str,
-    server_first: &str,
-    client_final_no_proof: &str,
-) -> String {
+fn auth_message(client_first_bare: &str, server_first: &str, client_final_no_proof: &str) -> String {
     format!("{client_first_bare},{server_first},{client_final_no_proof}")
 }
 
@@ -161,11 +150,7 @@ mod tests {
     }
 
     fn cheap_secret(password: &str) -> Secret {
-        Secret::Scram(ScramSecret::from_password(
-            password,
-            b"NaCl-NaCl-NaCl!!",
-            32,
-        ))
+        Secret::Scram(ScramSecret::from_password(password, b"NaCl-NaCl-NaCl!!", 32))
     }
 
     #[test]
@@ -208,10 +193,7 @@ mod tests {
         for secret in [Secret::Plain("right".into()), cheap_secret("right")] {
             let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
             let mut client = ScramClient::with_password("wrong", "cli".into());
-            assert_eq!(
-                exchange(&mut client, &mut server),
-                Err(AuthError::WrongPassword)
-            );
+            assert_eq!(exchange(&mut client, &mut server), Err(AuthError::WrongPassword));
             assert_eq!(server.client_key(), None);
             // The exchange is over: a retry of the final message is refused.
             assert!(server.handle_client_final(b"c=biws,r=clisrv,p=").is_err());
@@ -229,10 +211,7 @@ mod tests {
     fn invalid_server_nonce_rejected() {
         let secret = cheap_secret("pw");
         for nonce in ["", "a,b", "a b", "é", "a\u{7f}"] {
-            assert!(
-                ScramServer::new(&secret, nonce.into()).is_none(),
-                "{nonce:?}"
-            );
+            assert!(ScramServer::new(&secret, nonce.into()).is_none(), "{nonce:?}");
         }
     }
 
@@ -241,9 +220,7 @@ mod tests {
         // The pooler authenticates a client, then logs in to "PostgreSQL" (a second server with
         // the same stored secret) with the recovered ClientKey.
         let pg_secret = cheap_secret("s3cret");
-        let Secret::Scram(scram) = &pg_secret else {
-            unreachable!()
-        };
+        let Secret::Scram(scram) = &pg_secret else { unreachable!() };
         let mut front = ScramServer::new(&pg_secret, "front".into()).expect("scram");
         let mut client = ScramClient::with_password("s3cret", "c1".into());
         exchange(&mut client, &mut front).expect("client authenticates");
@@ -251,8 +228,7 @@ mod tests {
 
         // With the ServerKey known, the server signature is verified.
         let mut backend = ScramServer::new(&pg_secret, "pg".into()).expect("scram");
-        let mut pooler =
-            ScramClient::with_client_key(client_key, Some(scram.server_key), "c2".into());
+        let mut pooler = ScramClient::with_client_key(client_key, Some(scram.server_key), "c2".into());
         exchange(&mut pooler, &mut backend).expect("pooler authenticates with the client key");
         assert_eq!(backend.client_key(), Some(client_key));
 
@@ -264,18 +240,12 @@ mod tests {
         // A wrong ServerKey makes the client reject the server.
         let mut backend = ScramServer::new(&pg_secret, "pg".into()).expect("scram");
         let mut pooler = ScramClient::with_client_key(client_key, Some([7; 32]), "c4".into());
-        assert_eq!(
-            exchange(&mut pooler, &mut backend),
-            Err(AuthError::BadServerSignature)
-        );
+        assert_eq!(exchange(&mut pooler, &mut backend), Err(AuthError::BadServerSignature));
 
         // A wrong ClientKey is refused by the server.
         let mut backend = ScramServer::new(&pg_secret, "pg".into()).expect("scram");
         let mut pooler = ScramClient::with_client_key([1; 32], None, "c5".into());
-        assert_eq!(
-            exchange(&mut pooler, &mut backend),
-            Err(AuthError::WrongPassword)
-        );
+        assert_eq!(exchange(&mut pooler, &mut backend), Err(AuthError::WrongPassword));
     }
 
     #[test]
@@ -298,10 +268,7 @@ mod tests {
             (b"n,,n=,r=abc,garbage", AuthError::Malformed("")),
             (b"n,,n=,r=a b", AuthError::Malformed("")),
             (b"n,,n=,r=abc\xff", AuthError::Malformed("")),
-            (
-                b"p=tls-server-end-point,,n=,r=abc",
-                AuthError::ChannelBinding,
-            ),
+            (b"p=tls-server-end-point,,n=,r=abc", AuthError::ChannelBinding),
         ];
         for (msg, want) in cases {
             let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
@@ -313,11 +280,7 @@ mod tests {
             }
         }
         // Valid variants: "y,,", empty user name, a trailing extension.
-        for msg in [
-            &b"y,,n=,r=abc"[..],
-            b"n,,n=someone,r=abc",
-            b"n,,n=,r=abc,x=1",
-        ] {
+        for msg in [&b"y,,n=,r=abc"[..], b"n,,n=someone,r=abc", b"n,,n=,r=abc,x=1"] {
             let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
             assert!(server.handle_client_first(msg).is_ok(), "{msg:?}");
         }
@@ -341,15 +304,9 @@ mod tests {
         ];
         for msg in cases {
             let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
-            server
-                .handle_client_first(b"n,,n=,r=cli")
-                .expect("valid client-first");
+            server.handle_client_first(b"n,,n=,r=cli").expect("valid client-first");
             let got = server.handle_client_final(msg);
-            assert!(
-                matches!(got, Err(AuthError::Malformed(_))),
-                "{:?}: got {got:?}",
-                String::from_utf8_lossy(msg)
-            );
+            assert!(matches!(got, Err(AuthError::Malformed(_))), "{:?}: got {got:?}", String::from_utf8_lossy(msg));
         }
         // Channel-binding attribute that does not match the gs2 header.
         for (first, cb) in [
@@ -358,24 +315,14 @@ mod tests {
             (b"n,,n=,r=cli", "cD10bHMtc2VydmVyLWVuZC1wb2ludCws"),
         ] {
             let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
-            server
-                .handle_client_first(first)
-                .expect("valid client-first");
+            server.handle_client_first(first).expect("valid client-first");
             let msg = format!("c={cb},r=clisrv,p=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");
-            assert_eq!(
-                server.handle_client_final(msg.as_bytes()),
-                Err(AuthError::ChannelBinding)
-            );
+            assert_eq!(server.handle_client_final(msg.as_bytes()), Err(AuthError::ChannelBinding));
         }
         // Out of order.
         let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
-        assert!(matches!(
-            server.handle_client_final(b"c=biws,r=clisrv,p=AAAA"),
-            Err(AuthError::Malformed(_))
-        ));
-        server
-            .handle_client_first(b"n,,n=,r=cli")
-            .expect("still usable");
+        assert!(matches!(server.handle_client_final(b"c=biws,r=clisrv,p=AAAA"), Err(AuthError::Malformed(_))));
+        server.handle_client_first(b"n,,n=,r=cli").expect("still usable");
         assert!(server.handle_client_first(b"n,,n=,r=cli").is_err());
     }
 
@@ -406,32 +353,18 @@ mod tests {
         for msg in cases {
             let mut client = ScramClient::with_password("pw", "cli".into());
             let got = client.handle_server_first(msg);
-            assert!(
-                matches!(got, Err(AuthError::Malformed(_))),
-                "{:?}: got {got:?}",
-                String::from_utf8_lossy(msg)
-            );
+            assert!(matches!(got, Err(AuthError::Malformed(_))), "{:?}: got {got:?}", String::from_utf8_lossy(msg));
         }
         let mut client = ScramClient::with_password("pw", "cli".into());
-        assert!(
-            client
-                .handle_server_first(b"r=clisrv,s=c2FsdA==,i=1")
-                .is_ok()
-        );
-        assert!(
-            client
-                .handle_server_first(b"r=clisrv,s=c2FsdA==,i=1")
-                .is_err()
-        );
+        assert!(client.handle_server_first(b"r=clisrv,s=c2FsdA==,i=1").is_ok());
+        assert!(client.handle_server_first(b"r=clisrv,s=c2FsdA==,i=1").is_err());
     }
 
     #[test]
     fn client_rejects_bad_server_final() {
         let ready = || {
             let mut client = ScramClient::with_password("pw", "cli".into());
-            client
-                .handle_server_first(b"r=clisrv,s=c2FsdA==,i=1")
-                .expect("valid server-first");
+            client.handle_server_first(b"r=clisrv,s=c2FsdA==,i=1").expect("valid server-first");
             client
         };
         for msg in [
@@ -442,13 +375,7 @@ mod tests {
             b"x=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
             b"v=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=,junk",
         ] {
-            assert!(
-                matches!(
-                    ready().handle_server_final(msg),
-                    Err(AuthError::Malformed(_))
-                ),
-                "{msg:?}"
-            );
+            assert!(matches!(ready().handle_server_final(msg), Err(AuthError::Malformed(_))), "{msg:?}");
         }
         assert_eq!(
             ready().handle_server_final(b"v=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="),
@@ -483,12 +410,10 @@ mod tests {
         prop_oneof![
             proptest::collection::vec(any::<u8>(), 0..128),
             "[nyprcvesima=,A-Za-z0-9+/ -]{0,64}".prop_map(String::into_bytes),
-            "(n|y|p=x),(a=[a-z]*)?,(n=[a-z]*)?,(r=[!-~]*)?(,[a-z]=[a-z]*)*"
-                .prop_map(String::into_bytes),
+            "(n|y|p=x),(a=[a-z]*)?,(n=[a-z]*)?,(r=[!-~]*)?(,[a-z]=[a-z]*)*".prop_map(String::into_bytes),
             "c=(biws|eSws|[A-Za-z0-9+/=]*),r=cli(srv)?[a-z]*(,[a-z]=[a-z]*)*(,p=[A-Za-z0-9+/=]{0,48})?"
                 .prop_map(String::into_bytes),
-            "r=cli[!-~]{0,8},s=[A-Za-z0-9+/=]{0,12},i=[0-9+-]{0,12}(,[a-z]=[a-z]*)*"
-                .prop_map(String::into_bytes),
+            "r=cli[!-~]{0,8},s=[A-Za-z0-9+/=]{0,12},i=[0-9+-]{0,12}(,[a-z]=[a-z]*)*".prop_map(String::into_bytes),
             "(v|e)=[A-Za-z0-9+/=]{0,48}(,[a-z]=[a-z]*)*".prop_map(String::into_bytes),
         ]
     }

@@ -60,12 +60,7 @@ impl Secret {
 
 fn is_md5_secret(s: &str) -> bool {
     match s.strip_prefix("md5") {
-        Some(hex) => {
-            hex.len() == 32
-                && hex
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        }
+        Some(hex) => hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
         None => false,
     }
 }
@@ -81,11 +76,7 @@ impl ScramSecret {
     }
 
     /// [`ScramSecret::from_password`] for a password that may not be UTF-8.
-    pub(crate) fn from_password_bytes(
-        password: &[u8],
-        salt: &[u8],
-        iterations: u32,
-    ) -> ScramSecret {
+    pub(crate) fn from_password_bytes(password: &[u8], salt: &[u8], iterations: u32) -> ScramSecret {
         let iterations = iterations.max(1);
         let salted = salted_password(saslprep(password), salt, iterations);
         let client_key = hmac_sha256(&salted, &[b"Client Key"]);
@@ -160,9 +151,7 @@ mod tests {
     const PENCIL: &str = "SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU=";
 
     fn pencil_salt() -> Vec<u8> {
-        STANDARD
-            .decode("W22ZaJ0SNY7soEsUEjb6gQ==")
-            .expect("valid base64")
+        STANDARD.decode("W22ZaJ0SNY7soEsUEjb6gQ==").expect("valid base64")
     }
 
     #[test]
@@ -179,10 +168,7 @@ mod tests {
         assert_eq!(s.iterations, 4096);
         assert_eq!(s.salt, pencil_salt());
         assert_eq!(s.to_pg_string(), PENCIL);
-        assert_eq!(
-            s,
-            ScramSecret::from_password("pencil", &pencil_salt(), 4096)
-        );
+        assert_eq!(s, ScramSecret::from_password("pencil", &pencil_salt(), 4096));
 
         let other = ScramSecret::from_password("hunter2", b"0123456789abcdef", 10);
         assert_eq!(Secret::parse(&other.to_pg_string()), Secret::Scram(other));

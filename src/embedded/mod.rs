@@ -105,17 +105,11 @@ impl Cluster {
     }
 
     /// [`Cluster::start`] with the port candidates coming from `next_port` (tests force a clash).
-    fn start_with_ports(
-        opts: ClusterOptions,
-        next_port: &mut dyn FnMut() -> io::Result<u16>,
-    ) -> io::Result<Cluster> {
+    fn start_with_ports(opts: ClusterOptions, next_port: &mut dyn FnMut() -> io::Result<u16>) -> io::Result<Cluster> {
         if !["trust", "md5", "scram-sha-256", "password"].contains(&opts.auth_method.as_str()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "unsupported auth_method {:?} (use trust, md5 or scram-sha-256)",
-                    opts.auth_method
-                ),
+                format!("unsupported auth_method {:?} (use trust, md5 or scram-sha-256)", opts.auth_method),
             ));
         }
         let bin_dir = match opts.bin_dir.clone().or_else(find_bin_dir) {
@@ -131,16 +125,10 @@ impl Cluster {
                 ));
             }
         };
-        if let Some(missing) = REQUIRED_PROGRAMS
-            .iter()
-            .find(|p| !bin_dir.join(p).is_file())
-        {
+        if let Some(missing) = REQUIRED_PROGRAMS.iter().find(|p| !bin_dir.join(p).is_file()) {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!(
-                    "PostgreSQL bin dir {} has no `{missing}`; {INSTALL_HINT}",
-                    bin_dir.display()
-                ),
+                format!("PostgreSQL bin dir {} has no `{missing}`; {INSTALL_HINT}", bin_dir.display()),
             ));
         }
         let user = RunAs::detect()?;
@@ -161,10 +149,7 @@ impl Cluster {
         cluster.init()?;
         cluster.launch_on_free_port(next_port)?;
         if let Some(password) = cluster.opts.superuser_password.clone() {
-            let sql = format!(
-                "ALTER ROLE {SUPERUSER} PASSWORD {}",
-                quote_literal(&password)
-            );
+            let sql = format!("ALTER ROLE {SUPERUSER} PASSWORD {}", quote_literal(&password));
             cluster.psql("postgres", &sql)?;
         }
         tracing::info!(
@@ -213,10 +198,7 @@ impl Cluster {
             Some(p) => format!(":{}", percent_encode(p)),
             None => String::new(),
         };
-        format!(
-            "postgres://{SUPERUSER}{password}@127.0.0.1:{}/postgres",
-            self.port
-        )
+        format!("postgres://{SUPERUSER}{password}@127.0.0.1:{}/postgres", self.port)
     }
 
     /// Runs SQL via the cluster's own psql as the superuser over the unix socket
@@ -259,9 +241,7 @@ impl Cluster {
     pub fn restart(&mut self) -> io::Result<()> {
         let offset = self.log_len();
         let mut cmd = self.pg_ctl();
-        cmd.arg("-l")
-            .arg(&self.log_file)
-            .args(["-w", "-t", "60", "-m", "fast", "restart"]);
+        cmd.arg("-l").arg(&self.log_file).args(["-w", "-t", "60", "-m", "fast", "restart"]);
         let result = run(cmd, "pg_ctl restart");
         self.postmaster_pid = self.read_pid_file();
         result.map(drop).map_err(|e| self.with_log_tail(e, offset))
@@ -295,11 +275,7 @@ impl Cluster {
                 cmd.env_remove(key);
             }
         }
-        cmd.env("LC_ALL", "C")
-            .env("LANG", "C")
-            .env("HOME", &self.root)
-            .current_dir(&self.root)
-            .stdin(Stdio::null());
+        cmd.env("LC_ALL", "C").env("LANG", "C").env("HOME", &self.root).current_dir(&self.root).stdin(Stdio::null());
         if let Some((uid, gid)) = self.user.ids {
             cmd.uid(uid).gid(gid);
         }
@@ -317,15 +293,7 @@ impl Cluster {
         let help = run(self.command_with_arg("initdb", "--help"), "initdb --help")?;
         let help = String::from_utf8_lossy(&help.stdout).into_owned();
         let mut cmd = self.command("initdb");
-        cmd.arg("-D").arg(&self.data_dir).args([
-            "-U",
-            SUPERUSER,
-            "-A",
-            "trust",
-            "-E",
-            "UTF8",
-            "--locale=C",
-        ]);
+        cmd.arg("-D").arg(&self.data_dir).args(["-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C"]);
         if help.contains("--no-sync") {
             cmd.arg("--no-sync");
         } else if help.contains("--nosync") {
@@ -339,11 +307,7 @@ impl Cluster {
         fs::create_dir(&self.socket_dir)?;
         self.user.chown(&self.socket_dir)?;
         let method = self.opts.auth_method.as_str();
-        let super_tcp = if self.opts.superuser_password.is_some() {
-            method
-        } else {
-            "trust"
-        };
+        let super_tcp = if self.opts.superuser_password.is_some() { method } else { "trust" };
         let mut hba = String::from("# written by parsnip::embedded\n");
         hba.push_str(&format!("local all {SUPERUSER} trust\n"));
         hba.push_str(&format!("local all all {method}\n"));
@@ -375,10 +339,7 @@ impl Cluster {
     }
 
     /// Picks free ports and starts until the server binds one (up to [`PORT_ATTEMPTS`]).
-    fn launch_on_free_port(
-        &mut self,
-        next_port: &mut dyn FnMut() -> io::Result<u16>,
-    ) -> io::Result<()> {
+    fn launch_on_free_port(&mut self, next_port: &mut dyn FnMut() -> io::Result<u16>) -> io::Result<()> {
         let mut attempt = 1;
         loop {
             self.port = next_port()?;
@@ -396,11 +357,7 @@ impl Cluster {
 
     /// Writes `parsnip.conf` (included from postgresql.conf) for the current port.
     fn write_settings(&self) -> io::Result<()> {
-        let encryption = if self.opts.auth_method == "md5" {
-            "md5"
-        } else {
-            "scram-sha-256"
-        };
+        let encryption = if self.opts.auth_method == "md5" { "md5" } else { "scram-sha-256" };
         let socket_dir = self.socket_dir.to_string_lossy().replace('\'', "''");
         let mut conf = String::from("# written by parsnip::embedded\n");
         let _ = write!(
@@ -434,9 +391,7 @@ impl Cluster {
     fn pg_ctl_start(&mut self) -> Result<(), StartFailure> {
         let offset = self.log_len();
         let mut cmd = self.pg_ctl();
-        cmd.arg("-l")
-            .arg(&self.log_file)
-            .args(["-w", "-t", "60", "start"]);
+        cmd.arg("-l").arg(&self.log_file).args(["-w", "-t", "60", "start"]);
         match run(cmd, "pg_ctl start") {
             Ok(_) => {
                 self.postmaster_pid = self.read_pid_file();
@@ -444,17 +399,14 @@ impl Cluster {
             }
             Err(e) => {
                 let log = sys::read_from(&self.log_file, offset);
-                let port_in_use = log.contains("Address already in use")
-                    || log.contains("could not create any TCP/IP sockets");
+                let port_in_use =
+                    log.contains("Address already in use") || log.contains("could not create any TCP/IP sockets");
                 // A timed-out start may leave a server running; stop it.
                 self.postmaster_pid = self.read_pid_file();
                 if let Err(stop_err) = self.stop_server() {
                     tracing::warn!("after failed start: {stop_err}");
                 }
-                Err(StartFailure {
-                    error: self.with_log_tail(e, offset),
-                    port_in_use,
-                })
+                Err(StartFailure { error: self.with_log_tail(e, offset), port_in_use })
             }
         }
     }
@@ -544,13 +496,7 @@ fn run(mut cmd: Command, what: &str) -> io::Result<Output> {
 }
 
 fn spawn_error(what: &str, cmd: &Command, e: io::Error) -> io::Error {
-    io::Error::new(
-        e.kind(),
-        format!(
-            "{what}: cannot run {}: {e}",
-            Path::new(cmd.get_program()).display()
-        ),
-    )
+    io::Error::new(e.kind(), format!("{what}: cannot run {}: {e}", Path::new(cmd.get_program()).display()))
 }
 
 /// A SQL string literal.

@@ -57,18 +57,11 @@ pub fn find_bin_dir() -> Option<PathBuf> {
 }
 
 fn has_server_programs(dir: &Path) -> bool {
-    ["initdb", "pg_ctl", "postgres"]
-        .iter()
-        .all(|p| dir.join(p).is_file())
+    ["initdb", "pg_ctl", "postgres"].iter().all(|p| dir.join(p).is_file())
 }
 
 fn pg_config_bindir() -> Option<PathBuf> {
-    let out = Command::new("pg_config")
-        .arg("--bindir")
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
+    let out = Command::new("pg_config").arg("--bindir").stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -114,19 +107,13 @@ impl RunAs {
     pub fn detect() -> io::Result<RunAs> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            return Ok(RunAs {
-                ids: None,
-                name: "current user".to_string(),
-            });
+            return Ok(RunAs { ids: None, name: "current user".to_string() });
         }
         for name in ["postgres", "nobody"] {
             if let Some((uid, gid)) = lookup_user(name)
                 && uid != 0
             {
-                return Ok(RunAs {
-                    ids: Some((uid, gid)),
-                    name: name.to_string(),
-                });
+                return Ok(RunAs { ids: Some((uid, gid)), name: name.to_string() });
             }
         }
         Err(io::Error::other(
@@ -151,15 +138,7 @@ fn lookup_user(name: &str) -> Option<(u32, u32)> {
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: all pointers are valid for the call; buf outlives the use of pwd's strings (unused).
-    let rc = unsafe {
-        libc::getpwnam_r(
-            cname.as_ptr(),
-            &mut pwd,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut result,
-        )
-    };
+    let rc = unsafe { libc::getpwnam_r(cname.as_ptr(), &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result) };
     if rc != 0 || result.is_null() {
         return None;
     }

@@ -6,8 +6,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use super::{
-    as_str, auth_message, check_extensions, decode_base64, decode_key, expect_attribute,
-    hmac_sha256, is_valid_nonce, random_nonce, salted_password, saslprep, sha256, xor,
+    as_str, auth_message, check_extensions, decode_base64, decode_key, expect_attribute, hmac_sha256, is_valid_nonce,
+    random_nonce, salted_password, saslprep, sha256, xor,
 };
 use crate::auth::{AuthError, ct_eq};
 
@@ -51,10 +51,7 @@ impl ScramClient {
     /// (see [`ScramClient::random_nonce`]).
     #[must_use]
     pub fn with_password(password: &str, client_nonce: String) -> ScramClient {
-        ScramClient::new(
-            Credential::Password(saslprep(password.as_bytes()).to_vec()),
-            client_nonce,
-        )
+        ScramClient::new(Credential::Password(saslprep(password.as_bytes()).to_vec()), client_nonce)
     }
 
     /// Authenticates with a ClientKey (recovered by ScramServer::client_key) instead of a password;
@@ -64,27 +61,12 @@ impl ScramClient {
     /// The salt and iteration count the server sends are not used: the ClientKey already
     /// depends on them, so it only works if PostgreSQL's secret is the one it came from.
     #[must_use]
-    pub fn with_client_key(
-        client_key: [u8; 32],
-        server_key: Option<[u8; 32]>,
-        client_nonce: String,
-    ) -> ScramClient {
-        ScramClient::new(
-            Credential::ClientKey {
-                client_key,
-                server_key,
-            },
-            client_nonce,
-        )
+    pub fn with_client_key(client_key: [u8; 32], server_key: Option<[u8; 32]>, client_nonce: String) -> ScramClient {
+        ScramClient::new(Credential::ClientKey { client_key, server_key }, client_nonce)
     }
 
     fn new(credential: Credential, nonce: String) -> ScramClient {
-        ScramClient {
-            credential,
-            nonce,
-            user: String::new(),
-            state: State::Initial,
-        }
+        ScramClient { credential, nonce, user: String::new(), state: State::Initial }
     }
 
     /// A fresh client nonce: 18 random bytes, base64.
@@ -118,38 +100,27 @@ impl ScramClient {
         let mut parts = msg.split(',');
         let first = parts.next();
         if first.is_some_and(|p| p.starts_with("m=")) {
-            return Err(AuthError::Malformed(
-                "unsupported mandatory SCRAM extension",
-            ));
+            return Err(AuthError::Malformed("unsupported mandatory SCRAM extension"));
         }
         let nonce = expect_attribute(first, b'r', "expected nonce attribute")?;
         if nonce.len() <= self.nonce.len() || !nonce.starts_with(&self.nonce) {
-            return Err(AuthError::Malformed(
-                "server nonce does not extend the client nonce",
-            ));
+            return Err(AuthError::Malformed("server nonce does not extend the client nonce"));
         }
         if !is_valid_nonce(nonce) {
             return Err(AuthError::Malformed("invalid server nonce"));
         }
         let salt = expect_attribute(parts.next(), b's', "expected salt attribute")?;
         let salt = decode_base64(salt, "invalid salt")?;
-        let iterations =
-            expect_attribute(parts.next(), b'i', "expected iteration count attribute")?;
+        let iterations = expect_attribute(parts.next(), b'i', "expected iteration count attribute")?;
         let iterations = parse_iterations(iterations)?;
         check_extensions(parts)?;
 
         let (client_key, server_key) = match &self.credential {
             Credential::Password(password) => {
                 let salted = salted_password(password, &salt, iterations);
-                (
-                    hmac_sha256(&salted, &[b"Client Key"]),
-                    Some(hmac_sha256(&salted, &[b"Server Key"])),
-                )
+                (hmac_sha256(&salted, &[b"Client Key"]), Some(hmac_sha256(&salted, &[b"Server Key"])))
             }
-            Credential::ClientKey {
-                client_key,
-                server_key,
-            } => (*client_key, *server_key),
+            Credential::ClientKey { client_key, server_key } => (*client_key, *server_key),
         };
 
         // No channel binding: c = base64("n,,").
@@ -157,9 +128,8 @@ impl ScramClient {
         let auth_message = auth_message(&self.client_first_bare(), msg, &without_proof);
         let client_signature = hmac_sha256(&sha256(&client_key), &[auth_message.as_bytes()]);
         let proof = xor(&client_key, &client_signature);
-        self.state = State::SentFinal {
-            server_signature: server_key.map(|k| hmac_sha256(&k, &[auth_message.as_bytes()])),
-        };
+        self.state =
+            State::SentFinal { server_signature: server_key.map(|k| hmac_sha256(&k, &[auth_message.as_bytes()])) };
         Ok(format!("{without_proof},p={}", STANDARD.encode(proof)).into_bytes())
     }
 
@@ -234,7 +204,8 @@ mod tests {
     const CLIENT_FIRST: &[u8] = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO";
     const SERVER_FIRST: &[u8] =
         b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
-    const CLIENT_FINAL: &[u8] = b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=";
+    const CLIENT_FINAL: &[u8] =
+        b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=";
     const SERVER_FINAL: &[u8] = b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=";
 
     fn rfc_client(credential: Credential) -> ScramClient {
@@ -244,9 +215,7 @@ mod tests {
     }
 
     fn rfc_secret() -> ScramSecret {
-        let salt = STANDARD
-            .decode("W22ZaJ0SNY7soEsUEjb6gQ==")
-            .expect("valid base64");
+        let salt = STANDARD.decode("W22ZaJ0SNY7soEsUEjb6gQ==").expect("valid base64");
         ScramSecret::from_password("pencil", &salt, 4096)
     }
 
@@ -254,32 +223,21 @@ mod tests {
     fn rfc7677_vector_password() {
         let mut client = rfc_client(Credential::Password(b"pencil".to_vec()));
         assert_eq!(client.client_first(), CLIENT_FIRST);
-        assert_eq!(
-            client.handle_server_first(SERVER_FIRST).as_deref(),
-            Ok(CLIENT_FINAL)
-        );
+        assert_eq!(client.handle_server_first(SERVER_FIRST).as_deref(), Ok(CLIENT_FINAL));
         assert_eq!(client.handle_server_final(SERVER_FINAL), Ok(()));
     }
 
     #[test]
     fn rfc7677_vector_client_key() {
         // ClientKey = HMAC(SaltedPassword, "Client Key"), computed independently here.
-        let salt = STANDARD
-            .decode("W22ZaJ0SNY7soEsUEjb6gQ==")
-            .expect("valid base64");
+        let salt = STANDARD.decode("W22ZaJ0SNY7soEsUEjb6gQ==").expect("valid base64");
         let salted = salted_password(b"pencil", &salt, 4096);
         let client_key = hmac_sha256(&salted, &[b"Client Key"]);
         assert_eq!(sha256(&client_key), rfc_secret().stored_key);
 
         for server_key in [Some(rfc_secret().server_key), None] {
-            let mut client = rfc_client(Credential::ClientKey {
-                client_key,
-                server_key,
-            });
-            assert_eq!(
-                client.handle_server_first(SERVER_FIRST).as_deref(),
-                Ok(CLIENT_FINAL)
-            );
+            let mut client = rfc_client(Credential::ClientKey { client_key, server_key });
+            assert_eq!(client.handle_server_first(SERVER_FIRST).as_deref(), Ok(CLIENT_FINAL));
             assert_eq!(client.handle_server_final(SERVER_FINAL), Ok(()));
         }
     }
@@ -287,9 +245,7 @@ mod tests {
     #[test]
     fn rfc7677_vector_bad_signature() {
         let mut client = rfc_client(Credential::Password(b"pencil".to_vec()));
-        client
-            .handle_server_first(SERVER_FIRST)
-            .expect("valid server-first");
+        client.handle_server_first(SERVER_FIRST).expect("valid server-first");
         assert_eq!(
             client.handle_server_final(b"v=7rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="),
             Err(AuthError::BadServerSignature)

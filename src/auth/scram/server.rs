@@ -6,8 +6,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use super::{
-    DEFAULT_ITERATIONS, as_str, attribute, auth_message, check_extensions, decode_key,
-    expect_attribute, hmac_sha256, is_valid_nonce, random_nonce, random_salt, sha256, xor,
+    DEFAULT_ITERATIONS, as_str, attribute, auth_message, check_extensions, decode_key, expect_attribute, hmac_sha256,
+    is_valid_nonce, random_nonce, random_salt, sha256, xor,
 };
 use crate::auth::{AuthError, ScramSecret, Secret, ct_eq};
 
@@ -64,17 +64,11 @@ impl ScramServer {
             return None;
         }
         let secret = match secret {
-            Secret::Plain(password) => {
-                ScramSecret::from_password(password, &random_salt(), DEFAULT_ITERATIONS)
-            }
+            Secret::Plain(password) => ScramSecret::from_password(password, &random_salt(), DEFAULT_ITERATIONS),
             Secret::Scram(scram) => scram.clone(),
             Secret::Md5(_) => return None,
         };
-        Some(ScramServer {
-            secret,
-            server_nonce,
-            state: State::Initial,
-        })
+        Some(ScramServer { secret, server_nonce, state: State::Initial })
     }
 
     /// Same, but generates an 18-byte random nonce, base64-encoded.
@@ -96,11 +90,7 @@ impl ScramServer {
         self.state = State::Failed;
         let first = parse_client_first(as_str(msg)?)?;
         let nonce = format!("{}{}", first.client_nonce, self.server_nonce);
-        let server_first = format!(
-            "r={nonce},s={},i={}",
-            STANDARD.encode(&self.secret.salt),
-            self.secret.iterations
-        );
+        let server_first = format!("r={nonce},s={},i={}", STANDARD.encode(&self.secret.salt), self.secret.iterations);
         let reply = server_first.clone().into_bytes();
         self.state = State::SentFirst(Exchange {
             channel_binding: first.channel_binding,
@@ -127,24 +117,16 @@ impl ScramServer {
         let msg = as_str(msg)?;
 
         // The proof is the last attribute; what precedes it is signed.
-        let (without_proof, proof) = msg.rsplit_once(",p=").ok_or(AuthError::Malformed(
-            "missing proof in client-final-message",
-        ))?;
+        let (without_proof, proof) =
+            msg.rsplit_once(",p=").ok_or(AuthError::Malformed("missing proof in client-final-message"))?;
         let proof = decode_key(proof, "invalid client proof")?;
         let mut parts = without_proof.split(',');
-        let channel_binding = expect_attribute(
-            parts.next(),
-            b'c',
-            "expected channel-binding attribute in client-final-message",
-        )?;
+        let channel_binding =
+            expect_attribute(parts.next(), b'c', "expected channel-binding attribute in client-final-message")?;
         if channel_binding != exchange.channel_binding {
             return Err(AuthError::ChannelBinding);
         }
-        let nonce = expect_attribute(
-            parts.next(),
-            b'r',
-            "expected nonce attribute in client-final-message",
-        )?;
+        let nonce = expect_attribute(parts.next(), b'r', "expected nonce attribute in client-final-message")?;
         if nonce != exchange.nonce {
             return Err(AuthError::Malformed("SCRAM nonce mismatch"));
         }
@@ -152,18 +134,12 @@ impl ScramServer {
             match attribute(part) {
                 Some((name, _)) if name != b'p' => {}
                 _ => {
-                    return Err(AuthError::Malformed(
-                        "invalid attribute in client-final-message",
-                    ));
+                    return Err(AuthError::Malformed("invalid attribute in client-final-message"));
                 }
             }
         }
 
-        let auth_message = auth_message(
-            &exchange.client_first_bare,
-            &exchange.server_first,
-            without_proof,
-        );
+        let auth_message = auth_message(&exchange.client_first_bare, &exchange.server_first, without_proof);
         let client_signature = hmac_sha256(&self.secret.stored_key, &[auth_message.as_bytes()]);
         let client_key = xor(&proof, &client_signature);
         if !ct_eq(&sha256(&client_key), &self.secret.stored_key) {
@@ -192,22 +168,16 @@ impl ScramServer {
 
 fn parse_client_first(msg: &str) -> Result<ClientFirst<'_>, AuthError> {
     // gs2-header = gs2-cbind-flag "," [ authzid ] ","
-    let (flag, rest) = msg
-        .split_once(',')
-        .ok_or(AuthError::Malformed("missing gs2 header"))?;
+    let (flag, rest) = msg.split_once(',').ok_or(AuthError::Malformed("missing gs2 header"))?;
     let channel_binding = match flag {
         "n" => "biws", // base64("n,,")
         "y" => "eSws", // base64("y,,")
         _ if flag.starts_with("p=") => return Err(AuthError::ChannelBinding),
         _ => return Err(AuthError::Malformed("invalid channel-binding flag")),
     };
-    let (authzid, bare) = rest
-        .split_once(',')
-        .ok_or(AuthError::Malformed("missing gs2 header"))?;
+    let (authzid, bare) = rest.split_once(',').ok_or(AuthError::Malformed("missing gs2 header"))?;
     if authzid.starts_with("a=") {
-        return Err(AuthError::Malformed(
-            "authorization identity is not supported",
-        ));
+        return Err(AuthError::Malformed("authorization identity is not supported"));
     } else if !authzid.is_empty() {
         return Err(AuthError::Malformed("invalid gs2 header"));
     }
@@ -216,9 +186,7 @@ fn parse_client_first(msg: &str) -> Result<ClientFirst<'_>, AuthError> {
     let mut parts = bare.split(',');
     let first = parts.next();
     if first.is_some_and(|p| p.starts_with("m=")) {
-        return Err(AuthError::Malformed(
-            "unsupported mandatory SCRAM extension",
-        ));
+        return Err(AuthError::Malformed("unsupported mandatory SCRAM extension"));
     }
     // The user name is ignored: PostgreSQL uses the one from the startup packet.
     expect_attribute(first, b'n', "expected user name attribute")?;
@@ -227,11 +195,7 @@ fn parse_client_first(msg: &str) -> Result<ClientFirst<'_>, AuthError> {
         return Err(AuthError::Malformed("invalid client nonce"));
     }
     check_extensions(parts)?;
-    Ok(ClientFirst {
-        channel_binding,
-        bare,
-        client_nonce,
-    })
+    Ok(ClientFirst { channel_binding, bare, client_nonce })
 }
 
 impl fmt::Debug for ScramServer {
@@ -242,10 +206,7 @@ impl fmt::Debug for ScramServer {
             State::Done { .. } => "Done",
             State::Failed => "Failed",
         };
-        f.debug_struct("ScramServer")
-            .field("secret", &self.secret)
-            .field("state", &state)
-            .finish_non_exhaustive()
+        f.debug_struct("ScramServer").field("secret", &self.secret).field("state", &state).finish_non_exhaustive()
     }
 }
 
@@ -257,13 +218,12 @@ mod tests {
     const CLIENT_FIRST: &[u8] = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO";
     const SERVER_FIRST: &[u8] =
         b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
-    const CLIENT_FINAL: &[u8] = b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=";
+    const CLIENT_FINAL: &[u8] =
+        b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=";
     const SERVER_FINAL: &[u8] = b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=";
 
     fn rfc_server() -> ScramServer {
-        let salt = STANDARD
-            .decode("W22ZaJ0SNY7soEsUEjb6gQ==")
-            .expect("valid base64");
+        let salt = STANDARD.decode("W22ZaJ0SNY7soEsUEjb6gQ==").expect("valid base64");
         let secret = Secret::Scram(ScramSecret::from_password("pencil", &salt, 4096));
         ScramServer::new(&secret, "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0".into()).expect("scram")
     }
@@ -271,14 +231,8 @@ mod tests {
     #[test]
     fn rfc7677_vector() {
         let mut server = rfc_server();
-        assert_eq!(
-            server.handle_client_first(CLIENT_FIRST).as_deref(),
-            Ok(SERVER_FIRST)
-        );
-        assert_eq!(
-            server.handle_client_final(CLIENT_FINAL).as_deref(),
-            Ok(SERVER_FINAL)
-        );
+        assert_eq!(server.handle_client_first(CLIENT_FIRST).as_deref(), Ok(SERVER_FIRST));
+        assert_eq!(server.handle_client_final(CLIENT_FINAL).as_deref(), Ok(SERVER_FINAL));
         let client_key = server.client_key().expect("authenticated");
         assert_eq!(sha256(&client_key), server.secret.stored_key);
     }
@@ -286,17 +240,12 @@ mod tests {
     #[test]
     fn rfc7677_vector_wrong_proof() {
         let mut server = rfc_server();
-        server
-            .handle_client_first(CLIENT_FIRST)
-            .expect("valid client-first");
+        server.handle_client_first(CLIENT_FIRST).expect("valid client-first");
         let mut bad = CLIENT_FINAL.to_vec();
         // Flip one proof character ('d' -> 'e').
         let pos = bad.len() - 44;
         bad[pos] = b'e';
-        assert_eq!(
-            server.handle_client_final(&bad),
-            Err(AuthError::WrongPassword)
-        );
+        assert_eq!(server.handle_client_final(&bad), Err(AuthError::WrongPassword));
         assert_eq!(server.client_key(), None);
     }
 
@@ -304,13 +253,8 @@ mod tests {
     fn rfc7677_vector_user_name_is_part_of_signature() {
         // The user name is ignored for lookup but still signed: changing it breaks the proof.
         let mut server = rfc_server();
-        server
-            .handle_client_first(b"n,,n=,r=rOprNGfwEbeRWgbNEkqO")
-            .expect("valid client-first");
-        assert_eq!(
-            server.handle_client_final(CLIENT_FINAL),
-            Err(AuthError::WrongPassword)
-        );
+        server.handle_client_first(b"n,,n=,r=rOprNGfwEbeRWgbNEkqO").expect("valid client-first");
+        assert_eq!(server.handle_client_final(CLIENT_FINAL), Err(AuthError::WrongPassword));
     }
 
     #[test]

@@ -1,0 +1,322 @@
+//! Configuration: the TOML file and the command line, merged and validated into one typed
+//! `Config` that the rest of the pooler receives as `Arc<Config>`. Every key is documented
+//! in docs/configuration.md. This module reads files and nothing else: no sockets.
+
+pub mod cli;
+mod url;
+
+pub use cli::Cli;
+pub use url::DbUrl;
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+/// How long a client keeps a server connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// Until the client disconnects.
+    Session,
+    /// Until the transaction ends (ReadyForQuery 'I').
+    Transaction,
+    /// Until the statement ends; multi-statement transactions are refused.
+    Statement,
+}
+
+/// How clients prove who they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthType {
+    /// No password asked.
+    Trust,
+    /// Cleartext password.
+    Password,
+    /// MD5 challenge (SCRAM secrets cannot answer it; such users get SCRAM instead).
+    Md5,
+    /// SCRAM-SHA-256.
+    ScramSha256,
+}
+
+/// Output format of the logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The whole configuration. Durations are in milliseconds in the file (`*_ms` keys).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Addresses to listen on: "host:port" for TCP, or an absolute path for a unix socket
+    /// (a directory gets the PostgreSQL-style `.s.PGSQL.<port>` file inside it).
+    pub listen: Vec<String>,
+    /// Default pool mode.
+    pub pool_mode: PoolMode,
+    /// Server connections per (database, user) pool.
+    pub pool_size: usize,
+    /// Server connections kept open even when idle, per pool.
+    pub min_pool_size: usize,
+    /// Client connections accepted at once; beyond, 53300.
+    pub max_client_conn: usize,
+    /// How clients authenticate.
+    pub auth_type: AuthType,
+    /// Query looking up (name, secret) for users not in `[users]`; `$1` is the user name.
+    pub auth_query: Option<String>,
+    /// User that runs `auth_query` (its password comes from `[users]` or the database entry).
+    pub auth_user: Option<String>,
+    /// Database `auth_query` runs in (default: the client's database).
+    pub auth_dbname: Option<String>,
+    /// Give up connecting to a server after this long.
+    pub server_connect_timeout_ms: u64,
+    /// Wait this long before retrying a failed server connect.
+    pub server_login_retry_ms: u64,
+    /// Connect attempts before the waiting client gets an error.
+    pub server_connect_attempts: u32,
+    /// A client waits at most this long for a free server connection (0 = forever).
+    pub query_wait_timeout_ms: u64,
+    /// Close server connections older than this when they come back to the pool (0 = never).
+    pub server_lifetime_ms: u64,
+    /// Close server connections idle in the pool longer than this (0 = never).
+    pub server_idle_timeout_ms: u64,
+    /// Close clients idle (not in a transaction) longer than this (0 = never).
+    pub client_idle_timeout_ms: u64,
+    /// Close clients idle inside a transaction longer than this (0 = never).
+    pub idle_transaction_timeout_ms: u64,
+    /// A client must finish logging in within this long.
+    pub client_login_timeout_ms: u64,
+    /// Largest message a client may send, in bytes.
+    pub max_message_size: usize,
+    /// Query run on a server connection before it is reused after a session-mode client.
+    pub server_reset_query: String,
+    /// On SIGTERM, wait at most this long for transactions to finish.
+    pub shutdown_timeout_ms: u64,
+    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "parsnip=debug".
+    pub log_level: String,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Databases clients can connect to; the key is the name clients use. The key "*" is a
+    /// fallback: any other name goes to that server with the client's database name.
+    pub databases: BTreeMap<String, DatabaseConfig>,
+    /// Users and their secrets (plain, "md5…" or "SCRAM-SHA-256$…"), with per-user pool settings.
+    pub users: BTreeMap<String, UserConfig>,
+}
+
+/// One `[databases.NAME]` entry.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// Server host name or IP, or a directory holding the server's unix socket.
+    pub host: String,
+    /// Server port.
+    pub port: u16,
+    /// Database name on the server (default: the name clients use).
+    pub dbname: Option<String>,
+    /// Connect to the server as this user instead of the client's.
+    pub user: Option<String>,
+    /// Password for `user` (or for the client's user when `user` is unset).
+    pub password: Option<String>,
+    /// Pool size for this database (overrides the global one).
+    pub pool_size: Option<usize>,
+    /// Pool mode for this database (overrides the global one).
+    pub pool_mode: Option<PoolMode>,
+}
+
+/// One `[users.NAME]` entry.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UserConfig {
+    /// Secret: plain text, "md5…" or PostgreSQL's "SCRAM-SHA-256$…"; also used to log in
+    /// to the server as this user when it is plain text.
+    pub password: Option<String>,
+    /// Pool mode for this user (overrides database and global).
+    pub pool_mode: Option<PoolMode>,
+    /// Pool size for this user (overrides database and global).
+    pub pool_size: Option<usize>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: vec!["127.0.0.1:6432".into()],
+            pool_mode: PoolMode::Transaction,
+            pool_size: 20,
+            min_pool_size: 0,
+            max_client_conn: 10_000,
+            auth_type: AuthType::ScramSha256,
+            auth_query: None,
+            auth_user: None,
+            auth_dbname: None,
+            server_connect_timeout_ms: 5_000,
+            server_login_retry_ms: 500,
+            server_connect_attempts: 3,
+            query_wait_timeout_ms: 120_000,
+            server_lifetime_ms: 3_600_000,
+            server_idle_timeout_ms: 600_000,
+            client_idle_timeout_ms: 0,
+            idle_transaction_timeout_ms: 0,
+            client_login_timeout_ms: 60_000,
+            max_message_size: 256 * 1024 * 1024,
+            server_reset_query: "DISCARD ALL".into(),
+            shutdown_timeout_ms: 30_000,
+            log_level: "info".into(),
+            log_format: LogFormat::Text,
+            databases: BTreeMap::new(),
+            users: BTreeMap::new(),
+        }
+    }
+}
+
+/// A configuration that cannot be used, with the reason.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ConfigError {}
+
+/// The default auth_query: PostgreSQL's stored secret for a user.
+pub const DEFAULT_AUTH_QUERY: &str = "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1";
+
+fn ms(v: u64) -> Option<Duration> {
+    (v > 0).then(|| Duration::from_millis(v))
+}
+
+impl Config {
+    /// Reads and validates a TOML file.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        Config::from_toml(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks cross-field rules.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.listen.is_empty() {
+            return Err(ConfigError("listen: at least one address is needed".into()));
+        }
+        if self.pool_size == 0 {
+            return Err(ConfigError("pool_size must be at least 1".into()));
+        }
+        if self.min_pool_size > self.pool_size {
+            return Err(ConfigError("min_pool_size must not exceed pool_size".into()));
+        }
+        if self.max_message_size < 1024 {
+            return Err(ConfigError("max_message_size must be at least 1024".into()));
+        }
+        if self.databases.is_empty() {
+            return Err(ConfigError("no [databases] entry: give a database URL or a databases table".into()));
+        }
+        for (name, db) in &self.databases {
+            if db.host.is_empty() {
+                return Err(ConfigError(format!("databases.{name}: host is required")));
+            }
+            if db.port == 0 {
+                return Err(ConfigError(format!("databases.{name}: port is required")));
+            }
+            if db.pool_size == Some(0) {
+                return Err(ConfigError(format!("databases.{name}: pool_size must be at least 1")));
+            }
+        }
+        if self.auth_user.is_some() && self.auth_query.is_none() {
+            return Err(ConfigError("auth_user is set but auth_query is not".into()));
+        }
+        Ok(())
+    }
+
+    /// The database entry clients reach with `name`, and the server database name.
+    pub fn database(&self, name: &str) -> Option<(&DatabaseConfig, String)> {
+        if let Some(db) = self.databases.get(name) {
+            return Some((db, db.dbname.clone().unwrap_or_else(|| name.to_owned())));
+        }
+        self.databases.get("*").map(|db| (db, name.to_owned()))
+    }
+
+    /// Pool mode for a (database, user) pair: user, then database, then global.
+    pub fn pool_mode_for(&self, db: &DatabaseConfig, user: &str) -> PoolMode {
+        self.users.get(user).and_then(|u| u.pool_mode).or(db.pool_mode).unwrap_or(self.pool_mode)
+    }
+
+    /// Pool size for a (database, user) pair: user, then database, then global.
+    pub fn pool_size_for(&self, db: &DatabaseConfig, user: &str) -> usize {
+        self.users.get(user).and_then(|u| u.pool_size).or(db.pool_size).unwrap_or(self.pool_size)
+    }
+
+    /// Duration getters; `None` means disabled.
+    pub fn query_wait_timeout(&self) -> Option<Duration> {
+        ms(self.query_wait_timeout_ms)
+    }
+    /// See `server_lifetime_ms`.
+    pub fn server_lifetime(&self) -> Option<Duration> {
+        ms(self.server_lifetime_ms)
+    }
+    /// See `server_idle_timeout_ms`.
+    pub fn server_idle_timeout(&self) -> Option<Duration> {
+        ms(self.server_idle_timeout_ms)
+    }
+    /// See `client_idle_timeout_ms`.
+    pub fn client_idle_timeout(&self) -> Option<Duration> {
+        ms(self.client_idle_timeout_ms)
+    }
+    /// See `idle_transaction_timeout_ms`.
+    pub fn idle_transaction_timeout(&self) -> Option<Duration> {
+        ms(self.idle_transaction_timeout_ms)
+    }
+    /// See `server_connect_timeout_ms` (never disabled).
+    pub fn server_connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.server_connect_timeout_ms.max(1))
+    }
+    /// See `client_login_timeout_ms` (never disabled).
+    pub fn client_login_timeout(&self) -> Duration {
+        Duration::from_millis(self.client_login_timeout_ms.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_file_parses() {
+        let text = include_str!("../../docs/parsnip.example.toml");
+        let cfg = Config::from_toml(text).expect("example config is valid");
+        assert_eq!(cfg.pool_mode, PoolMode::Transaction);
+        assert!(cfg.databases.contains_key("app"));
+        assert!(cfg.listen.iter().any(|l| l.starts_with('/')));
+    }
+
+    #[test]
+    fn unknown_key_is_an_error() {
+        let e = Config::from_toml("pool_sise = 3\n[databases.a]\nhost='h'\nport=1\n").unwrap_err();
+        assert!(e.0.contains("pool_sise"), "{e}");
+    }
+
+    #[test]
+    fn wildcard_database_and_overrides() {
+        let cfg = Config::from_toml(
+            "pool_size = 7\n[databases.\"*\"]\nhost='h'\nport=5\n[databases.x]\nhost='h'\nport=5\ndbname='real'\npool_size=2\n[users.u]\npool_mode='session'\n",
+        )
+        .unwrap();
+        let (db, name) = cfg.database("other").unwrap();
+        assert_eq!(name, "other");
+        assert_eq!(cfg.pool_size_for(db, "v"), 7);
+        let (db, name) = cfg.database("x").unwrap();
+        assert_eq!(name, "real");
+        assert_eq!(cfg.pool_size_for(db, "v"), 2);
+        assert_eq!(cfg.pool_mode_for(db, "u"), PoolMode::Session);
+    }
+}

@@ -1,0 +1,82 @@
+//! Cancel keys: each client gets a (pid, key) of parsnip's own; a CancelRequest carrying
+//! them is forwarded to the server connection that client is linked to at that moment.
+
+use super::server_conn::CancelTarget;
+use super::stream::Stream;
+use crate::protocol::startup;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Where one client's queries currently run.
+#[derive(Debug, Default)]
+pub struct CancelSlot {
+    target: Mutex<Option<Arc<CancelTarget>>>,
+}
+
+impl CancelSlot {
+    /// The client was linked to a server.
+    pub fn set(&self, t: &Arc<CancelTarget>) {
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
+    }
+    /// The client was unlinked.
+    pub fn clear(&self) {
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+    fn get(&self) -> Option<Arc<CancelTarget>> {
+        self.target.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// All clients' cancel keys.
+#[derive(Debug, Default)]
+pub struct CancelRegistry {
+    next_pid: AtomicI32,
+    map: Mutex<HashMap<i32, (i32, Arc<CancelSlot>)>>,
+}
+
+impl CancelRegistry {
+    /// A new key pair for a client; `slot` is filled in by `attach`.
+    pub fn register(&self) -> (i32, i32) {
+        let pid = self.next_pid.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0x7fff_ffff;
+        let key: i32 = rand::random();
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(pid, (key, Arc::new(CancelSlot::default())));
+        (pid, key)
+    }
+    /// The slot of a registered pid.
+    pub fn slot(&self, pid: i32) -> Arc<CancelSlot> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(&pid).map(|(_, s)| s.clone()).unwrap_or_default()
+    }
+    /// The client is gone.
+    pub fn unregister(&self, pid: i32) {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&pid);
+    }
+    /// Handles a CancelRequest: if the key matches, forward it to the client's server.
+    pub async fn cancel(&self, pid: i32, key: &[u8]) {
+        let slot = {
+            let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get(&pid) {
+                Some((k, slot)) if key == k.to_be_bytes() => slot.clone(),
+                _ => {
+                    tracing::debug!(pid, "cancel request with unknown key ignored");
+                    return;
+                }
+            }
+        };
+        let Some(t) = slot.get() else { return };
+        let conn = if t.host.starts_with('/') {
+            tokio::net::UnixStream::connect(format!("{}/.s.PGSQL.{}", t.host, t.port)).await.map(Stream::Unix)
+        } else {
+            tokio::net::TcpStream::connect((t.host.as_str(), t.port)).await.map(Stream::Tcp)
+        };
+        match conn {
+            Ok(mut s) => {
+                let _ = s.write_all(&startup::cancel_request(t.pid, &t.key)).await;
+                let mut b = bytes::BytesMut::with_capacity(16);
+                let _ = s.read_buf(&mut b).await;
+                tracing::debug!(pid, server_pid = t.pid, "cancel request forwarded");
+            }
+            Err(e) => tracing::warn!(error = %e, "could not forward cancel request"),
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! One client connection's task: login, then the proxy loop that moves bytes between the
+//! client, the session state machine and the linked server connection. Reads happen when
+//! a socket is readable and take everything available; writes go out in one call per
+//! batch; output buffers are bounded (a full buffer stops reading the other side), and
+//! freed whenever the client is idle.
+
+use super::Shared;
+use super::cancel::CancelSlot;
+use super::login::{self, LoginEnd};
+use super::server_conn::ServerConn;
+use super::stream::Stream;
+use crate::config::PoolMode;
+use crate::error::{Error, SqlState};
+use crate::pool::Pool;
+use crate::protocol::{FrameError, split_frame};
+use crate::session::{Action, Session};
+use bytes::{Buf, BytesMut};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Stop reading one side while this much is waiting to be written to the other.
+const HIGH_WATER: usize = 256 * 1024;
+const READ_CHUNK: usize = 8192;
+
+/// Serves one accepted client connection to the end.
+pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
+    stream.set_nodelay();
+    let mut buf = BytesMut::new();
+    let timeout = shared.cfg.client_login_timeout();
+    let res = match tokio::time::timeout(timeout, login::login(&mut stream, &shared, &mut buf)).await {
+        Ok(r) => r,
+        Err(_) => Err(LoginEnd::Close(Some(Error::protocol(
+            "timeout while waiting for the startup packet or authentication",
+        )))),
+    };
+    let client = match res {
+        Ok(c) => c,
+        Err(LoginEnd::Cancel) => return,
+        Err(LoginEnd::Close(err)) => {
+            if let Some(e) = err {
+                tracing::debug!(error = %e, "login refused");
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&e.to_bytes())).await;
+            }
+            return;
+        }
+    };
+    tracing::debug!(user = %client.user, db = %client.db, pid = client.pid, "client logged in");
+    let slot = shared.cancels.slot(client.pid);
+    let session = Session::new(client.pool.mode, client.settings);
+    let mut p =
+        Proxy { client: stream, cbuf: buf, session, server: None, pool: client.pool, slot, shared: shared.clone() };
+    p.run().await;
+    shared.cancels.unregister(client.pid);
+}
+
+struct Proxy {
+    client: Stream,
+    cbuf: BytesMut,
+    session: Session,
+    server: Option<ServerConn>,
+    pool: Arc<Pool>,
+    slot: Arc<CancelSlot>,
+    shared: Arc<Shared>,
+}
+
+enum Event {
+    Client,
+    Server,
+    Writable,
+    Timer,
+    Shutdown,
+}
+
+impl Proxy {
+    async fn run(&mut self) {
+        let mut shutdown = self.shared.shutdown.clone();
+        let mut idle_since = Instant::now();
+        loop {
+            // Act on everything the session asked for.
+            while let Some(a) = self.session.poll_action() {
+                match a {
+                    Action::AcquireServer => self.acquire().await,
+                    Action::ReleaseServer { reusable } => self.release(reusable),
+                    Action::Close => return self.close().await,
+                }
+            }
+            // Write what we have, without blocking.
+            if self.flush().is_err() {
+                return self.client_gone().await;
+            }
+            let graceful = *shutdown.borrow();
+            if graceful && !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty() {
+                self.session.fail(Error::fatal(
+                    SqlState::ADMIN_SHUTDOWN,
+                    "terminating connection due to administrator command",
+                ));
+                continue;
+            }
+            let unlinked_idle = !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty();
+            if unlinked_idle {
+                self.session.shrink_idle();
+                if self.cbuf.capacity() > 0 {
+                    self.cbuf = BytesMut::new();
+                }
+            }
+            let deadline = self.deadline(idle_since, unlinked_idle);
+            let ev = {
+                let server = self.server.as_ref().map(|s| &s.stream);
+                let want_server = server.is_some() && self.session.to_client.len() < HIGH_WATER;
+                let want_client = self.session.to_server.len() < HIGH_WATER;
+                let want_write =
+                    !self.session.to_client.is_empty() || (server.is_some() && !self.session.to_server.is_empty());
+                tokio::select! {
+                    biased;
+                    r = async { server.expect("guarded").readable().await }, if want_server => match r { Ok(()) => Event::Server, Err(_) => Event::Server },
+                    r = self.client.readable(), if want_client => match r { Ok(()) => Event::Client, Err(_) => Event::Client },
+                    _ = writable(&self.client, server, !self.session.to_client.is_empty(), !self.session.to_server.is_empty()), if want_write => Event::Writable,
+                    _ = sleep_until(deadline), if deadline.is_some() => Event::Timer,
+                    _ = shutdown.changed(), if !graceful => Event::Shutdown,
+                }
+            };
+            match ev {
+                Event::Client => {
+                    if !self.read_client() {
+                        return self.client_gone().await;
+                    }
+                    idle_since = Instant::now();
+                }
+                Event::Server => self.read_server(),
+                Event::Writable | Event::Shutdown => {}
+                Event::Timer => self.on_timer(),
+            }
+        }
+    }
+
+    fn deadline(&self, idle_since: Instant, unlinked_idle: bool) -> Option<Instant> {
+        let cfg = &self.shared.cfg;
+        if unlinked_idle {
+            cfg.client_idle_timeout().map(|t| idle_since + t)
+        } else if self.session.is_idle_in_transaction() && self.session.to_server.is_empty() {
+            cfg.idle_transaction_timeout().map(|t| idle_since + t)
+        } else {
+            None
+        }
+    }
+
+    fn on_timer(&mut self) {
+        if self.session.is_idle_in_transaction() {
+            self.session.fail(Error::fatal(
+                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                "terminating connection due to idle-in-transaction timeout",
+            ));
+        } else if !self.session.is_linked() {
+            self.session.fail(Error::fatal(
+                SqlState::IDLE_SESSION_TIMEOUT,
+                "terminating connection due to idle-session timeout",
+            ));
+        }
+    }
+
+    async fn acquire(&mut self) {
+        match self.pool.acquire().await {
+            Ok(mut s) => {
+                self.session.handle_server_linked(&mut s.state);
+                self.slot.set(&s.cancel);
+                self.server = Some(s);
+            }
+            Err(e) => self.session.handle_acquire_failed(e),
+        }
+    }
+
+    fn release(&mut self, reusable: bool) {
+        self.slot.clear();
+        if let Some(s) = self.server.take() {
+            // Bytes left unread would belong to nobody: never reuse such a connection.
+            let clean = reusable && s.rbuf.is_empty() && self.session.to_server.is_empty();
+            self.pool.release(s, clean);
+        }
+    }
+
+    /// Reads all the client has sent and feeds whole frames to the session.
+    /// False when the client is gone.
+    fn read_client(&mut self) -> bool {
+        loop {
+            self.cbuf.reserve(READ_CHUNK);
+            match self.client.try_read_buf(&mut self.cbuf) {
+                Ok(0) => return false,
+                Ok(_) => {
+                    if self.cbuf.capacity() - self.cbuf.len() > 0 {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => return false,
+            }
+        }
+        let max = self.shared.cfg.max_message_size;
+        let mut at = 0;
+        loop {
+            match split_frame(&self.cbuf[at..], max) {
+                Ok(Some(n)) => {
+                    self.session.handle_client(&self.cbuf[at..at + n]);
+                    at += n;
+                    if self.session.is_closing() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let msg = match e {
+                        FrameError::TooLarge(_) => format!("invalid message length: {e}"),
+                        FrameError::BadLength(_) => format!("invalid message format: {e}"),
+                    };
+                    self.session.fail(Error::protocol(msg));
+                    self.cbuf.clear();
+                    return true;
+                }
+            }
+        }
+        self.cbuf.advance(at);
+        true
+    }
+
+    /// Reads all the server has sent and feeds whole frames to the session.
+    fn read_server(&mut self) {
+        let Some(s) = self.server.as_mut() else {
+            return;
+        };
+        let mut eof = false;
+        loop {
+            s.rbuf.reserve(READ_CHUNK);
+            match s.stream.try_read_buf(&mut s.rbuf) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(_) => {
+                    if s.rbuf.capacity() - s.rbuf.len() > 0 {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    eof = true;
+                    break;
+                }
+            }
+        }
+        let mut at = 0;
+        while let Ok(Some(n)) = split_frame(&s.rbuf[at..], 1 << 30) {
+            self.session.handle_server(&s.rbuf[at..at + n], &mut s.state);
+            at += n;
+            if !self.session.is_linked() {
+                break;
+            }
+        }
+        s.consume(at);
+        if eof && self.session.is_linked() {
+            self.session.handle_server_lost();
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if let Some(s) = &self.server
+            && !self.session.to_server.is_empty()
+            && s.stream.flush_some(&mut self.session.to_server).is_err()
+        {
+            self.session.handle_server_lost();
+        }
+        self.client.flush_some(&mut self.session.to_client).map(|_| ())
+    }
+
+    /// The session ended normally: send what is left, settle the server, close.
+    async fn close(&mut self) {
+        let out = std::mem::take(&mut self.session.to_client);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.write_all(&out)).await;
+        self.settle_server().await;
+    }
+
+    /// The client vanished: settle the server.
+    async fn client_gone(&mut self) {
+        self.settle_server().await;
+    }
+
+    /// Gives the linked server back in a clean state, or closes it.
+    async fn settle_server(&mut self) {
+        self.slot.clear();
+        let Some(mut s) = self.server.take() else {
+            return;
+        };
+        let t = self.shared.cfg.server_connect_timeout();
+        let mut ok = self.session.outstanding() == 0 && s.rbuf.is_empty() && self.session.to_server.is_empty();
+        if ok && s.state.tx_status != b'I' {
+            ok = s.run_internal("ROLLBACK", t).await;
+        }
+        if ok && self.pool.mode == PoolMode::Session && !self.shared.cfg.server_reset_query.is_empty() {
+            ok = s.run_internal(&self.shared.cfg.server_reset_query, t).await;
+            if ok {
+                s.state.settings.reset_all_extra();
+            }
+        }
+        self.pool.release(s, ok);
+    }
+}
+
+async fn writable(client: &Stream, server: Option<&Stream>, to_client: bool, to_server: bool) {
+    match (to_client, server.filter(|_| to_server)) {
+        (true, Some(s)) => {
+            tokio::select! { _ = client.writable() => {}, _ = s.writable() => {} }
+        }
+        (true, None) => {
+            let _ = client.writable().await;
+        }
+        (false, Some(s)) => {
+            let _ = s.writable().await;
+        }
+        (false, None) => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(d: Option<Instant>) {
+    match d {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

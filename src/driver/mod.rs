@@ -1,0 +1,178 @@
+//! The async shell, and the only code that touches sockets, timers and signals: listeners,
+//! one task per client (login, then the proxy loop), server connections, cancel
+//! forwarding, the periodic pool janitor and shutdown. Protocol decisions are made by
+//! `session`; this layer reads bytes, feeds frames in, and writes what comes out.
+
+pub mod cancel;
+pub mod client;
+pub mod login;
+pub mod server_conn;
+pub mod stream;
+
+use crate::config::Config;
+use crate::error::{Error, SqlState};
+use crate::pool::{Pool, PoolKey};
+use cancel::CancelRegistry;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stream::Stream;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{Semaphore, watch};
+
+/// State shared by all connection tasks.
+#[derive(Debug)]
+pub struct Shared {
+    /// The configuration.
+    pub cfg: Arc<Config>,
+    /// Pools by (database, user).
+    pub pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    /// Cancel keys.
+    pub cancels: CancelRegistry,
+    /// One permit per client connection.
+    pub client_slots: Arc<Semaphore>,
+    /// Becomes true when a graceful shutdown starts.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// A running pooler.
+pub struct Handle {
+    /// TCP addresses actually bound (port 0 resolved).
+    pub tcp_addrs: Vec<std::net::SocketAddr>,
+    /// Unix socket paths bound.
+    pub unix_paths: Vec<std::path::PathBuf>,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, std::path::PathBuf),
+}
+
+/// Binds every listen address and starts serving. Must run inside a tokio runtime.
+pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
+    let (stop, shutdown) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        pools: Mutex::new(HashMap::new()),
+        cancels: CancelRegistry::default(),
+        client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
+        shutdown,
+    });
+    let mut listeners = Vec::new();
+    let mut tcp_addrs = Vec::new();
+    let mut unix_paths = Vec::new();
+    let tcp_port = cfg
+        .listen
+        .iter()
+        .filter(|l| !l.starts_with('/'))
+        .find_map(|l| l.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()))
+        .unwrap_or(6432);
+    for addr in &cfg.listen {
+        if addr.starts_with('/') {
+            let p = std::path::Path::new(addr);
+            let path = if p.is_dir() { p.join(format!(".s.PGSQL.{tcp_port}")) } else { p.to_path_buf() };
+            let _ = std::fs::remove_file(&path);
+            let l = UnixListener::bind(&path)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            tracing::info!("listening on {}", path.display());
+            unix_paths.push(path.clone());
+            listeners.push(Listener::Unix(l, path));
+        } else {
+            let l = TcpListener::bind(addr.as_str())
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{addr}: {e}")))?;
+            let a = l.local_addr()?;
+            tracing::info!("listening on {a}");
+            tcp_addrs.push(a);
+            listeners.push(Listener::Tcp(l));
+        }
+    }
+    for l in listeners {
+        tokio::spawn(accept_loop(l, shared.clone()));
+    }
+    tokio::spawn(janitor(shared.clone()));
+    Ok(Handle { tcp_addrs, unix_paths, shared, stop })
+}
+
+impl Handle {
+    /// Graceful shutdown: stop accepting, let transactions finish (at most
+    /// `shutdown_timeout_ms`), close clients as they go idle. Returns when all are gone.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for p in &self.unix_paths {
+            let _ = std::fs::remove_file(p);
+        }
+        let all = self.shared.cfg.max_client_conn as u32;
+        let wait = self.shared.client_slots.acquire_many(all);
+        let t = Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
+        if tokio::time::timeout(t, wait).await.is_err() {
+            tracing::warn!("shutdown timeout: closing remaining clients");
+        }
+        for p in self.shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            p.close_idle();
+        }
+    }
+
+    /// The shared state (pools, counters), for tests and the admin console.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+async fn accept_loop(l: Listener, shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.clone();
+    loop {
+        let accepted = tokio::select! {
+            r = accept(&l) => r,
+            _ = shutdown.changed() => break,
+        };
+        let stream = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                // Out of file descriptors and the like: back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match shared.client_slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    client::serve(stream, shared).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tokio::spawn(async move {
+                    let mut stream = stream;
+                    let e = Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already");
+                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&e.to_bytes())).await;
+                });
+            }
+        }
+    }
+    if let Listener::Unix(_, path) = &l {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+async fn accept(l: &Listener) -> std::io::Result<Stream> {
+    match l {
+        Listener::Tcp(l) => l.accept().await.map(|(s, _)| Stream::Tcp(s)),
+        Listener::Unix(l, _) => l.accept().await.map(|(s, _)| Stream::Unix(s)),
+    }
+}
+
+async fn janitor(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let pools: Vec<Arc<Pool>> = shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for p in pools {
+            p.prune();
+        }
+    }
+}

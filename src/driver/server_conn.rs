@@ -1,0 +1,369 @@
+//! Opening a server connection: connect, StartupMessage, authenticate as the pool's user
+//! (cleartext, md5 or SCRAM-SHA-256, from a password, an md5 secret or SCRAM keys), and
+//! collect the ParameterStatus and BackendKeyData the server sends before ReadyForQuery.
+
+use super::stream::Stream;
+use crate::auth::{self, ScramClient};
+use crate::error::{Error, SqlState};
+use crate::protocol::{backend, body, frontend, split_frame, startup, tags};
+use crate::session::ServerState;
+use crate::session::settings::tracked_name;
+use bytes::{Buf, BytesMut};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the pooler can log in to a server with.
+#[derive(Clone, Debug, Default)]
+pub enum Credentials {
+    /// Nothing: the server must trust us.
+    #[default]
+    None,
+    /// A plain password (any method).
+    Password(String),
+    /// A stored md5 secret ("md5…"): answers md5 challenges.
+    Md5Secret(String),
+    /// SCRAM keys recovered from a client's SCRAM exchange.
+    ScramKeys {
+        /// ClientKey.
+        client_key: [u8; 32],
+        /// ServerKey, to check the server's signature.
+        server_key: [u8; 32],
+    },
+}
+
+/// Where and as whom a pool connects.
+#[derive(Clone, Debug)]
+pub struct ServerTarget {
+    /// Host name/IP, or a unix socket directory (starts with '/').
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Database name on the server.
+    pub dbname: String,
+    /// User name on the server.
+    pub user: String,
+}
+
+/// Where to send a CancelRequest for one server connection.
+#[derive(Debug)]
+pub struct CancelTarget {
+    /// Host or socket directory.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Backend pid.
+    pub pid: i32,
+    /// Backend secret key.
+    pub key: Vec<u8>,
+}
+
+/// An open, authenticated server connection.
+#[derive(Debug)]
+pub struct ServerConn {
+    /// The socket.
+    pub stream: Stream,
+    /// Bytes read and not yet handled.
+    pub rbuf: BytesMut,
+    /// What the session layer keeps about it.
+    pub state: ServerState,
+    /// Every ParameterStatus received at startup.
+    pub params: Vec<(String, String)>,
+    /// How to cancel its queries.
+    pub cancel: Arc<CancelTarget>,
+    /// When it was opened.
+    pub created: Instant,
+    /// When it last went back to the pool.
+    pub last_used: Instant,
+}
+
+/// Why a server connection could not be opened.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// Network failure or timeout (a retry may help).
+    Io(String),
+    /// The server answered with an ErrorResponse (frame bytes); pass it to the client.
+    Server(Vec<u8>),
+    /// Authentication could not be done with the credentials we have.
+    Auth(String),
+}
+
+impl ConnectError {
+    /// The error a client sees.
+    pub fn to_error(&self) -> Error {
+        match self {
+            ConnectError::Io(m) => {
+                Error::fatal(SqlState::CONNECTION_FAILURE, format!("could not connect to server: {m}"))
+            }
+            ConnectError::Server(frame) => {
+                let b = frame.get(5..).unwrap_or_default();
+                let code = backend::error_field(b, b'C').and_then(|c| std::str::from_utf8(c).ok()).unwrap_or("08006");
+                let msg =
+                    backend::error_field(b, b'M').map(|m| String::from_utf8_lossy(m).into_owned()).unwrap_or_default();
+                let code = crate::error::SqlState(leak_code(code));
+                Error::fatal(code, msg)
+            }
+            ConnectError::Auth(m) => Error::fatal(SqlState::INVALID_AUTHORIZATION_SPECIFICATION, m.clone()),
+        }
+    }
+}
+
+/// SQLSTATEs we pass through are a small closed set in practice; map to a static str.
+fn leak_code(code: &str) -> &'static str {
+    const KNOWN: &[&str] = &["3D000", "28P01", "28000", "53300", "57P03", "42501", "08006", "08004", "0A000", "57P01"];
+    KNOWN.iter().copied().find(|k| *k == code).unwrap_or("08006")
+}
+
+async fn open(target: &ServerTarget) -> std::io::Result<Stream> {
+    if target.host.starts_with('/') {
+        let path = format!("{}/.s.PGSQL.{}", target.host, target.port);
+        Ok(Stream::Unix(tokio::net::UnixStream::connect(path).await?))
+    } else {
+        let s = tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
+        s.set_nodelay(true)?;
+        Ok(Stream::Tcp(s))
+    }
+}
+
+/// Opens and authenticates one server connection within `timeout`.
+pub async fn connect(
+    target: &ServerTarget,
+    creds: &Credentials,
+    timeout: Duration,
+) -> Result<ServerConn, ConnectError> {
+    match tokio::time::timeout(timeout, connect_inner(target, creds)).await {
+        Ok(r) => r,
+        Err(_) => Err(ConnectError::Io(format!("timeout after {} ms", timeout.as_millis()))),
+    }
+}
+
+async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<ServerConn, ConnectError> {
+    let io = |e: std::io::Error| ConnectError::Io(format!("{}:{}: {e}", target.host, target.port));
+    let mut stream = open(target).await.map_err(io)?;
+    let mut out = BytesMut::with_capacity(256);
+    startup::startup_message(&mut out, &[("user", &target.user), ("database", &target.dbname)]);
+    stream.write_all(&out).await.map_err(io)?;
+    out.clear();
+    let mut rbuf = BytesMut::with_capacity(4096);
+    let mut scram: Option<ScramClient> = None;
+    let mut params = Vec::new();
+    let mut state = ServerState::default();
+    let mut cancel = (0, Vec::new());
+    loop {
+        let frame = read_frame(&mut stream, &mut rbuf).await.map_err(io)?;
+        let b = body(&frame);
+        match frame[0] {
+            tags::AUTHENTICATION => {
+                let code = backend::read_i32(b).unwrap_or(-1);
+                let reply = auth_reply(code, &b[4.min(b.len())..], target, creds, &mut scram)?;
+                if let Some(reply) = reply {
+                    stream.write_all(&reply).await.map_err(io)?;
+                }
+            }
+            tags::PARAMETER_STATUS => {
+                if let Some((k, v)) = backend::parameter_status_fields(b) {
+                    if let Some(name) = tracked_name(k) {
+                        state.settings.set_reported(name, v);
+                    }
+                    params.push((k.to_owned(), v.to_owned()));
+                }
+            }
+            tags::BACKEND_KEY_DATA => {
+                if b.len() >= 8 {
+                    cancel = (backend::read_i32(b).unwrap_or(0), b[4..].to_vec());
+                }
+            }
+            tags::ERROR_RESPONSE => return Err(ConnectError::Server(frame.to_vec())),
+            tags::NOTICE_RESPONSE | tags::NEGOTIATE_PROTOCOL_VERSION => {}
+            tags::READY_FOR_QUERY => break,
+            t => {
+                return Err(ConnectError::Io(format!("unexpected message {:?} during server login", t as char)));
+            }
+        }
+    }
+    state.tx_status = b'I';
+    let now = Instant::now();
+    Ok(ServerConn {
+        stream,
+        rbuf,
+        state,
+        params,
+        cancel: Arc::new(CancelTarget { host: target.host.clone(), port: target.port, pid: cancel.0, key: cancel.1 }),
+        created: now,
+        last_used: now,
+    })
+}
+
+fn auth_reply(
+    code: i32,
+    data: &[u8],
+    target: &ServerTarget,
+    creds: &Credentials,
+    scram: &mut Option<ScramClient>,
+) -> Result<Option<BytesMut>, ConnectError> {
+    let mut out = BytesMut::new();
+    let no_creds = || ConnectError::Auth(format!("no password known for server login as \"{}\"", target.user));
+    match code {
+        0 => return Ok(None),
+        3 => match creds {
+            Credentials::Password(p) => frontend::password(&mut out, p.as_bytes(), true),
+            _ => return Err(no_creds()),
+        },
+        5 => {
+            let salt: [u8; 4] =
+                data.get(..4).and_then(|s| s.try_into().ok()).ok_or_else(|| ConnectError::Io("bad md5 salt".into()))?;
+            let secret = match creds {
+                Credentials::Password(p) => auth::md5_secret(&target.user, p),
+                Credentials::Md5Secret(s) => s.clone(),
+                _ => return Err(no_creds()),
+            };
+            frontend::password(&mut out, auth::md5_response(&secret, salt).as_bytes(), true);
+        }
+        10 => {
+            let offers_scram = data.split(|&c| c == 0).any(|m| m == auth::SCRAM_SHA_256.as_bytes());
+            if !offers_scram {
+                return Err(ConnectError::Auth("server offers no SASL mechanism we support".into()));
+            }
+            let client = match creds {
+                Credentials::Password(p) => ScramClient::with_password(p, ScramClient::random_nonce()),
+                Credentials::ScramKeys { client_key, server_key } => {
+                    ScramClient::with_client_key(*client_key, Some(*server_key), ScramClient::random_nonce())
+                }
+                _ => return Err(no_creds()),
+            };
+            frontend::sasl_initial_response(&mut out, auth::SCRAM_SHA_256, &client.client_first());
+            *scram = Some(client);
+        }
+        11 => {
+            let c = scram.as_mut().ok_or_else(|| ConnectError::Io("SASL continue without SASL start".into()))?;
+            let msg = c.handle_server_first(data).map_err(|e| ConnectError::Auth(format!("SCRAM: {e}")))?;
+            frontend::password(&mut out, &msg, false);
+        }
+        12 => {
+            let c = scram.as_mut().ok_or_else(|| ConnectError::Io("SASL final without SASL start".into()))?;
+            c.handle_server_final(data).map_err(|e| ConnectError::Auth(format!("SCRAM: {e}")))?;
+            return Ok(None);
+        }
+        c => {
+            return Err(ConnectError::Auth(format!("unsupported server authentication request {c}")));
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Reads one whole frame (login phase only; servers are trusted up to 1 GiB).
+pub async fn read_frame(stream: &mut Stream, rbuf: &mut BytesMut) -> std::io::Result<BytesMut> {
+    loop {
+        match split_frame(rbuf, 1 << 30) {
+            Ok(Some(n)) => return Ok(rbuf.split_to(n)),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()));
+            }
+        }
+        rbuf.reserve(4096);
+        if stream.read_buf(rbuf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+impl ServerConn {
+    /// False if the server closed the connection or sent something while idle (e.g. a
+    /// FATAL on shutdown), as far as can be told without blocking.
+    pub fn is_healthy(&mut self) -> bool {
+        if !self.rbuf.is_empty() {
+            return false;
+        }
+        self.rbuf.reserve(64);
+        matches!(self.stream.try_read_buf(&mut self.rbuf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// Runs `sql` with the simple protocol and waits for ReadyForQuery, dropping all replies.
+    /// True when it succeeded and left the server idle outside a transaction.
+    pub async fn run_internal(&mut self, sql: &str, timeout: Duration) -> bool {
+        let fut = async {
+            let mut out = BytesMut::new();
+            frontend::query(&mut out, sql);
+            self.stream.write_all(&out).await.ok()?;
+            let mut ok = true;
+            loop {
+                let f = read_frame(&mut self.stream, &mut self.rbuf).await.ok()?;
+                match f[0] {
+                    tags::ERROR_RESPONSE => ok = false,
+                    tags::PARAMETER_STATUS => {
+                        if let Some((k, v)) = backend::parameter_status_fields(body(&f))
+                            && let Some(name) = tracked_name(k)
+                        {
+                            self.state.settings.set_reported(name, v);
+                        }
+                    }
+                    tags::READY_FOR_QUERY => {
+                        self.state.tx_status = f.get(5).copied().unwrap_or(b'E');
+                        return Some(ok && self.state.tx_status == b'I');
+                    }
+                    _ => {}
+                }
+            }
+        };
+        matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))
+    }
+
+    /// Consumes the bytes of whole frames at the start of `rbuf` (after handling).
+    pub fn consume(&mut self, n: usize) {
+        self.rbuf.advance(n);
+    }
+}
+
+impl ServerConn {
+    /// Runs `sql` (simple protocol) and returns its rows as text; Err with the server's
+    /// message on error. Used for auth_query.
+    pub async fn query_rows(&mut self, sql: &str, timeout: Duration) -> Result<Vec<Vec<Option<String>>>, String> {
+        let fut = async {
+            let mut out = BytesMut::new();
+            frontend::query(&mut out, sql);
+            self.stream.write_all(&out).await.map_err(|e| e.to_string())?;
+            let mut rows = Vec::new();
+            let mut err = None;
+            loop {
+                let f = read_frame(&mut self.stream, &mut self.rbuf).await.map_err(|e| e.to_string())?;
+                match f[0] {
+                    tags::DATA_ROW => rows.push(data_row_text(body(&f)).ok_or("malformed DataRow")?),
+                    tags::ERROR_RESPONSE => {
+                        err = Some(
+                            backend::error_field(body(&f), b'M')
+                                .map(|m| String::from_utf8_lossy(m).into_owned())
+                                .unwrap_or_default(),
+                        )
+                    }
+                    tags::READY_FOR_QUERY => {
+                        self.state.tx_status = f.get(5).copied().unwrap_or(b'E');
+                        return match err {
+                            Some(e) => Err(e),
+                            None => Ok(rows),
+                        };
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(timeout, fut).await.map_err(|_| "timeout".to_string())?
+    }
+}
+
+fn data_row_text(b: &[u8]) -> Option<Vec<Option<String>>> {
+    let n = i16::from_be_bytes(b.get(..2)?.try_into().ok()?);
+    let mut rest = &b[2..];
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let len = backend::read_i32(rest)?;
+        rest = &rest[4..];
+        if len < 0 {
+            out.push(None);
+        } else {
+            let v = rest.get(..len as usize)?;
+            out.push(Some(String::from_utf8_lossy(v).into_owned()));
+            rest = &rest[len as usize..];
+        }
+    }
+    Some(out)
+}

@@ -1,0 +1,74 @@
+//! A TCP or unix-domain socket behind one type, with the readiness-based calls the proxy
+//! loop uses (wait, then read or write without blocking).
+
+use bytes::BytesMut;
+use std::io;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+
+/// A connected socket.
+#[derive(Debug)]
+pub enum Stream {
+    /// TCP.
+    Tcp(TcpStream),
+    /// Unix domain socket.
+    Unix(UnixStream),
+}
+
+macro_rules! each {
+    ($self:expr, $s:ident => $e:expr) => {
+        match $self {
+            Stream::Tcp($s) => $e,
+            Stream::Unix($s) => $e,
+        }
+    };
+}
+
+impl Stream {
+    /// Waits until the socket may be read.
+    pub async fn readable(&self) -> io::Result<()> {
+        each!(self, s => s.readable().await)
+    }
+    /// Waits until the socket may be written.
+    pub async fn writable(&self) -> io::Result<()> {
+        each!(self, s => s.writable().await)
+    }
+    /// Reads what is available into `buf` without blocking.
+    pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        each!(self, s => s.try_read_buf(buf))
+    }
+    /// Writes what the socket takes without blocking.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        each!(self, s => s.try_write(buf))
+    }
+    /// Reads at least one byte (0 = end of stream).
+    pub async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        each!(self, s => s.read_buf(buf).await)
+    }
+    /// Writes all of `buf`.
+    pub async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        each!(self, s => s.write_all(buf).await)
+    }
+    /// Disables Nagle on TCP.
+    pub fn set_nodelay(&self) {
+        if let Stream::Tcp(s) = self {
+            let _ = s.set_nodelay(true);
+        }
+    }
+    /// Writes as much of `buf` as the socket takes now, removing it from `buf`.
+    /// `Ok(true)` when `buf` is now empty.
+    pub fn flush_some(&self, buf: &mut BytesMut) -> io::Result<bool> {
+        while !buf.is_empty() {
+            match self.try_write(buf) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    bytes::Buf::advance(buf, n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        buf.clear();
+        Ok(true)
+    }
+}

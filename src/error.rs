@@ -1,0 +1,126 @@
+//! Errors a client can see: every one carries a SQLSTATE and becomes a PostgreSQL
+//! ErrorResponse. Owns the SQLSTATE table; knows nothing of sockets or sessions.
+
+use bytes::{BufMut, BytesMut};
+use std::borrow::Cow;
+use std::fmt;
+
+/// A five-character SQLSTATE code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SqlState(pub &'static str);
+
+macro_rules! sqlstates {
+    ($($(#[$doc:meta])* $name:ident = $code:literal;)*) => {
+        impl SqlState {
+            $($(#[$doc])* pub const $name: SqlState = SqlState($code);)*
+        }
+    };
+}
+
+sqlstates! {
+    /// 08P01: the frontend/backend protocol was broken.
+    PROTOCOL_VIOLATION = "08P01";
+    /// 08006: a server connection failed.
+    CONNECTION_FAILURE = "08006";
+    /// 08004: the server refused the connection.
+    CONNECTION_REJECTED = "08004";
+    /// 53300: too many client connections.
+    TOO_MANY_CONNECTIONS = "53300";
+    /// 57P03: the pooler cannot accept connections now (shutting down).
+    CANNOT_CONNECT_NOW = "57P03";
+    /// 57P01: administrator shutdown.
+    ADMIN_SHUTDOWN = "57P01";
+    /// 57014: query canceled (also used for the pool wait timeout).
+    QUERY_CANCELED = "57014";
+    /// 28P01: wrong password.
+    INVALID_PASSWORD = "28P01";
+    /// 28000: authentication could not be carried out.
+    INVALID_AUTHORIZATION_SPECIFICATION = "28000";
+    /// 3D000: unknown database.
+    UNDEFINED_DATABASE = "3D000";
+    /// 0A000: feature not supported.
+    FEATURE_NOT_SUPPORTED = "0A000";
+    /// 26000: unknown prepared statement.
+    UNDEFINED_PSTATEMENT = "26000";
+    /// 34000: unknown portal.
+    UNDEFINED_CURSOR = "34000";
+    /// 42P05: prepared statement already exists.
+    DUPLICATE_PSTATEMENT = "42P05";
+    /// 25P03: idle-in-transaction timeout.
+    IDLE_IN_TRANSACTION_SESSION_TIMEOUT = "25P03";
+    /// 57P05: idle session timeout.
+    IDLE_SESSION_TIMEOUT = "57P05";
+    /// 54000: program limit exceeded (message too large, cache caps).
+    PROGRAM_LIMIT_EXCEEDED = "54000";
+    /// 42601: syntax error.
+    SYNTAX_ERROR = "42601";
+    /// XX000: internal error.
+    INTERNAL_ERROR = "XX000";
+}
+
+/// ErrorResponse severity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// The statement failed; the session goes on.
+    Error,
+    /// The session ends after this message.
+    Fatal,
+}
+
+/// An error as a client will see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    /// ERROR or FATAL.
+    pub severity: Severity,
+    /// SQLSTATE.
+    pub code: SqlState,
+    /// Primary message, worded as PostgreSQL words it where PostgreSQL has the case.
+    pub message: Cow<'static, str>,
+}
+
+impl Error {
+    /// A FATAL error: the connection is closed after it is sent.
+    pub fn fatal(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
+        Error { severity: Severity::Fatal, code, message: message.into() }
+    }
+
+    /// A statement-level ERROR.
+    pub fn new(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
+        Error { severity: Severity::Error, code, message: message.into() }
+    }
+
+    /// 08P01 FATAL.
+    pub fn protocol(message: impl Into<Cow<'static, str>>) -> Error {
+        Error::fatal(SqlState::PROTOCOL_VIOLATION, message)
+    }
+
+    /// Appends this error as an ErrorResponse message.
+    pub fn write_to(&self, buf: &mut BytesMut) {
+        let sev = match self.severity {
+            Severity::Error => "ERROR",
+            Severity::Fatal => "FATAL",
+        };
+        crate::protocol::backend::error_response(buf, sev, self.code.0, &self.message);
+    }
+
+    /// This error as a standalone ErrorResponse.
+    pub fn to_bytes(&self) -> BytesMut {
+        let mut b = BytesMut::with_capacity(64 + self.message.len());
+        self.write_to(&mut b);
+        b
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.code.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Writes a NUL-terminated string.
+pub(crate) fn put_cstr(buf: &mut BytesMut, s: &[u8]) {
+    buf.put_slice(s);
+    buf.put_u8(0);
+}

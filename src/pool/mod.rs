@@ -1,0 +1,331 @@
+//! Server connections per (database, user): checkout with a FIFO wait queue and a wait
+//! timeout, a size limit, connect retries, lifetime and idle limits, and direct hand-off
+//! of a returned connection to the longest-waiting client. One small mutex per pool, held
+//! only to move a connection in or out; never across IO.
+//!
+//! Must not know about client sessions or protocol state beyond "reusable or not".
+
+use crate::config::{Config, PoolMode};
+use crate::driver::server_conn::{self, ConnectError, Credentials, ServerConn, ServerTarget};
+use crate::error::{Error, SqlState};
+use crate::session::settings::{Settings, TRACKED};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Identifies a pool: the database name clients use and the client user name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    /// Database name as the client gave it.
+    pub db: String,
+    /// Client user name.
+    pub user: String,
+}
+
+/// What a new client is told about the server at login, learnt from the first connection.
+#[derive(Debug)]
+pub struct ServerDefaults {
+    /// Every ParameterStatus the server sent at startup.
+    pub params: Vec<(String, String)>,
+    /// The tracked subset, as session settings.
+    pub settings: Settings,
+}
+
+type Waiter = oneshot::Sender<Option<ServerConn>>;
+
+#[derive(Debug, Default)]
+struct Inner {
+    idle: Vec<ServerConn>,
+    /// Connections open or being opened (idle + in use + connecting).
+    open: usize,
+    waiters: VecDeque<Waiter>,
+}
+
+/// Counters, readable without the lock.
+#[derive(Debug, Default)]
+pub struct PoolStats {
+    /// Server connections opened.
+    pub connects: AtomicU64,
+    /// Failed connect attempts.
+    pub connect_failures: AtomicU64,
+    /// Checkouts served.
+    pub checkouts: AtomicU64,
+    /// Checkouts that had to wait.
+    pub waits: AtomicU64,
+    /// Checkouts that timed out.
+    pub wait_timeouts: AtomicU64,
+}
+
+/// One pool.
+#[derive(Debug)]
+pub struct Pool {
+    /// Its key.
+    pub key: PoolKey,
+    /// Where it connects.
+    pub target: ServerTarget,
+    /// Pool mode of its clients.
+    pub mode: PoolMode,
+    /// Maximum open connections.
+    pub size: usize,
+    creds: Mutex<Credentials>,
+    inner: Mutex<Inner>,
+    defaults: OnceLock<Arc<ServerDefaults>>,
+    cfg: Arc<Config>,
+    /// Counters.
+    pub stats: PoolStats,
+}
+
+impl Pool {
+    /// A pool with no connections yet.
+    pub fn new(
+        key: PoolKey,
+        target: ServerTarget,
+        mode: PoolMode,
+        size: usize,
+        creds: Credentials,
+        cfg: Arc<Config>,
+    ) -> Pool {
+        Pool {
+            key,
+            target,
+            mode,
+            size,
+            creds: Mutex::new(creds),
+            inner: Mutex::new(Inner::default()),
+            defaults: OnceLock::new(),
+            cfg,
+            stats: PoolStats::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Gives the pool credentials if it has none (learnt from a client's login).
+    pub fn offer_credentials(&self, creds: &Credentials) {
+        let mut c = self.creds.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*c, Credentials::None) && !matches!(creds, Credentials::None) {
+            *c = creds.clone();
+        }
+    }
+
+    /// The server's startup parameters, connecting once if none is known yet.
+    pub async fn defaults(&self) -> Result<Arc<ServerDefaults>, Error> {
+        if let Some(d) = self.defaults.get() {
+            return Ok(d.clone());
+        }
+        let conn = self.acquire().await?;
+        let d = self.learn_defaults(&conn);
+        self.release(conn, true);
+        Ok(d)
+    }
+
+    fn learn_defaults(&self, conn: &ServerConn) -> Arc<ServerDefaults> {
+        self.defaults
+            .get_or_init(|| {
+                let mut settings = Settings::default();
+                for name in TRACKED {
+                    settings.set_reported(name, conn.state.settings.reported(name).unwrap_or(""));
+                }
+                Arc::new(ServerDefaults { params: conn.params.clone(), settings })
+            })
+            .clone()
+    }
+
+    /// Checks out a connection: an idle one, a new one if below size, or the next one
+    /// returned, waiting at most `query_wait_timeout`.
+    pub async fn acquire(&self) -> Result<ServerConn, Error> {
+        let deadline = self.cfg.query_wait_timeout().map(|t| tokio::time::Instant::now() + t);
+        let mut waited = false;
+        loop {
+            let rx = {
+                let mut g = self.lock();
+                let mut found = None;
+                while let Some(mut c) = g.idle.pop() {
+                    if c.is_healthy() && !self.expired(&c) {
+                        found = Some(c);
+                        break;
+                    }
+                    g.open -= 1;
+                }
+                if let Some(c) = found {
+                    drop(g);
+                    self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                    return Ok(c);
+                }
+                if g.open < self.size && g.waiters.is_empty() {
+                    g.open += 1;
+                    None
+                } else {
+                    let (tx, rx) = oneshot::channel();
+                    g.waiters.push_back(tx);
+                    Some(rx)
+                }
+            };
+            let Some(rx) = rx else {
+                return match self.connect().await {
+                    Ok(c) => {
+                        self.learn_defaults(&c);
+                        self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                        Ok(c)
+                    }
+                    Err(e) => {
+                        self.slot_freed();
+                        Err(e)
+                    }
+                };
+            };
+            if !waited {
+                waited = true;
+                self.stats.waits.fetch_add(1, Ordering::Relaxed);
+            }
+            let got = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, rx).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::new(
+                            SqlState::QUERY_CANCELED,
+                            format!(
+                                "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
+                                self.cfg.query_wait_timeout_ms
+                            ),
+                        ));
+                    }
+                },
+                None => rx.await,
+            };
+            match got {
+                Ok(Some(c)) => {
+                    self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                    return Ok(c);
+                }
+                // A slot was freed (or the sender vanished): try again; we may connect.
+                Ok(None) | Err(_) => {
+                    let may_connect = {
+                        let mut g = self.lock();
+                        let ok = g.open < self.size;
+                        if ok {
+                            g.open += 1;
+                        }
+                        ok
+                    };
+                    if may_connect {
+                        return match self.connect().await {
+                            Ok(c) => {
+                                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                                Ok(c)
+                            }
+                            Err(e) => {
+                                self.slot_freed();
+                                Err(e)
+                            }
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<ServerConn, Error> {
+        let attempts = self.cfg.server_connect_attempts.max(1);
+        let mut last = None;
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(self.cfg.server_login_retry_ms)).await;
+            }
+            let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match server_conn::connect(&self.target, &creds, self.cfg.server_connect_timeout()).await {
+                Ok(c) => {
+                    self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(db = %self.key.db, user = %self.key.user, pid = c.cancel.pid, "server connection opened");
+                    return Ok(c);
+                }
+                Err(e) => {
+                    self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(db = %self.key.db, user = %self.key.user, error = ?e, "server connect failed");
+                    let retry = matches!(e, ConnectError::Io(_))
+                        || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
+                    last = Some(e);
+                    if !retry {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last
+            .map(|e| e.to_error())
+            .unwrap_or_else(|| Error::fatal(SqlState::CONNECTION_FAILURE, "could not connect to server")))
+    }
+
+    fn expired(&self, c: &ServerConn) -> bool {
+        self.cfg.server_lifetime().is_some_and(|l| c.created.elapsed() >= l)
+    }
+
+    /// A connection slot was given up: let one waiter open a new connection.
+    fn slot_freed(&self) {
+        let mut g = self.lock();
+        g.open -= 1;
+        while let Some(w) = g.waiters.pop_front() {
+            if w.send(None).is_ok() {
+                break;
+            }
+        }
+    }
+
+    /// Returns a connection. Not reusable or past its lifetime: it is closed.
+    pub fn release(&self, mut conn: ServerConn, reusable: bool) {
+        if !reusable || self.expired(&conn) {
+            drop(conn);
+            return self.slot_freed();
+        }
+        conn.last_used = Instant::now();
+        let mut g = self.lock();
+        while let Some(w) = g.waiters.pop_front() {
+            match w.send(Some(conn)) {
+                Ok(()) => return,
+                Err(Some(back)) => conn = back,
+                Err(None) => return,
+            }
+        }
+        g.idle.push(conn);
+    }
+
+    /// Closes idle connections past server_idle_timeout or lifetime. Called periodically.
+    pub fn prune(&self) {
+        let idle_limit = self.cfg.server_idle_timeout();
+        let mut g = self.lock();
+        let before = g.idle.len();
+        g.idle.retain(|c| {
+            !(idle_limit.is_some_and(|l| c.last_used.elapsed() >= l)
+                || self.cfg.server_lifetime().is_some_and(|l| c.created.elapsed() >= l))
+        });
+        let closed = before - g.idle.len();
+        g.open -= closed;
+        for _ in 0..closed {
+            match g.waiters.pop_front() {
+                Some(w) => {
+                    let _ = w.send(None);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// (idle, open, waiting) counts.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let g = self.lock();
+        (g.idle.len(), g.open, g.waiters.len())
+    }
+
+    /// Closes every idle connection (shutdown).
+    pub fn close_idle(&self) {
+        let mut g = self.lock();
+        let n = g.idle.len();
+        g.idle.clear();
+        g.open -= n;
+    }
+}

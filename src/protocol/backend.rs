@@ -1,0 +1,193 @@
+//! Messages a server sends: builders for the ones the pooler synthesizes towards clients,
+//! and readers for the ones it inspects on server connections.
+
+use super::{read_cstr, tags};
+use crate::error::put_cstr;
+use bytes::{BufMut, BytesMut};
+
+/// Writes `tag`, a length placeholder, the body written by `f`, then fixes the length.
+#[inline]
+pub fn write_msg(buf: &mut BytesMut, tag: u8, f: impl FnOnce(&mut BytesMut)) {
+    buf.put_u8(tag);
+    let at = buf.len();
+    buf.put_i32(0);
+    f(buf);
+    let len = (buf.len() - at) as i32;
+    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// AuthenticationOk.
+pub fn auth_ok(buf: &mut BytesMut) {
+    write_msg(buf, tags::AUTHENTICATION, |b| b.put_i32(0));
+}
+/// AuthenticationCleartextPassword.
+pub fn auth_cleartext(buf: &mut BytesMut) {
+    write_msg(buf, tags::AUTHENTICATION, |b| b.put_i32(3));
+}
+/// AuthenticationMD5Password.
+pub fn auth_md5(buf: &mut BytesMut, salt: [u8; 4]) {
+    write_msg(buf, tags::AUTHENTICATION, |b| {
+        b.put_i32(5);
+        b.put_slice(&salt);
+    });
+}
+/// AuthenticationSASL with one mechanism.
+pub fn auth_sasl(buf: &mut BytesMut, mechanism: &str) {
+    write_msg(buf, tags::AUTHENTICATION, |b| {
+        b.put_i32(10);
+        put_cstr(b, mechanism.as_bytes());
+        b.put_u8(0);
+    });
+}
+/// AuthenticationSASLContinue.
+pub fn auth_sasl_continue(buf: &mut BytesMut, data: &[u8]) {
+    write_msg(buf, tags::AUTHENTICATION, |b| {
+        b.put_i32(11);
+        b.put_slice(data);
+    });
+}
+/// AuthenticationSASLFinal.
+pub fn auth_sasl_final(buf: &mut BytesMut, data: &[u8]) {
+    write_msg(buf, tags::AUTHENTICATION, |b| {
+        b.put_i32(12);
+        b.put_slice(data);
+    });
+}
+/// ParameterStatus.
+pub fn parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
+    write_msg(buf, tags::PARAMETER_STATUS, |b| {
+        put_cstr(b, name.as_bytes());
+        put_cstr(b, value.as_bytes());
+    });
+}
+/// BackendKeyData.
+pub fn backend_key_data(buf: &mut BytesMut, pid: i32, key: i32) {
+    write_msg(buf, tags::BACKEND_KEY_DATA, |b| {
+        b.put_i32(pid);
+        b.put_i32(key);
+    });
+}
+/// ReadyForQuery with a transaction status byte (`I`, `T` or `E`).
+pub fn ready_for_query(buf: &mut BytesMut, status: u8) {
+    write_msg(buf, tags::READY_FOR_QUERY, |b| b.put_u8(status));
+}
+/// NegotiateProtocolVersion: newest minor supported and the unrecognized options.
+pub fn negotiate_protocol_version(buf: &mut BytesMut, minor: i32, unknown: &[&str]) {
+    write_msg(buf, tags::NEGOTIATE_PROTOCOL_VERSION, |b| {
+        b.put_i32(minor);
+        b.put_i32(unknown.len() as i32);
+        for o in unknown {
+            put_cstr(b, o.as_bytes());
+        }
+    });
+}
+/// ErrorResponse with severity, SQLSTATE and message.
+pub fn error_response(buf: &mut BytesMut, severity: &str, code: &str, message: &str) {
+    notice_like(buf, tags::ERROR_RESPONSE, severity, code, message);
+}
+/// NoticeResponse.
+pub fn notice_response(buf: &mut BytesMut, severity: &str, code: &str, message: &str) {
+    notice_like(buf, tags::NOTICE_RESPONSE, severity, code, message);
+}
+fn notice_like(buf: &mut BytesMut, tag: u8, severity: &str, code: &str, message: &str) {
+    write_msg(buf, tag, |b| {
+        b.put_u8(b'S');
+        put_cstr(b, severity.as_bytes());
+        b.put_u8(b'V');
+        put_cstr(b, severity.as_bytes());
+        b.put_u8(b'C');
+        put_cstr(b, code.as_bytes());
+        b.put_u8(b'M');
+        put_cstr(b, message.as_bytes());
+        b.put_u8(0);
+    });
+}
+/// CommandComplete.
+pub fn command_complete(buf: &mut BytesMut, tag: &str) {
+    write_msg(buf, tags::COMMAND_COMPLETE, |b| put_cstr(b, tag.as_bytes()));
+}
+/// EmptyQueryResponse.
+pub fn empty_query_response(buf: &mut BytesMut) {
+    write_msg(buf, tags::EMPTY_QUERY_RESPONSE, |_| {});
+}
+/// A body-less message such as ParseComplete, BindComplete, CloseComplete, NoData.
+pub fn empty(buf: &mut BytesMut, tag: u8) {
+    write_msg(buf, tag, |_| {});
+}
+/// RowDescription of text columns (type OID 25), for synthesized result sets.
+pub fn row_description_text(buf: &mut BytesMut, columns: &[&str]) {
+    write_msg(buf, tags::ROW_DESCRIPTION, |b| {
+        b.put_i16(columns.len() as i16);
+        for c in columns {
+            put_cstr(b, c.as_bytes());
+            b.put_i32(0);
+            b.put_i16(0);
+            b.put_i32(25);
+            b.put_i16(-1);
+            b.put_i32(-1);
+            b.put_i16(0);
+        }
+    });
+}
+/// DataRow of text values (None is NULL).
+pub fn data_row_text(buf: &mut BytesMut, values: &[Option<&str>]) {
+    write_msg(buf, tags::DATA_ROW, |b| {
+        b.put_i16(values.len() as i16);
+        for v in values {
+            match v {
+                Some(s) => {
+                    b.put_i32(s.len() as i32);
+                    b.put_slice(s.as_bytes());
+                }
+                None => b.put_i32(-1),
+            }
+        }
+    });
+}
+
+/// Fields of an ErrorResponse or NoticeResponse body: (field type, value).
+pub fn error_fields(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+    let mut rest = body;
+    std::iter::from_fn(move || {
+        let (&t, r) = rest.split_first()?;
+        if t == 0 {
+            return None;
+        }
+        let (v, r) = read_cstr(r)?;
+        rest = r;
+        Some((t, v))
+    })
+}
+
+/// A field of an ErrorResponse body, e.g. `b'C'` for the SQLSTATE.
+pub fn error_field(body: &[u8], field: u8) -> Option<&[u8]> {
+    error_fields(body).find(|(t, _)| *t == field).map(|(_, v)| v)
+}
+
+/// Name and value of a ParameterStatus body.
+pub fn parameter_status_fields(body: &[u8]) -> Option<(&str, &str)> {
+    let (k, rest) = read_cstr(body)?;
+    let (v, _) = read_cstr(rest)?;
+    Some((std::str::from_utf8(k).ok()?, std::str::from_utf8(v).ok()?))
+}
+
+/// Reads an i32 at the start of a slice.
+pub fn read_i32(b: &[u8]) -> Option<i32> {
+    Some(i32::from_be_bytes(b.get(..4)?.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_round_trip() {
+        let mut b = BytesMut::new();
+        error_response(&mut b, "FATAL", "28P01", "password authentication failed for user \"x\"");
+        assert_eq!(b[0], b'E');
+        let body = &b[5..];
+        assert_eq!(error_field(body, b'C'), Some(&b"28P01"[..]));
+        assert_eq!(error_field(body, b'S'), Some(&b"FATAL"[..]));
+        assert_eq!(error_fields(b"Cx").count(), 0);
+    }
+}

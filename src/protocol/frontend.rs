@@ -1,0 +1,117 @@
+//! Messages a client sends: readers for the ones the pooler inspects, and builders for the
+//! ones it sends to servers on its own behalf.
+
+use super::{read_cstr, tags};
+use crate::error::put_cstr;
+use bytes::{BufMut, BytesMut};
+
+pub use super::backend::write_msg;
+
+/// Query.
+pub fn query(buf: &mut BytesMut, sql: &str) {
+    write_msg(buf, tags::QUERY, |b| put_cstr(b, sql.as_bytes()));
+}
+/// PasswordMessage (also used for SASL responses, which carry no NUL).
+pub fn password(buf: &mut BytesMut, data: &[u8], nul: bool) {
+    write_msg(buf, tags::PASSWORD, |b| {
+        b.put_slice(data);
+        if nul {
+            b.put_u8(0);
+        }
+    });
+}
+/// SASLInitialResponse.
+pub fn sasl_initial_response(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
+    write_msg(buf, tags::PASSWORD, |b| {
+        put_cstr(b, mechanism.as_bytes());
+        b.put_i32(data.len() as i32);
+        b.put_slice(data);
+    });
+}
+/// Sync.
+pub fn sync(buf: &mut BytesMut) {
+    write_msg(buf, tags::SYNC, |_| {});
+}
+/// Terminate.
+pub fn terminate(buf: &mut BytesMut) {
+    write_msg(buf, tags::TERMINATE, |_| {});
+}
+
+/// SQL text of a Query body (without the NUL).
+pub fn query_text(body: &[u8]) -> Option<&[u8]> {
+    read_cstr(body).map(|(q, _)| q)
+}
+
+/// Mechanism and data of a SASLInitialResponse body.
+pub fn sasl_initial_fields(body: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (mech, rest) = read_cstr(body)?;
+    let len = super::backend::read_i32(rest)?;
+    let data = &rest[4..];
+    if len < 0 || len as usize != data.len() {
+        return None;
+    }
+    Some((mech, data))
+}
+
+/// The fields of a Parse body the pooler uses.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ParseFields<'a> {
+    /// Statement name ("" = unnamed).
+    pub name: &'a [u8],
+    /// SQL text.
+    pub query: &'a [u8],
+    /// Parameter type OIDs, raw (count * 4 bytes).
+    pub param_types: &'a [u8],
+}
+
+/// Reads a Parse body.
+pub fn parse_fields(body: &[u8]) -> Option<ParseFields<'_>> {
+    let (name, rest) = read_cstr(body)?;
+    let (query, rest) = read_cstr(rest)?;
+    let n = i16::from_be_bytes(rest.get(..2)?.try_into().ok()?);
+    let types = rest.get(2..)?;
+    if n < 0 || types.len() != n as usize * 4 {
+        return None;
+    }
+    Some(ParseFields { name, query, param_types: types })
+}
+
+/// Portal and statement names of a Bind body, and the offset where the rest starts.
+pub fn bind_names(body: &[u8]) -> Option<(&[u8], &[u8], usize)> {
+    let (portal, rest) = read_cstr(body)?;
+    let (stmt, rest) = read_cstr(rest)?;
+    Some((portal, stmt, body.len() - rest.len()))
+}
+
+/// Kind byte (`S` or `P`) and name of a Describe or Close body.
+pub fn describe_or_close(body: &[u8]) -> Option<(u8, &[u8])> {
+    let (&kind, rest) = body.split_first()?;
+    let (name, tail) = read_cstr(rest)?;
+    if !tail.is_empty() || (kind != b'S' && kind != b'P') {
+        return None;
+    }
+    Some((kind, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_reader() {
+        let mut b = BytesMut::new();
+        write_msg(&mut b, tags::PARSE, |b| {
+            put_cstr(b, b"s1");
+            put_cstr(b, b"select $1");
+            b.put_i16(1);
+            b.put_i32(23);
+        });
+        let p = parse_fields(&b[5..]).unwrap();
+        assert_eq!(p.name, b"s1");
+        assert_eq!(p.query, b"select $1");
+        assert_eq!(p.param_types, &[0, 0, 0, 23]);
+        assert!(parse_fields(&b[5..b.len() - 1]).is_none());
+        assert_eq!(describe_or_close(b"Sabc\0"), Some((b'S', &b"abc"[..])));
+        assert_eq!(describe_or_close(b"Xabc\0"), None);
+    }
+}
