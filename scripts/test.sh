@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting and lint gates, unit and property tests, and the
+# end-to-end tests against real PostgreSQL clusters that the suite starts itself.
+# Installs what is missing (PostgreSQL server binaries) on a Debian machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+    echo "== installing PostgreSQL server (apt)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql postgresql-client >/dev/null
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo test"
+log=$(mktemp)
+set +e
+cargo test --all-targets >"$log" 2>&1
+status=$?
+set -e
+grep -E "^(test result|     Running|failures:|---- |thread .* panicked)|FAILED" "$log" || true
+if [ "$status" != 0 ]; then
+    echo "== test failures (tail of the log)"
+    tail -n 150 "$log"
+fi
+passed=$(grep -Eo "test result: [a-zA-Z]+\. [0-9]+ passed" "$log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo "; [0-9]+ failed" "$log" | awk '{s+=$2} END {print s+0}')
+rm -f "$log"
+echo "cargo: $passed passed, $failed failed"
+exit "$status"
