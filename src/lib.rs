@@ -20,3 +20,4 @@ pub mod error;
 pub mod pool;
 pub mod protocol;
 pub mod session;
+pub mod stmt;

@@ -36,6 +36,7 @@ pub enum AuthType {
     /// MD5 challenge (SCRAM secrets cannot answer it; such users get SCRAM instead).
     Md5,
     /// SCRAM-SHA-256.
+    #[serde(rename = "scram-sha-256")]
     ScramSha256,
 }
 
@@ -92,6 +93,19 @@ pub struct Config {
     pub client_login_timeout_ms: u64,
     /// Largest message a client may send, in bytes.
     pub max_message_size: usize,
+    /// Prepared-statement cache in transaction and statement modes (session mode passes
+    /// statements through unchanged).
+    pub prepared_statements: bool,
+    /// Statements kept prepared on one server connection; beyond, the least recently used
+    /// is closed.
+    pub max_prepared_statements: usize,
+    /// Statements one client may hold at once; one more gets an error (54000).
+    pub max_client_prepared_statements: usize,
+    /// Statements the cache of one pool remembers; beyond, unreferenced ones are dropped.
+    pub max_cached_statements: usize,
+    /// An unnamed statement whose text was seen this many times is served by a cached
+    /// named server statement, skipping parse and plan (0 = never).
+    pub promote_unnamed_after: u32,
     /// Query run on a server connection before it is reused after a session-mode client.
     pub server_reset_query: String,
     /// On SIGTERM, wait at most this long for transactions to finish.
@@ -162,6 +176,11 @@ impl Default for Config {
             idle_transaction_timeout_ms: 0,
             client_login_timeout_ms: 60_000,
             max_message_size: 256 * 1024 * 1024,
+            prepared_statements: true,
+            max_prepared_statements: 500,
+            max_client_prepared_statements: 10_000,
+            max_cached_statements: 100_000,
+            promote_unnamed_after: 3,
             server_reset_query: "DISCARD ALL".into(),
             shutdown_timeout_ms: 30_000,
             log_level: "info".into(),
@@ -232,6 +251,11 @@ impl Config {
                 return Err(ConfigError(format!("databases.{name}: pool_size must be at least 1")));
             }
         }
+        if self.max_prepared_statements == 0 || self.max_client_prepared_statements == 0 {
+            return Err(ConfigError(
+                "max_prepared_statements and max_client_prepared_statements must be at least 1".into(),
+            ));
+        }
         if self.auth_user.is_some() && self.auth_query.is_none() {
             return Err(ConfigError("auth_user is set but auth_query is not".into()));
         }
@@ -279,6 +303,15 @@ impl Config {
     /// See `server_connect_timeout_ms` (never disabled).
     pub fn server_connect_timeout(&self) -> Duration {
         Duration::from_millis(self.server_connect_timeout_ms.max(1))
+    }
+    /// The statement cache limits.
+    pub fn stmt_config(&self) -> crate::stmt::StmtConfig {
+        crate::stmt::StmtConfig {
+            server_cap: self.max_prepared_statements,
+            client_cap: self.max_client_prepared_statements,
+            registry_cap: self.max_cached_statements,
+            promote_unnamed_after: self.promote_unnamed_after,
+        }
     }
     /// See `client_login_timeout_ms` (never disabled).
     pub fn client_login_timeout(&self) -> Duration {

@@ -47,7 +47,9 @@ pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     };
     tracing::debug!(user = %client.user, db = %client.db, pid = client.pid, "client logged in");
     let slot = shared.cancels.slot(client.pid);
-    let session = Session::new(client.pool.mode, client.settings);
+    let registry =
+        (client.pool.mode != PoolMode::Session && shared.cfg.prepared_statements).then(|| client.pool.stmts.clone());
+    let session = Session::new(client.pool.mode, client.settings, client.pid as u64, registry);
     let mut p =
         Proxy { client: stream, cbuf: buf, session, server: None, pool: client.pool, slot, shared: shared.clone() };
     p.run().await;
@@ -84,6 +86,9 @@ impl Proxy {
                     Action::ReleaseServer { reusable } => self.release(reusable),
                     Action::Close => return self.close().await,
                 }
+            }
+            if self.feed_client() {
+                continue;
             }
             // Write what we have, without blocking.
             if self.flush().is_err() {
@@ -179,28 +184,40 @@ impl Proxy {
         }
     }
 
-    /// Reads all the client has sent and feeds whole frames to the session.
-    /// False when the client is gone.
+    /// Reads all the client has sent. False when the client is gone.
     fn read_client(&mut self) -> bool {
         loop {
             self.cbuf.reserve(READ_CHUNK);
             match self.client.try_read_buf(&mut self.cbuf) {
                 Ok(0) => return false,
                 Ok(_) => {
-                    if self.cbuf.capacity() - self.cbuf.len() > 0 {
-                        break;
+                    if self.cbuf.capacity() > self.cbuf.len() {
+                        return true;
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
                 Err(_) => return false,
             }
         }
+    }
+
+    /// Feeds the whole frames read so far to the session, until one needs a server.
+    /// True when something happened (frames consumed or actions queued).
+    fn feed_client(&mut self) -> bool {
+        if self.cbuf.is_empty() || self.session.is_closing() || self.session.is_acquiring() {
+            return false;
+        }
         let max = self.shared.cfg.max_message_size;
         let mut at = 0;
+        let mut stalled = false;
         loop {
             match split_frame(&self.cbuf[at..], max) {
                 Ok(Some(n)) => {
-                    self.session.handle_client(&self.cbuf[at..at + n]);
+                    let state = self.server.as_mut().map(|s| &mut s.state);
+                    if !self.session.handle_client(&self.cbuf[at..at + n], state) {
+                        stalled = true;
+                        break;
+                    }
                     at += n;
                     if self.session.is_closing() {
                         break;
@@ -219,7 +236,7 @@ impl Proxy {
             }
         }
         self.cbuf.advance(at);
-        true
+        at > 0 || stalled
     }
 
     /// Reads all the server has sent and feeds whole frames to the session.

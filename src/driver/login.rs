@@ -7,7 +7,7 @@ use super::Shared;
 use super::stream::Stream;
 use crate::auth::{self, ScramServer, Secret};
 use crate::config::{AuthType, DatabaseConfig};
-use crate::driver::server_conn::{Credentials, ServerTarget};
+use crate::driver::server_conn::{self, Credentials, ServerTarget};
 use crate::error::{Error, SqlState};
 use crate::pool::{Pool, PoolKey};
 use crate::protocol::startup::{StartupError, StartupPacket, parse_startup};
@@ -148,13 +148,17 @@ pub async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> 
         }
     };
     let mut settings = defaults.settings.clone();
-    for (k, v) in &params {
-        if let Some(name) = settings::tracked_name(k) {
-            settings.set_reported(name, v);
-        }
+    let (reported, extras) = settings::startup_settings(&params);
+    for (name, value) in &reported {
+        settings.set_reported(name, value);
     }
-    for (name, sql) in settings::startup_extras(&params) {
+    for (name, sql) in extras {
         settings.set_extra(name, sql);
+    }
+    // PostgreSQL reports normalized values (DateStyle "ISO" is "ISO, MDY"): learn them once
+    // from a server rather than report what the client wrote.
+    if reported.iter().any(|(n, v)| *n != "application_name" && defaults.settings.reported(n) != Some(v.as_str())) {
+        normalize(&pool, &mut settings).await?;
     }
     for (k, v) in &defaults.params {
         let v = settings::tracked_name(k).and_then(|n| settings.reported(n)).unwrap_or(v);
@@ -165,6 +169,46 @@ pub async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> 
     backend::ready_for_query(&mut out, b'I');
     send(stream, &mut out).await?;
     Ok(LoggedIn { pool, settings, pid, user, db })
+}
+
+/// Applies the client's reported startup parameters on a server to learn their normalized
+/// values (and to refuse invalid ones as PostgreSQL does at startup).
+async fn normalize(pool: &Pool, settings: &mut Settings) -> Result<(), LoginEnd> {
+    let mut conn = pool.acquire().await.map_err(|mut e| {
+        e.severity = crate::error::Severity::Fatal;
+        e
+    })?;
+    let sql = settings.reported_diff_sql(&conn.state.settings);
+    let res = conn.run_checked(&sql, pool_timeout(pool)).await;
+    match res {
+        Ok(()) => {
+            let names: Vec<&'static str> = settings.reported.iter().map(|(n, _)| *n).collect();
+            for n in names {
+                if let Some(v) = conn.state.settings.reported(n).map(str::to_owned) {
+                    settings.set_reported(n, &v);
+                }
+            }
+            pool.release(conn, true);
+            Ok(())
+        }
+        Err(frame) => {
+            let ok = conn.run_checked("ROLLBACK", pool_timeout(pool)).await.is_ok();
+            pool.release(conn, ok);
+            let mut e = match frame {
+                Some(f) => server_conn::ConnectError::Server(f).to_error(),
+                None => Error::fatal(
+                    SqlState::CONNECTION_FAILURE,
+                    "server connection failed while applying startup parameters",
+                ),
+            };
+            e.severity = crate::error::Severity::Fatal;
+            Err(e.into())
+        }
+    }
+}
+
+fn pool_timeout(pool: &Pool) -> std::time::Duration {
+    pool.connect_timeout()
 }
 
 /// Checks the client's password per auth_type; returns what we learnt for server logins.

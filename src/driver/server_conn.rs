@@ -109,7 +109,10 @@ impl ConnectError {
 
 /// SQLSTATEs we pass through are a small closed set in practice; map to a static str.
 fn leak_code(code: &str) -> &'static str {
-    const KNOWN: &[&str] = &["3D000", "28P01", "28000", "53300", "57P03", "42501", "08006", "08004", "0A000", "57P01"];
+    const KNOWN: &[&str] = &[
+        "22023", "42704", "55P02", "3D000", "28P01", "28000", "53300", "57P03", "42501", "08006", "08004", "0A000",
+        "57P01",
+    ];
     KNOWN.iter().copied().find(|k| *k == code).unwrap_or("08006")
 }
 
@@ -306,6 +309,39 @@ impl ServerConn {
             }
         };
         matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))
+    }
+
+    /// Runs `sql` (simple protocol); Err with the first ErrorResponse frame (None: the
+    /// connection failed). ParameterStatus updates the tracked settings.
+    pub async fn run_checked(&mut self, sql: &str, timeout: Duration) -> Result<(), Option<Vec<u8>>> {
+        let fut = async {
+            let mut out = BytesMut::new();
+            frontend::query(&mut out, sql);
+            self.stream.write_all(&out).await.map_err(|_| None)?;
+            let mut err = None;
+            loop {
+                let f = read_frame(&mut self.stream, &mut self.rbuf).await.map_err(|_| None)?;
+                match f[0] {
+                    tags::ERROR_RESPONSE if err.is_none() => err = Some(f.to_vec()),
+                    tags::PARAMETER_STATUS => {
+                        if let Some((k, v)) = backend::parameter_status_fields(body(&f))
+                            && let Some(name) = tracked_name(k)
+                        {
+                            self.state.settings.set_reported(name, v);
+                        }
+                    }
+                    tags::READY_FOR_QUERY => {
+                        self.state.tx_status = f.get(5).copied().unwrap_or(b'E');
+                        return match err {
+                            Some(e) => Err(Some(e)),
+                            None => Ok(()),
+                        };
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(timeout, fut).await.unwrap_or(Err(None))
     }
 
     /// Consumes the bytes of whole frames at the start of `rbuf` (after handling).

@@ -75,6 +75,8 @@ pub struct Pool {
     cfg: Arc<Config>,
     /// Counters.
     pub stats: PoolStats,
+    /// The prepared-statement cache of this pool.
+    pub stmts: Arc<crate::stmt::Registry>,
 }
 
 impl Pool {
@@ -95,6 +97,7 @@ impl Pool {
             creds: Mutex::new(creds),
             inner: Mutex::new(Inner::default()),
             defaults: OnceLock::new(),
+            stmts: Arc::new(crate::stmt::Registry::new(cfg.stmt_config())),
             cfg,
             stats: PoolStats::default(),
         }
@@ -319,6 +322,11 @@ impl Pool {
     pub fn counts(&self) -> (usize, usize, usize) {
         let g = self.lock();
         (g.idle.len(), g.open, g.waiters.len())
+    }
+
+    /// The server connect timeout, also used for the pooler's own short queries.
+    pub fn connect_timeout(&self) -> Duration {
+        self.cfg.server_connect_timeout()
     }
 
     /// Closes every idle connection (shutdown).

@@ -4,27 +4,34 @@
 //! socket, a clock or the pool; the driver does that and calls back.
 //!
 //! Owns: the reply queue of the linked server, transaction boundaries (from ReadyForQuery
-//! only, never from parsing SQL), pool-mode rules, and replaying session settings onto
-//! whichever server the client is given.
+//! only, never from parsing SQL), pool-mode rules, replaying session settings onto
+//! whichever server the client is given, and (in `statements`) the client's view of its
+//! prepared statements over the shared statement cache.
 
 pub mod reply_queue;
 pub mod settings;
+mod statements;
 
 #[cfg(test)]
 mod tests;
 
 use crate::config::PoolMode;
-use crate::error::{Error, SqlState};
+use crate::error::{Error, Severity, SqlState};
 use crate::protocol::{backend, body, frontend, tags};
+use crate::stmt::{Registry, ServerStmts, Statement};
 use bytes::BytesMut;
-use reply_queue::{OnReply, Pending, Purpose, ReplyQueue, Req};
-use settings::{SettingStmt, Settings};
-use std::collections::VecDeque;
+use reply_queue::{OnReply, Pending, Purpose, ReplyQueue, Req, Synth};
+use settings::{SettingStmt, Settings, TxStmt};
+use statements::Unnamed;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// What the driver must do for the session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Get a server connection from the pool, then call `handle_server_linked`.
+    /// Get a server connection from the pool, then call `handle_server_linked` and feed
+    /// the client frame that was not consumed again.
     AcquireServer,
     /// Give the linked server back; `reusable: false` means close it.
     ReleaseServer {
@@ -36,12 +43,14 @@ pub enum Action {
 }
 
 /// What the session keeps about the server it is linked to; lives with the server connection.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct ServerState {
     /// The settings currently in effect on the server.
     pub settings: Settings,
     /// Last transaction status the server reported.
     pub tx_status: u8,
+    /// Statements prepared on it.
+    pub stmts: ServerStmts,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,19 +68,31 @@ pub struct Session {
     replies: ReplyQueue,
     /// Bytes to write to the client.
     pub to_client: BytesMut,
-    /// Bytes to write to the linked server (held until one is linked).
+    /// Bytes to write to the linked server.
     pub to_server: BytesMut,
     actions: VecDeque<Action>,
     tx_status: u8,
     copy_in: bool,
     skip_until_sync: bool,
+    acquire_error: Option<Error>,
     closing: bool,
     settings: Settings,
+    /// Settings made inside the open transaction: kept if it commits.
+    tx_settings: Vec<SettingStmt>,
+    /// Unique id of this client (for the server's unnamed-statement owner).
+    uid: u64,
+    /// The pool's statement cache; None: statements pass through untouched (session mode).
+    registry: Option<Arc<Registry>>,
+    named: HashMap<Box<[u8]>, Arc<Statement>>,
+    unnamed: Unnamed,
+    unnamed_seq: u64,
+    key_buf: Vec<u8>,
 }
 
 impl Session {
-    /// A session in `mode` whose client expects `settings`.
-    pub fn new(mode: PoolMode, settings: Settings) -> Session {
+    /// A session in `mode` whose client expects `settings`. With a `registry`, prepared
+    /// statements go through the shared cache; without, they pass through.
+    pub fn new(mode: PoolMode, settings: Settings, uid: u64, registry: Option<Arc<Registry>>) -> Session {
         Session {
             mode,
             link: Link::Unlinked,
@@ -82,8 +103,16 @@ impl Session {
             tx_status: b'I',
             copy_in: false,
             skip_until_sync: false,
+            acquire_error: None,
             closing: false,
             settings,
+            tx_settings: Vec::new(),
+            uid,
+            registry,
+            named: HashMap::new(),
+            unnamed: Unnamed::None,
+            unnamed_seq: 0,
+            key_buf: Vec::new(),
         }
     }
 
@@ -101,10 +130,6 @@ impl Session {
     pub fn is_idle_in_transaction(&self) -> bool {
         self.link == Link::Linked && self.replies.is_empty() && self.tx_status != b'I'
     }
-    /// Linked with nothing outstanding and outside a transaction (session mode, between queries).
-    pub fn is_server_idle(&self) -> bool {
-        self.replies.is_empty() && self.tx_status == b'I' && !self.copy_in
-    }
     /// Requests outstanding on the linked server.
     pub fn outstanding(&self) -> usize {
         self.replies.len()
@@ -116,6 +141,10 @@ impl Session {
     /// The session is closing: feed nothing more.
     pub fn is_closing(&self) -> bool {
         self.closing
+    }
+    /// Prepared statements the client holds by name.
+    pub fn prepared_count(&self) -> usize {
+        self.named.len()
     }
 
     // ---- D: outputs ----
@@ -138,42 +167,102 @@ impl Session {
 
     // ---- B: inputs ----
 
-    /// One whole frame from the client (length already checked by the driver).
-    pub fn handle_client(&mut self, frame: &[u8]) {
+    /// One whole frame from the client (length already checked by the driver), with the
+    /// linked server's state if a server is linked. Returns false when the frame needs a
+    /// server first: an `AcquireServer` action is queued and the driver must feed the same
+    /// frame again once linked.
+    pub fn handle_client(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
         if self.closing {
-            return;
+            return true;
         }
         let tag = frame[0];
+        if let Some(err) = self.acquire_error.take() {
+            // The pool could not serve this request: fail it as PostgreSQL fails a request.
+            err.write_to(&mut self.to_client);
+            if tag == tags::QUERY || tag == tags::SYNC {
+                backend::ready_for_query(&mut self.to_client, b'I');
+            } else {
+                self.skip_until_sync = true;
+            }
+            return true;
+        }
         if self.skip_until_sync {
             if tag == tags::SYNC {
                 self.skip_until_sync = false;
-                backend::ready_for_query(&mut self.to_client, b'I');
+                backend::ready_for_query(&mut self.to_client, self.tx_status);
             } else if tag == tags::TERMINATE {
                 self.close();
             }
-            return;
+            return true;
+        }
+        match server {
+            Some(srv) => {
+                self.on_client_linked(frame, srv);
+                true
+            }
+            None => self.on_client_unlinked(frame),
+        }
+    }
+
+    fn on_client_unlinked(&mut self, frame: &[u8]) -> bool {
+        match frame[0] {
+            // Nothing outstanding and no transaction open: answer without a server.
+            tags::SYNC => backend::ready_for_query(&mut self.to_client, b'I'),
+            tags::FLUSH => {}
+            tags::TERMINATE => self.close(),
+            // PostgreSQL ignores copy messages outside COPY.
+            tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {}
+            tags::CLOSE if self.registry.is_some() => self.on_close(frame, None),
+            tags::PARSE if self.registry.is_some() => return self.on_parse(frame, None),
+            tags::QUERY
+            | tags::PARSE
+            | tags::BIND
+            | tags::DESCRIBE
+            | tags::EXECUTE
+            | tags::CLOSE
+            | tags::FUNCTION_CALL => {
+                return self.need_server();
+            }
+            t => self.fail(Error::protocol(format!("invalid frontend message type {t}"))),
+        }
+        true
+    }
+
+    fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) {
+        let tag = frame[0];
+        if self.registry.is_some() {
+            match tag {
+                tags::PARSE => {
+                    self.on_parse(frame, Some(srv));
+                    return;
+                }
+                tags::BIND => return self.on_bind(frame, srv),
+                tags::DESCRIBE => return self.on_describe(frame, srv),
+                tags::CLOSE => return self.on_close(frame, Some(srv)),
+                tags::QUERY => return self.on_query_cached(frame, srv),
+                _ => {}
+            }
         }
         match tag {
-            tags::QUERY => self.on_query(frame),
+            tags::QUERY => self.forward_query(frame),
             tags::PARSE => self.forward(frame, Req::Parse),
             tags::BIND => self.forward(frame, Req::Bind),
             tags::DESCRIBE => self.forward(frame, Req::Describe),
             tags::EXECUTE => self.forward(frame, Req::Execute),
             tags::CLOSE => self.forward(frame, Req::Close),
             tags::FUNCTION_CALL => self.forward(frame, Req::FunctionCall),
-            tags::SYNC => self.on_sync(frame),
-            tags::FLUSH => {
-                if self.link != Link::Unlinked {
-                    self.to_server.extend_from_slice(frame);
+            tags::SYNC => {
+                self.to_server.extend_from_slice(frame);
+                // Ignored by the server in COPY FROM STDIN: no reply to wait for.
+                if !self.copy_in {
+                    self.replies.push(Pending::client(Req::Sync));
                 }
             }
+            tags::FLUSH => self.to_server.extend_from_slice(frame),
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {
-                // PostgreSQL ignores copy messages outside COPY; so do we when unlinked.
-                if self.link != Link::Unlinked {
-                    self.to_server.extend_from_slice(frame);
-                    if tag != tags::COPY_DATA {
-                        self.copy_in = false;
-                    }
+                self.to_server.extend_from_slice(frame);
+                if tag != tags::COPY_DATA {
+                    self.copy_in = false;
                 }
             }
             tags::TERMINATE => self.close(),
@@ -181,90 +270,94 @@ impl Session {
         }
     }
 
-    fn on_query(&mut self, frame: &[u8]) {
+    fn need_server(&mut self) -> bool {
+        if self.link == Link::Unlinked {
+            self.link = Link::Acquiring;
+            self.actions.push_back(Action::AcquireServer);
+        }
+        false
+    }
+
+    fn forward_query(&mut self, frame: &[u8]) {
         let mut p = Pending::client(Req::Query);
         if let Some(text) = frontend::query_text(body(frame))
-            && settings::maybe_setting_stmt(text)
+            && (settings::maybe_setting_stmt(text) || (!self.tx_settings.is_empty() && settings::maybe_tx_end(text)))
         {
             p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
         }
         self.to_server.extend_from_slice(frame);
         self.replies.push(p);
-        self.ensure_server();
-    }
-
-    fn on_sync(&mut self, frame: &[u8]) {
-        if self.copy_in {
-            // Ignored by the server in COPY FROM STDIN; no reply to wait for.
-            self.to_server.extend_from_slice(frame);
-        } else if self.link == Link::Unlinked && self.replies.is_empty() {
-            // Nothing outstanding and no transaction open: answer without a server.
-            backend::ready_for_query(&mut self.to_client, b'I');
-        } else {
-            self.forward(frame, Req::Sync);
-        }
     }
 
     #[inline]
     fn forward(&mut self, frame: &[u8], req: Req) {
         self.to_server.extend_from_slice(frame);
         self.replies.push(Pending::client(req));
-        self.ensure_server();
     }
 
-    #[inline]
-    fn ensure_server(&mut self) {
-        if self.link == Link::Unlinked {
-            self.link = Link::Acquiring;
-            self.actions.push_back(Action::AcquireServer);
+    /// Queues a reply the pooler makes itself, in pipeline order.
+    fn push_synth(&mut self, s: Synth, fx: reply_queue::Fx) {
+        // The request kind it stands for, so that skip-to-Sync treats it like the real one.
+        let req = match s {
+            Synth::ParseComplete => Req::Parse,
+            Synth::CloseComplete => Req::Close,
+            Synth::Tag(_) => Req::Execute,
+            Synth::TagAndReady(_) => Req::Query,
+        };
+        self.replies.push(Pending::with(req, OnReply::Synth(s), fx));
+        self.drain_synth();
+    }
+
+    /// Emits the synthesized replies now at the head of the queue.
+    fn drain_synth(&mut self) {
+        while let Some(p) = self.replies.head() {
+            let OnReply::Synth(s) = &p.on_reply else { break };
+            match s {
+                Synth::ParseComplete => backend::empty(&mut self.to_client, tags::PARSE_COMPLETE),
+                Synth::CloseComplete => backend::empty(&mut self.to_client, tags::CLOSE_COMPLETE),
+                Synth::Tag(t) => backend::command_complete(&mut self.to_client, t),
+                Synth::TagAndReady(t) => {
+                    backend::command_complete(&mut self.to_client, t);
+                    backend::ready_for_query(&mut self.to_client, self.tx_status);
+                }
+            }
+            self.replies.pop();
         }
+        self.maybe_release();
     }
 
-    /// The pool gave us `server`: replay settings if they differ, then the held bytes flow.
+    /// The pool gave us `server`: replay settings if they differ.
     pub fn handle_server_linked(&mut self, server: &mut ServerState) {
         self.link = Link::Linked;
         server.tx_status = b'I';
+        server.stmts.begin_link();
         if self.settings.key() != server.settings.key() {
             let sql = self.settings.diff_sql(&server.settings);
-            server.settings.extra = self.settings.extra.clone();
+            server.settings.copy_extra_from(&self.settings);
             if !sql.is_empty() {
-                let mut buf = BytesMut::with_capacity(sql.len() + 6 + self.to_server.len());
-                frontend::query(&mut buf, &sql);
-                buf.extend_from_slice(&self.to_server);
-                self.to_server = buf;
-                self.replies.push_front(Pending::internal(Req::Query, Purpose::SyncSettings));
+                frontend::query(&mut self.to_server, &sql);
+                self.replies.push(Pending::internal(Req::Query, Purpose::SyncSettings));
             }
         }
     }
 
     /// The pool could not give a server. A FATAL error closes the client; an ERROR fails
-    /// every outstanding request as PostgreSQL would (error, then skip to Sync).
+    /// the request that needed the server as PostgreSQL would (error, then skip to Sync).
     pub fn handle_acquire_failed(&mut self, err: Error) {
         self.link = Link::Unlinked;
-        self.to_server.clear();
-        if err.severity == crate::error::Severity::Fatal {
-            self.replies.clear();
+        if err.severity == Severity::Fatal {
             return self.fail(err);
         }
-        let mut batch_failed = false;
-        while let Some(p) = self.replies.pop() {
-            if !batch_failed {
-                err.write_to(&mut self.to_client);
-                batch_failed = true;
-            }
-            if !p.req.is_extended() {
-                backend::ready_for_query(&mut self.to_client, b'I');
-                batch_failed = false;
-            }
-        }
-        self.skip_until_sync = batch_failed;
+        self.acquire_error = Some(err);
     }
 
     /// The linked server's connection broke.
     pub fn handle_server_lost(&mut self) {
         self.replies.clear();
-        self.link = Link::Unlinked;
-        self.actions.push_back(Action::ReleaseServer { reusable: false });
+        if self.link == Link::Linked {
+            self.link = Link::Unlinked;
+            self.actions.push_back(Action::ReleaseServer { reusable: false });
+        }
         self.fail(Error::fatal(SqlState::CONNECTION_FAILURE, "server closed the connection unexpectedly"));
     }
 
@@ -286,9 +379,16 @@ impl Session {
         let Some(head) = self.replies.head_mut() else {
             return self.desync(tag);
         };
-        let (req, purpose) = (head.req, head.purpose);
+        if head.is_synth() {
+            // A local answer should have been drained already; the server is ahead of us.
+            return self.desync(tag);
+        }
+        let req = head.req;
         if tag == tags::READY_FOR_QUERY {
             return self.on_ready(frame, server);
+        }
+        if tag == tags::ERROR_RESPONSE {
+            return self.on_error(frame, server);
         }
         if matches!(tag, tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::CLOSE_COMPLETE) && !req.completed_by(tag) {
             return self.desync(tag);
@@ -296,48 +396,67 @@ impl Session {
         if head.on_reply == OnReply::Forward {
             self.to_client.extend_from_slice(frame);
         }
-        match tag {
-            tags::ERROR_RESPONSE => {
-                head.failed = true;
-                self.copy_in = false;
-                if purpose == Purpose::SyncSettings {
-                    self.to_client.extend_from_slice(frame);
-                    return self.fail_quiet();
-                }
-                if req.is_extended() {
-                    self.replies.pop();
-                    self.replies.skip_to_sync();
-                }
+        if tag == tags::COPY_IN_RESPONSE {
+            self.copy_in = true;
+            if req == Req::Execute {
+                self.replies.drop_syncs_after_head();
             }
-            tags::COPY_IN_RESPONSE => {
-                self.copy_in = true;
-                if req == Req::Execute {
-                    self.replies.drop_syncs_after_head();
-                }
+        } else if req.completed_by(tag)
+            && let Some(p) = self.replies.pop()
+        {
+            if let Some(s) = &p.fx.server_parse {
+                s.validated.store(true, Ordering::Relaxed);
             }
-            t if req.completed_by(t) => {
-                self.replies.pop();
+            self.drain_synth();
+        }
+    }
+
+    fn on_error(&mut self, frame: &[u8], server: &mut ServerState) {
+        self.copy_in = false;
+        let Some(head) = self.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
+        head.failed = true;
+        let req = head.req;
+        let code = backend::error_field(body(frame), b'C').unwrap_or_default();
+        match &head.on_reply {
+            OnReply::Forward | OnReply::Inject => self.to_client.extend_from_slice(frame),
+            OnReply::ReplaceError(e) if code == b"26000" => e.write_to(&mut self.to_client),
+            OnReply::ReplaceError(_) => self.to_client.extend_from_slice(frame),
+            OnReply::Skip if head.purpose == Purpose::SyncSettings => {
+                // The client's settings cannot be applied: PostgreSQL would have refused
+                // them at startup.
+                self.to_client.extend_from_slice(frame);
+                return self.fail_quiet();
             }
-            _ => {}
+            OnReply::Skip | OnReply::Synth(_) => {}
+        }
+        if let Some(s) = head.fx.uses.clone() {
+            self.on_statement_error(&s, code, server);
+        }
+        if req.is_extended() {
+            // The server now skips to the next Sync: those requests get no reply.
+            if let Some(p) = self.replies.pop() {
+                self.rollback(p, server);
+            }
+            while let Some(p) = self.replies.pop_unless_sync() {
+                self.rollback(p, server);
+            }
         }
     }
 
     fn on_ready(&mut self, frame: &[u8], server: &mut ServerState) {
-        let Some(p) = self.replies.pop() else {
-            return self.desync(tags::READY_FOR_QUERY);
-        };
+        let Some(p) = self.replies.pop() else { return self.desync(tags::READY_FOR_QUERY) };
         if p.req.is_extended() {
             return self.desync(tags::READY_FOR_QUERY);
         }
         let status = frame.get(5).copied().unwrap_or(b'I');
+        let before = self.tx_status;
         self.tx_status = status;
         server.tx_status = status;
         self.copy_in = false;
-        if let Some(sql) = &p.tracked_sql
-            && !p.failed
-            && status == b'I'
-        {
-            apply_setting(&mut self.settings, &mut server.settings, sql);
+        if let Some(sql) = &p.tracked_sql {
+            self.track_settings(sql, p.failed, before != b'I', status, server);
+        } else if status == b'I' {
+            self.tx_settings.clear();
         }
         let done = self.replies.is_empty();
         if self.mode == PoolMode::Statement && status != b'I' && p.purpose == Purpose::Client && done {
@@ -345,14 +464,25 @@ impl Session {
             Error::new(SqlState::FEATURE_NOT_SUPPORTED, "transaction blocks are not allowed in statement pooling mode")
                 .write_to(&mut self.to_client);
             backend::ready_for_query(&mut self.to_client, b'I');
+            self.tx_status = b'I';
             frontend::query(&mut self.to_server, "ROLLBACK");
             self.replies.push(Pending::internal(Req::Query, Purpose::Rollback));
             return;
         }
-        if p.on_reply == OnReply::Forward {
+        if p.on_reply == OnReply::Forward || matches!(p.on_reply, OnReply::ReplaceError(_)) {
             self.to_client.extend_from_slice(frame);
         }
-        if done && status == b'I' && self.mode != PoolMode::Session {
+        self.drain_synth();
+    }
+
+    /// Releases the server when nothing is outstanding and no transaction is open.
+    fn maybe_release(&mut self) {
+        if self.link == Link::Linked
+            && self.replies.is_empty()
+            && self.tx_status == b'I'
+            && !self.copy_in
+            && self.mode != PoolMode::Session
+        {
             self.link = Link::Unlinked;
             self.actions.push_back(Action::ReleaseServer { reusable: true });
         }
@@ -407,17 +537,53 @@ impl Session {
     }
 }
 
-fn apply_setting(client: &mut Settings, server: &mut Settings, sql: &str) {
-    match settings::parse_setting_stmt(sql.as_bytes()) {
-        Some(SettingStmt::Set(name, stmt)) if settings::tracked_name(&name).is_none() => {
+impl Session {
+    /// A Query with SET/RESET/transaction statements finished: keep the settings that
+    /// persist as PostgreSQL would (outside a transaction, or in one that committed).
+    fn track_settings(&mut self, sql: &str, failed: bool, was_in_tx: bool, status: u8, server: &mut ServerState) {
+        let mut in_tx = was_in_tx;
+        let mut apply = Vec::new();
+        for t in settings::session_stmts(sql.as_bytes()) {
+            match t {
+                TxStmt::Begin => in_tx = true,
+                TxStmt::Commit => {
+                    apply.append(&mut self.tx_settings);
+                    in_tx = false;
+                }
+                TxStmt::Rollback => {
+                    self.tx_settings.clear();
+                    in_tx = false;
+                }
+                TxStmt::Setting(s) if in_tx => self.tx_settings.push(s),
+                TxStmt::Setting(s) => apply.push(s),
+            }
+        }
+        if failed && status == b'I' {
+            // The implicit transaction of this Query failed: nothing of it persists.
+            apply.clear();
+            self.tx_settings.clear();
+        }
+        if status == b'I' {
+            // Ended by something not seen here (e.g. an extended-protocol COMMIT): unknown.
+            self.tx_settings.clear();
+        }
+        for s in apply {
+            apply_setting(&mut self.settings, &mut server.settings, s);
+        }
+    }
+}
+
+fn apply_setting(client: &mut Settings, server: &mut Settings, stmt: SettingStmt) {
+    match stmt {
+        SettingStmt::Set(name, stmt) if settings::tracked_name(&name).is_none() => {
             client.set_extra(name.clone(), stmt.clone());
             server.set_extra(name, stmt);
         }
-        Some(SettingStmt::Reset(name)) => {
+        SettingStmt::Reset(name) => {
             client.reset_extra(&name);
             server.reset_extra(&name);
         }
-        Some(SettingStmt::ResetAll) => {
+        SettingStmt::ResetAll => {
             client.reset_all_extra();
             server.reset_all_extra();
         }

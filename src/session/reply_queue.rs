@@ -1,9 +1,14 @@
 //! The per-server reply queue: one entry per message written to the server that expects
-//! a reply, in order, with what to do with that reply. PostgreSQL's replies carry no names,
-//! so this queue is the only way to know which request a reply answers.
+//! a reply, in order, with what to do with that reply and what to undo if the server
+//! never executes it. PostgreSQL's replies carry no names, so this queue is the only way
+//! to know which request a reply answers. Entries answered by the pooler itself
+//! (`OnReply::Synth`) sit in the same queue so local answers keep pipeline order.
 
+use crate::error::Error;
 use crate::protocol::tags;
+use crate::stmt::Statement;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// A request written to the server that will be answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,28 +53,86 @@ impl Req {
     }
 }
 
+/// A reply the pooler produces itself, at this position in the stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Synth {
+    /// ParseComplete (the statement is known; no server Parse needed).
+    ParseComplete,
+    /// CloseComplete (statement names are the pooler's business).
+    CloseComplete,
+    /// CommandComplete with this tag, alone.
+    Tag(&'static str),
+    /// CommandComplete with this tag, then ReadyForQuery: a whole simple Query answered.
+    TagAndReady(&'static str),
+}
+
 /// What happens to the replies of one request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OnReply {
     /// The client asked: forward the replies.
     Forward,
-    /// The pooler asked on its own behalf: drop the replies.
+    /// Sent on the client's behalf (an injected Parse): forward an error, drop the rest.
+    Inject,
+    /// The pooler's own request: drop every reply.
     Skip,
+    /// Not sent: the pooler answers at this position.
+    Synth(Synth),
+    /// A request made to fail on purpose so the server enters the same error state as
+    /// PostgreSQL would: its 26000 error is replaced by this one (other errors, such as
+    /// 25P02 in an aborted transaction, pass through as PostgreSQL would give them).
+    ReplaceError(Box<Error>),
 }
 
 /// Why the pooler sent a request it skips the replies of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Purpose {
-    /// The client's own request.
+    /// The client's own request (possibly rewritten).
     Client,
     /// Settings replayed onto the server for this client.
     SyncSettings,
-    /// A ROLLBACK the pooler sent (statement mode, abandoned transaction).
+    /// A ROLLBACK the pooler sent (statement mode).
     Rollback,
 }
 
+/// A change to the client's statement names made when the request was sent, undone if the
+/// server fails or skips the request.
+#[derive(Clone, Debug, Default)]
+pub enum ClientFx {
+    /// Nothing to undo.
+    #[default]
+    None,
+    /// A named statement was registered; `prev` is what the name held before.
+    Named {
+        /// The client's statement name.
+        name: Box<[u8]>,
+    },
+    /// The unnamed statement was set.
+    Unnamed,
+    /// A named statement was closed.
+    Closed {
+        /// The client's statement name.
+        name: Box<[u8]>,
+        /// What it pointed to.
+        stmt: Arc<Statement>,
+    },
+}
+
+/// Side effects of one request, for commit (on success) or rollback.
+#[derive(Clone, Debug, Default)]
+pub struct Fx {
+    /// A Parse of this cached statement was sent to the server.
+    pub server_parse: Option<Arc<Statement>>,
+    /// This statement was closed on the server to make room.
+    pub server_close: Option<Arc<Statement>>,
+    /// The request uses this cached statement (Bind, Describe, EXECUTE): an error about it
+    /// tells whether it went stale.
+    pub uses: Option<Arc<Statement>>,
+    /// The client-side change.
+    pub client: ClientFx,
+}
+
 /// One queue entry.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Pending {
     /// The request.
     pub req: Req,
@@ -82,16 +145,29 @@ pub struct Pending {
     pub tracked_sql: Option<Box<str>>,
     /// An ErrorResponse answered this request.
     pub failed: bool,
+    /// Side effects.
+    pub fx: Fx,
 }
 
 impl Pending {
     /// A client request whose replies are forwarded.
+    #[inline]
     pub fn client(req: Req) -> Pending {
-        Pending { req, on_reply: OnReply::Forward, purpose: Purpose::Client, tracked_sql: None, failed: false }
+        Pending::with(req, OnReply::Forward, Fx::default())
+    }
+    /// A request with explicit reply handling and effects.
+    #[inline]
+    pub fn with(req: Req, on_reply: OnReply, fx: Fx) -> Pending {
+        Pending { req, on_reply, purpose: Purpose::Client, tracked_sql: None, failed: false, fx }
     }
     /// A request of the pooler's own.
     pub fn internal(req: Req, purpose: Purpose) -> Pending {
-        Pending { req, on_reply: OnReply::Skip, purpose, tracked_sql: None, failed: false }
+        Pending { req, on_reply: OnReply::Skip, purpose, tracked_sql: None, failed: false, fx: Fx::default() }
+    }
+    /// True for an entry the pooler answers itself.
+    #[inline]
+    pub fn is_synth(&self) -> bool {
+        matches!(self.on_reply, OnReply::Synth(_))
     }
 }
 
@@ -125,18 +201,13 @@ impl ReplyQueue {
     pub fn pop(&mut self) -> Option<Pending> {
         self.q.pop_front()
     }
-    /// After an ErrorResponse to an extended-protocol request: the server ignores everything
-    /// up to the next Sync, so those entries will get no reply. Returns how many were dropped.
-    pub fn skip_to_sync(&mut self) -> usize {
-        let mut n = 0;
-        while let Some(p) = self.q.front() {
-            if p.req == Req::Sync {
-                break;
-            }
-            self.q.pop_front();
-            n += 1;
+    /// Removes the head unless it is a Sync (the server skips everything up to a Sync
+    /// after an error in the extended protocol; skipped requests get no reply).
+    pub fn pop_unless_sync(&mut self) -> Option<Pending> {
+        match self.q.front() {
+            Some(p) if p.req != Req::Sync => self.q.pop_front(),
+            _ => None,
         }
-        n
     }
     /// In COPY FROM STDIN mode the server ignores Sync and Flush: drop the Syncs queued
     /// right behind the head (the Execute that started the copy).

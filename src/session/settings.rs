@@ -52,6 +52,14 @@ impl Settings {
         self.rekey();
     }
 
+    /// Takes over `other`'s non-reported settings (they were just replayed).
+    pub fn copy_extra_from(&mut self, other: &Settings) {
+        if self.extra != other.extra {
+            self.extra = other.extra.clone();
+            self.rekey();
+        }
+    }
+
     /// Forgets the setting of `name` (RESET name).
     pub fn reset_extra(&mut self, name: &str) {
         self.extra.retain(|(n, _)| n != name);
@@ -83,12 +91,7 @@ impl Settings {
 
     /// SQL that turns `server`'s settings into these; empty when nothing differs.
     pub fn diff_sql(&self, server: &Settings) -> String {
-        let mut sql = String::new();
-        for (name, value) in &self.reported {
-            if server.reported(name) != Some(value.as_str()) {
-                sql.push_str(&format!("SET {} = {};", quote_ident(name), quote_literal(value)));
-            }
-        }
+        let mut sql = self.reported_diff_sql(server);
         for (name, _) in &server.extra {
             if !self.extra.iter().any(|(n, _)| n == name) {
                 sql.push_str(&reset_sql(name));
@@ -98,6 +101,19 @@ impl Settings {
             if !server.extra.iter().any(|(n, s)| n == name && s == stmt) {
                 sql.push_str(stmt);
                 sql.push(';');
+            }
+        }
+        sql
+    }
+}
+
+impl Settings {
+    /// SQL that sets the reported parameters that differ on `server`.
+    pub fn reported_diff_sql(&self, server: &Settings) -> String {
+        let mut sql = String::new();
+        for (name, value) in &self.reported {
+            if server.reported(name) != Some(value.as_str()) {
+                sql.push_str(&format!("SET {} = {};", quote_ident(name), quote_literal(value)));
             }
         }
         sql
@@ -193,9 +209,63 @@ pub fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
     }
 }
 
+/// Every setting statement in a (possibly multi-statement) Query text.
+pub fn setting_stmts(sql: &[u8]) -> Vec<SettingStmt> {
+    session_stmts(sql).into_iter().filter_map(|t| if let TxStmt::Setting(s) = t { Some(s) } else { None }).collect()
+}
+
+/// A statement that matters for which settings persist.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TxStmt {
+    /// BEGIN / START TRANSACTION.
+    Begin,
+    /// COMMIT / END.
+    Commit,
+    /// ROLLBACK / ABORT (not ROLLBACK TO SAVEPOINT).
+    Rollback,
+    /// SET / RESET / DISCARD ALL.
+    Setting(SettingStmt),
+}
+
+/// The transaction-control and setting statements of a Query text, in order.
+pub fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
+    let mut out = Vec::new();
+    for r in crate::stmt::sql::split(sql) {
+        let stmt = &sql[r];
+        if let Some(s) = parse_setting_stmt(stmt) {
+            out.push(TxStmt::Setting(s));
+            continue;
+        }
+        let text = String::from_utf8_lossy(stmt).to_ascii_lowercase();
+        let mut words = text.split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("begin"), _) | (Some("start"), Some("transaction")) => out.push(TxStmt::Begin),
+            (Some("commit" | "end"), w) if w != Some("prepared") => out.push(TxStmt::Commit),
+            (Some("rollback" | "abort"), w) if !matches!(w, Some("to" | "prepared")) && !text.contains(" to ") => {
+                out.push(TxStmt::Rollback)
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Quick check: may this text end a transaction (COMMIT, END, ROLLBACK, ABORT)?
+pub fn maybe_tx_end(sql: &[u8]) -> bool {
+    let s = sql.trim_ascii_start();
+    [&b"commit"[..], b"end", b"rollback", b"abort"]
+        .iter()
+        .any(|k| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k))
+        || s.contains(&b';')
+}
+
 /// Quick pre-check before `parse_setting_stmt`: does the text start with SET/RESET/DISCARD?
 #[inline]
 pub fn maybe_setting_stmt(sql: &[u8]) -> bool {
+    starts_like_setting(sql) || (sql.contains(&b';') && setting_stmts(sql).iter().len() > 0)
+}
+
+fn starts_like_setting(sql: &[u8]) -> bool {
     let s = sql.trim_ascii_start();
     s.len() >= 3
         && (s[..3].eq_ignore_ascii_case(b"set")
@@ -203,10 +273,26 @@ pub fn maybe_setting_stmt(sql: &[u8]) -> bool {
             || (s.len() >= 7 && s[..7].eq_ignore_ascii_case(b"discard")))
 }
 
-/// Turns startup parameters other than user/database/options and the tracked reported ones
-/// into settings statements; `options` (`-c name=value`, `--name=value`) too.
-pub fn startup_extras(params: &[(String, String)]) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+/// Tracked reported parameters: (canonical name, value).
+pub type Reported = Vec<(&'static str, String)>;
+
+/// Startup parameters as settings: tracked reported ones as (canonical name, value), and
+/// every other GUC (including `options`' `-c name=value` and `--name=value`) as a
+/// statement that applies it the way startup would (`set_config`, so list values such as
+/// search_path parse as they do at startup). user/database/replication are not settings.
+pub fn startup_settings(params: &[(String, String)]) -> (Reported, Vec<(String, String)>) {
+    let mut reported = Vec::new();
+    let mut extra = Vec::new();
+    let mut add = |name: &str, value: &str| {
+        if let Some(t) = tracked_name(name) {
+            reported.push((t, value.to_owned()));
+        } else {
+            let name = name.to_ascii_lowercase();
+            let sql =
+                format!("SELECT pg_catalog.set_config({}, {}, false)", quote_literal(&name), quote_literal(value));
+            extra.push((name, sql));
+        }
+    };
     for (k, v) in params {
         match k.as_str() {
             "user" | "database" | "replication" => {}
@@ -216,21 +302,15 @@ pub fn startup_extras(params: &[(String, String)]) -> Vec<(String, String)> {
                     let kv =
                         if tok == "-c" { it.next() } else { tok.strip_prefix("--").or_else(|| tok.strip_prefix("-c")) };
                     if let Some((name, value)) = kv.and_then(|kv| kv.split_once('=')) {
-                        let name = name.replace('-', "_").to_ascii_lowercase();
-                        if tracked_name(&name).is_none() {
-                            out.push((name.clone(), format!("SET {} = {}", quote_ident(&name), quote_literal(value))));
-                        }
+                        add(&name.replace('-', "_"), value);
                     }
                 }
             }
-            _ if k.starts_with("_pq_.") || tracked_name(k).is_some() => {}
-            _ => {
-                let name = k.to_ascii_lowercase();
-                out.push((name.clone(), format!("SET {} = {}", quote_ident(&name), quote_literal(v))));
-            }
+            _ if k.starts_with("_pq_.") => {}
+            _ => add(k, v),
         }
     }
-    out
+    (reported, extra)
 }
 
 #[cfg(test)]
@@ -273,14 +353,22 @@ mod tests {
     fn startup_options() {
         let p = vec![
             ("user".into(), "u".into()),
-            ("options".into(), "-c search_path=x --work-mem=4MB".into()),
-            ("TimeZone".into(), "UTC".into()),
+            ("options".into(), "-c search_path=x,y --work-mem=4MB -c TimeZone=UTC".into()),
+            ("DateStyle".into(), "ISO".into()),
             ("extra_float_digits".into(), "3".into()),
         ];
-        let e = startup_extras(&p);
+        let (r, e) = startup_settings(&p);
+        assert_eq!(r, vec![("TimeZone", "UTC".to_string()), ("DateStyle", "ISO".to_string())]);
         assert_eq!(e.len(), 3);
-        assert_eq!(e[0], ("search_path".into(), "SET \"search_path\" = 'x'".into()));
+        assert_eq!(e[0], ("search_path".into(), "SELECT pg_catalog.set_config('search_path', 'x,y', false)".into()));
         assert_eq!(e[1].0, "work_mem");
         assert_eq!(e[2].0, "extra_float_digits");
+    }
+
+    #[test]
+    fn multi_statement_sets_are_all_tracked() {
+        let v = setting_stmts(b"SET statement_timeout = '300ms'; SET search_path = s_a");
+        assert_eq!(v.len(), 2);
+        assert_eq!(setting_stmts(b"SET x = 1; SELECT 1").len(), 1);
     }
 }

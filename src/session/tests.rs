@@ -1,7 +1,9 @@
-//! Conversation tests: frames in, bytes and actions out, no sockets.
+//! Conversation tests: frames in, bytes and actions out, no sockets. `H` plays the
+//! driver: it links a server when asked and feeds frames again as the driver does.
 
 use super::*;
 use crate::protocol::backend::write_msg;
+use crate::stmt::StmtConfig;
 use bytes::BufMut;
 
 fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
@@ -14,179 +16,529 @@ fn query(sql: &str) -> Vec<u8> {
     frontend::query(&mut b, sql);
     b.to_vec()
 }
+fn parse(name: &str, sql: &str) -> Vec<u8> {
+    msg(b'P', format!("{name}\0{sql}\0\0\0").as_bytes())
+}
+fn bind(stmt: &str) -> Vec<u8> {
+    msg(b'B', format!("\0{stmt}\0\0\0\0\0\0\0").as_bytes())
+}
+fn execute() -> Vec<u8> {
+    msg(b'E', b"\0\0\0\0\0")
+}
+fn sync() -> Vec<u8> {
+    msg(b'S', b"")
+}
+fn close_s(name: &str) -> Vec<u8> {
+    msg(b'C', format!("S{name}\0").as_bytes())
+}
 fn rfq(s: u8) -> Vec<u8> {
     msg(b'Z', &[s])
 }
-fn tags_of(buf: &[u8]) -> String {
-    let mut out = String::new();
+fn err(code: &str) -> Vec<u8> {
+    msg(b'E', format!("SERROR\0C{code}\0Mboom\0\0").as_bytes())
+}
+fn frames(buf: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
     let mut rest = buf;
     while let Ok(Some(n)) = crate::protocol::split_frame(rest, usize::MAX) {
-        out.push(rest[0] as char);
+        out.push(rest[..n].to_vec());
         rest = &rest[n..];
     }
     out
 }
-fn actions(s: &mut Session) -> Vec<Action> {
-    std::iter::from_fn(|| s.poll_action()).collect()
+fn tags_of(buf: &[u8]) -> String {
+    frames(buf).iter().map(|f| f[0] as char).collect()
 }
-fn linked(mode: PoolMode) -> (Session, ServerState) {
-    let mut s = Session::new(mode, Settings::default());
-    let mut st = ServerState::default();
-    s.handle_client(&query("select 1"));
-    assert_eq!(actions(&mut s), vec![Action::AcquireServer]);
-    s.handle_server_linked(&mut st);
-    (s, st)
+
+/// A test driver around one session and one server state.
+struct H {
+    s: Session,
+    srv: ServerState,
+    linked: bool,
+    pending: Vec<Vec<u8>>,
+    log: Vec<Action>,
+}
+
+impl H {
+    fn new(mode: PoolMode, registry: Option<Arc<Registry>>) -> H {
+        H {
+            s: Session::new(mode, Settings::default(), 7, registry),
+            srv: ServerState::default(),
+            linked: false,
+            pending: vec![],
+            log: vec![],
+        }
+    }
+    fn cached() -> H {
+        H::new(
+            PoolMode::Transaction,
+            Some(Arc::new(Registry::new(StmtConfig { promote_unnamed_after: 2, ..Default::default() }))),
+        )
+    }
+    fn client(&mut self, frame: Vec<u8>) {
+        self.pending.push(frame);
+        self.pump();
+    }
+    fn server(&mut self, frame: Vec<u8>) {
+        self.s.handle_server(&frame, &mut self.srv);
+        self.pump();
+    }
+    fn pump(&mut self) {
+        loop {
+            let mut progress = false;
+            while let Some(a) = self.s.poll_action() {
+                progress = true;
+                self.log.push(a.clone());
+                match a {
+                    Action::AcquireServer => {
+                        self.s.handle_server_linked(&mut self.srv);
+                        self.linked = true;
+                    }
+                    Action::ReleaseServer { .. } => self.linked = false,
+                    Action::Close => {}
+                }
+            }
+            while !self.pending.is_empty() {
+                let srv = if self.linked { Some(&mut self.srv) } else { None };
+                if !self.s.handle_client(&self.pending[0], srv) {
+                    break;
+                }
+                self.pending.remove(0);
+                progress = true;
+            }
+            if !progress && self.s.actions.is_empty() {
+                break;
+            }
+        }
+    }
+    fn client_out(&mut self) -> String {
+        tags_of(&self.s.to_client.split())
+    }
+    fn server_out(&mut self) -> Vec<Vec<u8>> {
+        frames(&self.s.to_server.split())
+    }
+    fn actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.log)
+    }
+}
+
+fn text(f: &[u8]) -> String {
+    String::from_utf8_lossy(f).into_owned()
 }
 
 #[test]
 fn transaction_mode_releases_at_idle_ready() {
-    let (mut s, mut st) = linked(PoolMode::Transaction);
-    assert_eq!(tags_of(&s.to_server), "Q");
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("select 1"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    assert_eq!(h.server_out().len(), 1);
     for m in [msg(b'T', b"\0\0"), msg(b'D', b"\0\0"), msg(b'C', b"SELECT 1\0")] {
-        s.handle_server(&m, &mut st);
+        h.server(m);
     }
-    assert!(actions(&mut s).is_empty());
-    s.handle_server(&rfq(b'I'), &mut st);
-    assert_eq!(actions(&mut s), vec![Action::ReleaseServer { reusable: true }]);
-    assert_eq!(tags_of(&s.to_client), "TDCZ");
+    assert!(h.actions().is_empty());
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.client_out(), "TDCZ");
 }
 
 #[test]
 fn stays_linked_inside_transaction_and_in_session_mode() {
-    let (mut s, mut st) = linked(PoolMode::Transaction);
-    s.handle_server(&msg(b'C', b"BEGIN\0"), &mut st);
-    s.handle_server(&rfq(b'T'), &mut st);
-    assert!(actions(&mut s).is_empty());
-    assert!(s.is_idle_in_transaction());
-    let (mut s, mut st) = linked(PoolMode::Session);
-    s.handle_server(&msg(b'C', b"SELECT 1\0"), &mut st);
-    s.handle_server(&rfq(b'I'), &mut st);
-    assert!(actions(&mut s).is_empty());
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("begin"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    assert!(h.s.is_idle_in_transaction());
+    let mut h = H::new(PoolMode::Session, None);
+    h.client(query("select 1"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
 }
 
 #[test]
 fn pipelined_syncs_release_only_after_the_last() {
-    let mut s = Session::new(PoolMode::Transaction, Settings::default());
-    let mut st = ServerState::default();
-    for m in [msg(b'P', b"\0select 1\0\0\0"), msg(b'B', b"\0\0\0\0\0\0\0\0"), msg(b'E', b"\0\0\0\0\0"), msg(b'S', b"")]
-    {
-        s.handle_client(&m);
+    let mut h = H::new(PoolMode::Transaction, None);
+    for m in [parse("", "select 1"), bind(""), execute(), sync(), execute(), sync()] {
+        h.client(m);
     }
-    s.handle_client(&msg(b'E', b"\0\0\0\0\0"));
-    s.handle_client(&msg(b'S', b""));
-    assert_eq!(actions(&mut s), vec![Action::AcquireServer]);
-    s.handle_server_linked(&mut st);
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
     for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
-        s.handle_server(&m, &mut st);
+        h.server(m);
     }
-    assert!(actions(&mut s).is_empty(), "second Sync still outstanding");
+    assert!(h.actions().is_empty(), "second Sync still outstanding");
     // The second Execute fails: the server skips to Sync.
-    s.handle_server(&msg(b'E', b"SERROR\0C34000\0Mno portal\0\0"), &mut st);
-    s.handle_server(&rfq(b'I'), &mut st);
-    assert_eq!(actions(&mut s), vec![Action::ReleaseServer { reusable: true }]);
-    assert_eq!(tags_of(&s.to_client), "12CZEZ");
+    h.server(err("34000"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.client_out(), "12CZEZ");
 }
 
 #[test]
 fn error_skips_queued_requests_until_sync() {
-    let (mut s, mut st) = linked(PoolMode::Transaction);
-    s.handle_server(&msg(b'C', b"SELECT 1\0"), &mut st);
-    s.handle_server(&rfq(b'I'), &mut st);
-    let _ = actions(&mut s);
-    for m in [
-        msg(b'P', b"\0bad\0\0\0"),
-        msg(b'B', b"\0\0\0\0\0\0\0\0"),
-        msg(b'D', b"P\0"),
-        msg(b'E', b"\0\0\0\0\0"),
-        msg(b'S', b""),
-    ] {
-        s.handle_client(&m);
+    let mut h = H::new(PoolMode::Transaction, None);
+    for m in [parse("", "bad"), bind(""), msg(b'D', b"P\0"), execute(), sync()] {
+        h.client(m);
     }
-    s.handle_server_linked(&mut st);
-    s.handle_server(&msg(b'E', b"SERROR\0C42601\0Msyntax\0\0"), &mut st);
-    assert_eq!(s.outstanding(), 1);
-    s.handle_server(&rfq(b'I'), &mut st);
-    assert_eq!(actions(&mut s), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    h.server(err("42601"));
+    assert_eq!(h.s.outstanding(), 1);
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.client_out(), "EZ");
 }
 
 #[test]
 fn sync_without_server_is_answered_locally() {
-    let mut s = Session::new(PoolMode::Transaction, Settings::default());
-    s.handle_client(&msg(b'S', b""));
-    assert!(actions(&mut s).is_empty());
-    assert_eq!(tags_of(&s.to_client), "Z");
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(sync());
+    assert!(h.actions().is_empty());
+    assert_eq!(h.client_out(), "Z");
 }
 
 #[test]
 fn unexpected_server_reply_closes_both() {
-    let mut s = Session::new(PoolMode::Transaction, Settings::default());
-    let mut st = ServerState::default();
-    s.handle_client(&query("select 1"));
-    s.handle_server_linked(&mut st);
-    let _ = actions(&mut s);
-    s.handle_server(&msg(b'1', b""), &mut st);
-    assert_eq!(actions(&mut s), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
-    assert_eq!(tags_of(&s.to_client), "E");
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("select 1"));
+    let _ = h.actions();
+    h.server(msg(b'1', b""));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+    assert_eq!(h.client_out(), "E");
 }
 
 #[test]
 fn unknown_client_message_is_08p01() {
-    let mut s = Session::new(PoolMode::Transaction, Settings::default());
-    s.handle_client(&msg(b'!', b""));
-    assert_eq!(actions(&mut s), vec![Action::Close]);
-    assert!(s.to_client.windows(5).any(|w| w == b"08P01"));
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(msg(b'!', b""));
+    assert_eq!(h.actions(), vec![Action::Close]);
+    assert!(h.s.to_client.windows(5).any(|w| w == b"08P01"));
 }
 
 #[test]
 fn statement_mode_refuses_transaction_blocks() {
-    let mut s = Session::new(PoolMode::Statement, Settings::default());
-    let mut st = ServerState::default();
-    s.handle_client(&query("begin"));
-    let _ = actions(&mut s);
-    s.handle_server_linked(&mut st);
-    s.to_server.clear();
-    s.handle_server(&msg(b'C', b"BEGIN\0"), &mut st);
-    s.handle_server(&rfq(b'T'), &mut st);
-    assert_eq!(tags_of(&s.to_client), "CEZ");
-    assert_eq!(tags_of(&s.to_server), "Q", "ROLLBACK sent");
-    s.handle_server(&msg(b'C', b"ROLLBACK\0"), &mut st);
-    s.handle_server(&rfq(b'I'), &mut st);
-    assert_eq!(actions(&mut s), vec![Action::ReleaseServer { reusable: true }]);
-    assert_eq!(tags_of(&s.to_client), "CEZ", "rollback replies hidden");
+    let mut h = H::new(PoolMode::Statement, None);
+    h.client(query("begin"));
+    let _ = h.server_out();
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.client_out(), "CEZ");
+    assert_eq!(h.server_out().len(), 1, "ROLLBACK sent");
+    h.server(msg(b'C', b"ROLLBACK\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.client_out(), "", "rollback replies hidden");
 }
 
 #[test]
 fn settings_replayed_on_link_and_tracked_after_set() {
     let mut client = Settings::default();
     client.set_reported("application_name", "app");
-    let mut s = Session::new(PoolMode::Transaction, client);
-    let mut st = ServerState::default();
-    st.settings.set_reported("application_name", "");
-    s.handle_client(&query("SET search_path TO x"));
-    let _ = actions(&mut s);
-    s.handle_server_linked(&mut st);
-    assert_eq!(tags_of(&s.to_server), "QQ");
-    // Replies to the replayed SET are hidden; its ParameterStatus updates the server view.
-    s.handle_server(&msg(b'S', b"application_name\0app\0"), &mut st);
-    s.handle_server(&msg(b'C', b"SET\0"), &mut st);
-    s.handle_server(&rfq(b'I'), &mut st);
-    assert_eq!(tags_of(&s.to_client), "");
-    s.handle_server(&msg(b'C', b"SET\0"), &mut st);
-    s.handle_server(&rfq(b'I'), &mut st);
-    assert_eq!(tags_of(&s.to_client), "CZ");
-    assert_eq!(s.settings().key(), st.settings.key());
-    assert_eq!(s.settings().extra[0].0, "search_path");
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.s.settings = client;
+    h.srv.settings.set_reported("application_name", "");
+    h.client(query("SET search_path TO x"));
+    assert_eq!(h.server_out().len(), 2, "settings replay, then the client's query");
+    h.server(msg(b'S', b"application_name\0app\0"));
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "");
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.s.settings().key(), h.srv.settings.key());
+    assert_eq!(h.s.settings().extra[0].0, "search_path");
 }
 
 #[test]
-fn acquire_failure_fails_each_batch() {
-    let mut s = Session::new(PoolMode::Transaction, Settings::default());
-    s.handle_client(&query("select 1"));
-    s.handle_client(&msg(b'P', b"\0select 1\0\0\0"));
-    let _ = actions(&mut s);
-    s.handle_acquire_failed(Error::new(SqlState::QUERY_CANCELED, "timeout"));
-    assert_eq!(tags_of(&s.to_client), "EZE");
-    s.handle_client(&msg(b'B', b"\0\0\0\0\0\0\0\0"));
-    s.handle_client(&msg(b'S', b""));
-    assert_eq!(tags_of(&s.to_client), "EZEZ");
+fn acquire_failure_fails_the_request() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.s.handle_acquire_failed(Error::new(SqlState::QUERY_CANCELED, "timeout"));
+    h.client(query("select 1"));
+    assert_eq!(h.client_out(), "EZ");
+    h.s.handle_acquire_failed(Error::new(SqlState::QUERY_CANCELED, "timeout"));
+    h.client(parse("", "select 1"));
+    h.client(bind(""));
+    h.client(sync());
+    assert_eq!(h.client_out(), "EZ");
+}
+
+// ---- statement cache ----
+
+#[test]
+fn named_statements_are_renamed_and_parsed_once_per_server() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut a = H::new(PoolMode::Transaction, Some(reg.clone()));
+    a.client(parse("s1", "select 1"));
+    a.client(sync());
+    let sent = a.server_out();
+    assert_eq!(sent.len(), 2);
+    assert!(text(&sent[0]).contains("pn_"), "renamed: {}", text(&sent[0]));
+    a.server(msg(b'1', b""));
+    a.server(rfq(b'I'));
+    assert_eq!(a.client_out(), "1Z");
+    // Another client, same text, different name, on the same server: no server Parse.
+    let mut b = H::new(PoolMode::Transaction, Some(reg.clone()));
+    b.srv = std::mem::take(&mut a.srv);
+    b.client(parse("other", "select 1"));
+    assert_eq!(b.client_out(), "1", "answered locally");
+    b.client(bind("other"));
+    b.client(execute());
+    b.client(sync());
+    let sent = b.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "BES");
+    assert!(text(&sent[0]).contains("pn_"));
+    assert_eq!(reg.stats.server_parses.load(Ordering::Relaxed), 1);
+    assert_eq!(reg.stats.hits.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn bind_on_a_new_server_injects_parse_and_hides_its_reply() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut a = H::new(PoolMode::Transaction, Some(reg.clone()));
+    a.client(parse("s1", "select 1"));
+    a.client(sync());
+    a.server(msg(b'1', b""));
+    a.server(rfq(b'I'));
+    a.client_out();
+    a.server_out();
+    a.srv = ServerState::default(); // next checkout: a fresh server
+    a.client(bind("s1"));
+    a.client(execute());
+    a.client(sync());
+    assert_eq!(a.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBES");
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        a.server(m);
+    }
+    assert_eq!(a.client_out(), "2CZ");
+}
+
+#[test]
+fn duplicate_and_unknown_names_get_postgres_errors_without_disconnect() {
+    let mut h = H::cached();
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    // Unlinked: answered locally, then skip to Sync.
+    h.client(parse("s1", "select 2"));
+    h.client(bind("s1"));
+    h.client(sync());
+    let out = h.s.to_client.split();
+    assert_eq!(tags_of(&out), "EZ");
+    assert!(text(&out).contains("42P05") && text(&out).contains("prepared statement \"s1\" already exists"));
+    // Linked (inside a transaction): the server is made to fail so its state matches.
+    h.client(query("begin"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    h.client_out();
+    h.server_out();
+    h.client(bind("nope"));
+    h.client(sync());
+    let sent = h.server_out();
+    assert!(text(&sent[0]).contains("parsnip_probe"));
+    h.server(msg(b'E', b"SERROR\0C26000\0Mprepared statement \"parsnip_probe\" does not exist\0\0"));
+    h.server(rfq(b'E'));
+    let out = h.s.to_client.split();
+    assert_eq!(tags_of(&out), "EZ");
+    assert!(text(&out).contains("prepared statement \"nope\" does not exist"));
+    assert!(h.actions().iter().all(|a| *a != Action::Close));
+}
+
+#[test]
+fn failed_parse_leaves_no_mapping() {
+    let mut h = H::cached();
+    h.client(parse("s1", "selec 1"));
+    h.client(sync());
+    h.server(err("42601"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "EZ");
+    assert_eq!(h.s.prepared_count(), 0);
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1Z");
+    assert_eq!(h.s.prepared_count(), 1);
+}
+
+#[test]
+fn skipped_messages_roll_back_their_effects() {
+    let mut h = H::cached();
+    // s1 is known and valid: a second client's Parse would be answered locally.
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    // An error before a locally answered Parse: that Parse never happened.
+    h.client(parse("bad", "selec"));
+    h.client(parse("s2", "select 1"));
+    h.client(close_s("s1"));
+    h.client(sync());
+    h.server(err("42601"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "EZ");
+    assert_eq!(h.s.prepared_count(), 1, "s2 rolled back, s1's close rolled back");
+    assert!(h.s.named.contains_key(&b"s1"[..]));
+}
+
+#[test]
+fn close_is_local_and_in_order() {
+    let mut h = H::cached();
+    h.client(query("select 1"));
+    h.client(close_s("whatever"));
+    h.client(sync());
+    // The Query's replies come first, then the local CloseComplete, then Sync's Z.
+    h.server(msg(b'C', b"SELECT 1\0"));
+    assert_eq!(h.client_out(), "C");
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "Z3");
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "Z");
+}
+
+#[test]
+fn unnamed_parse_and_bind_across_syncs_and_servers() {
+    let mut h = H::new(
+        PoolMode::Transaction,
+        Some(Arc::new(Registry::new(StmtConfig { promote_unnamed_after: 0, ..Default::default() }))),
+    );
+    h.client(parse("", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    h.server_out();
+    h.srv = ServerState::default(); // another server
+    h.client(bind(""));
+    h.client(execute());
+    h.client(sync());
+    let sent = h.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBES", "unnamed Parse replayed");
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "2CZ");
+}
+
+#[test]
+fn repeated_unnamed_statements_are_promoted() {
+    let reg = Arc::new(Registry::new(StmtConfig { promote_unnamed_after: 2, ..Default::default() }));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    let round = |h: &mut H| {
+        h.client(parse("", "select 1"));
+        h.client(bind(""));
+        h.client(execute());
+        h.client(sync());
+        let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        for f in sent.chars() {
+            match f {
+                'P' => h.server(msg(b'1', b"")),
+                'B' => h.server(msg(b'2', b"")),
+                'E' => h.server(msg(b'C', b"SELECT 1\0")),
+                'S' => h.server(rfq(b'I')),
+                _ => {}
+            }
+        }
+        assert_eq!(h.client_out(), "12CZ");
+        sent
+    };
+    assert_eq!(round(&mut h), "PBES");
+    assert_eq!(round(&mut h), "PBES", "promoted: Parse of the named server statement");
+    assert_eq!(round(&mut h), "BES", "no Parse at all any more");
+    assert_eq!(reg.stats.promotions.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn sql_deallocate_all_is_answered_locally_and_clears_the_namespace() {
+    let mut h = H::cached();
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    h.client(query("DEALLOCATE ALL"));
+    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.s.prepared_count(), 0);
+    // Pipelined after it: Parse/Bind of the same name works.
+    h.client(parse("s1", "select 1"));
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    assert_eq!(h.client_out(), "1", "statement known and valid: Parse answered locally");
+}
+
+#[test]
+fn sql_prepare_execute_deallocate_across_checkouts() {
+    let mut h = H::cached();
+    h.client(query("PREPARE q (int) AS SELECT $1"));
+    let sent = h.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBES");
+    assert!(text(&sent[0]).contains("PREPARE pn_"));
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "CZ");
+    h.srv = ServerState::default(); // another server
+    h.client(query("EXECUTE q(5)"));
+    let sent = h.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBEQ");
+    assert!(text(&sent[3]).contains("EXECUTE pn_"));
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "CZ");
+    h.client(query("DEALLOCATE q"));
+    assert_eq!(h.client_out(), "CZ");
+    h.client(query("DEALLOCATE q"));
+    let sent = h.server_out();
+    assert!(text(&sent[0]).contains("parsnip_probe"));
+}
+
+#[test]
+fn server_cap_evicts_least_recently_used_with_close() {
+    let reg = Arc::new(Registry::new(StmtConfig { server_cap: 2, ..Default::default() }));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    for (i, q) in ["select 1", "select 2", "select 3"].iter().enumerate() {
+        h.client(parse(&format!("s{i}"), q));
+        h.client(sync());
+        let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        for c in sent.chars() {
+            match c {
+                'C' => h.server(msg(b'3', b"")),
+                'P' => h.server(msg(b'1', b"")),
+                'S' => h.server(rfq(b'I')),
+                _ => {}
+            }
+        }
+        assert_eq!(h.client_out(), "1Z");
+        assert_eq!(sent, if i < 2 { "PS" } else { "CPS" });
+    }
+    assert_eq!(h.srv.stmts.len(), 2);
+    assert_eq!(reg.stats.evictions.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn stale_plan_starts_a_new_generation() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    h.client(parse("s1", "select * from t"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    let old = h.server_out();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    h.server_out();
+    h.server(msg(b'E', b"SERROR\0C0A000\0Mcached plan must not change result type\0\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "EZ");
+    // The client re-prepares the same text under a new name: a fresh server statement.
+    h.client(parse("s2", "select * from t"));
+    h.client(sync());
+    let sent = h.server_out();
+    assert_eq!(sent[0][0], b'P');
+    assert_ne!(text(&sent[0]), text(&old[0]), "new generation, new server name");
 }

@@ -1,0 +1,478 @@
+//! The client's prepared statements over the shared cache: renaming client statement
+//! names to server names, preparing statements on whichever server the client is given
+//! (injecting Parse, evicting by Close), answering Parse and Close locally in pipeline
+//! order, SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD ALL, and the errors
+//! PostgreSQL would give (42P05, 26000) without ever disconnecting the client.
+
+use super::reply_queue::{ClientFx, Fx, OnReply, Pending, Req, Synth};
+use super::{ServerState, Session};
+use crate::error::{Error, SqlState};
+use crate::protocol::backend::write_msg;
+use crate::protocol::{body, frontend, tags};
+use crate::stmt::registry::{StmtKind, make_key};
+use crate::stmt::sql::{Classified, SqlStmt, classify};
+use crate::stmt::{Registry, Statement};
+use bytes::BufMut;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// Reserved statement name that never exists on a server: a request naming it fails with
+/// 26000, which puts the server in the same error state PostgreSQL itself would be in.
+const PROBE: &[u8] = b"parsnip_probe";
+
+/// The client's unnamed statement.
+#[derive(Debug, Default)]
+pub enum Unnamed {
+    /// None (never parsed, closed, or its Parse failed).
+    #[default]
+    None,
+    /// Parsed as an unnamed server statement: the Parse to replay on another server, and
+    /// the sequence number that identifies it on the server it was parsed on.
+    Plain {
+        /// The client's Parse frame.
+        frame: Vec<u8>,
+        /// This client's Parse sequence.
+        seq: u64,
+    },
+    /// Promoted: served by a cached named server statement.
+    Cached(Arc<Statement>),
+}
+
+fn duplicate(name: &[u8]) -> Error {
+    Error::new(
+        SqlState::DUPLICATE_PSTATEMENT,
+        format!("prepared statement \"{}\" already exists", String::from_utf8_lossy(name)),
+    )
+}
+
+fn missing(name: &[u8]) -> Error {
+    if name.is_empty() {
+        Error::new(SqlState::UNDEFINED_PSTATEMENT, "unnamed prepared statement does not exist")
+    } else {
+        Error::new(
+            SqlState::UNDEFINED_PSTATEMENT,
+            format!("prepared statement \"{}\" does not exist", String::from_utf8_lossy(name)),
+        )
+    }
+}
+
+impl Session {
+    fn registry(&self) -> &Arc<Registry> {
+        self.registry.as_ref().expect("statement handlers run only with a registry")
+    }
+
+    fn search_path(&self) -> &[u8] {
+        self.settings.extra.iter().find(|(n, _)| n == "search_path").map_or(&[][..], |(_, s)| s.as_bytes())
+    }
+
+    /// Fails the current request as PostgreSQL would. Linked: a request that the server
+    /// rejects (so its transaction and skip-to-Sync state match), with our error in place
+    /// of its. Unlinked (no transaction, nothing outstanding): answered locally.
+    fn statement_error(&mut self, err: Error, srv: Option<&mut ServerState>, query: bool) {
+        match srv {
+            Some(_) if query => {
+                frontend::query(&mut self.to_server, "DEALLOCATE parsnip_probe");
+                self.replies.push(Pending::with(Req::Query, OnReply::ReplaceError(Box::new(err)), Fx::default()));
+            }
+            Some(_) => {
+                write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
+                    b.put_u8(b'S');
+                    b.put_slice(PROBE);
+                    b.put_u8(0);
+                });
+                self.replies.push(Pending::with(Req::Describe, OnReply::ReplaceError(Box::new(err)), Fx::default()));
+            }
+            None => {
+                err.write_to(&mut self.to_client);
+                if query {
+                    crate::protocol::backend::ready_for_query(&mut self.to_client, b'I');
+                } else {
+                    self.skip_until_sync = true;
+                }
+            }
+        }
+    }
+
+    /// Makes sure `stmt` is prepared on the linked server, injecting its Parse (after a
+    /// Close of the least recently used statement when at the cap). `on_reply` and
+    /// `client` describe the Parse entry (Forward when it answers the client's own Parse).
+    fn ensure_on_server(
+        &mut self,
+        srv: &mut ServerState,
+        stmt: &Arc<Statement>,
+        on_reply: OnReply,
+        client: ClientFx,
+    ) -> bool {
+        if srv.stmts.has(stmt) {
+            srv.stmts.touch(stmt);
+            return false;
+        }
+        let registry = self.registry().clone();
+        if let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) {
+            write_msg(&mut self.to_server, tags::CLOSE, |b| {
+                b.put_u8(b'S');
+                b.put_slice(victim.server_name.as_bytes());
+                b.put_u8(0);
+            });
+            srv.stmts.remove(&victim);
+            registry.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            let fx = Fx { server_close: Some(victim), ..Fx::default() };
+            self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
+        }
+        self.to_server.extend_from_slice(&stmt.create);
+        let fx = Fx { server_parse: Some(stmt.clone()), client, ..Fx::default() };
+        self.replies.push(Pending::with(Req::Parse, on_reply, fx));
+        if stmt.kind == StmtKind::Sql {
+            // PREPARE runs through the unnamed statement and portal.
+            self.replies.push(Pending::with(Req::Bind, OnReply::Skip, Fx::default()));
+            self.replies.push(Pending::with(Req::Execute, OnReply::Skip, Fx::default()));
+            srv.stmts.unnamed_owner = Some((u64::MAX, 0));
+        }
+        srv.stmts.insert(stmt);
+        registry.stats.server_parses.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Client Parse. Returns false when a server is needed first.
+    pub(super) fn on_parse(&mut self, frame: &[u8], srv: Option<&mut ServerState>) -> bool {
+        let Some(p) = frontend::parse_fields(body(frame)) else {
+            self.fail(Error::protocol("invalid Parse message"));
+            return true;
+        };
+        let registry = self.registry().clone();
+        if !p.name.is_empty() {
+            if self.named.contains_key(p.name) {
+                registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+                self.statement_error(duplicate(p.name), srv, false);
+                return true;
+            }
+            if self.named.len() >= registry.cfg.client_cap {
+                let e = Error::new(
+                    SqlState::PROGRAM_LIMIT_EXCEEDED,
+                    format!("too many prepared statements for this client (limit {})", registry.cfg.client_cap),
+                );
+                self.statement_error(e, srv, false);
+                return true;
+            }
+        }
+        let in_failed_tx = self.tx_status == b'E';
+        let key = {
+            let mut k = std::mem::take(&mut self.key_buf);
+            make_key(&mut k, &StmtKind::Protocol, self.search_path(), p.query, p.param_types);
+            k
+        };
+        let cached = if p.name.is_empty() {
+            // Unnamed: promoted to a cached statement once seen often enough.
+            let reuse = match &self.unnamed {
+                Unnamed::Cached(s) if *s.query == *p.query && !s.stale.load(Ordering::Relaxed) => Some(s.clone()),
+                _ => None,
+            };
+            match reuse {
+                Some(s) => Some(s),
+                // Decided once, with a server: sightings must not be counted twice.
+                None if srv.is_none() => {
+                    self.key_buf = key;
+                    return self.need_server();
+                }
+                None if !in_failed_tx && registry.see_unnamed(&key) => {
+                    Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
+                }
+                None => None,
+            }
+        } else {
+            Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
+        };
+        self.key_buf = key;
+        if srv.is_none() && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx) {
+            return self.need_server();
+        }
+        registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+        let Some(stmt) = cached else {
+            // A plain unnamed statement: the server parses it; remember it for replay.
+            let Some(srv) = srv else { return self.need_server() };
+            self.unnamed_seq += 1;
+            self.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.unnamed_seq };
+            srv.stmts.unnamed_owner = Some((self.uid, self.unnamed_seq));
+            self.to_server.extend_from_slice(frame);
+            let fx = Fx { client: ClientFx::Unnamed, ..Fx::default() };
+            self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
+            return true;
+        };
+        let on_server = srv.as_ref().is_some_and(|s| s.stmts.has(&stmt));
+        let local = !in_failed_tx && (on_server || stmt.is_valid());
+        if !local && srv.is_none() {
+            return self.need_server();
+        }
+        let client_fx = if p.name.is_empty() {
+            self.unnamed = Unnamed::Cached(stmt.clone());
+            ClientFx::Unnamed
+        } else {
+            self.named.insert(p.name.into(), stmt.clone());
+            ClientFx::Named { name: p.name.into() }
+        };
+        if local {
+            registry.stats.hits.fetch_add(1, Ordering::Relaxed);
+            self.push_synth(Synth::ParseComplete, Fx { client: client_fx, ..Fx::default() });
+        } else if let Some(srv) = srv
+            && !self.ensure_on_server(srv, &stmt, OnReply::Forward, client_fx.clone())
+        {
+            // Prepared here already (in a failed transaction): let the server answer with
+            // the error PostgreSQL gives in that state.
+            self.to_server.extend_from_slice(frame);
+            let fx = Fx { client: client_fx, ..Fx::default() };
+            self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
+        }
+        true
+    }
+
+    /// The statement a client name refers to, prepared on `srv`; None if unknown (the
+    /// error has been queued).
+    fn resolve(&mut self, name: &[u8], srv: &mut ServerState) -> Option<Option<Arc<Statement>>> {
+        if name.is_empty() {
+            match &self.unnamed {
+                Unnamed::Cached(s) => {
+                    let s = s.clone();
+                    self.ensure_on_server(srv, &s, OnReply::Inject, ClientFx::None);
+                    Some(Some(s))
+                }
+                Unnamed::Plain { frame, seq } => {
+                    if srv.stmts.unnamed_owner != Some((self.uid, *seq)) {
+                        // Parsed on another server (or replaced since): parse it again here.
+                        self.to_server.extend_from_slice(frame);
+                        srv.stmts.unnamed_owner = Some((self.uid, *seq));
+                        self.replies.push(Pending::with(Req::Parse, OnReply::Inject, Fx::default()));
+                    }
+                    Some(None)
+                }
+                Unnamed::None if srv.stmts.unnamed_owner.is_some() => {
+                    // The server's unnamed statement is somebody else's.
+                    self.statement_error(missing(b""), Some(srv), false);
+                    None
+                }
+                Unnamed::None => Some(None),
+            }
+        } else {
+            match self.named.get(name) {
+                Some(s) => {
+                    let s = s.clone();
+                    self.ensure_on_server(srv, &s, OnReply::Inject, ClientFx::None);
+                    Some(Some(s))
+                }
+                None => {
+                    self.statement_error(missing(name), Some(srv), false);
+                    None
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_bind(&mut self, frame: &[u8], srv: &mut ServerState) {
+        let Some((portal, stmt_name, rest)) = frontend::bind_names(body(frame)) else {
+            return self.fail(Error::protocol("invalid Bind message"));
+        };
+        match self.resolve(stmt_name, srv) {
+            None => {}
+            Some(None) => self.forward(frame, Req::Bind),
+            Some(Some(s)) => {
+                let tail = &body(frame)[rest..];
+                write_msg(&mut self.to_server, tags::BIND, |b| {
+                    b.put_slice(portal);
+                    b.put_u8(0);
+                    b.put_slice(s.server_name.as_bytes());
+                    b.put_u8(0);
+                    b.put_slice(tail);
+                });
+                self.replies.push(Pending::with(Req::Bind, OnReply::Forward, Fx { uses: Some(s), ..Fx::default() }));
+            }
+        }
+    }
+
+    pub(super) fn on_describe(&mut self, frame: &[u8], srv: &mut ServerState) {
+        let Some((kind, name)) = frontend::describe_or_close(body(frame)) else {
+            return self.fail(Error::protocol("invalid DESCRIBE message subtype"));
+        };
+        if kind == b'P' {
+            return self.forward(frame, Req::Describe);
+        }
+        match self.resolve(name, srv) {
+            None => {}
+            Some(None) => self.forward(frame, Req::Describe),
+            Some(Some(s)) => {
+                write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
+                    b.put_u8(b'S');
+                    b.put_slice(s.server_name.as_bytes());
+                    b.put_u8(0);
+                });
+                self.replies.push(Pending::with(
+                    Req::Describe,
+                    OnReply::Forward,
+                    Fx { uses: Some(s), ..Fx::default() },
+                ));
+            }
+        }
+    }
+
+    /// Close: statements are answered locally (closing a name that does not exist is not
+    /// an error); portals belong to the server.
+    pub(super) fn on_close(&mut self, frame: &[u8], srv: Option<&mut ServerState>) {
+        let Some((kind, name)) = frontend::describe_or_close(body(frame)) else {
+            return self.fail(Error::protocol("invalid CLOSE message subtype"));
+        };
+        if kind == b'P' {
+            match srv {
+                Some(_) => self.forward(frame, Req::Close),
+                None => self.push_synth(Synth::CloseComplete, Fx::default()),
+            }
+            return;
+        }
+        let client = if name.is_empty() {
+            self.unnamed = Unnamed::None;
+            ClientFx::None
+        } else {
+            match self.named.remove(name) {
+                Some(stmt) => ClientFx::Closed { name: name.into(), stmt },
+                None => ClientFx::None,
+            }
+        };
+        self.push_synth(Synth::CloseComplete, Fx { client, ..Fx::default() });
+    }
+
+    /// A simple Query with the cache on: SQL-level statement commands are handled here.
+    pub(super) fn on_query_cached(&mut self, frame: &[u8], srv: &mut ServerState) {
+        let text = frontend::query_text(body(frame)).unwrap_or_default();
+        // In a failed transaction PostgreSQL rejects every command with 25P02: let it.
+        if self.tx_status == b'E' {
+            return self.forward_query(frame);
+        }
+        match classify(text) {
+            Classified::Plain => self.forward_query(frame),
+            Classified::Multi => {
+                let e = Error::new(
+                    SqlState::FEATURE_NOT_SUPPORTED,
+                    "parsnip: PREPARE, EXECUTE, DEALLOCATE and DISCARD ALL must be sent alone, not in a multi-statement query string",
+                );
+                self.statement_error(e, Some(srv), true);
+            }
+            Classified::Single(SqlStmt::Deallocate(None)) => {
+                self.named.clear();
+                self.push_synth(Synth::TagAndReady("DEALLOCATE ALL"), Fx::default());
+            }
+            Classified::Single(SqlStmt::Deallocate(Some(name))) => match self.named.remove(name.as_slice()) {
+                Some(_) => self.push_synth(Synth::TagAndReady("DEALLOCATE"), Fx::default()),
+                None => self.statement_error(missing(&name), Some(srv), true),
+            },
+            Classified::Single(SqlStmt::DiscardAll) => {
+                if self.tx_status != b'I' {
+                    // PostgreSQL: DISCARD ALL cannot run inside a transaction block.
+                    return self.forward_query(frame);
+                }
+                self.named.clear();
+                self.unnamed = Unnamed::None;
+                self.settings.reset_all_extra();
+                srv.settings.reset_all_extra();
+                // Everything DISCARD ALL does except dropping the server's (shared) statements.
+                frontend::query(
+                    &mut self.to_server,
+                    "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; \
+                     SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES",
+                );
+                self.replies.push(Pending::with(Req::Query, OnReply::Skip, Fx::default()));
+                self.replies.push(Pending::with(
+                    Req::Query,
+                    OnReply::Synth(Synth::TagAndReady("DISCARD ALL")),
+                    Fx::default(),
+                ));
+            }
+            Classified::Single(SqlStmt::Prepare { name, rest }) => {
+                if self.named.contains_key(name.as_slice()) {
+                    return self.statement_error(duplicate(&name), Some(srv), true);
+                }
+                let registry = self.registry().clone();
+                let def = &text[rest..];
+                let mut k = std::mem::take(&mut self.key_buf);
+                make_key(&mut k, &StmtKind::Sql, self.search_path(), def, b"");
+                let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
+                self.key_buf = k;
+                self.named.insert(name.clone().into(), stmt.clone());
+                let client = ClientFx::Named { name: name.into() };
+                if stmt.is_valid() || srv.stmts.has(&stmt) {
+                    self.push_synth(Synth::TagAndReady("PREPARE"), Fx { client, ..Fx::default() });
+                } else {
+                    self.ensure_on_server(srv, &stmt, OnReply::Inject, client);
+                    self.replies.push(Pending::with(
+                        Req::Execute,
+                        OnReply::Synth(Synth::Tag("PREPARE")),
+                        Fx::default(),
+                    ));
+                    frontend::sync(&mut self.to_server);
+                    self.replies.push(Pending::client(Req::Sync));
+                }
+            }
+            Classified::Single(SqlStmt::Execute { name, span }) => {
+                let Some(stmt) = self.named.get(name.as_slice()).cloned() else {
+                    return self.forward_query(frame);
+                };
+                self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None);
+                let mut sql = Vec::with_capacity(text.len() + 16);
+                sql.extend_from_slice(&text[..span.start]);
+                sql.extend_from_slice(stmt.server_name.as_bytes());
+                sql.extend_from_slice(&text[span.end..]);
+                write_msg(&mut self.to_server, tags::QUERY, |b| {
+                    b.put_slice(&sql);
+                    b.put_u8(0);
+                });
+                self.replies.push(Pending::with(
+                    Req::Query,
+                    OnReply::Forward,
+                    Fx { uses: Some(stmt), ..Fx::default() },
+                ));
+            }
+        }
+    }
+
+    /// Undoes what a request the server failed or skipped would have done.
+    pub(super) fn rollback(&mut self, p: Pending, srv: &mut ServerState) {
+        if let Some(s) = &p.fx.server_parse {
+            srv.stmts.remove(s);
+            if p.failed {
+                self.registry().forget_invalid(s);
+            }
+        }
+        if let Some(s) = &p.fx.server_close {
+            // The Close was skipped: the statement is still prepared there.
+            srv.stmts.insert(s);
+        }
+        match p.fx.client {
+            ClientFx::None => {}
+            ClientFx::Named { name } => {
+                self.named.remove(&name);
+            }
+            ClientFx::Unnamed => {
+                self.unnamed = Unnamed::None;
+                if srv.stmts.unnamed_owner.is_some_and(|(u, _)| u == self.uid) {
+                    srv.stmts.unnamed_owner = None;
+                }
+            }
+            ClientFx::Closed { name, stmt } => {
+                self.named.insert(name, stmt);
+            }
+        }
+    }
+
+    /// An error answered a request that used a cached statement.
+    pub(super) fn on_statement_error(&mut self, s: &Arc<Statement>, code: &[u8], srv: &mut ServerState) {
+        match code {
+            // cached plan must not change result type: new Parses of this text get a new
+            // statement (a new generation) everywhere; clients holding this one keep
+            // getting 0A000, as their own backend would give them, until they re-prepare.
+            b"0A000" => self.registry().mark_stale(s),
+            // The server lost its statements (DISCARD ALL or DEALLOCATE ALL from elsewhere):
+            // forget what we believed prepared there, so the next use prepares again.
+            b"26000" => {
+                self.registry().stats.invalidations.fetch_add(1, Ordering::Relaxed);
+                srv.stmts.clear();
+            }
+            _ => {}
+        }
+    }
+}

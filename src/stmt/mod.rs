@@ -1,0 +1,17 @@
+//! The prepared-statement cache. Pure data structures, no IO:
+//!
+//! * `registry`: per pool, the statements known by key (search_path, SQL text, parameter
+//!   type OIDs), each with a unique server-side name (`pn_<n>`) and a ready-to-send Parse.
+//!   Also counts unnamed-statement sightings for promotion, and the cache counters.
+//! * `server`: per server connection, which statements are prepared on it, with LRU order.
+//! * `sql`: recognizing SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD in simple queries.
+//!
+//! The session (`crate::session`) decides when to register, inject, rewrite and evict; this
+//! module only keeps the books. It must not know about sockets, pools or the reply queue.
+
+pub mod registry;
+pub mod server;
+pub mod sql;
+
+pub use registry::{Registry, Statement, StmtConfig, StmtStats};
+pub use server::ServerStmts;

@@ -1,0 +1,293 @@
+//! The per-pool statement registry: key → statement with a unique server name.
+
+use crate::protocol::{backend::write_msg, tags};
+use bytes::{BufMut, Bytes, BytesMut};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Limits and the promotion threshold.
+#[derive(Clone, Debug)]
+pub struct StmtConfig {
+    /// Statements kept prepared on one server connection (LRU beyond).
+    pub server_cap: usize,
+    /// Statements one client may hold; one more gets 54000.
+    pub client_cap: usize,
+    /// Statements the registry of one pool keeps; unreferenced ones are dropped beyond.
+    pub registry_cap: usize,
+    /// Unnamed statements seen this many times become cached named server statements (0: never).
+    pub promote_unnamed_after: u32,
+}
+
+impl Default for StmtConfig {
+    fn default() -> Self {
+        StmtConfig { server_cap: 500, client_cap: 10_000, registry_cap: 100_000, promote_unnamed_after: 3 }
+    }
+}
+
+/// How a statement is created on a server.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StmtKind {
+    /// A protocol-level Parse.
+    Protocol,
+    /// SQL `PREPARE <server name> (types) AS …`, executed through the unnamed statement.
+    Sql,
+}
+
+/// One cached statement, shared by every client that prepared the same key.
+#[derive(Debug)]
+pub struct Statement {
+    /// Unique id.
+    pub id: u64,
+    /// Name on servers.
+    pub server_name: Box<str>,
+    /// The SQL text (for SQL-kind statements: the PREPARE statement text).
+    pub query: Box<[u8]>,
+    /// How it is created.
+    pub kind: StmtKind,
+    /// The frames that create it on a server (a Parse; or Parse/Bind/Execute of a PREPARE).
+    pub create: Bytes,
+    /// Some server accepted it (ParseComplete seen): a client Parse can be answered locally.
+    pub validated: AtomicBool,
+    /// A server said its plan changed result type: the registry no longer hands it out.
+    pub stale: AtomicBool,
+}
+
+impl Statement {
+    fn new(kind: StmtKind, query: &[u8], types: &[u8]) -> Statement {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let server_name: Box<str> = format!("pn_{id}").into();
+        let mut create = BytesMut::with_capacity(query.len() + types.len() + 32);
+        match kind {
+            StmtKind::Protocol => write_parse(&mut create, server_name.as_bytes(), query, types),
+            StmtKind::Sql => {
+                // `query` is "(types) AS statement" or "AS statement": PREPARE it under our name.
+                let mut sql = Vec::with_capacity(query.len() + 32);
+                sql.extend_from_slice(b"PREPARE ");
+                sql.extend_from_slice(server_name.as_bytes());
+                sql.push(b' ');
+                sql.extend_from_slice(query);
+                write_parse(&mut create, b"", &sql, &[]);
+                write_msg(&mut create, tags::BIND, |b| {
+                    b.put_slice(b"\0\0");
+                    b.put_i16(0);
+                    b.put_i16(0);
+                    b.put_i16(0);
+                });
+                write_msg(&mut create, tags::EXECUTE, |b| {
+                    b.put_u8(0);
+                    b.put_i32(0);
+                });
+            }
+        }
+        Statement {
+            id,
+            server_name,
+            query: query.into(),
+            kind,
+            create: create.freeze(),
+            validated: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
+        }
+    }
+
+    /// True once a server accepted it and it is not stale.
+    #[inline]
+    pub fn is_valid(&self) -> bool {
+        self.validated.load(Ordering::Relaxed) && !self.stale.load(Ordering::Relaxed)
+    }
+}
+
+/// Writes a Parse message.
+pub fn write_parse(buf: &mut BytesMut, name: &[u8], query: &[u8], types: &[u8]) {
+    write_msg(buf, tags::PARSE, |b| {
+        b.put_slice(name);
+        b.put_u8(0);
+        b.put_slice(query);
+        b.put_u8(0);
+        b.put_i16((types.len() / 4) as i16);
+        b.put_slice(types);
+    });
+}
+
+/// Cache counters (per pool), readable without locks.
+#[derive(Debug, Default)]
+pub struct StmtStats {
+    /// Parse messages from clients.
+    pub client_parses: AtomicU64,
+    /// Parse messages sent to servers (forwarded or injected).
+    pub server_parses: AtomicU64,
+    /// Client Parses answered without a server Parse.
+    pub hits: AtomicU64,
+    /// Statements closed on a server to respect its cap.
+    pub evictions: AtomicU64,
+    /// Unnamed statements promoted to cached named statements.
+    pub promotions: AtomicU64,
+    /// Statements found stale (0A000) or lost by a server (26000) and repaired.
+    pub invalidations: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    map: HashMap<Box<[u8]>, Arc<Statement>>,
+    unnamed_seen: HashMap<Box<[u8]>, u32>,
+}
+
+/// The statements of one pool.
+#[derive(Debug)]
+pub struct Registry {
+    inner: Mutex<Inner>,
+    /// Limits.
+    pub cfg: StmtConfig,
+    /// Counters.
+    pub stats: StmtStats,
+}
+
+/// Builds a registry key into `out`: kind, search_path context, text and type OIDs.
+pub fn make_key(out: &mut Vec<u8>, kind: &StmtKind, search_path: &[u8], query: &[u8], types: &[u8]) {
+    out.clear();
+    out.push(if *kind == StmtKind::Protocol { b'P' } else { b'S' });
+    out.extend_from_slice(&(search_path.len() as u32).to_le_bytes());
+    out.extend_from_slice(search_path);
+    out.extend_from_slice(&(types.len() as u32).to_le_bytes());
+    out.extend_from_slice(types);
+    out.extend_from_slice(query);
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new(cfg: StmtConfig) -> Registry {
+        Registry { inner: Mutex::new(Inner::default()), cfg, stats: StmtStats::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The statement for `key`, created if new (or if the known one went stale).
+    pub fn get_or_insert(&self, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Arc<Statement> {
+        let mut g = self.lock();
+        if let Some(s) = g.map.get(key)
+            && !s.stale.load(Ordering::Relaxed)
+        {
+            return s.clone();
+        }
+        if g.map.len() >= self.cfg.registry_cap {
+            g.map.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        let s = Arc::new(Statement::new(kind, query, types));
+        g.map.insert(key.into(), s.clone());
+        s
+    }
+
+    /// Counts a sighting of an unnamed statement; true when it should now be promoted.
+    pub fn see_unnamed(&self, key: &[u8]) -> bool {
+        let n = self.cfg.promote_unnamed_after;
+        if n == 0 {
+            return false;
+        }
+        let mut g = self.lock();
+        if let Some(s) = g.map.get(key)
+            && !s.stale.load(Ordering::Relaxed)
+        {
+            return true;
+        }
+        if g.unnamed_seen.len() >= self.cfg.registry_cap {
+            g.unnamed_seen.clear();
+        }
+        let c = g.unnamed_seen.entry(key.into()).or_insert(0);
+        *c += 1;
+        if *c >= n {
+            g.unnamed_seen.remove(key);
+            self.stats.promotions.fetch_add(1, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A statement failed to parse: forget it so a later Parse starts afresh.
+    pub fn forget_invalid(&self, s: &Arc<Statement>) {
+        if s.validated.load(Ordering::Relaxed) {
+            return;
+        }
+        self.lock().map.retain(|_, v| !Arc::ptr_eq(v, s));
+    }
+
+    /// A server reported that `s`'s plan changed result type: new Parses get a new statement.
+    pub fn mark_stale(&self, s: &Arc<Statement>) {
+        if !s.stale.swap(true, Ordering::Relaxed) {
+            self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+            self.lock().map.retain(|_, v| !Arc::ptr_eq(v, s));
+        }
+    }
+
+    /// Number of statements known.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// True when no statement is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A snapshot of the statements: (server name, query text, clients+servers holding it).
+    pub fn snapshot(&self) -> Vec<(String, String, usize)> {
+        let g = self.lock();
+        let mut v: Vec<_> = g
+            .map
+            .values()
+            .map(|s| {
+                (s.server_name.to_string(), String::from_utf8_lossy(&s.query).into_owned(), Arc::strong_count(s) - 1)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_key_same_statement_and_types_matter() {
+        let r = Registry::new(StmtConfig::default());
+        let mut k1 = Vec::new();
+        let mut k2 = Vec::new();
+        make_key(&mut k1, &StmtKind::Protocol, b"", b"select $1", &[0, 0, 0, 23]);
+        make_key(&mut k2, &StmtKind::Protocol, b"", b"select $1", &[0, 0, 0, 20]);
+        let a = r.get_or_insert(&k1, StmtKind::Protocol, b"select $1", &[0, 0, 0, 23]);
+        let b = r.get_or_insert(&k1, StmtKind::Protocol, b"select $1", &[0, 0, 0, 23]);
+        let c = r.get_or_insert(&k2, StmtKind::Protocol, b"select $1", &[0, 0, 0, 20]);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_ne!(a.server_name, c.server_name);
+        r.mark_stale(&a);
+        let d = r.get_or_insert(&k1, StmtKind::Protocol, b"select $1", &[0, 0, 0, 23]);
+        assert!(!Arc::ptr_eq(&a, &d), "a stale statement is replaced by a new generation");
+    }
+
+    #[test]
+    fn promotion_after_n_sightings() {
+        let r = Registry::new(StmtConfig { promote_unnamed_after: 3, ..Default::default() });
+        assert!(!r.see_unnamed(b"k"));
+        assert!(!r.see_unnamed(b"k"));
+        assert!(r.see_unnamed(b"k"));
+        let r = Registry::new(StmtConfig { promote_unnamed_after: 0, ..Default::default() });
+        assert!(!r.see_unnamed(b"k"));
+    }
+
+    #[test]
+    fn unreferenced_statements_dropped_at_cap() {
+        let r = Registry::new(StmtConfig { registry_cap: 2, ..Default::default() });
+        let held = r.get_or_insert(b"a", StmtKind::Protocol, b"a", b"");
+        drop(r.get_or_insert(b"b", StmtKind::Protocol, b"b", b""));
+        drop(r.get_or_insert(b"c", StmtKind::Protocol, b"c", b""));
+        assert_eq!(r.len(), 2);
+        assert!(r.snapshot().iter().any(|(n, _, _)| *n == *held.server_name));
+    }
+}

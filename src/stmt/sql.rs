@@ -1,0 +1,295 @@
+//! Recognizing the SQL-level prepared-statement commands in a simple Query: `PREPARE`,
+//! `EXECUTE`, `DEALLOCATE [PREPARE] name|ALL` and `DISCARD ALL`. A small lexer splits the
+//! text into statements (respecting quotes, dollar quotes and comments) so that these
+//! commands are found even inside multi-statement strings.
+
+use std::ops::Range;
+
+/// A recognized command.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SqlStmt {
+    /// `PREPARE name [(types)] AS statement`: the name (case-folded) and where the part after
+    /// the name starts.
+    Prepare {
+        /// Statement name.
+        name: Vec<u8>,
+        /// Offset of "(types) AS …" / "AS …" in the text.
+        rest: usize,
+    },
+    /// `EXECUTE name [(params)]`: the name and its byte range in the text.
+    Execute {
+        /// Statement name.
+        name: Vec<u8>,
+        /// Where the name is written.
+        span: Range<usize>,
+    },
+    /// `DEALLOCATE [PREPARE] name` (Some) or `ALL` (None).
+    Deallocate(Option<Vec<u8>>),
+    /// `DISCARD ALL`.
+    DiscardAll,
+}
+
+/// What a Query text holds, as far as the statement cache is concerned.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Classified {
+    /// Nothing the cache must see.
+    Plain,
+    /// Exactly one statement, and it is one of ours.
+    Single(SqlStmt),
+    /// Several statements, at least one of ours: not supported.
+    Multi,
+}
+
+const KEYWORDS: [&[u8]; 4] = [b"prepare", b"execute", b"deallocate", b"discard"];
+
+fn contains_keyword(sql: &[u8]) -> bool {
+    sql.windows(7).any(|w| {
+        let c = w[0] | 0x20;
+        (c == b'p' || c == b'e' || c == b'd')
+            && KEYWORDS.iter().any(|k| w.len() >= 7 && w[..7].eq_ignore_ascii_case(&k[..7]))
+    })
+}
+
+/// Classifies a Query text.
+pub fn classify(sql: &[u8]) -> Classified {
+    if !contains_keyword(sql) {
+        return Classified::Plain;
+    }
+    let stmts = split(sql);
+    let mut ours = Vec::new();
+    let mut count = 0;
+    for r in &stmts {
+        if first_word(&sql[r.clone()]).is_none() {
+            continue;
+        }
+        count += 1;
+        if let Some(s) = parse_one(sql, r.clone()) {
+            ours.push(s);
+        }
+    }
+    match (count, ours.len()) {
+        (_, 0) => Classified::Plain,
+        (1, 1) => Classified::Single(ours.remove(0)),
+        _ => Classified::Multi,
+    }
+}
+
+/// Byte ranges of the statements in `sql` (split at top-level semicolons).
+pub fn split(sql: &[u8]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    let n = sql.len();
+    while i < n {
+        match sql[i] {
+            b'\'' | b'"' => {
+                let q = sql[i];
+                i += 1;
+                while i < n {
+                    if sql[i] == q {
+                        if i + 1 < n && sql[i + 1] == q {
+                            i += 2;
+                            continue;
+                        }
+                        break;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'-' if i + 1 < n && sql[i + 1] == b'-' => {
+                while i < n && sql[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if i + 1 < n && sql[i + 1] == b'*' => {
+                let mut depth = 0;
+                while i < n {
+                    if i + 1 < n && sql[i] == b'/' && sql[i + 1] == b'*' {
+                        depth += 1;
+                        i += 2;
+                    } else if i + 1 < n && sql[i] == b'*' && sql[i + 1] == b'/' {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            b'$' => {
+                // A dollar quote: $tag$ … $tag$ (tag may be empty). $1 is a parameter.
+                let tag_end = sql[i + 1..].iter().position(|&c| !(c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80));
+                match tag_end {
+                    Some(t) if sql[i + 1 + t] == b'$' && !sql.get(i + 1).is_some_and(|c| c.is_ascii_digit()) => {
+                        let tag = &sql[i..i + t + 2];
+                        let body = i + t + 2;
+                        match sql[body..].windows(tag.len()).position(|w| w == tag) {
+                            Some(p) => i = body + p + tag.len(),
+                            None => i = n,
+                        }
+                    }
+                    _ => i += 1,
+                }
+            }
+            b';' => {
+                out.push(start..i);
+                i += 1;
+                start = i;
+            }
+            _ => i += 1,
+        }
+    }
+    if start < n {
+        out.push(start..n);
+    }
+    out
+}
+
+fn skip_ws(sql: &[u8], mut i: usize, end: usize) -> usize {
+    loop {
+        while i < end && sql[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i + 1 < end && sql[i] == b'-' && sql[i + 1] == b'-' {
+            while i < end && sql[i] != b'\n' {
+                i += 1;
+            }
+        } else if i + 1 < end && sql[i] == b'/' && sql[i + 1] == b'*' {
+            match sql[i + 2..end].windows(2).position(|w| w == b"*/") {
+                Some(p) => i = i + 2 + p + 2,
+                None => return end,
+            }
+        } else {
+            return i;
+        }
+    }
+}
+
+fn first_word(s: &[u8]) -> Option<&[u8]> {
+    let i = skip_ws(s, 0, s.len());
+    let j = s[i..].iter().position(|c| !c.is_ascii_alphabetic()).map_or(s.len(), |p| i + p);
+    (j > i).then(|| &s[i..j])
+}
+
+/// Reads an identifier at `i`: (name as PostgreSQL sees it, end offset).
+fn ident(sql: &[u8], i: usize, end: usize) -> Option<(Vec<u8>, usize)> {
+    if i >= end {
+        return None;
+    }
+    if sql[i] == b'"' {
+        let mut name = Vec::new();
+        let mut j = i + 1;
+        while j < end {
+            if sql[j] == b'"' {
+                if j + 1 < end && sql[j + 1] == b'"' {
+                    name.push(b'"');
+                    j += 2;
+                    continue;
+                }
+                return (!name.is_empty()).then_some((name, j + 1));
+            }
+            name.push(sql[j]);
+            j += 1;
+        }
+        return None;
+    }
+    let c = sql[i];
+    if !(c.is_ascii_alphabetic() || c == b'_' || c >= 0x80) {
+        return None;
+    }
+    let mut j = i;
+    while j < end && (sql[j].is_ascii_alphanumeric() || sql[j] == b'_' || sql[j] == b'$' || sql[j] >= 0x80) {
+        j += 1;
+    }
+    Some((sql[i..j].to_ascii_lowercase(), j))
+}
+
+fn keyword_at(sql: &[u8], i: usize, end: usize, kw: &[u8]) -> Option<usize> {
+    let j = i + kw.len();
+    (j <= end
+        && sql[i..j].eq_ignore_ascii_case(kw)
+        && sql.get(j).is_none_or(|c| !(c.is_ascii_alphanumeric() || *c == b'_') || j == end))
+    .then_some(j)
+}
+
+fn parse_one(sql: &[u8], r: Range<usize>) -> Option<SqlStmt> {
+    let end = r.end;
+    let i = skip_ws(sql, r.start, end);
+    if let Some(j) = keyword_at(sql, i, end, b"deallocate") {
+        let mut k = skip_ws(sql, j, end);
+        if let Some(j2) = keyword_at(sql, k, end, b"prepare") {
+            k = skip_ws(sql, j2, end);
+        }
+        if let Some(j3) = keyword_at(sql, k, end, b"all") {
+            return (skip_ws(sql, j3, end) == end).then_some(SqlStmt::Deallocate(None));
+        }
+        let (name, j4) = ident(sql, k, end)?;
+        return (skip_ws(sql, j4, end) == end).then_some(SqlStmt::Deallocate(Some(name)));
+    }
+    if let Some(j) = keyword_at(sql, i, end, b"discard") {
+        let k = skip_ws(sql, j, end);
+        let j2 = keyword_at(sql, k, end, b"all")?;
+        return (skip_ws(sql, j2, end) == end).then_some(SqlStmt::DiscardAll);
+    }
+    if let Some(j) = keyword_at(sql, i, end, b"prepare") {
+        let k = skip_ws(sql, j, end);
+        // PREPARE TRANSACTION is two-phase commit, not ours.
+        if keyword_at(sql, k, end, b"transaction").is_some() {
+            return None;
+        }
+        let (name, j2) = ident(sql, k, end)?;
+        let rest = skip_ws(sql, j2, end);
+        if rest < end && (sql[rest] == b'(' || keyword_at(sql, rest, end, b"as").is_some()) {
+            return Some(SqlStmt::Prepare { name, rest });
+        }
+        return None;
+    }
+    if let Some(j) = keyword_at(sql, i, end, b"execute") {
+        let k = skip_ws(sql, j, end);
+        let (name, j2) = ident(sql, k, end)?;
+        return Some(SqlStmt::Execute { name, span: k..j2 });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognizes_commands() {
+        assert_eq!(classify(b"select 1"), Classified::Plain);
+        assert_eq!(classify(b"DEALLOCATE ALL"), Classified::Single(SqlStmt::Deallocate(None)));
+        assert_eq!(classify(b" deallocate prepare all ;"), Classified::Single(SqlStmt::Deallocate(None)));
+        assert_eq!(classify(b"DEALLOCATE Foo"), Classified::Single(SqlStmt::Deallocate(Some(b"foo".to_vec()))));
+        assert_eq!(classify(b"DEALLOCATE \"Foo\""), Classified::Single(SqlStmt::Deallocate(Some(b"Foo".to_vec()))));
+        assert_eq!(classify(b"discard all"), Classified::Single(SqlStmt::DiscardAll));
+        assert_eq!(classify(b"discard plans"), Classified::Plain);
+        assert_eq!(
+            classify(b"PREPARE q1 (int) AS SELECT $1"),
+            Classified::Single(SqlStmt::Prepare { name: b"q1".to_vec(), rest: 11 })
+        );
+        assert_eq!(
+            classify(b"EXECUTE q1(5)"),
+            Classified::Single(SqlStmt::Execute { name: b"q1".to_vec(), span: 8..10 })
+        );
+        assert_eq!(classify(b"PREPARE TRANSACTION 'x'"), Classified::Plain);
+        assert_eq!(classify(b"select 1; deallocate all"), Classified::Multi);
+        assert_eq!(classify(b"select 'deallocate all; x'"), Classified::Plain);
+        assert_eq!(classify(b"do $$ begin execute 'select 1'; end $$"), Classified::Plain);
+        assert_eq!(classify(b"-- execute x\nselect 1"), Classified::Plain);
+        assert_eq!(classify(b"select $1::int; -- discard all"), Classified::Plain);
+    }
+
+    #[test]
+    fn never_panics_on_odd_input() {
+        for s in
+            [&b"$"[..], b"$$", b"'", b"\"", b"/*", b"--", b"prepare", b"execute \"", b"deallocate", b"$a$ discard all"]
+        {
+            let _ = classify(s);
+        }
+    }
+}

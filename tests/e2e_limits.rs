@@ -1,0 +1,193 @@
+//! Limits and timeouts: max clients, pool wait timeout, idle timeouts, server restarts.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use parsnip::embedded::Cluster;
+use support::*;
+
+#[tokio::test]
+async fn max_client_conn_rejects_the_sixth_client() {
+    let p = Parsnip::with_config_args(&trust_config(""), &["--max-client-conn", "5"]);
+    bounded(60, "max_client_conn_rejects_the_sixth_client", async {
+        let mut clients = Vec::new();
+        for i in 0..5 {
+            let c = p
+                .try_connect("postgres", Some(SUPER_PW), "postgres")
+                .await
+                .unwrap_or_else(|e| panic!("client {i} of 5: {}\n{}", describe(&e), p.log_tail()));
+            clients.push(c);
+        }
+        let r = p.try_connect("postgres", Some(SUPER_PW), "postgres").await;
+        let e = expect_code(r.map(|_| ()), "53300", "sixth client");
+        assert_eq!(e.severity(), "FATAL");
+        // Raw view of the same: an ErrorResponse, then the socket closes.
+        let mut raw = p.raw().await;
+        raw.send(&startup_packet(&[("user", "postgres"), ("database", "postgres")])).await.ok();
+        let e = raw.expect_error_and_close(Duration::from_secs(5), "raw sixth client").await;
+        assert_eq!(e.code(), "53300", "{e}");
+        // The five still work.
+        for c in &clients {
+            assert_eq!(c.scalar("select 1").await.unwrap(), "1");
+        }
+        // Once one leaves, a new client gets in (bounded retry: the slot frees asynchronously).
+        drop(clients.pop());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match p.try_connect("postgres", Some(SUPER_PW), "postgres").await {
+                Ok(c) => {
+                    assert_eq!(c.scalar("select 2").await.unwrap(), "2");
+                    break;
+                }
+                Err(e) if Instant::now() > deadline => {
+                    panic!("slot never freed: {}\n{}", describe(&e), p.log_tail())
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn query_wait_timeout_errors_and_the_client_survives() {
+    let p = Parsnip::trust("pool_size = 1\nquery_wait_timeout_ms = 500");
+    bounded(60, "query_wait_timeout_errors_and_the_client_survives", async {
+        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+        let b = p.connect("postgres", SUPER_PW, "postgres").await;
+        a.batch_execute("BEGIN; select 1").await.unwrap();
+        let t0 = Instant::now();
+        let r = within(Duration::from_secs(10), b.simple_query("select 2"))
+            .await
+            .unwrap_or_else(|e| panic!("waiting client got no answer: {e}\n{}", p.log_tail()));
+        let e = expect_code(r, "57014", "query_wait_timeout");
+        assert_eq!(e.severity(), "ERROR", "the connection must stay usable: {e:?}");
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+            "answered after {waited:?} with query_wait_timeout_ms = 500"
+        );
+        a.batch_execute("COMMIT").await.unwrap();
+        let n = within(Duration::from_secs(10), b.scalar("select 3"))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("client after a wait timeout: {}\n{}", describe(&e), p.log_tail()));
+        assert_eq!(n, "3");
+        assert_eq!(a.scalar("select 4").await.unwrap(), "4");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn client_idle_timeout_closes_idle_clients() {
+    let p = Parsnip::trust("client_idle_timeout_ms = 500");
+    bounded(60, "client_idle_timeout_closes_idle_clients", async {
+        let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(raw.scalar("select 1").await.unwrap().as_deref(), Some("1"));
+        let t0 = Instant::now();
+        let e = raw.expect_error_and_close(Duration::from_secs(10), "idle client").await;
+        assert_eq!(e.code(), "57P05", "{e}\n{}", p.log_tail());
+        assert_eq!(e.severity(), "FATAL");
+        assert!(t0.elapsed() >= Duration::from_millis(400), "closed after {:?}", t0.elapsed());
+        // Others are unaffected.
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(c.scalar("select 2").await.unwrap(), "2");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn idle_transaction_timeout_closes_and_cleans_up() {
+    const DB: &str = "idletx";
+    create_db(DB);
+    psql(DB, "CREATE TABLE t (x int); GRANT ALL ON t TO PUBLIC;");
+    let p = Parsnip::trust("pool_size = 1\nidle_transaction_timeout_ms = 500");
+    bounded(60, "idle_transaction_timeout_closes_and_cleans_up", async {
+        let mut raw = p.raw_login("postgres", SUPER_PW, DB).await;
+        raw.simple_query("BEGIN; INSERT INTO t VALUES (1)").await.unwrap();
+        let e = raw.expect_error_and_close(Duration::from_secs(10), "idle in transaction client").await;
+        assert_eq!(e.code(), "25P03", "{e}\n{}", p.log_tail());
+        assert_eq!(e.severity(), "FATAL");
+        wait_backends(DB, Duration::from_secs(5), |v| !v.iter().any(|(_, s)| s.starts_with("idle in transaction")))
+            .await
+            .unwrap_or_else(|v| panic!("server left idle in transaction: {v:?}\n{}", p.log_tail()));
+        assert_eq!(psql(DB, "select count(*) from t"), "0");
+        // The pool's server is usable by the next client.
+        let c = p.connect("postgres", SUPER_PW, DB).await;
+        assert_eq!(c.scalar("select count(*) from t").await.unwrap(), "0");
+        // An idle client outside a transaction is not affected by this timeout.
+        let mut idle = p.raw_login("postgres", SUPER_PW, DB).await;
+        let mut probe = p.raw_login("postgres", SUPER_PW, DB).await;
+        probe.simple_query("select pg_sleep(1)").await.unwrap();
+        assert_eq!(idle.scalar("select 5").await.unwrap().as_deref(), Some("5"));
+    })
+    .await;
+}
+
+/// parsnip reconnects to a restarted PostgreSQL by itself.
+#[tokio::test]
+async fn reconnects_after_postgres_restart() {
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(cluster_options("trust", None)))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("dedicated cluster: {e}"));
+    let url = cluster.url();
+    let p = Parsnip::start(&[&url, "--pool-size", "2"]);
+    let mut cluster = Some(cluster);
+    bounded(90, "reconnects_after_postgres_restart", async {
+        let a = p.connect("postgres", "", "postgres").await;
+        let b = p.connect("postgres", "", "postgres").await;
+        // Two server connections in the pool.
+        a.batch_execute("BEGIN; select 1").await.unwrap();
+        b.batch_execute("BEGIN; select 1").await.unwrap();
+        a.batch_execute("COMMIT").await.unwrap();
+        b.batch_execute("COMMIT").await.unwrap();
+        let pid_before = a.scalar("select pg_backend_pid()").await.unwrap();
+
+        let mut c = cluster.take().unwrap();
+        let c = tokio::task::spawn_blocking(move || c.restart().map(|_| c))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("restart: {e}"));
+        cluster = Some(c);
+
+        // Each existing client: the first query may fail once, the next one works.
+        let mut failures = Vec::new();
+        for (name, client) in [("a", a), ("b", b)] {
+            let client = match within(Duration::from_secs(20), client.scalar("select 1")).await {
+                Ok(Ok(v)) => {
+                    assert_eq!(v, "1");
+                    client
+                }
+                Ok(Err(e)) => {
+                    failures.push(format!("{name}: {}", describe(&e)));
+                    if client.is_closed() { p.connect("postgres", "", "postgres").await } else { client }
+                }
+                Err(e) => panic!("client {name} hangs after restart: {e}\n{}", p.log_tail()),
+            };
+            let v = within(Duration::from_secs(20), client.scalar("select 2"))
+                .await
+                .unwrap_or_else(|e| panic!("client {name}, second query: {e}\n{}", p.log_tail()))
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "client {name}: second query after restart failed: {} (first: {failures:?})\n{}",
+                        describe(&e),
+                        p.log_tail()
+                    )
+                });
+            assert_eq!(v, "2");
+            let pid_after = client.scalar("select pg_backend_pid()").await.unwrap();
+            assert_ne!(pid_after, pid_before, "still the old backend?");
+        }
+        // A brand-new client works at once.
+        let fresh = within(Duration::from_secs(20), p.connect("postgres", "", "postgres")).await.unwrap();
+        assert_eq!(fresh.scalar("select 3").await.unwrap_or_else(|e| panic!("fresh client: {}", describe(&e))), "3");
+        eprintln!("first-query failures after restart (allowed, one per client): {failures:?}");
+    })
+    .await;
+    drop(p);
+    if let Some(c) = cluster {
+        tokio::task::spawn_blocking(move || drop(c)).await.unwrap();
+    }
+}

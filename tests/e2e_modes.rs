@@ -1,0 +1,220 @@
+//! Pool modes, a client vanishing mid-transaction, and query cancellation.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use support::*;
+use tokio_postgres::NoTls;
+
+async fn pid(c: &Pg) -> String {
+    c.scalar("select pg_backend_pid()").await.unwrap()
+}
+
+/// In session mode each client keeps its own server for its whole life.
+#[tokio::test]
+async fn session_mode_keeps_the_server() {
+    let p = Parsnip::trust("pool_size = 2\npool_mode = \"session\"");
+    bounded(60, "session_mode_keeps_the_server", async {
+        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+        let b = p.connect("postgres", SUPER_PW, "postgres").await;
+        let (mut pids_a, mut pids_b) = (HashSet::new(), HashSet::new());
+        for _ in 0..5 {
+            // Interleaved transactions and single statements.
+            let rows = a.simple_query("BEGIN; select pg_backend_pid(); COMMIT").await.unwrap();
+            let pa = rows
+                .iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                    _ => None,
+                })
+                .unwrap();
+            pids_a.insert(pa);
+            pids_b.insert(pid(&b).await);
+            pids_a.insert(pid(&a).await);
+        }
+        assert_eq!(pids_a.len(), 1, "client a changed server in session mode: {pids_a:?}\n{}", p.log_tail());
+        assert_eq!(pids_b.len(), 1, "client b changed server in session mode: {pids_b:?}");
+        assert!(pids_a.is_disjoint(&pids_b), "two session clients shared a server: {pids_a:?}");
+        // Session state (a temp table, a prepared statement by name) survives transactions.
+        a.batch_execute("CREATE TEMP TABLE mine (x int); INSERT INTO mine VALUES (1)").await.unwrap();
+        let st = a.prepare("select count(*) from mine").await.unwrap();
+        a.batch_execute("BEGIN; INSERT INTO mine VALUES (2); COMMIT").await.unwrap();
+        let n: i64 = a.query_one(&st, &[]).await.unwrap().get(0);
+        assert_eq!(n, 2);
+    })
+    .await;
+}
+
+/// In transaction mode with one server, two clients take turns on it.
+#[tokio::test]
+async fn transaction_mode_shares_one_server() {
+    const DB: &str = "txmode";
+    create_db(DB);
+    psql(DB, "CREATE TABLE log (who text, n int); GRANT ALL ON log TO PUBLIC;");
+    let p = Parsnip::trust("pool_size = 1\npool_mode = \"transaction\"");
+    bounded(60, "transaction_mode_shares_one_server", async {
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let mut pids = HashSet::new();
+        for n in 0..10 {
+            for (who, c) in [("a", &a), ("b", &b)] {
+                let rows = c
+                    .simple_query(&format!(
+                        "BEGIN; INSERT INTO log VALUES ('{who}', {n}); \
+                         select count(*), pg_backend_pid() from log where who = '{who}'; COMMIT"
+                    ))
+                    .await
+                    .unwrap_or_else(|e| panic!("client {who} txn {n}: {}\n{}", describe(&e), p.log_tail()));
+                let row = rows
+                    .iter()
+                    .find_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(r) => {
+                            Some((r.get(0).unwrap().to_string(), r.get(1).unwrap().to_string()))
+                        }
+                        _ => None,
+                    })
+                    .unwrap();
+                assert_eq!(row.0, (n + 1).to_string(), "client {who} txn {n}");
+                pids.insert(row.1);
+            }
+        }
+        assert_eq!(pids.len(), 1, "pool_size 1 but several server pids: {pids:?}");
+        assert_eq!(psql(DB, "select count(*) from log"), "20");
+        let backends = backends(DB);
+        assert!(backends.len() <= 1, "more than one server backend: {backends:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn statement_mode_refuses_transactions() {
+    const DB: &str = "stmtdb";
+    create_db(DB);
+    let p = Parsnip::trust("pool_size = 2\npool_mode = \"statement\"");
+    bounded(60, "statement_mode_refuses_transactions", async {
+        let c = p.connect("postgres", SUPER_PW, DB).await;
+        assert_eq!(c.scalar("select 40 + 2").await.unwrap(), "42");
+        let e = expect_code(c.simple_query("BEGIN").await, "0A000", "BEGIN in statement mode");
+        assert_eq!(e.message(), "transaction blocks are not allowed in statement pooling mode");
+        assert_eq!(e.severity(), "ERROR");
+        // The client connection is still usable, and not stuck in a transaction.
+        assert_eq!(c.scalar("select 1").await.unwrap(), "1");
+        let e = expect_code(
+            c.simple_query("START TRANSACTION ISOLATION LEVEL SERIALIZABLE").await,
+            "0A000",
+            "START TRANSACTION in statement mode",
+        );
+        assert_eq!(e.message(), "transaction blocks are not allowed in statement pooling mode");
+        let rows = c.query_typed("select $1::int4 * 2", &[(&21i32, tokio_postgres::types::Type::INT4)]).await;
+        assert_eq!(rows.unwrap()[0].get::<_, i32>(0), 42);
+        let backends = backends(DB);
+        assert!(
+            !backends.iter().any(|(_, state)| state.starts_with("idle in transaction")),
+            "a server was left in a transaction: {backends:?}"
+        );
+    })
+    .await;
+}
+
+/// A client that vanishes inside a transaction leaves nothing behind.
+#[tokio::test]
+async fn client_disconnect_mid_transaction_is_rolled_back() {
+    const DB: &str = "dropdb";
+    create_db(DB);
+    psql(DB, "CREATE TABLE t (marker text); GRANT ALL ON t TO PUBLIC;");
+    let p = Parsnip::trust("pool_size = 1\nquery_wait_timeout_ms = 10000");
+    bounded(60, "client_disconnect_mid_transaction_is_rolled_back", async {
+        for (round, graceful) in [(0, false), (1, true)] {
+            let c = p.connect("postgres", SUPER_PW, DB).await;
+            c.batch_execute(&format!("BEGIN; INSERT INTO t VALUES ('ghost {round}')")).await.unwrap();
+            // The server really is inside the transaction now.
+            let view = backends(DB);
+            assert!(
+                view.iter().any(|(_, s)| s == "idle in transaction"),
+                "expected the pool's server idle in transaction: {view:?}"
+            );
+            if graceful {
+                drop(c); // Terminate message, then close
+            } else {
+                c.kill().await; // socket closed, no Terminate
+            }
+            // The next client gets the (single) pool's server, clean.
+            let d = p.connect("postgres", SUPER_PW, DB).await;
+            let n = within(Duration::from_secs(10), d.scalar("select count(*) from t where marker like 'ghost%'"))
+                .await
+                .unwrap_or_else(|e| panic!("next client: {e}\n{}", p.log_tail()))
+                .unwrap_or_else(|e| panic!("next client: {}\n{}", describe(&e), p.log_tail()));
+            assert_eq!(n, "0", "round {round}: the vanished client's row is visible");
+            assert_eq!(d.scalar("select current_setting('transaction_isolation')").await.unwrap(), "read committed");
+            d.batch_execute("BEGIN; INSERT INTO t VALUES ('kept'); COMMIT").await.unwrap();
+            drop(d);
+            let view = wait_backends(DB, Duration::from_secs(5), |v| {
+                !v.iter().any(|(_, s)| s.starts_with("idle in transaction"))
+            })
+            .await
+            .unwrap_or_else(|v| panic!("a backend stays idle in transaction: {v:?}\n{}", p.log_tail()));
+            assert!(view.len() <= 1, "pool_size 1 but {} backends: {view:?}", view.len());
+        }
+        assert_eq!(psql(DB, "select count(*) from t where marker like 'ghost%'"), "0");
+        assert_eq!(psql(DB, "select count(*) from t where marker = 'kept'"), "2");
+    })
+    .await;
+}
+
+/// A CancelRequest sent to parsnip cancels that client's query, not another client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_reaches_the_right_server() {
+    const DB: &str = "canceldb";
+    create_db(DB);
+    let p = Parsnip::trust("pool_size = 2");
+    bounded(60, "cancel_reaches_the_right_server", async {
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let token = a.cancel_token();
+        let sleeper_a = tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = a.simple_query("select pg_sleep(30)").await;
+            (r.map(|_| ()), t0.elapsed(), a)
+        });
+        // Wait until a's query runs on a server.
+        wait_backends(DB, Duration::from_secs(10), |v| v.iter().filter(|(_, s)| s == "active").count() >= 1)
+            .await
+            .unwrap_or_else(|v| panic!("a's query never became active: {v:?}\n{}", p.log_tail()));
+        let sleeper_b = tokio::spawn(async move {
+            let r = b.simple_query("select pg_sleep(2)").await;
+            (r.map(|_| ()), b)
+        });
+        wait_backends(DB, Duration::from_secs(10), |v| v.iter().filter(|(_, s)| s == "active").count() >= 2)
+            .await
+            .unwrap_or_else(|v| panic!("b's query never became active: {v:?}\n{}", p.log_tail()));
+
+        let t0 = Instant::now();
+        token.cancel_query(NoTls).await.unwrap_or_else(|e| panic!("cancel_query: {e}\n{}", p.log_tail()));
+        let (ra, elapsed, a) = within(Duration::from_secs(10), sleeper_a)
+            .await
+            .unwrap_or_else(|e| panic!("a's query not cancelled: {e}\n{}", p.log_tail()))
+            .unwrap();
+        let e = expect_code(ra, "57014", "cancelled query");
+        assert_eq!(e.message(), "canceling statement due to user request");
+        assert!(t0.elapsed() < Duration::from_secs(5), "cancel took {:?}", t0.elapsed());
+        assert!(elapsed < Duration::from_secs(15));
+        let (rb, b) = within(Duration::from_secs(10), sleeper_b).await.unwrap().unwrap();
+        rb.unwrap_or_else(|e| panic!("the other client's query was hit: {}\n{}", describe(&e), p.log_tail()));
+        // Both clients go on working.
+        assert_eq!(a.scalar("select 1").await.unwrap(), "1");
+        assert_eq!(b.scalar("select 2").await.unwrap(), "2");
+        // A cancel with a bogus key is ignored (and does not disturb anyone).
+        let mut raw = p.raw().await;
+        let mut cancel = vec![0, 0, 0, 16];
+        cancel.extend_from_slice(&80877102u32.to_be_bytes());
+        cancel.extend_from_slice(&12345i32.to_be_bytes());
+        cancel.extend_from_slice(&67890i32.to_be_bytes());
+        raw.send(&cancel).await.unwrap();
+        let frames = raw.read_until_closed(Duration::from_secs(5)).await;
+        assert!(frames.is_empty(), "a CancelRequest gets no reply: {}", summarize(&frames));
+        assert_eq!(a.scalar("select 3").await.unwrap(), "3");
+    })
+    .await;
+}
