@@ -219,7 +219,8 @@ impl Proxy {
                         break;
                     }
                     at += n;
-                    if self.session.is_closing() {
+                    // Carry out releases and closes before the next frame.
+                    if self.session.is_closing() || self.session.has_actions() {
                         break;
                     }
                 }

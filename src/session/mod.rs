@@ -142,6 +142,10 @@ impl Session {
     pub fn is_closing(&self) -> bool {
         self.closing
     }
+    /// Actions are waiting for the driver.
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
     /// Prepared statements the client holds by name.
     pub fn prepared_count(&self) -> usize {
         self.named.len()
@@ -195,7 +199,9 @@ impl Session {
             }
             return true;
         }
-        match server {
+        // A server the session has already given back (a release queued, not yet carried
+        // out) must not be used.
+        match server.filter(|_| self.link == Link::Linked) {
             Some(srv) => {
                 self.on_client_linked(frame, srv);
                 true

@@ -542,3 +542,18 @@ fn stale_plan_starts_a_new_generation() {
     assert_eq!(sent[0][0], b'P');
     assert_ne!(text(&sent[0]), text(&old[0]), "new generation, new server name");
 }
+
+#[test]
+fn a_released_server_is_never_used_for_the_next_frame() {
+    let mut h = H::cached();
+    h.client(parse("", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    // The driver still holds the server state when it feeds the next frame: the session
+    // must ask for a server again rather than write to the one it gave back.
+    assert!(!h.s.handle_client(&bind(""), Some(&mut h.srv)));
+    assert!(h.s.to_server.is_empty());
+    assert_eq!(h.s.poll_action(), Some(Action::AcquireServer));
+}
