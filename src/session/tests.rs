@@ -551,6 +551,7 @@ fn a_released_server_is_never_used_for_the_next_frame() {
     h.server(msg(b'1', b""));
     h.server(rfq(b'I'));
     assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    h.server_out();
     // The driver still holds the server state when it feeds the next frame: the session
     // must ask for a server again rather than write to the one it gave back.
     assert!(!h.s.handle_client(&bind(""), Some(&mut h.srv)));
