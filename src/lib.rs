@@ -12,6 +12,7 @@
 //! * `driver`: the only code that touches sockets, timers and signals (tokio).
 //! * `embedded`: a throwaway local PostgreSQL cluster, for the zero-config default and tests.
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod driver;

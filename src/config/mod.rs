@@ -110,6 +110,9 @@ pub struct Config {
     pub server_reset_query: String,
     /// On SIGTERM, wait at most this long for transactions to finish.
     pub shutdown_timeout_ms: u64,
+    /// Users allowed on the admin console (database `parsnip`). Empty: anyone, but only
+    /// when auth_type is trust.
+    pub admin_users: Vec<String>,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "parsnip=debug".
     pub log_level: String,
     /// Log format.
@@ -183,6 +186,7 @@ impl Default for Config {
             promote_unnamed_after: 3,
             server_reset_query: "DISCARD ALL".into(),
             shutdown_timeout_ms: 30_000,
+            admin_users: Vec::new(),
             log_level: "info".into(),
             log_format: LogFormat::Text,
             databases: BTreeMap::new(),

@@ -37,6 +37,7 @@ pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     let client = match res {
         Ok(c) => c,
         Err(LoginEnd::Cancel) => return,
+        Err(LoginEnd::Admin) => return serve_admin(stream, buf, &shared).await,
         Err(LoginEnd::Close(err)) => {
             if let Some(e) = err {
                 tracing::debug!(error = %e, "login refused");
@@ -54,6 +55,54 @@ pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
         Proxy { client: stream, cbuf: buf, session, server: None, pool: client.pool, slot, shared: shared.clone() };
     p.run().await;
     shared.cancels.unregister(client.pid);
+}
+
+/// The console loop: simple queries in, SHOW results out.
+async fn serve_admin(mut stream: Stream, mut buf: BytesMut, shared: &Shared) {
+    let mut out = BytesMut::new();
+    loop {
+        let frame = loop {
+            match split_frame(&buf, 1 << 20) {
+                Ok(Some(n)) => break buf.split_to(n),
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = stream.write_all(&Error::protocol(e.to_string()).to_bytes()).await;
+                    return;
+                }
+            }
+            buf.reserve(1024);
+            match stream.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        };
+        match frame[0] {
+            crate::protocol::tags::QUERY => {
+                let sql = crate::protocol::frontend::query_text(crate::protocol::body(&frame)).unwrap_or_default();
+                let pools: Vec<Arc<Pool>> = {
+                    let map = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut v: Vec<_> = map.values().filter(|p| !p.key.db.contains('\0')).cloned().collect();
+                    v.sort_by(|a, b| a.key.cmp(&b.key));
+                    v
+                };
+                crate::admin::respond(&String::from_utf8_lossy(sql), &pools, &mut out);
+                crate::protocol::backend::ready_for_query(&mut out, b'I');
+            }
+            crate::protocol::tags::TERMINATE => return,
+            t => {
+                Error::new(
+                    SqlState::FEATURE_NOT_SUPPORTED,
+                    format!("the parsnip console accepts simple queries only (got message type {t})"),
+                )
+                .write_to(&mut out);
+                crate::protocol::backend::ready_for_query(&mut out, b'I');
+            }
+        }
+        if stream.write_all(&out).await.is_err() {
+            return;
+        }
+        out.clear();
+    }
 }
 
 struct Proxy {

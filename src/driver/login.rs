@@ -32,6 +32,8 @@ pub struct LoggedIn {
 
 /// How login ended without a session.
 pub enum LoginEnd {
+    /// An admin console user logged in (AuthenticationOk sent); serve the console.
+    Admin,
     /// The connection was a CancelRequest, now handled.
     Cancel,
     /// The client must be closed; `Some` error is sent first.
@@ -134,6 +136,9 @@ pub async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> 
         return Err(Error::fatal(SqlState::CANNOT_CONNECT_NOW, "the pooler is shutting down").into());
     }
     let cfg = shared.cfg.clone();
+    if db == crate::admin::ADMIN_DB && !cfg.databases.contains_key(&db) {
+        return admin_login(stream, shared, buf, &mut out, &user).await;
+    }
     let Some((db_cfg, server_db)) = cfg.database(&db) else {
         return Err(Error::fatal(SqlState::UNDEFINED_DATABASE, format!("database \"{db}\" does not exist")).into());
     };
@@ -169,6 +174,39 @@ pub async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> 
     backend::ready_for_query(&mut out, b'I');
     send(stream, &mut out).await?;
     Ok(LoggedIn { pool, settings, pid, user, db })
+}
+
+/// The console: authenticate as usual, then require the user to be an admin.
+async fn admin_login(
+    stream: &mut Stream,
+    shared: &Shared,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+    user: &str,
+) -> Result<LoggedIn, LoginEnd> {
+    let cfg = &shared.cfg;
+    let allowed =
+        cfg.admin_users.iter().any(|u| u == user) || (cfg.admin_users.is_empty() && cfg.auth_type == AuthType::Trust);
+    let db_cfg = cfg.database("postgres").map(|(d, _)| d.clone()).unwrap_or_default();
+    authenticate(stream, shared, buf, out, user, &db_cfg, "postgres").await?;
+    if !allowed {
+        return Err(Error::fatal(
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            format!("user \"{user}\" is not allowed to use the parsnip console (admin_users)"),
+        )
+        .into());
+    }
+    backend::auth_ok(out);
+    backend::parameter_status(out, "server_version", "15.0 (parsnip console)");
+    backend::parameter_status(out, "client_encoding", "UTF8");
+    backend::parameter_status(out, "server_encoding", "UTF8");
+    backend::parameter_status(out, "DateStyle", "ISO, MDY");
+    backend::parameter_status(out, "integer_datetimes", "on");
+    backend::parameter_status(out, "standard_conforming_strings", "on");
+    backend::backend_key_data(out, 0, 0);
+    backend::ready_for_query(out, b'I');
+    send(stream, out).await?;
+    Err(LoginEnd::Admin)
 }
 
 /// Applies the client's reported startup parameters on a server to learn their normalized
