@@ -74,6 +74,9 @@ pub struct Session {
     tx_status: u8,
     copy_in: bool,
     skip_until_sync: bool,
+    /// The server hit an error in an extended-protocol batch the client has not ended
+    /// with Sync yet: it ignores everything until that Sync.
+    server_skipping: bool,
     acquire_error: Option<Error>,
     closing: bool,
     settings: Settings,
@@ -103,6 +106,7 @@ impl Session {
             tx_status: b'I',
             copy_in: false,
             skip_until_sync: false,
+            server_skipping: false,
             acquire_error: None,
             closing: false,
             settings,
@@ -236,6 +240,20 @@ impl Session {
 
     fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) {
         let tag = frame[0];
+        if self.server_skipping {
+            // The server discards everything up to Sync, as PostgreSQL does after an error:
+            // pass it along untouched, expect no reply, and register nothing.
+            self.to_server.extend_from_slice(frame);
+            match tag {
+                tags::SYNC => {
+                    self.server_skipping = false;
+                    self.replies.push(Pending::client(Req::Sync));
+                }
+                tags::TERMINATE => self.close(),
+                _ => {}
+            }
+            return;
+        }
         if self.registry.is_some() {
             match tag {
                 tags::PARSE => {
@@ -446,6 +464,9 @@ impl Session {
             while let Some(p) = self.replies.pop_unless_sync() {
                 self.rollback(p, server);
             }
+            // No Sync sent yet (the batch ended with Flush): the server ignores what the
+            // client sends until its Sync.
+            self.server_skipping = self.replies.is_empty();
         }
     }
 
@@ -487,6 +508,7 @@ impl Session {
             && self.replies.is_empty()
             && self.tx_status == b'I'
             && !self.copy_in
+            && !self.server_skipping
             && self.mode != PoolMode::Session
         {
             self.link = Link::Unlinked;

@@ -558,3 +558,21 @@ fn a_released_server_is_never_used_for_the_next_frame() {
     assert!(h.s.to_server.is_empty());
     assert_eq!(h.s.poll_action(), Some(Action::AcquireServer));
 }
+
+#[test]
+fn error_before_the_client_sent_sync_skips_what_follows() {
+    // P D H, error; then B E S: the server ignores B and E, answers only the Sync.
+    let mut h = H::cached();
+    h.client(parse("s1", "selec 1"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(msg(b'H', b""));
+    h.server(err("42601"));
+    assert_eq!(h.client_out(), "E");
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    assert_eq!(h.s.outstanding(), 1, "only the Sync expects a reply");
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "Z");
+    assert_eq!(h.s.prepared_count(), 0);
+}
