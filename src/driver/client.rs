@@ -286,7 +286,9 @@ impl Proxy {
             }
         }
         self.cbuf.advance(at);
-        at > 0 || stalled
+        // A frame left unconsumed either waits for a server (an action is queued) or for a
+        // server reply (nothing to do until it arrives).
+        at > 0 || (stalled && self.session.has_actions())
     }
 
     /// Reads all the server has sent and feeds whole frames to the session.

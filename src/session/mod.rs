@@ -77,6 +77,12 @@ pub struct Session {
     /// The server hit an error in an extended-protocol batch the client has not ended
     /// with Sync yet: it ignores everything until that Sync.
     server_skipping: bool,
+    /// A shape check of a statement injected on this server is outstanding: client frames
+    /// wait until its answer.
+    hold: bool,
+    /// A statement whose fresh Parse described a different row shape than the one clients
+    /// were given: the next use fails with 0A000, as on the client's own backend.
+    shape_mismatch: Option<Arc<Statement>>,
     acquire_error: Option<Error>,
     closing: bool,
     settings: Settings,
@@ -107,6 +113,8 @@ impl Session {
             copy_in: false,
             skip_until_sync: false,
             server_skipping: false,
+            hold: false,
+            shape_mismatch: None,
             acquire_error: None,
             closing: false,
             settings,
@@ -194,6 +202,10 @@ impl Session {
             }
             return true;
         }
+        if self.hold {
+            // Waiting for a shape check on the server: feed this frame again later.
+            return false;
+        }
         if self.skip_until_sync {
             if tag == tags::SYNC {
                 self.skip_until_sync = false;
@@ -206,10 +218,7 @@ impl Session {
         // A server the session has already given back (a release queued, not yet carried
         // out) must not be used.
         match server.filter(|_| self.link == Link::Linked) {
-            Some(srv) => {
-                self.on_client_linked(frame, srv);
-                true
-            }
+            Some(srv) => self.on_client_linked(frame, srv),
             None => self.on_client_unlinked(frame),
         }
     }
@@ -238,7 +247,7 @@ impl Session {
         true
     }
 
-    fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) {
+    fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
         let tag = frame[0];
         if self.server_skipping {
             // The server discards everything up to Sync, as PostgreSQL does after an error:
@@ -252,18 +261,21 @@ impl Session {
                 tags::TERMINATE => self.close(),
                 _ => {}
             }
-            return;
+            return true;
         }
         if self.registry.is_some() {
             match tag {
-                tags::PARSE => {
-                    self.on_parse(frame, Some(srv));
-                    return;
-                }
+                tags::PARSE => return self.on_parse(frame, Some(srv)),
                 tags::BIND => return self.on_bind(frame, srv),
                 tags::DESCRIBE => return self.on_describe(frame, srv),
-                tags::CLOSE => return self.on_close(frame, Some(srv)),
-                tags::QUERY => return self.on_query_cached(frame, srv),
+                tags::CLOSE => {
+                    self.on_close(frame, Some(srv));
+                    return true;
+                }
+                tags::QUERY => {
+                    self.on_query_cached(frame, srv);
+                    return true;
+                }
                 _ => {}
             }
         }
@@ -292,6 +304,7 @@ impl Session {
             tags::TERMINATE => self.close(),
             t => self.fail(Error::protocol(format!("invalid frontend message type {t}"))),
         }
+        true
     }
 
     fn need_server(&mut self) -> bool {
@@ -420,6 +433,15 @@ impl Session {
         if head.on_reply == OnReply::Forward {
             self.to_client.extend_from_slice(frame);
         }
+        if req == Req::Describe && (tag == tags::ROW_DESCRIPTION || tag == tags::NO_DATA) {
+            if let OnReply::ShapeCheck(s) = &head.on_reply {
+                let s = s.clone();
+                self.on_shape_checked(&s, frame, server);
+            } else if let Some(s) = &head.fx.uses {
+                // What clients are told this statement returns.
+                let _ = s.shape.get_or_init(|| frame.into());
+            }
+        }
         if tag == tags::COPY_IN_RESPONSE {
             self.copy_in = true;
             if req == Req::Execute {
@@ -451,7 +473,7 @@ impl Session {
                 self.to_client.extend_from_slice(frame);
                 return self.fail_quiet();
             }
-            OnReply::Skip | OnReply::Synth(_) => {}
+            OnReply::Skip | OnReply::Synth(_) | OnReply::ShapeCheck(_) => {}
         }
         if let Some(s) = head.fx.uses.clone() {
             self.on_statement_error(&s, code, server);

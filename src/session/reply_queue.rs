@@ -77,6 +77,9 @@ pub enum OnReply {
     Skip,
     /// Not sent: the pooler answers at this position.
     Synth(Synth),
+    /// A Describe the pooler sent after injecting a Parse, to compare the statement's row
+    /// shape on this server with the one clients were given.
+    ShapeCheck(Arc<Statement>),
     /// A request made to fail on purpose so the server enters the same error state as
     /// PostgreSQL would: its 26000 error is replaced by this one (other errors, such as
     /// 25P02 in an aborted transaction, pass through as PostgreSQL would give them).

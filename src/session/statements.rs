@@ -20,6 +20,18 @@ use std::sync::atomic::Ordering;
 /// 26000, which puts the server in the same error state PostgreSQL itself would be in.
 const PROBE: &[u8] = b"parsnip_probe";
 
+/// What a statement name in Bind or Describe resolved to.
+enum Resolved {
+    /// An error was queued instead.
+    Failed,
+    /// A shape check is outstanding: feed the frame again later.
+    Held,
+    /// The server's own unnamed statement (passed through).
+    Plain,
+    /// A cached statement, prepared on the server.
+    Cached(Arc<Statement>),
+}
+
 /// The client's unnamed statement.
 #[derive(Debug, Default)]
 pub enum Unnamed {
@@ -120,6 +132,7 @@ impl Session {
             self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
         }
         self.to_server.extend_from_slice(&stmt.create);
+        let on_reply_is_inject = on_reply == OnReply::Inject;
         let fx = Fx { server_parse: Some(stmt.clone()), client, ..Fx::default() };
         self.replies.push(Pending::with(Req::Parse, on_reply, fx));
         if stmt.kind == StmtKind::Sql {
@@ -130,7 +143,38 @@ impl Session {
         }
         srv.stmts.insert(stmt);
         registry.stats.server_parses.fetch_add(1, Ordering::Relaxed);
+        if on_reply_is_inject && stmt.shape.get().is_some() {
+            // Clients decode this statement's rows by a description they already hold: make
+            // sure this server's fresh parse describes the same shape before any row flows.
+            write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
+                b.put_u8(b'S');
+                b.put_slice(stmt.server_name.as_bytes());
+                b.put_u8(0);
+            });
+            write_msg(&mut self.to_server, tags::FLUSH, |_| {});
+            self.replies.push(Pending::with(Req::Describe, OnReply::ShapeCheck(stmt.clone()), Fx::default()));
+            self.hold = true;
+        }
         true
+    }
+
+    /// The answer to a shape check: a different shape means the statement changed under
+    /// its clients; PostgreSQL would answer their next use with 0A000.
+    pub(super) fn on_shape_checked(&mut self, stmt: &Arc<Statement>, frame: &[u8], srv: &mut ServerState) {
+        self.hold = false;
+        if stmt.shape.get().is_some_and(|s| **s == *frame) {
+            return;
+        }
+        tracing::debug!(statement = %stmt.server_name, "row shape changed since clients described it");
+        self.registry().mark_stale(stmt);
+        srv.stmts.remove(stmt);
+        write_msg(&mut self.to_server, tags::CLOSE, |b| {
+            b.put_u8(b'S');
+            b.put_slice(stmt.server_name.as_bytes());
+            b.put_u8(0);
+        });
+        self.replies.push(Pending::with(Req::Close, OnReply::Skip, Fx::default()));
+        self.shape_mismatch = Some(stmt.clone());
     }
 
     /// Client Parse. Returns false when a server is needed first.
@@ -225,16 +269,11 @@ impl Session {
         true
     }
 
-    /// The statement a client name refers to, prepared on `srv`; None if unknown (the
-    /// error has been queued).
-    fn resolve(&mut self, name: &[u8], srv: &mut ServerState) -> Option<Option<Arc<Statement>>> {
-        if name.is_empty() {
+    /// The statement a client name refers to, prepared on `srv`.
+    fn resolve(&mut self, name: &[u8], srv: &mut ServerState) -> Resolved {
+        let cached = if name.is_empty() {
             match &self.unnamed {
-                Unnamed::Cached(s) => {
-                    let s = s.clone();
-                    self.ensure_on_server(srv, &s, OnReply::Inject, ClientFx::None);
-                    Some(Some(s))
-                }
+                Unnamed::Cached(s) => s.clone(),
                 Unnamed::Plain { frame, seq } => {
                     if srv.stmts.unnamed_owner != Some((self.uid, *seq)) {
                         // Parsed on another server (or replaced since): parse it again here.
@@ -242,38 +281,47 @@ impl Session {
                         srv.stmts.unnamed_owner = Some((self.uid, *seq));
                         self.replies.push(Pending::with(Req::Parse, OnReply::Inject, Fx::default()));
                     }
-                    Some(None)
+                    return Resolved::Plain;
                 }
                 Unnamed::None if srv.stmts.unnamed_owner.is_some() => {
                     // The server's unnamed statement is somebody else's.
                     self.statement_error(missing(b""), Some(srv), false);
-                    None
+                    return Resolved::Failed;
                 }
-                Unnamed::None => Some(None),
+                Unnamed::None => return Resolved::Plain,
             }
         } else {
             match self.named.get(name) {
-                Some(s) => {
-                    let s = s.clone();
-                    self.ensure_on_server(srv, &s, OnReply::Inject, ClientFx::None);
-                    Some(Some(s))
-                }
+                Some(s) => s.clone(),
                 None => {
                     self.statement_error(missing(name), Some(srv), false);
-                    None
+                    return Resolved::Failed;
                 }
             }
+        };
+        if self.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &cached)) {
+            self.shape_mismatch = None;
+            let e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, "cached plan must not change result type");
+            self.statement_error(e, Some(srv), false);
+            return Resolved::Failed;
         }
+        self.ensure_on_server(srv, &cached, OnReply::Inject, ClientFx::None);
+        if self.hold {
+            return Resolved::Held;
+        }
+        Resolved::Cached(cached)
     }
 
-    pub(super) fn on_bind(&mut self, frame: &[u8], srv: &mut ServerState) {
+    pub(super) fn on_bind(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
         let Some((portal, stmt_name, rest)) = frontend::bind_names(body(frame)) else {
-            return self.fail(Error::protocol("invalid Bind message"));
+            self.fail(Error::protocol("invalid Bind message"));
+            return true;
         };
         match self.resolve(stmt_name, srv) {
-            None => {}
-            Some(None) => self.forward(frame, Req::Bind),
-            Some(Some(s)) => {
+            Resolved::Held => return false,
+            Resolved::Failed => {}
+            Resolved::Plain => self.forward(frame, Req::Bind),
+            Resolved::Cached(s) => {
                 let tail = &body(frame)[rest..];
                 write_msg(&mut self.to_server, tags::BIND, |b| {
                     b.put_slice(portal);
@@ -285,19 +333,23 @@ impl Session {
                 self.replies.push(Pending::with(Req::Bind, OnReply::Forward, Fx { uses: Some(s), ..Fx::default() }));
             }
         }
+        true
     }
 
-    pub(super) fn on_describe(&mut self, frame: &[u8], srv: &mut ServerState) {
+    pub(super) fn on_describe(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
         let Some((kind, name)) = frontend::describe_or_close(body(frame)) else {
-            return self.fail(Error::protocol("invalid DESCRIBE message subtype"));
+            self.fail(Error::protocol("invalid DESCRIBE message subtype"));
+            return true;
         };
         if kind == b'P' {
-            return self.forward(frame, Req::Describe);
+            self.forward(frame, Req::Describe);
+            return true;
         }
         match self.resolve(name, srv) {
-            None => {}
-            Some(None) => self.forward(frame, Req::Describe),
-            Some(Some(s)) => {
+            Resolved::Held => return false,
+            Resolved::Failed => {}
+            Resolved::Plain => self.forward(frame, Req::Describe),
+            Resolved::Cached(s) => {
                 write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
                     b.put_u8(b'S');
                     b.put_slice(s.server_name.as_bytes());
@@ -310,6 +362,7 @@ impl Session {
                 ));
             }
         }
+        true
     }
 
     /// Close: statements are answered locally (closing a name that does not exist is not
@@ -432,6 +485,9 @@ impl Session {
 
     /// Undoes what a request the server failed or skipped would have done.
     pub(super) fn rollback(&mut self, p: Pending, srv: &mut ServerState) {
+        if matches!(p.on_reply, OnReply::ShapeCheck(_)) {
+            self.hold = false;
+        }
         if let Some(s) = &p.fx.server_parse {
             srv.stmts.remove(s);
             if p.failed {

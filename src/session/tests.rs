@@ -576,3 +576,74 @@ fn error_before_the_client_sent_sync_skips_what_follows() {
     assert_eq!(h.client_out(), "Z");
     assert_eq!(h.s.prepared_count(), 0);
 }
+
+#[test]
+fn fresh_parse_with_a_different_row_shape_never_sends_rows() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    let rowdesc3 = msg(b'T', b"\0\x03three columns");
+    let rowdesc4 = msg(b'T', b"\0\x04four columns");
+    h.client(parse("s1", "select * from t"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), rowdesc3.clone(), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "1tTZ");
+    h.server_out();
+    // ALTER TABLE happened; the next checkout is a server without the statement.
+    h.srv = ServerState::default();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    // Parse, a Describe to check the shape, and Flush: the client's Bind waits.
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PDH");
+    assert_eq!(h.pending.len(), 3, "Bind, Execute, Sync held");
+    h.server(msg(b'1', b""));
+    h.server(msg(b't', b"\0\0"));
+    h.server(rowdesc4);
+    // Shape differs: the stale statement is closed there, and the Bind fails with 0A000
+    // (through a probe so the server skips to Sync as PostgreSQL would).
+    let sent = h.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "CDES");
+    assert!(text(&sent[1]).contains("parsnip_probe"));
+    h.server(msg(b'3', b""));
+    h.server(msg(b'E', b"SERROR\0C26000\0Mprepared statement \"parsnip_probe\" does not exist\0\0"));
+    h.server(rfq(b'I'));
+    let out = h.s.to_client.split();
+    assert_eq!(tags_of(&out), "EZ");
+    assert!(text(&out).contains("0A000") && text(&out).contains("cached plan must not change result type"));
+    // Re-preparing the same text gets a new generation.
+    h.client(parse("s2", "select * from t"));
+    h.client(sync());
+    let sent = h.server_out();
+    assert!(!text(&sent[0]).contains("pn_1\0"), "{}", text(&sent[0]));
+}
+
+#[test]
+fn same_shape_on_a_fresh_server_goes_on() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg));
+    let rowdesc = msg(b'T', b"\0\x01one");
+    h.client(parse("s1", "select 1"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), rowdesc.clone(), rfq(b'I')] {
+        h.server(m);
+    }
+    h.client_out();
+    h.server_out();
+    h.srv = ServerState::default();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    h.server_out();
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), rowdesc] {
+        h.server(m);
+    }
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BES");
+    for m in [msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "2CZ");
+}

@@ -53,7 +53,18 @@ pub struct Statement {
     pub validated: AtomicBool,
     /// A server said its plan changed result type: the registry no longer hands it out.
     pub stale: AtomicBool,
+    /// The RowDescription (or NoData) frame a Describe of it returned: what clients that
+    /// described it decode rows by.
+    pub shape: std::sync::OnceLock<Box<[u8]>>,
 }
+
+/// Statements are the same when they are the same server statement.
+impl PartialEq for Statement {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+impl Eq for Statement {}
 
 impl Statement {
     fn new(kind: StmtKind, query: &[u8], types: &[u8]) -> Statement {
@@ -90,6 +101,7 @@ impl Statement {
             create: create.freeze(),
             validated: AtomicBool::new(false),
             stale: AtomicBool::new(false),
+            shape: std::sync::OnceLock::new(),
         }
     }
 
