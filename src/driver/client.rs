@@ -28,7 +28,8 @@ pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     stream.set_nodelay();
     let mut buf = BytesMut::new();
     let timeout = shared.cfg.client_login_timeout();
-    let res = match tokio::time::timeout(timeout, login::login(&mut stream, &shared, &mut buf)).await {
+    // Boxed: the login future is large and only needed once.
+    let res = match tokio::time::timeout(timeout, Box::pin(login::login(&mut stream, &shared, &mut buf))).await {
         Ok(r) => r,
         Err(_) => Err(LoginEnd::Close(Some(Error::protocol(
             "timeout while waiting for the startup packet or authentication",
@@ -37,7 +38,7 @@ pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     let client = match res {
         Ok(c) => c,
         Err(LoginEnd::Cancel) => return,
-        Err(LoginEnd::Admin) => return serve_admin(stream, buf, &shared).await,
+        Err(LoginEnd::Admin) => return Box::pin(serve_admin(stream, buf, &shared)).await,
         Err(LoginEnd::Close(err)) => {
             if let Some(e) = err {
                 tracing::debug!(error = %e, "login refused");
@@ -109,7 +110,7 @@ struct Proxy {
     client: Stream,
     cbuf: BytesMut,
     session: Session,
-    server: Option<ServerConn>,
+    server: Option<Box<ServerConn>>,
     pool: Arc<Pool>,
     slot: Arc<CancelSlot>,
     shared: Arc<Shared>,
@@ -133,7 +134,7 @@ impl Proxy {
                 match a {
                     Action::AcquireServer => self.acquire().await,
                     Action::ReleaseServer { reusable } => self.release(reusable),
-                    Action::Close => return self.close().await,
+                    Action::Close => return Box::pin(self.close()).await,
                 }
             }
             if self.feed_client() {
@@ -141,7 +142,7 @@ impl Proxy {
             }
             // Write what we have, without blocking.
             if self.flush().is_err() {
-                return self.client_gone().await;
+                return Box::pin(self.client_gone()).await;
             }
             let graceful = *shutdown.borrow();
             if graceful && !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty() {
@@ -159,25 +160,23 @@ impl Proxy {
                 }
             }
             let deadline = self.deadline(idle_since, unlinked_idle);
-            let ev = {
-                let server = self.server.as_ref().map(|s| &s.stream);
-                let want_server = server.is_some() && self.session.to_client.len() < HIGH_WATER;
-                let want_client = self.session.to_server.len() < HIGH_WATER;
-                let want_write =
-                    !self.session.to_client.is_empty() || (server.is_some() && !self.session.to_server.is_empty());
+            let want_write =
+                !self.session.to_client.is_empty() || (self.server.is_some() && !self.session.to_server.is_empty());
+            let ev = if self.server.is_none() && !want_write {
+                // Idle: a small wait, so an idle client's task stays small.
                 tokio::select! {
                     biased;
-                    r = async { server.expect("guarded").readable().await }, if want_server => match r { Ok(()) => Event::Server, Err(_) => Event::Server },
-                    r = self.client.readable(), if want_client => match r { Ok(()) => Event::Client, Err(_) => Event::Client },
-                    _ = writable(&self.client, server, !self.session.to_client.is_empty(), !self.session.to_server.is_empty()), if want_write => Event::Writable,
+                    _ = self.client.readable() => Event::Client,
                     _ = sleep_until(deadline), if deadline.is_some() => Event::Timer,
                     _ = shutdown.changed(), if !graceful => Event::Shutdown,
                 }
+            } else {
+                Box::pin(self.wait_active(deadline, &mut shutdown, graceful, want_write)).await
             };
             match ev {
                 Event::Client => {
                     if !self.read_client() {
-                        return self.client_gone().await;
+                        return Box::pin(self.client_gone()).await;
                     }
                     idle_since = Instant::now();
                 }
@@ -185,6 +184,27 @@ impl Proxy {
                 Event::Writable | Event::Shutdown => {}
                 Event::Timer => self.on_timer(),
             }
+        }
+    }
+
+    /// Waits for whichever socket can move bytes next while a transaction is in flight.
+    async fn wait_active(
+        &self,
+        deadline: Option<Instant>,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+        graceful: bool,
+        want_write: bool,
+    ) -> Event {
+        let server = self.server.as_ref().map(|s| &s.stream);
+        let want_server = server.is_some() && self.session.to_client.len() < HIGH_WATER;
+        let want_client = self.session.to_server.len() < HIGH_WATER;
+        tokio::select! {
+            biased;
+            _ = async { server.expect("guarded").readable().await }, if want_server => Event::Server,
+            _ = self.client.readable(), if want_client => Event::Client,
+            _ = writable(&self.client, server, !self.session.to_client.is_empty(), !self.session.to_server.is_empty()), if want_write => Event::Writable,
+            _ = sleep_until(deadline), if deadline.is_some() => Event::Timer,
+            _ = shutdown.changed(), if !graceful => Event::Shutdown,
         }
     }
 
@@ -214,7 +234,14 @@ impl Proxy {
     }
 
     async fn acquire(&mut self) {
-        match self.pool.acquire().await {
+        // The fast path (an idle connection) awaits nothing; the slow path's future (wait
+        // queue, connect, authenticate) is large, so it lives on the heap only while used,
+        // not in every idle client's task.
+        let got = match self.pool.try_acquire() {
+            Some(c) => Ok(c),
+            None => Box::pin(self.pool.acquire()).await,
+        };
+        match got {
             Ok(mut s) => {
                 self.session.handle_server_linked(&mut s.state);
                 self.slot.set(&s.cancel);

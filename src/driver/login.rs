@@ -21,7 +21,7 @@ pub struct LoggedIn {
     /// The pool serving it.
     pub pool: Arc<Pool>,
     /// Settings it expects on every server.
-    pub settings: Settings,
+    pub settings: std::sync::Arc<Settings>,
     /// The pid it was given in BackendKeyData (its cancel key).
     pub pid: i32,
     /// Its user name.
@@ -173,6 +173,7 @@ pub async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> 
     backend::backend_key_data(&mut out, pid, key);
     backend::ready_for_query(&mut out, b'I');
     send(stream, &mut out).await?;
+    let settings = pool.intern_settings(settings);
     Ok(LoggedIn { pool, settings, pid, user, db })
 }
 

@@ -33,11 +33,13 @@ pub struct ServerDefaults {
     pub settings: Settings,
 }
 
-type Waiter = oneshot::Sender<Option<ServerConn>>;
+type Waiter = oneshot::Sender<Option<Box<ServerConn>>>;
 
 #[derive(Debug, Default)]
 struct Inner {
-    idle: Vec<ServerConn>,
+    // Boxed so a checkout moves a pointer, and a client holding one stays small.
+    #[allow(clippy::vec_box)]
+    idle: Vec<Box<ServerConn>>,
     /// Connections open or being opened (idle + in use + connecting).
     open: usize,
     waiters: VecDeque<Waiter>,
@@ -77,6 +79,8 @@ pub struct Pool {
     pub stats: PoolStats,
     /// The prepared-statement cache of this pool.
     pub stmts: Arc<crate::stmt::Registry>,
+    /// Clients' settings, shared between clients that have the same (most do).
+    settings: Mutex<std::collections::HashMap<u64, std::sync::Weak<Settings>>>,
 }
 
 impl Pool {
@@ -98,6 +102,7 @@ impl Pool {
             inner: Mutex::new(Inner::default()),
             defaults: OnceLock::new(),
             stmts: Arc::new(crate::stmt::Registry::new(cfg.stmt_config())),
+            settings: Mutex::new(std::collections::HashMap::new()),
             cfg,
             stats: PoolStats::default(),
         }
@@ -138,9 +143,43 @@ impl Pool {
             .clone()
     }
 
+    /// One shared copy of `s` for every client of this pool with the same settings, so an
+    /// idle client costs a pointer, not a copy.
+    pub fn intern_settings(&self, s: Settings) -> Arc<Settings> {
+        let mut map = self.settings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(shared) = map.get(&s.key()).and_then(std::sync::Weak::upgrade)
+            && *shared == s
+        {
+            return shared;
+        }
+        if map.len() >= 1024 {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let a = Arc::new(s);
+        map.insert(a.key(), Arc::downgrade(&a));
+        a
+    }
+
+    /// An idle, healthy connection right now, if there is one and nobody is waiting.
+    pub fn try_acquire(&self) -> Option<Box<ServerConn>> {
+        let mut g = self.lock();
+        if !g.waiters.is_empty() {
+            return None;
+        }
+        while let Some(mut c) = g.idle.pop() {
+            if c.is_healthy() && !self.expired(&c) {
+                drop(g);
+                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                return Some(c);
+            }
+            g.open -= 1;
+        }
+        None
+    }
+
     /// Checks out a connection: an idle one, a new one if below size, or the next one
     /// returned, waiting at most `query_wait_timeout`.
-    pub async fn acquire(&self) -> Result<ServerConn, Error> {
+    pub async fn acquire(&self) -> Result<Box<ServerConn>, Error> {
         let deadline = self.cfg.query_wait_timeout().map(|t| tokio::time::Instant::now() + t);
         let mut waited = false;
         loop {
@@ -233,7 +272,7 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<ServerConn, Error> {
+    async fn connect(&self) -> Result<Box<ServerConn>, Error> {
         let attempts = self.cfg.server_connect_attempts.max(1);
         let mut last = None;
         for attempt in 0..attempts {
@@ -245,7 +284,7 @@ impl Pool {
                 Ok(c) => {
                     self.stats.connects.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(db = %self.key.db, user = %self.key.user, pid = c.cancel.pid, "server connection opened");
-                    return Ok(c);
+                    return Ok(Box::new(c));
                 }
                 Err(e) => {
                     self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
@@ -280,7 +319,7 @@ impl Pool {
     }
 
     /// Returns a connection. Not reusable or past its lifetime: it is closed.
-    pub fn release(&self, mut conn: ServerConn, reusable: bool) {
+    pub fn release(&self, mut conn: Box<ServerConn>, reusable: bool) {
         if !reusable || self.expired(&conn) {
             drop(conn);
             return self.slot_freed();

@@ -85,7 +85,7 @@ pub struct Session {
     shape_mismatch: Option<Arc<Statement>>,
     acquire_error: Option<Error>,
     closing: bool,
-    settings: Settings,
+    settings: Arc<Settings>,
     /// Settings made inside the open transaction: kept if it commits.
     tx_settings: Vec<SettingStmt>,
     /// Unique id of this client (for the server's unnamed-statement owner).
@@ -101,7 +101,7 @@ pub struct Session {
 impl Session {
     /// A session in `mode` whose client expects `settings`. With a `registry`, prepared
     /// statements go through the shared cache; without, they pass through.
-    pub fn new(mode: PoolMode, settings: Settings, uid: u64, registry: Option<Arc<Registry>>) -> Session {
+    pub fn new(mode: PoolMode, settings: Arc<Settings>, uid: u64, registry: Option<Arc<Registry>>) -> Session {
         Session {
             mode,
             link: Link::Unlinked,
@@ -549,7 +549,8 @@ impl Session {
         server.settings.set_reported(name, value);
         // Forward when the client asked for the change, or when it changes what the client
         // believes (a replayed setting normalized by the server, e.g. DateStyle).
-        let changed = self.settings.set_reported(name, value);
+        let changed =
+            self.settings.reported(name) != Some(value) && Arc::make_mut(&mut self.settings).set_reported(name, value);
         if changed || self.replies.head().is_none_or(|h| h.on_reply == OnReply::Forward) {
             self.to_client.extend_from_slice(frame);
         }
@@ -618,7 +619,7 @@ impl Session {
             self.tx_settings.clear();
         }
         for s in apply {
-            apply_setting(&mut self.settings, &mut server.settings, s);
+            apply_setting(Arc::make_mut(&mut self.settings), &mut server.settings, s);
         }
     }
 }

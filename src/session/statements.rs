@@ -421,7 +421,7 @@ impl Session {
                 }
                 self.named.clear();
                 self.unnamed = Unnamed::None;
-                self.settings.reset_all_extra();
+                Arc::make_mut(&mut self.settings).reset_all_extra();
                 srv.settings.reset_all_extra();
                 // Everything DISCARD ALL does except dropping the server's (shared) statements.
                 frontend::query(

@@ -62,7 +62,7 @@ struct H {
 impl H {
     fn new(mode: PoolMode, registry: Option<Arc<Registry>>) -> H {
         H {
-            s: Session::new(mode, Settings::default(), 7, registry),
+            s: Session::new(mode, Arc::new(Settings::default()), 7, registry),
             srv: ServerState::default(),
             linked: false,
             pending: vec![],
@@ -233,7 +233,7 @@ fn settings_replayed_on_link_and_tracked_after_set() {
     let mut client = Settings::default();
     client.set_reported("application_name", "app");
     let mut h = H::new(PoolMode::Transaction, None);
-    h.s.settings = client;
+    h.s.settings = Arc::new(client);
     h.srv.settings.set_reported("application_name", "");
     h.client(query("SET search_path TO x"));
     assert_eq!(h.server_out().len(), 2, "settings replay, then the client's query");

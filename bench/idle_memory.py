@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Memory per idle client: log N clients in through parsnip, run one query each, leave
+them idle, and divide parsnip's RSS growth by N (DESIGN.md budget: <= 1.5 KiB).
+
+Usage: bench/idle_memory.py [--clients 8000]
+Starts its own throwaway PostgreSQL via `parsnip --embedded` (trust auth), so it needs
+only the release binary (cargo build --release) and PostgreSQL's binaries."""
+import argparse, asyncio, os, re, socket, struct, subprocess, sys, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def read_until_ready(reader):
+    while True:
+        hdr = await reader.readexactly(5)
+        n = struct.unpack("!I", hdr[1:])[0]
+        body = await reader.readexactly(n - 4)
+        if hdr[0:1] == b"E":
+            raise RuntimeError(body)
+        if hdr[0:1] == b"Z":
+            return
+
+
+async def client(port, conns):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    params = b"user\0postgres\0database\0postgres\0\0"
+    writer.write(struct.pack("!II", 8 + len(params), 196608) + params)
+    await read_until_ready(reader)
+    q = b"select 1\0"
+    writer.write(b"Q" + struct.pack("!I", 4 + len(q)) + q)
+    await read_until_ready(reader)
+    conns.append(writer)
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=8000)
+    a = ap.parse_args()
+    port = free_port()
+    exe = os.path.join(ROOT, "target/release/parsnip")
+    p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{port}", "--max-client-conn", str(a.clients + 10),
+                          "--pool-size", "4", "--log-level", "warn"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        conns = []
+        await client(port, conns)  # warm-up: pool, runtime threads
+        base = rss_kib(p.pid)
+        sem = asyncio.Semaphore(200)
+
+        async def one():
+            async with sem:
+                await client(port, conns)
+        await asyncio.gather(*(one() for _ in range(a.clients)))
+        time.sleep(1)
+        after = rss_kib(p.pid)
+        per = (after - base) / a.clients
+        print(f"idle-memory: {a.clients} idle clients, parsnip RSS {base/1024:.1f} -> {after/1024:.1f} MiB, "
+              f"{per:.2f} KiB per idle client")
+        for w in conns:
+            w.close()
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
