@@ -76,17 +76,20 @@ pub struct Error {
     pub code: SqlState,
     /// Primary message, worded as PostgreSQL words it where PostgreSQL has the case.
     pub message: Cow<'static, str>,
+    /// The routine field (`R`), for errors drivers recognize by it (0A000's
+    /// RevalidateCachedQuery).
+    pub routine: Option<&'static str>,
 }
 
 impl Error {
     /// A FATAL error: the connection is closed after it is sent.
     pub fn fatal(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
-        Error { severity: Severity::Fatal, code, message: message.into() }
+        Error { severity: Severity::Fatal, code, message: message.into(), routine: None }
     }
 
     /// A statement-level ERROR.
     pub fn new(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
-        Error { severity: Severity::Error, code, message: message.into() }
+        Error { severity: Severity::Error, code, message: message.into(), routine: None }
     }
 
     /// 08P01 FATAL.
@@ -100,7 +103,7 @@ impl Error {
             Severity::Error => "ERROR",
             Severity::Fatal => "FATAL",
         };
-        crate::protocol::backend::error_response(buf, sev, self.code.0, &self.message);
+        crate::protocol::backend::error_response_routine(buf, sev, self.code.0, &self.message, self.routine);
     }
 
     /// This error as a standalone ErrorResponse.

@@ -101,6 +101,7 @@ fn show_prepared_statements(pools: &[Arc<Pool>]) -> Table {
                 n(&s.evictions),
                 n(&s.promotions),
                 n(&s.invalidations),
+                n(&s.retries),
             ]
         })
         .collect();
@@ -115,6 +116,7 @@ fn show_prepared_statements(pools: &[Arc<Pool>]) -> Table {
             "evictions",
             "promotions",
             "invalidations",
+            "retries",
         ],
         rows,
     }

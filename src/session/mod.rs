@@ -96,6 +96,19 @@ pub struct Session {
     unnamed: Unnamed,
     unnamed_seq: u64,
     key_buf: Vec<u8>,
+    /// The client's frames of the batch being sent (outside transactions), and of the last
+    /// batch ended by Sync: replayed after a transparent re-prepare.
+    batch: Vec<u8>,
+    last_batch: Vec<u8>,
+    /// Where the frame being handled starts in `batch`.
+    frame_at: u32,
+    /// Statements this client was given a description of (Describe S).
+    described: std::collections::HashSet<u64>,
+    /// A transparent retry is in flight: never retry it again.
+    retried: bool,
+    /// ParameterDescription of a Describe S of a cached statement, held until the row
+    /// description arrives (a stale statement errors in between, and is then retried).
+    param_desc: Option<Vec<u8>>,
 }
 
 impl Session {
@@ -125,6 +138,12 @@ impl Session {
             unnamed: Unnamed::None,
             unnamed_seq: 0,
             key_buf: Vec::new(),
+            batch: Vec::new(),
+            last_batch: Vec::new(),
+            frame_at: 0,
+            described: std::collections::HashSet::new(),
+            retried: false,
+            param_desc: None,
         }
     }
 
@@ -263,21 +282,56 @@ impl Session {
             }
             return true;
         }
+        let unnamed_owner = srv.stmts.unnamed_owner;
+        if tag == tags::QUERY {
+            // PostgreSQL drops the unnamed statement at every simple Query.
+            srv.stmts.unnamed_owner = None;
+            self.unnamed = Unnamed::None;
+        }
         if self.registry.is_some() {
+            // Keep the batch for a transparent retry (only outside transactions).
+            let record = self.tx_status == b'I'
+                && matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
+            if record {
+                self.frame_at = self.batch.len() as u32;
+                self.batch.extend_from_slice(frame);
+            }
+            let consumed = match tag {
+                tags::PARSE => self.on_parse(frame, Some(srv)),
+                tags::BIND => self.on_bind(frame, srv),
+                tags::DESCRIBE => self.on_describe(frame, srv),
+                _ => true,
+            };
+            if record && !consumed {
+                self.batch.truncate(self.frame_at as usize);
+            }
+            if tag == tags::SYNC && record {
+                std::mem::swap(&mut self.batch, &mut self.last_batch);
+                self.batch.clear();
+            }
+            if matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE) {
+                return consumed;
+            }
             match tag {
-                tags::PARSE => return self.on_parse(frame, Some(srv)),
-                tags::BIND => return self.on_bind(frame, srv),
-                tags::DESCRIBE => return self.on_describe(frame, srv),
                 tags::CLOSE => {
                     self.on_close(frame, Some(srv));
                     return true;
                 }
                 tags::QUERY => {
+                    let sent = self.to_server.len();
                     self.on_query_cached(frame, srv);
+                    if self.to_server.len() == sent {
+                        // Answered here: the server's unnamed statement is untouched (and no
+                        // longer the client's).
+                        srv.stmts.unnamed_owner = unnamed_owner;
+                    }
                     return true;
                 }
                 _ => {}
             }
+        }
+        if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) {
+            self.batch.clear();
         }
         match tag {
             tags::QUERY => self.forward_query(frame),
@@ -368,6 +422,7 @@ impl Session {
         self.link = Link::Linked;
         server.tx_status = b'I';
         server.stmts.begin_link();
+        self.trim_server_statements(server);
         if self.settings.key() != server.settings.key() {
             let sql = self.settings.diff_sql(&server.settings);
             server.settings.copy_extra_from(&self.settings);
@@ -430,16 +485,28 @@ impl Session {
         if matches!(tag, tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::CLOSE_COMPLETE) && !req.completed_by(tag) {
             return self.desync(tag);
         }
+        if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
+            if head.on_reply == OnReply::Forward {
+                self.param_desc = Some(frame.to_vec());
+            }
+            return;
+        }
         if head.on_reply == OnReply::Forward {
+            if let Some(pd) = self.param_desc.take() {
+                self.to_client.extend_from_slice(&pd);
+            }
             self.to_client.extend_from_slice(frame);
         }
         if req == Req::Describe && (tag == tags::ROW_DESCRIPTION || tag == tags::NO_DATA) {
             if let OnReply::ShapeCheck(s) = &head.on_reply {
                 let s = s.clone();
                 self.on_shape_checked(&s, frame, server);
-            } else if let Some(s) = &head.fx.uses {
-                // What clients are told this statement returns.
+            } else if let Some(s) = &head.fx.uses
+                && head.on_reply == OnReply::Forward
+            {
+                // What this client is told the statement returns.
                 let _ = s.shape.get_or_init(|| frame.into());
+                self.described.insert(s.id);
             }
         }
         if tag == tags::COPY_IN_RESPONSE {
@@ -459,12 +526,27 @@ impl Session {
 
     fn on_error(&mut self, frame: &[u8], server: &mut ServerState) {
         self.copy_in = false;
+        self.param_desc = None;
         let Some(head) = self.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
         head.failed = true;
         let req = head.req;
         let code = backend::error_field(body(frame), b'C').unwrap_or_default();
+        let retry_from = head.fx.replay_from;
+        match &head.fx.uses {
+            Some(s) if retry_from.is_some() && (code == b"0A000" || code == b"26000") => {
+                let s = s.clone();
+                if self.try_retry(&s, code, retry_from.unwrap_or(0), server) {
+                    return;
+                }
+            }
+            _ => {}
+        }
+        let Some(head) = self.replies.head_mut() else { return };
         match &head.on_reply {
-            OnReply::Forward | OnReply::Inject => self.to_client.extend_from_slice(frame),
+            OnReply::Forward | OnReply::Inject => match &head.fx.rename {
+                Some(r) => r.rewrite_error(frame, &mut self.to_client),
+                None => self.to_client.extend_from_slice(frame),
+            },
             OnReply::ReplaceError(e) if code == b"26000" => e.write_to(&mut self.to_client),
             OnReply::ReplaceError(_) => self.to_client.extend_from_slice(frame),
             OnReply::Skip if head.purpose == Purpose::SyncSettings => {
@@ -498,6 +580,10 @@ impl Session {
             return self.desync(tags::READY_FOR_QUERY);
         }
         let status = frame.get(5).copied().unwrap_or(b'I');
+        self.replies.mark_synced();
+        if p.on_reply == OnReply::Forward {
+            self.retried = false;
+        }
         let before = self.tx_status;
         self.tx_status = status;
         server.tx_status = status;
@@ -531,6 +617,7 @@ impl Session {
             && self.tx_status == b'I'
             && !self.copy_in
             && !self.server_skipping
+            && !self.replies.is_unsynced()
             && self.mode != PoolMode::Session
         {
             self.link = Link::Unlinked;

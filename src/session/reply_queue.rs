@@ -132,6 +132,52 @@ pub struct Fx {
     pub uses: Option<Arc<Statement>>,
     /// The client-side change.
     pub client: ClientFx,
+    /// For a client Bind of a cached statement outside a transaction: where the Bind starts
+    /// in the client's batch, so the batch can be replayed after a re-prepare.
+    pub replay_from: Option<u32>,
+    /// The SQL sent differs from the client's (a statement name rewritten): how to word
+    /// an error so the client sees its own name and positions.
+    pub rename: Option<Box<Rename>>,
+}
+
+/// How the text sent to the server differs from the client's.
+#[derive(Clone, Debug)]
+pub struct Rename {
+    /// The server-side statement name used.
+    pub server_name: Box<str>,
+    /// The name as PostgreSQL would print it for the client.
+    pub client_name: Box<str>,
+    /// 1-based character position in the server text from which positions are shifted.
+    pub from: i64,
+    /// Client position = server position + shift, for positions at or after `from`.
+    pub shift: i64,
+}
+
+impl Rename {
+    /// The ErrorResponse `frame` as the client would have received it.
+    pub fn rewrite_error(&self, frame: &[u8], out: &mut bytes::BytesMut) {
+        use bytes::BufMut;
+        let body = frame.get(5..).unwrap_or_default();
+        crate::protocol::backend::write_msg(out, crate::protocol::tags::ERROR_RESPONSE, |b| {
+            for (t, v) in crate::protocol::backend::error_fields(body) {
+                b.put_u8(t);
+                let text = String::from_utf8_lossy(v);
+                match t {
+                    b'M' | b'D' | b'H' => {
+                        let quoted = format!("\"{}\"", self.server_name);
+                        b.put_slice(text.replace(&quoted, &format!("\"{}\"", self.client_name)).as_bytes())
+                    }
+                    b'P' => match text.parse::<i64>() {
+                        Ok(p) if p >= self.from => b.put_slice((p + self.shift).max(1).to_string().as_bytes()),
+                        _ => b.put_slice(v),
+                    },
+                    _ => b.put_slice(v),
+                }
+                b.put_u8(0);
+            }
+            b.put_u8(0);
+        });
+    }
 }
 
 /// One queue entry.
@@ -178,13 +224,40 @@ impl Pending {
 #[derive(Debug, Default)]
 pub struct ReplyQueue {
     q: VecDeque<Pending>,
+    /// Extended-protocol requests were sent since the last ReadyForQuery: the server has
+    /// an implicit transaction (and maybe portals) open until the next Sync, even when
+    /// every reply has arrived (a batch ended with Flush).
+    unsynced: bool,
 }
 
 impl ReplyQueue {
     /// Appends a request written to the server.
     #[inline]
     pub fn push(&mut self, p: Pending) {
+        if p.req.is_extended() && !p.is_synth() {
+            self.unsynced = true;
+        }
         self.q.push_back(p);
+    }
+    /// A ReadyForQuery arrived: what was sent before it is settled; a batch is still open
+    /// only if extended requests were queued after the last Sync still outstanding.
+    pub fn mark_synced(&mut self) {
+        let mut open = false;
+        for p in &self.q {
+            if p.is_synth() {
+                continue;
+            }
+            if p.req == Req::Sync {
+                open = false;
+            } else if p.req.is_extended() {
+                open = true;
+            }
+        }
+        self.unsynced = open;
+    }
+    /// See the field.
+    pub fn is_unsynced(&self) -> bool {
+        self.unsynced
     }
     /// Puts a request in front of everything queued (it is written before them).
     pub fn push_front(&mut self, p: Pending) {
@@ -194,6 +267,10 @@ impl ReplyQueue {
     #[inline]
     pub fn head(&self) -> Option<&Pending> {
         self.q.front()
+    }
+    /// Iterates outstanding requests mutably, newest first.
+    pub fn iter_mut_rev(&mut self) -> impl Iterator<Item = &mut Pending> {
+        self.q.iter_mut().rev()
     }
     /// Mutable head.
     pub fn head_mut(&mut self) -> Option<&mut Pending> {
@@ -231,6 +308,7 @@ impl ReplyQueue {
     /// Forgets everything (the server connection is gone).
     pub fn clear(&mut self) {
         self.q.clear();
+        self.unsynced = false;
     }
     /// Iterates outstanding requests, head first.
     pub fn iter(&self) -> impl Iterator<Item = &Pending> {

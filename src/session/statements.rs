@@ -4,7 +4,7 @@
 //! order, SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD ALL, and the errors
 //! PostgreSQL would give (42P05, 26000) without ever disconnecting the client.
 
-use super::reply_queue::{ClientFx, Fx, OnReply, Pending, Req, Synth};
+use super::reply_queue::{ClientFx, Fx, OnReply, Pending, Rename, Req, Synth};
 use super::{ServerState, Session};
 use crate::error::{Error, SqlState};
 use crate::protocol::backend::write_msg;
@@ -57,6 +57,26 @@ fn duplicate(name: &[u8]) -> Error {
     )
 }
 
+/// True when the frames hold a Describe of a portal (the client learns the row shape anew).
+fn describes_portal(mut frames: &[u8]) -> bool {
+    while let Ok(Some(n)) = crate::protocol::split_frame(frames, usize::MAX) {
+        if frames[0] == tags::DESCRIBE && frames.get(5) == Some(&b'P') {
+            return true;
+        }
+        frames = &frames[n..];
+    }
+    false
+}
+
+/// Characters (as PostgreSQL counts error positions) in a UTF-8 byte string.
+fn char_len(b: &[u8]) -> i64 {
+    String::from_utf8_lossy(b).chars().count() as i64
+}
+
+fn too_many(cap: usize) -> Error {
+    Error::new(SqlState::PROGRAM_LIMIT_EXCEEDED, format!("too many prepared statements for this client (limit {cap})"))
+}
+
 fn missing(name: &[u8]) -> Error {
     if name.is_empty() {
         Error::new(SqlState::UNDEFINED_PSTATEMENT, "unnamed prepared statement does not exist")
@@ -86,6 +106,13 @@ impl Session {
                 frontend::query(&mut self.to_server, "DEALLOCATE parsnip_probe");
                 self.replies.push(Pending::with(Req::Query, OnReply::ReplaceError(Box::new(err)), Fx::default()));
             }
+            Some(srv) if self.tx_status == b'E' => {
+                // In a failed transaction PostgreSQL checks that before names: a Parse gets
+                // the 25P02 it would give (a Describe would get 26000 first).
+                crate::stmt::registry::write_parse(&mut self.to_server, b"", b"SELECT 1", &[]);
+                srv.stmts.unnamed_owner = None;
+                self.replies.push(Pending::with(Req::Parse, OnReply::ReplaceError(Box::new(err)), Fx::default()));
+            }
             Some(_) => {
                 write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
                     b.put_u8(b'S');
@@ -105,6 +132,59 @@ impl Session {
         }
     }
 
+    /// True when a change to `name` (a Parse registering it, a Close removing it) waits for
+    /// its reply in an earlier batch, one that ends with a Sync before now: what PostgreSQL
+    /// does with this message depends on whether that change succeeds, so it must wait.
+    /// (Within the same batch it need not: if the change fails, the server skips the rest.)
+    fn pending_across_sync(&self, name: &[u8]) -> bool {
+        let mut pending = false;
+        for p in self.replies.iter() {
+            match &p.fx.client {
+                ClientFx::Named { name: n } | ClientFx::Closed { name: n, .. } if **n == *name => pending = true,
+                _ if pending && p.req == Req::Sync && !p.is_synth() => return true,
+                _ => {}
+            }
+        }
+        false
+    }
+
+    /// True when a Parse or Close of `stmt` on this server waits for its reply in an earlier
+    /// batch: whether the statement is there depends on whether that batch fails.
+    fn stmt_pending_across_sync(&self, stmt: &Statement) -> bool {
+        let mut pending = false;
+        for p in self.replies.iter() {
+            let touches = p.fx.server_parse.as_deref() == Some(stmt) || p.fx.server_close.as_deref() == Some(stmt);
+            if touches {
+                pending = true;
+            } else if pending && p.req == Req::Sync && !p.is_synth() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A transaction may use more statements than the cap (none of its own is evicted while
+    /// it runs): bring the server back under the cap when the next client is linked.
+    pub(super) fn trim_server_statements(&mut self, srv: &mut ServerState) {
+        let Some(registry) = self.registry.clone() else { return };
+        while srv.stmts.len() > registry.cfg.server_cap {
+            let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) else { break };
+            self.close_on_server(srv, victim, &registry);
+        }
+    }
+
+    fn close_on_server(&mut self, srv: &mut ServerState, victim: Arc<Statement>, registry: &Registry) {
+        write_msg(&mut self.to_server, tags::CLOSE, |b| {
+            b.put_u8(b'S');
+            b.put_slice(victim.server_name.as_bytes());
+            b.put_u8(0);
+        });
+        srv.stmts.remove(&victim);
+        registry.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        let fx = Fx { server_close: Some(victim), ..Fx::default() };
+        self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
+    }
+
     /// Makes sure `stmt` is prepared on the linked server, injecting its Parse (after a
     /// Close of the least recently used statement when at the cap). `on_reply` and
     /// `client` describe the Parse entry (Forward when it answers the client's own Parse).
@@ -121,15 +201,7 @@ impl Session {
         }
         let registry = self.registry().clone();
         if let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) {
-            write_msg(&mut self.to_server, tags::CLOSE, |b| {
-                b.put_u8(b'S');
-                b.put_slice(victim.server_name.as_bytes());
-                b.put_u8(0);
-            });
-            srv.stmts.remove(&victim);
-            registry.stats.evictions.fetch_add(1, Ordering::Relaxed);
-            let fx = Fx { server_close: Some(victim), ..Fx::default() };
-            self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
+            self.close_on_server(srv, victim, &registry);
         }
         self.to_server.extend_from_slice(&stmt.create);
         let on_reply_is_inject = on_reply == OnReply::Inject;
@@ -143,7 +215,7 @@ impl Session {
         }
         srv.stmts.insert(stmt);
         registry.stats.server_parses.fetch_add(1, Ordering::Relaxed);
-        if on_reply_is_inject && stmt.shape.get().is_some() {
+        if on_reply_is_inject && stmt.shape.get().is_some() && self.described.contains(&stmt.id) {
             // Clients decode this statement's rows by a description they already hold: make
             // sure this server's fresh parse describes the same shape before any row flows.
             write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
@@ -184,6 +256,10 @@ impl Session {
             return true;
         };
         let registry = self.registry().clone();
+        if !p.name.is_empty() && self.pending_across_sync(p.name) {
+            // Whether the name exists depends on an earlier batch still in flight.
+            return false;
+        }
         if !p.name.is_empty() {
             if self.named.contains_key(p.name) {
                 registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
@@ -191,11 +267,7 @@ impl Session {
                 return true;
             }
             if self.named.len() >= registry.cfg.client_cap {
-                let e = Error::new(
-                    SqlState::PROGRAM_LIMIT_EXCEEDED,
-                    format!("too many prepared statements for this client (limit {})", registry.cfg.client_cap),
-                );
-                self.statement_error(e, srv, false);
+                self.statement_error(too_many(registry.cfg.client_cap), srv, false);
                 return true;
             }
         }
@@ -229,6 +301,10 @@ impl Session {
         self.key_buf = key;
         if srv.is_none() && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx) {
             return self.need_server();
+        }
+        if srv.is_some() && cached.as_ref().is_some_and(|s| self.stmt_pending_across_sync(s)) {
+            // Whether the server has it depends on an earlier batch still in flight.
+            return false;
         }
         registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
         let Some(stmt) = cached else {
@@ -291,6 +367,9 @@ impl Session {
                 Unnamed::None => return Resolved::Plain,
             }
         } else {
+            if self.pending_across_sync(name) {
+                return Resolved::Held;
+            }
             match self.named.get(name) {
                 Some(s) => s.clone(),
                 None => {
@@ -299,9 +378,13 @@ impl Session {
                 }
             }
         };
+        if self.stmt_pending_across_sync(&cached) {
+            return Resolved::Held;
+        }
         if self.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &cached)) {
             self.shape_mismatch = None;
-            let e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, "cached plan must not change result type");
+            let mut e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, "cached plan must not change result type");
+            e.routine = Some("RevalidateCachedQuery");
             self.statement_error(e, Some(srv), false);
             return Resolved::Failed;
         }
@@ -330,7 +413,9 @@ impl Session {
                     b.put_u8(0);
                     b.put_slice(tail);
                 });
-                self.replies.push(Pending::with(Req::Bind, OnReply::Forward, Fx { uses: Some(s), ..Fx::default() }));
+                let replay_from = (self.tx_status == b'I' && !self.retried).then_some(self.frame_at);
+                let fx = Fx { uses: Some(s), replay_from, ..Fx::default() };
+                self.replies.push(Pending::with(Req::Bind, OnReply::Forward, fx));
             }
         }
         true
@@ -355,11 +440,9 @@ impl Session {
                     b.put_slice(s.server_name.as_bytes());
                     b.put_u8(0);
                 });
-                self.replies.push(Pending::with(
-                    Req::Describe,
-                    OnReply::Forward,
-                    Fx { uses: Some(s), ..Fx::default() },
-                ));
+                let replay_from = (self.tx_status == b'I' && !self.retried).then_some(self.frame_at);
+                let fx = Fx { uses: Some(s), replay_from, ..Fx::default() };
+                self.replies.push(Pending::with(Req::Describe, OnReply::Forward, fx));
             }
         }
         true
@@ -440,6 +523,10 @@ impl Session {
                 if self.named.contains_key(name.as_slice()) {
                     return self.statement_error(duplicate(&name), Some(srv), true);
                 }
+                let cap = self.registry().cfg.client_cap;
+                if self.named.len() >= cap {
+                    return self.statement_error(too_many(cap), Some(srv), true);
+                }
                 let registry = self.registry().clone();
                 let def = &text[rest..];
                 let mut k = std::mem::take(&mut self.key_buf);
@@ -447,11 +534,23 @@ impl Session {
                 let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
                 self.key_buf = k;
                 self.named.insert(name.clone().into(), stmt.clone());
+                let client_name = String::from_utf8_lossy(&name).into_owned();
                 let client = ClientFx::Named { name: name.into() };
                 if stmt.is_valid() || srv.stmts.has(&stmt) {
                     self.push_synth(Synth::TagAndReady("PREPARE"), Fx { client, ..Fx::default() });
                 } else {
                     self.ensure_on_server(srv, &stmt, OnReply::Inject, client);
+                    // Errors in the definition point into our PREPARE text: map them back.
+                    let ours = "PREPARE ".len() + stmt.server_name.len() + 1;
+                    let rename = Rename {
+                        server_name: stmt.server_name.clone(),
+                        client_name: client_name.into(),
+                        from: ours as i64 + 1,
+                        shift: char_len(&text[..rest]) - ours as i64,
+                    };
+                    if let Some(p) = self.replies.iter_mut_rev().find(|p| p.fx.server_parse.as_ref() == Some(&stmt)) {
+                        p.fx.rename = Some(Box::new(rename));
+                    }
                     self.replies.push(Pending::with(
                         Req::Execute,
                         OnReply::Synth(Synth::Tag("PREPARE")),
@@ -474,11 +573,14 @@ impl Session {
                     b.put_slice(&sql);
                     b.put_u8(0);
                 });
-                self.replies.push(Pending::with(
-                    Req::Query,
-                    OnReply::Forward,
-                    Fx { uses: Some(stmt), ..Fx::default() },
-                ));
+                let rename = Rename {
+                    server_name: stmt.server_name.clone(),
+                    client_name: String::from_utf8_lossy(&name).into(),
+                    from: char_len(&text[..span.start]) + stmt.server_name.len() as i64 + 1,
+                    shift: char_len(&text[span.clone()]) - stmt.server_name.len() as i64,
+                };
+                let fx = Fx { uses: Some(stmt), rename: Some(Box::new(rename)), ..Fx::default() };
+                self.replies.push(Pending::with(Req::Query, OnReply::Forward, fx));
             }
         }
     }
@@ -513,6 +615,78 @@ impl Session {
                 self.named.insert(name, stmt);
             }
         }
+    }
+
+    /// 0A000 or 26000 answered a Bind of a cached statement outside a transaction: when
+    /// PostgreSQL would not have failed (the client was never told the old row shape, or
+    /// its batch describes the portal; or the server merely lost the statement), prepare
+    /// the statement afresh and replay the client's batch from that Bind, hiding the error.
+    /// Only when that batch is the last thing sent, so nothing is reordered.
+    pub(super) fn try_retry(&mut self, stmt: &Arc<Statement>, code: &[u8], from: u32, srv: &mut ServerState) -> bool {
+        if self.retried || self.tx_status != b'I' || !self.batch.is_empty() {
+            return false;
+        }
+        let last_sync = self.replies.iter().position(|p| p.req == Req::Sync && !p.is_synth());
+        if last_sync != Some(self.replies.len() - 1) {
+            return false;
+        }
+        let Some(tail) = self.last_batch.get(from as usize..) else { return false };
+        if code == b"0A000" && self.described.contains(&stmt.id) && !describes_portal(tail) {
+            return false;
+        }
+        // The failed Bind and what the server skips after it.
+        if let Some(p) = self.replies.pop() {
+            self.rollback(p, srv);
+        }
+        while let Some(p) = self.replies.pop_unless_sync() {
+            self.rollback(p, srv);
+        }
+        // The Sync already sent: its ReadyForQuery is not the client's any more.
+        if let Some(p) = self.replies.head_mut() {
+            p.on_reply = OnReply::Skip;
+        }
+        let registry = self.registry().clone();
+        let fresh = if code == b"0A000" {
+            registry.mark_stale(stmt);
+            srv.stmts.remove(stmt);
+            self.close_on_server_quiet(stmt);
+            registry.current(stmt)
+        } else {
+            registry.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+            srv.stmts.clear();
+            stmt.clone()
+        };
+        for v in self.named.values_mut() {
+            if Arc::ptr_eq(v, stmt) {
+                *v = fresh.clone();
+            }
+        }
+        if let Unnamed::Cached(u) = &self.unnamed
+            && Arc::ptr_eq(u, stmt)
+        {
+            self.unnamed = Unnamed::Cached(fresh.clone());
+        }
+        registry.stats.retries.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(statement = %stmt.server_name, code = %String::from_utf8_lossy(code), "re-prepared and retried transparently");
+        self.retried = true;
+        let frames = std::mem::take(&mut self.last_batch);
+        let mut at = from as usize;
+        while let Ok(Some(n)) = crate::protocol::split_frame(&frames[at..], usize::MAX) {
+            if !self.on_client_linked(&frames[at..at + n], srv) {
+                break;
+            }
+            at += n;
+        }
+        true
+    }
+
+    fn close_on_server_quiet(&mut self, stmt: &Statement) {
+        write_msg(&mut self.to_server, tags::CLOSE, |b| {
+            b.put_u8(b'S');
+            b.put_slice(stmt.server_name.as_bytes());
+            b.put_u8(0);
+        });
+        self.replies.push(Pending::with(Req::Close, OnReply::Skip, Fx::default()));
     }
 
     /// An error answered a request that used a cached statement.

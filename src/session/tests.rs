@@ -523,11 +523,14 @@ fn stale_plan_starts_a_new_generation() {
     let reg = Arc::new(Registry::new(StmtConfig::default()));
     let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
     h.client(parse("s1", "select * from t"));
+    h.client(msg(b'D', b"Ss1\0"));
     h.client(sync());
-    h.server(msg(b'1', b""));
-    h.server(rfq(b'I'));
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), msg(b'T', b"\0\x01old"), rfq(b'I')] {
+        h.server(m);
+    }
     h.client_out();
     let old = h.server_out();
+    // The client was told the old shape: PostgreSQL's 0A000 reaches it.
     h.client(bind("s1"));
     h.client(execute());
     h.client(sync());
@@ -541,6 +544,32 @@ fn stale_plan_starts_a_new_generation() {
     let sent = h.server_out();
     assert_eq!(sent[0][0], b'P');
     assert_ne!(text(&sent[0]), text(&old[0]), "new generation, new server name");
+}
+
+#[test]
+fn stale_plan_is_retried_when_the_client_never_saw_the_old_shape() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    h.client(parse("s1", "select * from t"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    h.server_out();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    h.server_out();
+    h.server(msg(b'E', b"SERROR\0C0A000\0Mcached plan must not change result type\0\0"));
+    // Close of the stale statement, then the batch again on a new generation.
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(sent, "CPBES");
+    h.server(rfq(b'I')); // the first Sync's answer: hidden
+    for m in [msg(b'3', b""), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "2CZ", "no error, one ReadyForQuery");
+    assert_eq!(reg.stats.retries.load(Ordering::Relaxed), 1);
 }
 
 #[test]
@@ -646,4 +675,75 @@ fn same_shape_on_a_fresh_server_goes_on() {
         h.server(m);
     }
     assert_eq!(h.client_out(), "2CZ");
+}
+
+#[test]
+fn a_batch_ended_by_flush_keeps_the_server() {
+    // pg-cursor: Bind/Execute(max rows)/Flush outside a transaction; the portal lives in
+    // the implicit transaction until Sync, so the server must stay linked.
+    let mut h = H::cached();
+    h.client(parse("s", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.actions();
+    h.client(msg(b'B', b"c\0s\0\0\0\0\0\0\0"));
+    h.client(msg(b'E', b"c\0\0\0\0\x02"));
+    h.client(msg(b'H', b""));
+    for m in [msg(b'2', b""), msg(b'D', b"\0\0"), msg(b's', b"")] {
+        h.server(m);
+    }
+    assert_eq!(h.actions(), vec![Action::AcquireServer], "not released before Sync");
+    h.client(msg(b'E', b"c\0\0\0\0\x02"));
+    h.client(sync());
+    for m in [msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: true }]);
+}
+
+#[test]
+fn a_batch_behind_a_failing_parse_waits_for_its_outcome() {
+    let mut h = H::cached();
+    h.client(parse("s", "selec"));
+    h.client(sync());
+    h.client(parse("s", "select 1"));
+    h.client(sync());
+    assert_eq!(h.pending.len(), 2, "second Parse waits: does \"s\" exist?");
+    h.server(err("42601"));
+    h.server(rfq(b'I'));
+    // Now it is known that "s" does not exist: the second Parse goes through.
+    assert!(h.pending.is_empty());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "EZ1Z");
+}
+#[test]
+fn a_batch_behind_a_skipped_injected_parse_waits_for_its_outcome() {
+    let reg = Arc::new(Registry::new(StmtConfig { server_cap: 1, ..Default::default() }));
+    let mut h = H::new(PoolMode::Transaction, Some(reg));
+    h.client(parse("a", "select 'a'"));
+    h.client(parse("b", "select 'b'"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b'1', b""), rfq(b'I')] {
+        h.server(m);
+    }
+    h.client_out();
+    h.server_out();
+    for m in
+        [bind("a"), execute(), bind("unknown"), execute(), bind("b"), execute(), sync(), bind("b"), execute(), sync()]
+    {
+        h.client(m);
+    }
+    assert_eq!(h.pending.len(), 3, "the second batch waits: is b prepared there or was its Parse skipped?");
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(sent, "CCPBEDEPBES");
+    for m in [msg(b'3', b""), msg(b'3', b""), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0")] {
+        h.server(m);
+    }
+    h.server(msg(b'E', b"SERROR\0C26000\0Mprepared statement \"parsnip_probe\" does not exist\0\0"));
+    h.server(rfq(b'I'));
+    // b's Parse was skipped: the held batch now prepares it again.
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(sent, "PBES");
 }

@@ -56,6 +56,9 @@ pub struct Statement {
     /// The RowDescription (or NoData) frame a Describe of it returned: what clients that
     /// described it decode rows by.
     pub shape: std::sync::OnceLock<Box<[u8]>>,
+    /// Its registry key and parameter types, to make a new generation.
+    key: Box<[u8]>,
+    types: Box<[u8]>,
 }
 
 /// Statements are the same when they are the same server statement.
@@ -67,7 +70,7 @@ impl PartialEq for Statement {
 impl Eq for Statement {}
 
 impl Statement {
-    fn new(kind: StmtKind, query: &[u8], types: &[u8]) -> Statement {
+    fn new(key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Statement {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let server_name: Box<str> = format!("pn_{id}").into();
         let mut create = BytesMut::with_capacity(query.len() + types.len() + 32);
@@ -102,6 +105,8 @@ impl Statement {
             validated: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             shape: std::sync::OnceLock::new(),
+            key: key.into(),
+            types: types.into(),
         }
     }
 
@@ -139,6 +144,8 @@ pub struct StmtStats {
     pub promotions: AtomicU64,
     /// Statements found stale (0A000) or lost by a server (26000) and repaired.
     pub invalidations: AtomicU64,
+    /// Batches re-prepared and retried transparently after 0A000 or 26000.
+    pub retries: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -189,9 +196,15 @@ impl Registry {
         if g.map.len() >= self.cfg.registry_cap {
             g.map.retain(|_, s| Arc::strong_count(s) > 1);
         }
-        let s = Arc::new(Statement::new(kind, query, types));
+        let s = Arc::new(Statement::new(key, kind, query, types));
         g.map.insert(key.into(), s.clone());
         s
+    }
+
+    /// The current generation of `s`'s key (a new statement if `s` went stale).
+    pub fn current(&self, s: &Statement) -> Arc<Statement> {
+        let kind = if s.kind == StmtKind::Protocol { StmtKind::Protocol } else { StmtKind::Sql };
+        self.get_or_insert(&s.key, kind, &s.query, &s.types)
     }
 
     /// Counts a sighting of an unnamed statement; true when it should now be promoted.

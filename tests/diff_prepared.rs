@@ -1,0 +1,137 @@
+//! Differential tests of the prepared-statement cache (issue 3): every scenario in
+//! `tests/diff/*.txt` runs directly against PostgreSQL and through parsnip with a pool
+//! smaller than the number of clients, and the transcripts must match (see `diff/mod.rs`
+//! for the scenario format).
+//!
+//! Scenarios whose name starts with `intentional_` assert parsnip's intended behaviour
+//! where it differs from PostgreSQL on purpose (issue 3 "Behaviour" 5-7); their steps carry
+//! `parsnip:` / `alt:` expectations instead of transcript equality.
+//!
+//! `DIFF_SHOW=1 cargo test --test diff_prepared -- --nocapture` prints every transcript.
+
+mod diff;
+mod support;
+
+/// One `#[tokio::test]` per scenario, grouped by file; `$(#[...])*` carries `#[ignore]`.
+macro_rules! scenarios {
+    ($($file:ident => [$($(#[$meta:meta])* $name:ident),* $(,)?]),* $(,)?) => {
+        $(
+            mod $file {
+                pub const PATH: &str = concat!("tests/diff/", stringify!($file), ".txt");
+                pub const TEXT: &str = include_str!(concat!("diff/", stringify!($file), ".txt"));
+                pub const NAMES: &[&str] = &[$(stringify!($name)),*];
+                $(
+                    $(#[$meta])*
+                    #[tokio::test]
+                    async fn $name() {
+                        crate::diff::run(PATH, TEXT, stringify!($name)).await;
+                    }
+                )*
+            }
+        )*
+
+        /// Every scenario in the files has a test, and every test a scenario.
+        #[test]
+        fn every_scenario_has_a_test() {
+            $(
+                let mut in_file = diff::names($file::PATH, $file::TEXT);
+                in_file.sort();
+                let mut listed: Vec<String> = $file::NAMES.iter().map(|s| s.to_string()).collect();
+                listed.sort();
+                assert_eq!(in_file, listed, "scenarios of {} vs the test list", $file::PATH);
+            )*
+        }
+    };
+}
+
+scenarios! {
+    named => [
+        named_one_batch,
+        named_split_across_syncs_three_clients,
+        named_interleaved_transactions,
+        named_query_and_extended_in_one_write,
+        named_transaction_control_statements,
+        same_name_different_sql,
+        same_sql_different_names,
+        same_sql_different_param_types,
+        same_sql_different_search_path,
+        describe_statement_with_params,
+        concurrent_pipelines_three_clients,
+    ],
+    errors => [
+        parse_existing_name_42p05,
+        unknown_statement_and_portal,
+        failed_parse_name_reusable,
+        error_mid_pipeline,
+        error_mid_pipeline_injected_parse,
+        errors_in_transaction_25p02,
+        statements_survive_rollback,
+        failed_transaction_parse_then_reuse,
+    ],
+    unnamed => [
+        unnamed_across_syncs_other_client_between,
+        unnamed_dropped_as_postgres_drops_it,
+        unnamed_describe_then_bind_later,
+        unnamed_asyncpg_style,
+        promotion_repeated_unnamed,
+        promotion_in_transactions_and_errors,
+        promotion_disabled,
+    ],
+    sql => [
+        sql_prepare_execute_across_checkouts,
+        sql_and_protocol_share_namespace,
+        sql_prepare_case_and_quoting,
+        sql_deallocate_all_pipelined,
+        sql_discard_all_and_plans,
+        sql_prepare_in_transactions,
+        intentional_sql_in_multi_statement_query,
+    ],
+    portals_copy => [
+        flush_without_sync,
+        portal_suspended_in_transaction,
+        portal_suspended_flush_outside_transaction,
+        copy_from_stdin_extended,
+        copy_to_stdout_extended,
+    ],
+    invalidation => [
+        alter_shape_change_named,
+        alter_fresh_client_after_alter,
+        alter_column_type_change,
+        alter_shape_unchanged,
+        alter_inside_transaction,
+        alter_under_promoted_unnamed,
+        alter_sql_prepared,
+        intentional_retry_when_batch_describes_portal,
+        intentional_server_lost_statements,
+    ],
+    limits => [
+        eviction_rotation,
+        eviction_after_batch_over_cap,
+        eviction_with_flush_and_pipeline_errors,
+        registry_cap_rotation,
+        intentional_client_cap,
+    ],
+    regressions => [
+        pipelined_after_failed_parse_reuses_name,
+        pipelined_after_error_close_is_skipped,
+        pipelined_after_error_injected_parse,
+        pipelined_after_error_skipped_parse,
+        parse_existing_name_in_failed_transaction,
+        unnamed_survives_other_clients_query,
+        unnamed_dropped_by_own_query,
+        fresh_prepare_after_alter,
+        promoted_unnamed_after_alter,
+        flush_keeps_server_pinned,
+        sql_execute_errors_use_client_names,
+        intentional_sql_prepare_counts_toward_client_cap,
+    ],
+}
+
+/// The harness itself: a step whose answer differs from what it must be fails the test.
+#[tokio::test]
+#[should_panic(expected = "parsnip differs from its spec")]
+async fn harness_reports_a_difference() {
+    let text =
+        "=== harness_self_check\nA: Q \"SELECT 1 AS one\"\n  parsnip: T(one:int4); D[\"2\"]; C(SELECT 1); Z(I)\n";
+    diff::run("(inline)", text, "harness_self_check").await;
+}
