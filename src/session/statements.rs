@@ -57,6 +57,30 @@ fn duplicate(name: &[u8]) -> Error {
     )
 }
 
+/// Whether two RowDescription (or NoData) frames describe the same rows for a client:
+/// column names, types, type modifiers and formats. The table OID and column number
+/// are not compared (a table dropped and re-created the same way has other OIDs).
+fn same_shape(a: &[u8], b: &[u8]) -> bool {
+    fn columns(f: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
+        if f.first() != Some(&tags::ROW_DESCRIPTION) {
+            return Some(Vec::new());
+        }
+        let body = f.get(5..)?;
+        let n = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
+        let mut rest = &body[2..];
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let (name, r) = crate::protocol::read_cstr(rest)?;
+            // table oid (4), attnum (2), then type oid (4), typlen (2), typmod (4), format (2)
+            let fixed = r.get(..18)?;
+            out.push((name, &fixed[6..18]));
+            rest = &r[18..];
+        }
+        Some(out)
+    }
+    a.first() == b.first() && matches!((columns(a), columns(b)), (Some(x), Some(y)) if x == y)
+}
+
 /// True when the frames hold a Describe of a portal (the client learns the row shape anew).
 fn describes_portal(mut frames: &[u8]) -> bool {
     while let Ok(Some(n)) = crate::protocol::split_frame(frames, usize::MAX) {
@@ -163,6 +187,11 @@ impl Session {
         false
     }
 
+    /// A batch ended by Sync (or a Query) is still outstanding.
+    fn earlier_batch_in_flight(&self) -> bool {
+        self.replies.iter().any(|p| !p.is_synth() && matches!(p.req, Req::Sync | Req::Query))
+    }
+
     /// A transaction may use more statements than the cap (none of its own is evicted while
     /// it runs): bring the server back under the cap when the next client is linked.
     pub(super) fn trim_server_statements(&mut self, srv: &mut ServerState) {
@@ -234,7 +263,7 @@ impl Session {
     /// its clients; PostgreSQL would answer their next use with 0A000.
     pub(super) fn on_shape_checked(&mut self, stmt: &Arc<Statement>, frame: &[u8], srv: &mut ServerState) {
         self.hold = false;
-        if stmt.shape.get().is_some_and(|s| **s == *frame) {
+        if stmt.shape.get().is_some_and(|s| same_shape(s, frame)) {
             return;
         }
         tracing::debug!(statement = %stmt.server_name, "row shape changed since clients described it");
@@ -323,6 +352,14 @@ impl Session {
         if !local && srv.is_none() {
             return self.need_server();
         }
+        if local && self.earlier_batch_in_flight() {
+            // An earlier batch may still fail and abort the transaction, and then PostgreSQL
+            // answers this Parse with 25P02: wait for it before answering here.
+            return false;
+        }
+        // A fresh Parse is a new statement for the client: any description it had of an
+        // earlier one no longer applies.
+        self.described.remove(&stmt.id);
         let client_fx = if p.name.is_empty() {
             self.unnamed = Unnamed::Cached(stmt.clone());
             ClientFx::Unnamed

@@ -37,6 +37,24 @@ fn rfq(s: u8) -> Vec<u8> {
 fn err(code: &str) -> Vec<u8> {
     msg(b'E', format!("SERROR\0C{code}\0Mboom\0\0").as_bytes())
 }
+/// A RowDescription of int4 columns, with a given table OID.
+fn rowdesc(cols: &[&str], table: u32) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    write_msg(&mut b, b'T', |b| {
+        b.put_i16(cols.len() as i16);
+        for (i, c) in cols.iter().enumerate() {
+            b.put_slice(c.as_bytes());
+            b.put_u8(0);
+            b.put_u32(table);
+            b.put_i16(i as i16 + 1);
+            b.put_u32(23);
+            b.put_i16(4);
+            b.put_i32(-1);
+            b.put_i16(0);
+        }
+    });
+    b.to_vec()
+}
 fn frames(buf: &[u8]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut rest = buf;
@@ -610,8 +628,8 @@ fn error_before_the_client_sent_sync_skips_what_follows() {
 fn fresh_parse_with_a_different_row_shape_never_sends_rows() {
     let reg = Arc::new(Registry::new(StmtConfig::default()));
     let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
-    let rowdesc3 = msg(b'T', b"\0\x03three columns");
-    let rowdesc4 = msg(b'T', b"\0\x04four columns");
+    let rowdesc3 = rowdesc(&["a", "b", "c"], 1);
+    let rowdesc4 = rowdesc(&["a", "b", "c", "d"], 1);
     h.client(parse("s1", "select * from t"));
     h.client(msg(b'D', b"Ss1\0"));
     h.client(sync());
@@ -653,11 +671,12 @@ fn fresh_parse_with_a_different_row_shape_never_sends_rows() {
 fn same_shape_on_a_fresh_server_goes_on() {
     let reg = Arc::new(Registry::new(StmtConfig::default()));
     let mut h = H::new(PoolMode::Transaction, Some(reg));
-    let rowdesc = msg(b'T', b"\0\x01one");
+    // The same columns, from a table re-created since (another table OID).
+    let (before, after) = (rowdesc(&["one"], 1), rowdesc(&["one"], 2));
     h.client(parse("s1", "select 1"));
     h.client(msg(b'D', b"Ss1\0"));
     h.client(sync());
-    for m in [msg(b'1', b""), msg(b't', b"\0\0"), rowdesc.clone(), rfq(b'I')] {
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), before, rfq(b'I')] {
         h.server(m);
     }
     h.client_out();
@@ -667,7 +686,7 @@ fn same_shape_on_a_fresh_server_goes_on() {
     h.client(execute());
     h.client(sync());
     h.server_out();
-    for m in [msg(b'1', b""), msg(b't', b"\0\0"), rowdesc] {
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), after] {
         h.server(m);
     }
     assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BES");
@@ -746,4 +765,28 @@ fn a_batch_behind_a_skipped_injected_parse_waits_for_its_outcome() {
     // b's Parse was skipped: the held batch now prepares it again.
     let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
     assert_eq!(sent, "PBES");
+}
+
+#[test]
+fn a_local_parse_waits_for_an_earlier_batch_that_may_abort_the_transaction() {
+    let mut h = H::cached();
+    h.client(parse("s", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    // In a transaction: a failing batch, then a Parse of a known statement.
+    h.client(query("begin"));
+    h.client(parse("bad", "selec"));
+    h.client(sync());
+    h.client(parse("t", "select 1"));
+    h.client(sync());
+    assert_eq!(h.pending.len(), 2, "the Parse waits for the earlier batches");
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), err("42601"), rfq(b'E')] {
+        h.server(m);
+    }
+    // The transaction is aborted: the Parse goes to the server, which answers 25P02.
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert!(sent.ends_with("PS"), "{sent}");
+    assert!(h.pending.is_empty());
 }
