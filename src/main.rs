@@ -18,6 +18,19 @@ fn init_logging(cfg: &Config) {
     }
 }
 
+/// The runtime: `PARSNIP_WORKERS` worker threads (default: one per core).
+fn runtime_builder() -> tokio::runtime::Builder {
+    match std::env::var("PARSNIP_WORKERS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut embedded = None;
@@ -66,7 +79,7 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&cfg);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match runtime_builder().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("parsnip: cannot start runtime: {e}");

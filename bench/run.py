@@ -1,0 +1,1103 @@
+#!/usr/bin/env python3
+"""parsnip benchmark harness: pgbench -S directly against PostgreSQL, through parsnip and
+through PgBouncer, alternated in one run, printed as Markdown tables of throughput ratios,
+pooler CPU per transaction and latency.
+
+Python 3.11 standard library only. See bench/README.md and docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import platform
+import pwd
+import re
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+ALL_SYSTEMS = ("direct", "parsnip", "pgbouncer")
+ALL_MODES = ("simple", "extended", "prepared")
+DB = "bench"
+DB_USER = "postgres"
+
+# The two tables the issues ask for: (pool size, modes, client counts).
+TABLES = {
+    "issue2": (16, ("simple", "extended"), (16, 256)),
+    "issue3": (8, ("simple", "extended", "prepared"), (64,)),
+}
+
+_T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Procs:
+    """Every child process and temp dir this script owns, torn down in reverse order."""
+
+    def __init__(self) -> None:
+        self._cleanups: list = []
+
+    def push(self, fn) -> None:
+        self._cleanups.append(fn)
+
+    def remove(self, fn) -> None:
+        if fn in self._cleanups:
+            self._cleanups.remove(fn)
+
+    def cleanup(self) -> None:
+        while self._cleanups:
+            fn = self._cleanups.pop()
+            try:
+                fn()
+            except Exception as e:  # keep tearing down the rest
+                print(f"bench: cleanup step failed: {e}", file=sys.stderr)
+
+
+PROCS = Procs()
+
+
+def stop_process(p: subprocess.Popen, first=signal.SIGTERM, grace: float = 10.0) -> None:
+    """Stops one child we started, by its pid: `first`, then SIGKILL after `grace` seconds."""
+    if p.poll() is not None:
+        return
+    try:
+        p.send_signal(first)
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_tcp(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"exited with code {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise BenchError(f"not listening on 127.0.0.1:{port} after {timeout:.0f}s")
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime (clock ticks, all threads) of a process, from /proc/PID/stat."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of the full line
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all CPUs of the machine spent busy (user, nice, system, irq, softirq, steal)."""
+    f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def process_tree_s(root: int) -> float:
+    """CPU seconds of `root` (with its reaped children) plus its live children."""
+    total = 0.0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            data = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        f = data[data.rindex(")") + 2 :].split()
+        pid, ppid = int(d), int(f[1])
+        if pid == root:
+            total += sum(int(x) for x in f[11:15]) / CLK_TCK  # utime stime cutime cstime
+        elif ppid == root:
+            total += (int(f[11]) + int(f[12])) / CLK_TCK
+    return total
+
+
+def own_children_s() -> float:
+    """CPU seconds of this script and the children it has waited for (pgbench, psql)."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def tail(path: Path, n: int = 5) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def apt_install(pkg: str) -> bool:
+    """apt-get install -y PKG (running `apt-get update` once if the first attempt fails)."""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return False
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for attempt in range(2):
+        log(f"apt-get install -y {pkg}")
+        r = subprocess.run(["apt-get", "install", "-y", "-q", pkg], env=env, capture_output=True, text=True)
+        if r.returncode == 0:
+            return True
+        if attempt == 0:
+            log("apt-get install failed; running apt-get update")
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+    log(f"apt-get install {pkg} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    return False
+
+
+def service_user() -> pwd.struct_passwd | None:
+    """The unprivileged OS user to run PostgreSQL and PgBouncer as (None: ourselves)."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise BenchError("running as root and neither a 'postgres' nor a 'nobody' user exists")
+
+
+def as_user_kwargs(user: pwd.struct_passwd | None) -> dict:
+    if user is None:
+        return {}
+    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def find_pg_bindir(explicit: str | None, install: bool) -> Path:
+    def candidates():
+        if explicit:
+            yield Path(explicit)
+            return
+        yield Path("/usr/lib/postgresql/15/bin")
+        if shutil.which("pg_config"):
+            r = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
+            if r.returncode == 0:
+                yield Path(r.stdout.strip())
+        for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+            yield d
+
+    for d in candidates():
+        if (d / "initdb").exists() and (d / "postgres").exists() and (d / "pgbench").exists():
+            return d
+    if install and not explicit and apt_install("postgresql"):
+        return find_pg_bindir(None, install=False)
+    raise BenchError("PostgreSQL server binaries (initdb, postgres, pgbench) not found; install `postgresql`")
+
+
+class Postgres:
+    def __init__(self, bindir: Path, tmp: Path, user: pwd.struct_passwd | None) -> None:
+        self.bindir = bindir
+        self.tmp = tmp
+        self.user = user
+        self.data = tmp / "pgdata"
+        self.sock = tmp / "pgsock"
+        self.log_path = tmp / "postgres.log"
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.version = subprocess.run(
+            [str(bindir / "postgres"), "--version"], capture_output=True, text=True
+        ).stdout.strip()
+
+    def bin(self, name: str) -> str:
+        return str(self.bindir / name)
+
+    def start(self) -> None:
+        self.sock.mkdir()
+        if self.user:
+            os.chown(self.sock, self.user.pw_uid, self.user.pw_gid)
+        log(f"initdb ({self.version}) in {self.data}")
+        r = subprocess.run(
+            [self.bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", DB_USER, "-E", "UTF8", "--no-sync"],
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            **as_user_kwargs(self.user),
+        )
+        if r.returncode != 0:
+            raise BenchError(f"initdb failed: {r.stderr.strip() or r.stdout.strip()}")
+        # Settings go into postgresql.conf, not onto the command line, so that ALTER SYSTEM
+        # (used by --count-parses) can still override them.
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write(
+                "\n# parsnip bench\n"
+                f"port = {self.port}\n"
+                "listen_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.sock}'\n"
+                "fsync = off\n"
+                "synchronous_commit = off\n"
+                "full_page_writes = off\n"
+                "max_connections = 400\n"
+                "shared_buffers = 256MB\n"
+                "log_parser_stats = off\n"
+                "logging_collector = off\n"
+            )
+        logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [self.bin("postgres"), "-D", str(self.data)],
+            cwd=self.tmp,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            **as_user_kwargs(self.user),
+        )
+        logf.close()
+        PROCS.push(self.stop)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise BenchError(f"postgres exited ({self.proc.returncode}):\n{tail(self.log_path)}")
+            r = subprocess.run(
+                [self.bin("pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port), "-U", DB_USER],
+                capture_output=True,
+            )
+            if r.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"postgres not ready after 60s:\n{tail(self.log_path)}")
+            time.sleep(0.2)
+        log(f"PostgreSQL ready on 127.0.0.1:{self.port}")
+
+    def psql(self, sql: str, db: str = "postgres") -> str:
+        r = subprocess.run(
+            [self.bin("psql"), "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
+             "-p", str(self.port), "-U", DB_USER, "-d", db, "-c", sql],
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode != 0:
+            raise BenchError(f"psql {sql!r}: {r.stderr.strip()}")
+        return r.stdout.strip()
+
+    def init_pgbench(self, scale: int) -> None:
+        self.psql(f"CREATE DATABASE {DB}")
+        log(f"pgbench -i -s {scale}")
+        r = subprocess.run(
+            [self.bin("pgbench"), "-i", "-q", "-s", str(scale), "-h", "127.0.0.1", "-p", str(self.port),
+             "-U", DB_USER, DB],
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode != 0:
+            raise BenchError(f"pgbench -i failed: {r.stderr.strip()}")
+        self.psql("CHECKPOINT", DB)
+
+    def set_parser_stats(self, on: bool) -> None:
+        if on:
+            self.psql("ALTER SYSTEM SET log_parser_stats = on")
+        else:
+            self.psql("ALTER SYSTEM RESET log_parser_stats")
+        self.psql("SELECT pg_reload_conf()")
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def count_parses(self, start: int, end: int) -> int:
+        """'PARSER STATISTICS' lines the server logged between two byte offsets of its log."""
+        n = 0
+        with open(self.log_path, "rb") as f:
+            f.seek(start)
+            remaining = end - start
+            while remaining > 0:
+                line = f.readline(min(remaining, 1 << 20))
+                if not line:
+                    break
+                remaining -= len(line)
+                if b"PARSER STATISTICS" in line:
+                    n += 1
+        return n
+
+    def trim_log(self) -> None:
+        """Drops the (huge) stats output once counted; postgres appends, so truncation is safe."""
+        if self.log_size() > 64 << 20:
+            os.truncate(self.log_path, 0)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, signal.SIGINT, grace=20)  # fast shutdown
+            self.proc = None
+
+
+# --------------------------------------------------------------------------- poolers
+
+
+class Pooler:
+    name = "?"
+
+    def __init__(self, pg: Postgres, tmp: Path, pool_size: int) -> None:
+        self.pg = pg
+        self.tmp = tmp
+        self.pool_size = pool_size
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+        self.log_path = tmp / f"{self.name}.log"
+
+    def command(self) -> tuple[list[str], dict]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.port = free_port()
+        argv, kwargs = self.command()
+        logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, process_group=0,
+            cwd=self.tmp, **kwargs
+        )
+        logf.close()
+        PROCS.push(self.stop)
+        try:
+            wait_tcp(self.port, self.proc)
+        except BenchError as e:
+            self.stop()
+            last = tail(self.log_path, 3)
+            raise BenchError(f"{self.name} {e}" + (f": {last}" if last else "")) from None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def death_note(self) -> str:
+        code = self.proc.returncode if self.proc else None
+        last = tail(self.log_path, 1).strip()
+        return f"{self.name} exited with code {code}" + (f": {last}" if last else "")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, signal.SIGINT, grace=5)
+            PROCS.remove(self.stop)
+            self.proc = None
+
+
+class Parsnip(Pooler):
+    name = "parsnip"
+
+    def __init__(self, pg, tmp, pool_size, binary: Path, extra_config: list[str]) -> None:
+        super().__init__(pg, tmp, pool_size)
+        self.binary = binary
+        self.extra_config = extra_config
+
+    def command(self):
+        cfg = self.tmp / "parsnip.toml"
+        cfg.write_text('log_level = "warn"\nauth_type = "trust"\n' + "".join(f"{l}\n" for l in self.extra_config))
+        env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+        return (
+            [str(self.binary), f"postgres://{DB_USER}@127.0.0.1:{self.pg.port}/{DB}",
+             "--listen", f"127.0.0.1:{self.port}", "--pool-size", str(self.pool_size),
+             "--pool-mode", "transaction", "--max-client-conn", "2000", "-c", str(cfg)],
+            {"env": env},
+        )
+
+
+class PgBouncer(Pooler):
+    name = "pgbouncer"
+
+    def __init__(self, pg, tmp, pool_size, binary: Path, user) -> None:
+        super().__init__(pg, tmp, pool_size)
+        self.binary = binary
+        self.user = user
+
+    def command(self):
+        users = self.tmp / "pgbouncer-users.txt"
+        users.write_text(f'"{DB_USER}" ""\n')
+        ini = self.tmp / "pgbouncer.ini"
+        ini.write_text(
+            "[databases]\n"
+            f"{DB} = host=127.0.0.1 port={self.pg.port} dbname={DB} user={DB_USER}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {users}\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {self.pool_size}\n"
+            "max_client_conn = 2000\n"
+            "max_db_connections = 0\n"
+            "log_connections = 0\n"
+            "log_disconnections = 0\n"
+            "ignore_startup_parameters = extra_float_digits\n"
+        )
+        for p in (users, ini):
+            if self.user:
+                os.chown(p, self.user.pw_uid, self.user.pw_gid)
+        return [str(self.binary), str(ini)], as_user_kwargs(self.user)
+
+
+def pgbouncer_binary(install: bool) -> tuple[Path | None, str]:
+    """(binary, version) or (None, reason it is unavailable)."""
+
+    def find():
+        for c in (shutil.which("pgbouncer"), "/usr/sbin/pgbouncer"):
+            if c and Path(c).exists():
+                return Path(c)
+        return None
+
+    b = find()
+    if b is None and install and apt_install("pgbouncer"):
+        b = find()
+    if b is None:
+        return None, "pgbouncer not installed and could not be installed"
+    r = subprocess.run([str(b), "--version"], capture_output=True, text=True)
+    first = (r.stdout.strip() or r.stderr.strip()).splitlines()
+    return b, (first[0] if first else "PgBouncer ?")
+
+
+def parsnip_binary(explicit: str | None, build: bool) -> tuple[Path | None, str]:
+    if explicit:
+        b = Path(explicit)
+        return (b, "") if b.exists() else (None, f"{b} does not exist")
+    b = REPO / "target" / "release" / "parsnip"
+    if build:
+        log("cargo build --release")
+        r = subprocess.run(["cargo", "build", "--release", "--bin", "parsnip"], cwd=REPO, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            errs = [l for l in r.stderr.splitlines() if l.startswith("error")]
+            return None, "cargo build --release failed: " + (errs[0] if errs else r.stderr.strip()[-200:])
+    if not b.exists():
+        return None, f"{b} does not exist (run cargo build --release)"
+    return b, ""
+
+
+def git_describe() -> str:
+    def git(*args):
+        r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    rev = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock")
+    return rev + (" + uncommitted changes in src/" if dirty else "")
+
+
+# --------------------------------------------------------------------------- pgbench runs
+
+
+@dataclasses.dataclass
+class Case:
+    pool: int
+    mode: str
+    clients: int
+    latency: bool = False  # the one-client latency case
+
+    @property
+    def label(self) -> str:
+        return f"latency -c 1 -M {self.mode}" if self.latency else f"-S -M {self.mode}"
+
+
+@dataclasses.dataclass
+class Run:
+    system: str
+    pool: int
+    mode: str
+    clients: int
+    latency_case: bool
+    round: int
+    ok: bool = False
+    error: str = ""
+    tps: float | None = None
+    latency_ms: float | None = None
+    processed: int | None = None
+    failed_txns: int | None = None
+    errors_logged: int = 0  # error lines pgbench printed (e.g. a failed Prepare it carried on after)
+    aborted: bool = False
+    pooler_cpu_s: float | None = None
+    cpu_us_per_txn: float | None = None
+    server_parses: int | None = None
+    parses_per_1k: float | None = None
+    wall_s: float | None = None
+    other_load: float | None = None  # CPUs used by processes outside the benchmark during the run
+
+
+def first_error(text: str) -> str:
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    pick = next((l for l in lines if re.search(r"error|fatal|abort", l, re.I)), lines[0] if lines else "unknown error")
+    pick = re.sub(r"^pgbench: (error: )?", "", pick)
+    pick = re.sub(r"\s+", " ", pick)
+    return pick[:160]
+
+
+def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int) -> dict:
+    clients = case.clients
+    j = 1 if case.latency else max(1, min(jobs, clients))
+    argv = [pg.bin("pgbench"), "-n", "-S", "-M", case.mode, "-c", str(clients), "-j", str(j), "-T", str(duration),
+            "-h", "127.0.0.1", "-p", str(port), "-U", DB_USER, DB]
+    timeout = duration + 15 + clients * 0.05
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    kill = lambda: stop_process(p, signal.SIGTERM, grace=2)  # noqa: E731
+    PROCS.push(kill)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_process(p, signal.SIGTERM, grace=2)
+        out, err = p.communicate()
+        return {"ok": False, "error": f"pgbench hung: no result {timeout:.0f}s after start (killed)"}
+    finally:
+        PROCS.remove(kill)
+    res: dict = {"rc": p.returncode}
+    if m := re.search(r"tps = ([\d.]+) \(without initial connection time\)", out):
+        res["tps"] = float(m.group(1))
+    if m := re.search(r"latency average = ([\d.]+) ms", out):
+        res["latency_ms"] = float(m.group(1))
+    if m := re.search(r"number of transactions actually processed: (\d+)", out):
+        res["processed"] = int(m.group(1))
+    if m := re.search(r"number of failed transactions: (\d+)", out):
+        res["failed_txns"] = int(m.group(1))
+    res["aborted"] = "aborted" in (out + err).lower()
+    res["errors_logged"] = sum(1 for l in err.splitlines() if "error" in l.lower())
+    res["ok"] = p.returncode == 0 and not res["aborted"] and "tps" in res and res.get("processed", 0) > 0
+    if not res["ok"]:
+        res["error"] = first_error(err if err.strip() else out)
+    return res
+
+
+class Bench:
+    def __init__(self, args, pg: Postgres, tmp: Path, systems: list[str], parsnip_bin, pgb_bin, user) -> None:
+        self.args = args
+        self.pg = pg
+        self.tmp = tmp
+        self.systems = systems
+        self.parsnip_bin = parsnip_bin
+        self.pgb_bin = pgb_bin
+        self.user = user
+        self.skipped: dict[str, str] = {}
+        self.runs: list[Run] = []
+
+    def make_pooler(self, system: str, pool: int) -> Pooler:
+        if system == "parsnip":
+            return Parsnip(self.pg, self.tmp, pool, self.parsnip_bin, self.args.parsnip_config)
+        return PgBouncer(self.pg, self.tmp, pool, self.pgb_bin, self.user)
+
+    def start_pooler(self, system: str, pool: int) -> Pooler | None:
+        pooler = self.make_pooler(system, pool)
+        try:
+            pooler.start()
+        except (BenchError, OSError) as e:
+            log(f"{system} did not start: {e}")
+            return None
+        # Warm-up: open the pool's server connections before anything is measured (direct
+        # pgbench excludes its connection time; the poolers' server logins should not count).
+        warm = Case(pool, "simple", max(1, pool))
+        r = run_pgbench(self.pg, pooler.port, warm, 1, 2)
+        if not r["ok"]:
+            log(f"{system} warm-up failed: {r.get('error')}")
+        return pooler
+
+    def run_case(self, case: Case) -> None:
+        poolers: dict[str, Pooler | None] = {}
+        try:
+            for system in self.systems:
+                if system != "direct" and system not in self.skipped:
+                    poolers[system] = self.start_pooler(system, case.pool)
+            for rnd in range(1, self.args.rounds + 1):
+                for system in self.systems:
+                    if system in self.skipped:
+                        continue
+                    run = Run(system, case.pool, case.mode, case.clients, case.latency, rnd)
+                    self.measure(run, case, poolers, system)
+                    self.runs.append(run)
+                    self.report(run)
+                    time.sleep(self.args.pause)
+        finally:
+            for p in poolers.values():
+                if p is not None:
+                    p.stop()
+
+    def measure(self, run: Run, case: Case, poolers: dict, system: str) -> None:
+        pooler = None
+        port = self.pg.port
+        if system != "direct":
+            pooler = poolers.get(system)
+            if pooler is None or not pooler.alive():
+                if pooler is not None and pooler.proc is not None:
+                    log(f"{pooler.death_note()}; restarting it")
+                pooler = poolers[system] = self.start_pooler(system, case.pool)
+            if pooler is None:
+                run.error = f"{system} could not be started"
+                return
+            port = pooler.port
+        counting = self.args.count_parses
+        if counting:
+            self.pg.set_parser_stats(True)
+            time.sleep(0.3)
+            log_start = self.pg.log_size()
+        if self.args.settle:
+            self.settle()
+        ours = [p for p in poolers.values() if p is not None and p.alive()]
+        before = cpu_ticks(pooler.pid()) if pooler else None
+        load0 = self.load_snapshot(ours)
+        t0 = time.monotonic()
+        res = run_pgbench(self.pg, port, case, self.args.duration, self.args.jobs)
+        run.wall_s = round(time.monotonic() - t0, 2)
+        after = cpu_ticks(pooler.pid()) if pooler else None
+        load1 = self.load_snapshot(ours)
+        busy, mine = load1[0] - load0[0], load1[1] - load0[1]
+        run.other_load = round(max(0.0, busy - mine) / max(run.wall_s, 0.1), 2)
+        if counting:
+            log_end = self.pg.log_size()
+            self.pg.set_parser_stats(False)
+            run.server_parses = self.pg.count_parses(log_start, log_end)
+            self.pg.trim_log()
+        for k in ("tps", "latency_ms", "processed", "failed_txns", "aborted", "ok", "errors_logged"):
+            if k in res:
+                setattr(run, k, res[k])
+        run.error = res.get("error", "")
+        if pooler is not None and not pooler.alive():
+            run.ok = False
+            run.error = pooler.death_note()
+        elif pooler is not None and not run.ok:
+            # A failed or hung run may leave the pooler wedged: the next run gets a fresh one.
+            log(f"{system} failed this run; restarting it for the next one")
+            pooler.stop()
+        if before is not None and after is not None:
+            run.pooler_cpu_s = (after - before) / CLK_TCK
+        if run.processed:
+            if run.pooler_cpu_s is not None:
+                run.cpu_us_per_txn = run.pooler_cpu_s / run.processed * 1e6
+            if run.server_parses is not None:
+                run.parses_per_1k = run.server_parses / run.processed * 1000
+
+    def load_snapshot(self, poolers: list) -> tuple[float, float]:
+        """(machine busy CPU s, CPU s of everything this benchmark runs)."""
+        mine = own_children_s() + (process_tree_s(self.pg.proc.pid) if self.pg.proc else 0.0)
+        for p in poolers:
+            t = cpu_ticks(p.pid())
+            mine += (t or 0) / CLK_TCK
+        return machine_busy_s(), mine
+
+    def settle(self) -> None:
+        """Waits (up to --settle s) until other processes use less than --idle-load CPUs."""
+        deadline = time.monotonic() + self.args.settle
+        while True:
+            b0 = machine_busy_s()
+            time.sleep(0.5)
+            load = (machine_busy_s() - b0) / 0.5
+            if load <= self.args.idle_load or time.monotonic() >= deadline:
+                if load > self.args.idle_load:
+                    log(f"machine still busy ({load:.2f} CPUs) after --settle {self.args.settle:g}s; running anyway")
+                return
+
+    def report(self, r: Run) -> None:
+        load = f" [other load {r.other_load:.2f} CPUs]" if r.other_load is not None else ""
+        head = f"pool {r.pool} | {'latency ' if r.latency_case else ''}{r.mode} c={r.clients} | round {r.round} | {r.system}:"
+        if not r.ok:
+            extra = f" (partial: {r.tps:.0f} tps)" if r.tps else ""
+            log(f"{head} FAILED: {r.error}{extra}{load}")
+            return
+        parts = [f"{r.tps:.0f} tps", f"{r.latency_ms:.3f} ms"]
+        if r.cpu_us_per_txn is not None:
+            parts.append(f"cpu {r.cpu_us_per_txn:.1f} us/txn ({r.pooler_cpu_s:.2f} s)")
+        if r.failed_txns:
+            parts.append(f"{r.failed_txns} failed txns")
+        if r.errors_logged:
+            parts.append(f"{r.errors_logged} errors logged by pgbench")
+        if r.parses_per_1k is not None:
+            parts.append(f"{r.server_parses} parses ({r.parses_per_1k:.1f}/1k txn)")
+        log(f"{head} " + ", ".join(parts) + load)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def md(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def fmt_tps(r: Run | None) -> str:
+    if r is None:
+        return "—"
+    if not r.ok:
+        return f"FAILED: {r.error}"
+    s = f"{r.tps / 1000:.1f}k" if r.tps >= 1000 else f"{r.tps:.0f}"
+    if r.failed_txns:
+        s += f" ({r.failed_txns} failed)"
+    if r.errors_logged:
+        s += f" ({r.errors_logged} errors logged)"
+    return s
+
+
+def join_rounds(values: list[str]) -> str:
+    if not values:
+        return "—"
+    if len(values) > 1 and len(set(values)) == 1 and values[0].startswith("FAILED"):
+        return values[0].replace("FAILED", f"FAILED ({len(values)}/{len(values)} rounds)", 1)
+    if len(set(values)) == 1 and values[0] == "—":
+        return "—"
+    return ", ".join(values)
+
+
+def with_median(cells: list[str], nums: list[float], fmt: str) -> str:
+    s = join_rounds(cells)
+    if len(nums) >= 3:
+        s += f" (median {format(statistics.median(nums), fmt)})"
+    return s
+
+
+def render_table(pool: int, cases: list[Case], runs: list[Run], args, skipped: dict[str, str]) -> str:
+    cols = ["case", "clients", "direct TPS", "parsnip TPS", "parsnip/direct", "pgbouncer TPS", "pgbouncer/direct",
+            "parsnip µs CPU/txn", "pgbouncer µs CPU/txn", "latency (direct / parsnip / pgbouncer)"]
+    if args.count_parses:
+        cols.append("server parses per 1000 txn (direct / parsnip / pgbouncer)")
+    lines = [f"#### Pool of {pool} server connections (transaction mode)", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for case in cases:
+        sel = [r for r in runs if r.pool == pool and r.mode == case.mode and r.clients == case.clients
+               and r.latency_case == case.latency]
+        by: dict[str, dict[int, Run]] = {s: {} for s in ALL_SYSTEMS}
+        for r in sel:
+            by[r.system][r.round] = r
+        rounds = sorted({r.round for r in sel})
+
+        def tps_cell(system):
+            return join_rounds([fmt_tps(by[system].get(i)) for i in rounds])
+
+        def ratio_cell(system):
+            cells, nums = [], []
+            for i in rounds:
+                d, s = by["direct"].get(i), by[system].get(i)
+                if s is None or d is None:
+                    cells.append("—")
+                elif not s.ok:
+                    cells.append("FAILED")
+                elif not d.ok:
+                    cells.append("n/a")
+                else:
+                    nums.append(s.tps / d.tps)
+                    cells.append(f"{s.tps / d.tps:.2f}")
+            if cells and all(c == "FAILED" for c in cells):
+                return "FAILED"
+            return with_median(cells, nums, ".2f")
+
+        def cpu_cell(system):
+            cells, nums = [], []
+            for i in rounds:
+                s = by[system].get(i)
+                if s is None or not s.ok or s.cpu_us_per_txn is None:
+                    cells.append("—")
+                else:
+                    nums.append(s.cpu_us_per_txn)
+                    cells.append(f"{s.cpu_us_per_txn:.1f}")
+            if all(c == "—" for c in cells):
+                return "—"
+            return with_median(cells, nums, ".1f")
+
+        def med(system, attr):
+            vals = [getattr(r, attr) for r in by[system].values() if r.ok and getattr(r, attr) is not None]
+            return statistics.median(vals) if vals else None
+
+        if case.latency:
+            d = med("direct", "latency_ms")
+            parts = []
+            for s in ALL_SYSTEMS:
+                v = med(s, "latency_ms")
+                if v is None:
+                    parts.append(f"{s} " + ("FAILED" if by[s] else "—"))
+                elif s == "direct" or d is None:
+                    parts.append(f"{s} {v * 1000:.0f} µs")
+                else:
+                    parts.append(f"{s} {v * 1000:.0f} µs ({(v - d) * 1000:+.0f})")
+            lat = "; ".join(parts)
+        else:
+            vals = []
+            for s in ALL_SYSTEMS:
+                v = med(s, "latency_ms")
+                vals.append("FAILED" if v is None and by[s] else ("—" if v is None else f"{v:.2f}"))
+            lat = " / ".join(vals) + " ms"
+        row = [case.label, str(case.clients), tps_cell("direct"), tps_cell("parsnip"), ratio_cell("parsnip"),
+               tps_cell("pgbouncer"), ratio_cell("pgbouncer"), cpu_cell("parsnip"), cpu_cell("pgbouncer"), lat]
+        if args.count_parses:
+            vals = []
+            for s in ALL_SYSTEMS:
+                v = med(s, "parses_per_1k")
+                vals.append("—" if v is None else (f"{v:.1f}" if v < 100 else f"{v:.0f}"))
+            row.append(" / ".join(vals))
+        lines.append("| " + " | ".join(md(c) for c in row) + " |")
+    notes = []
+    if len({r.round for r in runs}) > 1:
+        notes.append("Comma-separated values are rounds 1, 2, …; each ratio divides a pooler's TPS by direct's "
+                     "TPS of the same round. Latency and parses are medians over rounds.")
+    loads = [r.other_load for r in runs if r.pool == pool and r.other_load is not None]
+    if loads:
+        notes.append(f"Other processes on the machine used {statistics.mean(loads):.2f} CPUs on average during "
+                     f"these runs (max {max(loads):.2f}, of {len(os.sched_getaffinity(0))}).")
+    for s, why in skipped.items():
+        notes.append(f"{s} not measured: {why}.")
+    if args.count_parses:
+        notes.append("Run with --count-parses: log_parser_stats was on during every run, which costs throughput.")
+    if notes:
+        lines += [""] + [f"- {md(n)}" for n in notes]
+    return "\n".join(lines)
+
+
+def machine_info() -> str:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+        mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, AttributeError):
+        pass
+    nproc = len(os.sched_getaffinity(0))
+    return f"{nproc} CPUs (nproc), {model}{mem}, Linux {platform.release()}"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_list(text: str, conv=str) -> list:
+    return [conv(x) for x in re.split(r"[,\s]+", text.strip()) if x]
+
+
+def build_cases(args) -> dict[int, list[Case]]:
+    tables = list(TABLES) if args.table == "all" else [args.table]
+    grid: dict[int, list[Case]] = {}
+    last_pool = None
+    for t in tables:
+        pool, modes, clients = TABLES[t]
+        pools = args.pool_size or [pool]
+        modes = args.modes or list(modes)
+        clients = args.clients or list(clients)
+        for p in pools:
+            lst = grid.setdefault(p, [])
+            for m in modes:
+                for c in clients:
+                    case = Case(p, m, c)
+                    if case not in lst:
+                        lst.append(case)
+            last_pool = p
+    if args.latency and last_pool is not None:
+        grid[last_pool].append(Case(last_pool, "prepared", 1, latency=True))
+    return grid
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        description="pgbench -S directly against PostgreSQL vs through parsnip vs through PgBouncer, "
+        "alternated in one run; prints Markdown tables of ratios.",
+    )
+    ap.add_argument("--table", choices=["issue2", "issue3", "all"], default="all",
+                    help="preset grid: issue2 = simple,extended x 16,256 clients, pool 16; issue3 = "
+                         "simple,extended,prepared x 64 clients, pool 8 (default: all)")
+    ap.add_argument("--pool-size", type=lambda s: parse_list(s, int), help="pool sizes, e.g. 16 or 16,8 "
+                    "(overrides the tables' pool sizes)")
+    ap.add_argument("--clients", type=lambda s: parse_list(s, int), help="client counts, e.g. 16,64,256")
+    ap.add_argument("--modes", type=parse_list, help="pgbench -M modes: simple,extended,prepared")
+    ap.add_argument("--systems", type=parse_list, default=list(ALL_SYSTEMS),
+                    help="direct,parsnip,pgbouncer (default all; direct is needed for ratios)")
+    ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
+    ap.add_argument("--rounds", type=int, help="rounds per case, systems alternated within each (default 2)")
+    ap.add_argument("--jobs", "-j", type=int, default=2, help="pgbench -j (default 2)")
+    ap.add_argument("--scale", type=int, default=10, help="pgbench -i -s (default 10)")
+    ap.add_argument("--quick", action="store_true", help="smoke check: -T 3, one round, 16 and 64 clients")
+    ap.add_argument("--no-latency", dest="latency", action="store_false",
+                    help="skip the one-client -M prepared latency case")
+    ap.add_argument("--count-parses", action="store_true",
+                    help="count server parses (log_parser_stats) during each run; costs throughput")
+    ap.add_argument("--out", help="append the tables, with date, machine and command, to this Markdown file")
+    ap.add_argument("--json", help="write every run's raw figures to this JSON file")
+    ap.add_argument("--parsnip-bin", help="parsnip binary (default: target/release/parsnip, built first)")
+    ap.add_argument("--parsnip-config", action="append", default=[], metavar="'KEY = VALUE'",
+                    help="extra line for parsnip's TOML config, e.g. 'prepared_statements = false' (repeatable)")
+    ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release first")
+    ap.add_argument("--pg-bindir", help="PostgreSQL bin directory (default: 15, else pg_config --bindir)")
+    ap.add_argument("--no-install", action="store_true", help="never apt-get install postgresql/pgbouncer")
+    ap.add_argument("--settle", type=float, default=0, help="before each run, wait up to this many seconds for "
+                    "other processes to go quiet (default 0: don't wait)")
+    ap.add_argument("--idle-load", type=float, default=0.3, help="CPUs of other load that count as quiet for "
+                    "--settle (default 0.3)")
+    ap.add_argument("--nice", type=int, default=0, help="run the whole benchmark (PostgreSQL, poolers, pgbench) "
+                    "at this niceness, e.g. -5 on a machine shared with builds (negative needs root)")
+    ap.add_argument("--pause", type=float, default=1.0, help="seconds between runs (default 1)")
+    ap.add_argument("--tmpdir", help="where to create the throwaway cluster (default: system temp dir)")
+    args = ap.parse_args(argv)
+
+    if args.quick:
+        args.duration = args.duration or 3
+        args.rounds = args.rounds or 1
+        args.clients = args.clients or [16, 64]
+    args.duration = args.duration or 10
+    args.rounds = args.rounds or 2
+    bad = [s for s in args.systems if s not in ALL_SYSTEMS] + [m for m in (args.modes or []) if m not in ALL_MODES]
+    if bad:
+        ap.error(f"unknown system/mode: {', '.join(bad)}")
+    systems = [s for s in ALL_SYSTEMS if s in args.systems]
+    grid = build_cases(args)
+    command = "python3 " + shlex.join([os.path.relpath(sys.argv[0], os.getcwd())] + argv)
+
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if args.nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by every child
+        except OSError as e:
+            ap.error(f"--nice {args.nice}: {e}")
+        # With autogroup scheduling (Linux default), niceness only ranks tasks within a session's
+        # group; the group's own niceness ranks it against other sessions' work.
+        try:
+            Path("/proc/self/autogroup").write_text(f"{args.nice}\n")
+        except OSError:
+            pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGHUP, on_sigterm)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536) if hard != resource.RLIM_INFINITY
+                                                        else 65536, hard))
+        except (ValueError, OSError):
+            pass
+
+    try:
+        return run_all(args, systems, grid, command)
+    except KeyboardInterrupt:
+        log("interrupted; cleaning up")
+        return 130
+    except BenchError as e:
+        log(f"error: {e}")
+        return 1
+    finally:
+        PROCS.cleanup()
+
+
+def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str) -> int:
+    user = service_user()
+    install = not args.no_install
+    skipped: dict[str, str] = {}
+    parsnip_bin = pgb_bin = None
+    pgb_version = ""
+    parsnip_version = ""
+    if "parsnip" in systems:
+        parsnip_bin, why = parsnip_binary(args.parsnip_bin, build=not args.no_build and not args.parsnip_bin)
+        if parsnip_bin is None:
+            skipped["parsnip"] = why
+        else:
+            parsnip_version = f"parsnip {git_describe()}" if not args.parsnip_bin else f"parsnip ({parsnip_bin})"
+    if "pgbouncer" in systems:
+        pgb_bin, why = pgbouncer_binary(install)
+        if pgb_bin is None:
+            skipped["pgbouncer"] = why
+        else:
+            pgb_version = why
+    bindir = find_pg_bindir(args.pg_bindir, install)
+
+    tmp = Path(tempfile.mkdtemp(prefix="parsnip-bench-", dir=args.tmpdir))
+    PROCS.push(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    if user:
+        os.chown(tmp, user.pw_uid, user.pw_gid)
+    if parsnip_bin is not None:
+        # Run one binary throughout, even if someone rebuilds target/release meanwhile.
+        copy = tmp / "parsnip-bin"
+        shutil.copy2(parsnip_bin, copy)
+        parsnip_bin = copy
+        digest = hashlib.sha256(copy.read_bytes()).hexdigest()[:12]
+        parsnip_version += f" (binary sha256 {digest}, built {datetime.datetime.fromtimestamp(copy.stat().st_mtime):%Y-%m-%d %H:%M})"
+
+    pg = Postgres(bindir, tmp, user)
+    pg.start()
+    pg.init_pgbench(args.scale)
+
+    bench = Bench(args, pg, tmp, systems, parsnip_bin, pgb_bin, user)
+    bench.skipped = skipped
+    # A pooler that cannot start at all is skipped for the whole run.
+    for s in ("parsnip", "pgbouncer"):
+        if s in systems and s not in skipped:
+            p = bench.make_pooler(s, 2)
+            try:
+                p.start()
+            except (BenchError, OSError) as e:
+                skipped[s] = f"could not start: {e}"
+            finally:
+                p.stop()
+    for s, why in skipped.items():
+        log(f"skipping {s}: {why}")
+
+    n_cases = sum(len(v) for v in grid.values())
+    n_sys = len([s for s in systems if s not in skipped])
+    est = n_cases * args.rounds * n_sys * (args.duration + args.pause + 1.5)
+    log(f"{n_cases} cases x {args.rounds} rounds x {n_sys} systems, -T {args.duration}: about {est / 60:.1f} min")
+    for pool, cases in grid.items():
+        for case in cases:
+            bench.run_case(case)
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = [
+        f"### Benchmark run {now}",
+        "",
+        f"- command: `{command}`",
+        f"- machine: {machine_info()}",
+        f"- {pg.version}: fsync, synchronous_commit and full_page_writes off, shared_buffers 256MB, "
+        f"max_connections 400; pgbench scale {args.scale}",
+        f"- pgbench -S -j {args.jobs} -T {args.duration}, {args.rounds} round(s), systems alternated "
+        f"({', '.join(s for s in systems if s not in skipped)}) within each case"
+        + (f", niceness {args.nice}" if args.nice else ""),
+    ]
+    if parsnip_version and "parsnip" not in skipped:
+        extra = "".join(f", `{l}`" for l in args.parsnip_config)
+        header.append(f"- {parsnip_version}, transaction mode{extra}")
+    if pgb_version and "pgbouncer" not in skipped:
+        header.append(f"- {pgb_version}, transaction mode, max_client_conn 2000")
+    body = [render_table(pool, cases, bench.runs, args, skipped) for pool, cases in grid.items()]
+    text = "\n".join(header) + "\n\n" + "\n\n".join(body) + "\n"
+    print(text, flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + text)
+        log(f"appended to {args.out}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in bench.runs], indent=1) + "\n")
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
