@@ -124,6 +124,8 @@ scenarios! {
         flush_keeps_server_pinned,
         sql_execute_errors_use_client_names,
         intentional_sql_prepare_counts_toward_client_cap,
+        alter_after_shape_seen_by_describe_portal,
+        promoted_unnamed_in_transaction_after_alter,
     ],
 }
 

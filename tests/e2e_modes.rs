@@ -218,3 +218,48 @@ async fn cancel_reaches_the_right_server() {
     })
     .await;
 }
+
+/// A cancel for a query still waiting for a server connection cancels it (57014), as
+/// PostgreSQL cancels a query that is running; the client goes on working.
+#[tokio::test]
+async fn cancel_reaches_a_query_waiting_for_a_server() {
+    const DB: &str = "cancelqueueddb";
+    create_db(DB);
+    let p = Parsnip::trust("pool_size = 1");
+    bounded(60, "cancel_reaches_a_query_waiting_for_a_server", async {
+        let holder = p.connect("postgres", SUPER_PW, DB).await;
+        holder.batch_execute("BEGIN").await.unwrap();
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let token = a.cancel_token();
+        let waiting = tokio::spawn(async move {
+            let r = a.simple_query("select pg_sleep(3)").await;
+            (r.map(|_| ()), a)
+        });
+        // Wait until the console shows a client waiting for the pool.
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let rows = console.simple_query("SHOW POOLS").await.unwrap();
+            let waiting_clients = rows.iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some(DB) => {
+                    r.get("cl_waiting").map(str::to_owned)
+                }
+                _ => None,
+            });
+            if waiting_clients.as_deref() == Some("1") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no client ever waited for the pool\n{}", p.log_tail());
+            tokio::task::yield_now().await;
+        }
+        let t0 = Instant::now();
+        token.cancel_query(NoTls).await.unwrap();
+        let (r, a) = within(Duration::from_secs(5), waiting).await.expect("cancelled in time").unwrap();
+        let e = expect_code(r, "57014", "queued query cancelled");
+        assert_eq!(e.message(), "canceling statement due to user request");
+        assert!(t0.elapsed() < Duration::from_secs(2), "cancel took {:?}", t0.elapsed());
+        holder.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(a.scalar("select 1").await.unwrap(), "1");
+    })
+    .await;
+}

@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug, Default)]
 pub struct CancelSlot {
     target: Mutex<Option<Arc<CancelTarget>>>,
+    /// Woken by a cancel that arrives while the client waits for a server.
+    queued: tokio::sync::Notify,
 }
 
 impl CancelSlot {
@@ -22,6 +24,11 @@ impl CancelSlot {
     /// The client was unlinked.
     pub fn clear(&self) {
         *self.target.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+    /// Completes when a cancel arrives for this client while it has no server (its request
+    /// is waiting in the pool's queue).
+    pub async fn cancelled_while_queued(&self) {
+        self.queued.notified().await
     }
     fn get(&self) -> Option<Arc<CancelTarget>> {
         self.target.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -63,7 +70,11 @@ impl CancelRegistry {
                 }
             }
         };
-        let Some(t) = slot.get() else { return };
+        let Some(t) = slot.get() else {
+            // Not linked: its request (if any) is still waiting for a server.
+            slot.queued.notify_waiters();
+            return;
+        };
         let conn = if t.host.starts_with('/') {
             tokio::net::UnixStream::connect(format!("{}/.s.PGSQL.{}", t.host, t.port)).await.map(Stream::Unix)
         } else {

@@ -239,7 +239,15 @@ impl Proxy {
         // not in every idle client's task.
         let got = match self.pool.try_acquire() {
             Some(c) => Ok(c),
-            None => Box::pin(self.pool.acquire()).await,
+            None => {
+                let slot = self.slot.clone();
+                tokio::select! {
+                    r = Box::pin(self.pool.acquire()) => r,
+                    _ = slot.cancelled_while_queued() => {
+                        Err(Error::new(SqlState::QUERY_CANCELED, "canceling statement due to user request"))
+                    }
+                }
+            }
         };
         match got {
             Ok(mut s) => {

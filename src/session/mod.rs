@@ -106,6 +106,8 @@ pub struct Session {
     described: std::collections::HashSet<u64>,
     /// A transparent retry is in flight: never retry it again.
     retried: bool,
+    /// The portal and statement of the last Bind of a cached statement.
+    last_bind: Option<(Box<[u8]>, Arc<Statement>)>,
     /// ParameterDescription of a Describe S of a cached statement, held until the row
     /// description arrives (a stale statement errors in between, and is then retried).
     param_desc: Option<Vec<u8>>,
@@ -144,6 +146,7 @@ impl Session {
             described: std::collections::HashSet::new(),
             retried: false,
             param_desc: None,
+            last_bind: None,
         }
     }
 
@@ -501,7 +504,7 @@ impl Session {
             if let OnReply::ShapeCheck(s) = &head.on_reply {
                 let s = s.clone();
                 self.on_shape_checked(&s, frame, server);
-            } else if let Some(s) = &head.fx.uses
+            } else if let Some(s) = head.fx.uses.as_ref().or(head.fx.portal_of.as_ref())
                 && head.on_reply == OnReply::Forward
             {
                 // What this client is told the statement returns.

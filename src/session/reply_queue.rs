@@ -132,6 +132,8 @@ pub struct Fx {
     pub uses: Option<Arc<Statement>>,
     /// The client-side change.
     pub client: ClientFx,
+    /// A Describe of a portal bound from this cached statement.
+    pub portal_of: Option<Arc<Statement>>,
     /// For a client Bind of a cached statement outside a transaction: where the Bind starts
     /// in the client's batch, so the batch can be replayed after a re-prepare.
     pub replay_from: Option<u32>,

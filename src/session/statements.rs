@@ -58,8 +58,8 @@ fn duplicate(name: &[u8]) -> Error {
 }
 
 /// Whether two RowDescription (or NoData) frames describe the same rows for a client:
-/// column names, types, type modifiers and formats. The table OID and column number
-/// are not compared (a table dropped and re-created the same way has other OIDs).
+/// column names, types and type modifiers. The table OID and column number are not
+/// compared (a table dropped and re-created the same way has other OIDs).
 fn same_shape(a: &[u8], b: &[u8]) -> bool {
     fn columns(f: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
         if f.first() != Some(&tags::ROW_DESCRIPTION) {
@@ -71,9 +71,10 @@ fn same_shape(a: &[u8], b: &[u8]) -> bool {
         let mut out = Vec::new();
         for _ in 0..n {
             let (name, r) = crate::protocol::read_cstr(rest)?;
-            // table oid (4), attnum (2), then type oid (4), typlen (2), typmod (4), format (2)
+            // table oid (4), attnum (2), then type oid (4), typlen (2), typmod (4), format (2):
+            // formats follow the Bind, which is the same on every server.
             let fixed = r.get(..18)?;
-            out.push((name, &fixed[6..18]));
+            out.push((name, &fixed[6..16]));
             rest = &r[18..];
         }
         Some(out)
@@ -309,7 +310,14 @@ impl Session {
         let cached = if p.name.is_empty() {
             // Unnamed: promoted to a cached statement once seen often enough.
             let reuse = match &self.unnamed {
-                Unnamed::Cached(s) if *s.query == *p.query && !s.stale.load(Ordering::Relaxed) => Some(s.clone()),
+                Unnamed::Cached(s)
+                    if *s.query == *p.query
+                        && !s.stale.load(Ordering::Relaxed)
+                        && self.tx_status == b'I'
+                        && !self.earlier_batch_in_flight() =>
+                {
+                    Some(s.clone())
+                }
                 _ => None,
             };
             match reuse {
@@ -319,7 +327,10 @@ impl Session {
                     self.key_buf = key;
                     return self.need_server();
                 }
-                None if !in_failed_tx && registry.see_unnamed(&key) => {
+                // Promoted only outside transactions, with no earlier batch in flight: a promoted
+                // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and
+                // only there can that be retried transparently.
+                None if self.tx_status == b'I' && !self.earlier_batch_in_flight() && registry.see_unnamed(&key) => {
                     Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
                 }
                 None => None,
@@ -451,6 +462,7 @@ impl Session {
                     b.put_slice(tail);
                 });
                 let replay_from = (self.tx_status == b'I' && !self.retried).then_some(self.frame_at);
+                self.last_bind = Some((portal.into(), s.clone()));
                 let fx = Fx { uses: Some(s), replay_from, ..Fx::default() };
                 self.replies.push(Pending::with(Req::Bind, OnReply::Forward, fx));
             }
@@ -464,7 +476,11 @@ impl Session {
             return true;
         };
         if kind == b'P' {
-            self.forward(frame, Req::Describe);
+            // A portal of a cached statement: its description tells the client the
+            // statement's row shape as well.
+            let portal_of = self.last_bind.as_ref().filter(|(p, _)| **p == *name).map(|(_, s)| s.clone());
+            self.to_server.extend_from_slice(frame);
+            self.replies.push(Pending::with(Req::Describe, OnReply::Forward, Fx { portal_of, ..Fx::default() }));
             return true;
         }
         match self.resolve(name, srv) {
