@@ -1,0 +1,819 @@
+#!/usr/bin/env python3
+"""The driver matrix: real PostgreSQL drivers run real workloads, directly against
+PostgreSQL and then through parsnip in transaction mode (drivers/README.md is the contract
+between this runner and the scenarios).
+
+    python3 drivers/run.py                    # every scenario of every drivers/*/scenarios.json
+    python3 drivers/run.py --only psycopg     # scenarios (or drivers) whose name starts so
+    python3 drivers/run.py --skip-setup --clients 20 --keep
+
+Stdlib only. Prints one line per scenario and a final `driver-matrix: N passed, M failed`;
+exits non-zero when any scenario failed (through parsnip, or directly: a broken scenario).
+Rewrites the table between the `<!-- driver-matrix -->` markers of the top-level README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DRIVERS = REPO / "drivers"
+CACHE = DRIVERS / ".cache"
+README = REPO / "README.md"
+DB_USER = "postgres"
+POOL_SIZE = 4
+MAX_PREPARED = 20
+DEFAULT_TIMEOUT_S = 120
+BEGIN_MARK, END_MARK = "<!-- driver-matrix -->", "<!-- /driver-matrix -->"
+
+_T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def out(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class MatrixError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- processes
+
+_cleanups: list = []
+
+
+def stop_process(p: subprocess.Popen, first=signal.SIGTERM, grace: float = 10.0) -> None:
+    """Stops one child we started, by its pid: `first`, then SIGKILL after `grace` seconds."""
+    if p.poll() is not None:
+        return
+    try:
+        p.send_signal(first)
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def kill_group(p: subprocess.Popen) -> None:
+    """Kills the process group of a child started with start_new_session (its own group)."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_tcp(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise MatrixError(f"exited with code {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise MatrixError(f"not listening on 127.0.0.1:{port} after {timeout:.0f}s")
+
+
+def tail(path: Path, n: int = 5) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def service_user() -> pwd.struct_passwd | None:
+    """The OS user PostgreSQL runs as: `postgres` when we are root (initdb refuses root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        raise MatrixError("running as root and there is no 'postgres' user (apt-get install postgresql)") from None
+
+
+def as_user(user: pwd.struct_passwd | None) -> dict:
+    return {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def find_pg_bindir() -> Path:
+    def candidates():
+        yield Path("/usr/lib/postgresql/15/bin")
+        if shutil.which("pg_config"):
+            r = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
+            if r.returncode == 0:
+                yield Path(r.stdout.strip())
+        yield from sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+
+    for d in candidates():
+        if all((d / b).exists() for b in ("initdb", "postgres", "psql", "pg_isready")):
+            return d
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        log("PostgreSQL server binaries missing: apt-get install postgresql")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+        r = subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], env=env, capture_output=True, text=True)
+        if r.returncode == 0:
+            for d in candidates():
+                if (d / "initdb").exists():
+                    return d
+    raise MatrixError("PostgreSQL server binaries (initdb, postgres, psql) not found; install `postgresql`")
+
+
+class Postgres:
+    """A throwaway cluster: trust auth, 127.0.0.1, a free port, 400 connections. Its log
+    line prefix carries the pid and database, so the parses of a parsnip run can be
+    counted from PostgreSQL's side."""
+
+    def __init__(self, bindir: Path, tmp: Path, user) -> None:
+        self.bindir, self.tmp, self.user = bindir, tmp, user
+        self.data = tmp / "pgdata"
+        self.sock = tmp / "pgsock"
+        self.log_path = tmp / "postgres.log"
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        r = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, text=True)
+        self.version = r.stdout.strip().replace("postgres (PostgreSQL) ", "PostgreSQL ")
+
+    def start(self) -> None:
+        self.sock.mkdir()
+        if self.user:
+            os.chown(self.sock, self.user.pw_uid, self.user.pw_gid)
+        log(f"initdb ({self.version})")
+        r = subprocess.run(
+            [str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", DB_USER, "-E", "UTF8",
+             "--no-sync"],
+            cwd=self.tmp, capture_output=True, text=True, **as_user(self.user),
+        )
+        if r.returncode != 0:
+            raise MatrixError(f"initdb failed: {r.stderr.strip() or r.stdout.strip()}")
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write(
+                "\n# parsnip driver matrix\n"
+                f"port = {self.port}\n"
+                "listen_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.sock}'\n"
+                "max_connections = 400\n"
+                "fsync = off\n"
+                "synchronous_commit = off\n"
+                "full_page_writes = off\n"
+                "shared_buffers = 128MB\n"
+                "logging_collector = off\n"
+                "log_line_prefix = '%m [%p] %d '\n"
+            )
+        logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(self.bindir / "postgres"), "-D", str(self.data)], cwd=self.tmp, stdin=subprocess.DEVNULL,
+            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, **as_user(self.user),
+        )
+        logf.close()
+        _cleanups.append(self.stop)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise MatrixError(f"postgres exited ({self.proc.returncode}):\n{tail(self.log_path)}")
+            r = subprocess.run(
+                [str(self.bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port), "-U", DB_USER],
+                capture_output=True,
+            )
+            if r.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise MatrixError(f"postgres not ready after 60s:\n{tail(self.log_path)}")
+            time.sleep(0.2)
+        log(f"PostgreSQL ready on 127.0.0.1:{self.port}")
+
+    def psql(self, sql: str, db: str = "postgres", port: int | None = None) -> list[list[str]]:
+        r = subprocess.run(
+            [str(self.bindir / "psql"), "-X", "-A", "-t", "-q", "-F", "\t", "-v", "ON_ERROR_STOP=1",
+             "-h", "127.0.0.1", "-p", str(port or self.port), "-U", DB_USER, "-d", db, "-c", sql],
+            capture_output=True, text=True, timeout=60,
+        )
+        if r.returncode != 0:
+            raise MatrixError(f"psql {sql!r}: {r.stderr.strip()}")
+        return [line.split("\t") for line in r.stdout.splitlines() if line]
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, signal.SIGINT, grace=20)  # fast shutdown
+            self.proc = None
+
+
+class Parsnip:
+    """parsnip in front of the cluster: transaction mode, pool_size 4, 20 statements per
+    server connection, the admin console open (trust)."""
+
+    def __init__(self, binary: Path, pg: Postgres, db: str, work: Path) -> None:
+        self.binary, self.pg, self.db, self.work = binary, pg, db, work
+        self.port = free_port()
+        self.log_path = work / f"parsnip-{db}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        cfg = self.work / f"parsnip-{self.db}.toml"
+        cfg.write_text(
+            'pool_mode = "transaction"\n'
+            f"pool_size = {POOL_SIZE}\n"
+            f"max_prepared_statements = {MAX_PREPARED}\n"
+            'auth_type = "trust"\n'
+            'log_level = "warn"\n'
+            "max_client_conn = 5000\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+        logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(self.binary), f"postgres://{DB_USER}@127.0.0.1:{self.pg.port}/{self.db}",
+             "--listen", f"127.0.0.1:{self.port}", "-c", str(cfg)],
+            stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=self.work, env=env,
+        )
+        logf.close()
+        _cleanups.append(self.stop)
+        try:
+            wait_tcp(self.port, self.proc)
+        except MatrixError as e:
+            self.stop()
+            raise MatrixError(f"parsnip {e}: {tail(self.log_path, 3)}") from None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, signal.SIGINT, grace=5)
+            if self.stop in _cleanups:
+                _cleanups.remove(self.stop)
+            self.proc = None
+
+
+def build_parsnip() -> Path:
+    log("cargo build --release --bin parsnip")
+    r = subprocess.run(["cargo", "build", "--release", "--bin", "parsnip"], cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        errs = [line for line in r.stderr.splitlines() if line.startswith("error")]
+        raise MatrixError("cargo build --release failed: " + (errs[0] if errs else r.stderr.strip()[-300:]))
+    return REPO / "target" / "release" / "parsnip"
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    driver: str
+    dir: Path
+    version_cmd: list[str]
+    setup: list[list[str]]
+    run: list[str]
+    timeout_s: float
+    setup_inputs: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        for p in (self.driver + "-", self.driver + "_", self.dir.name + "-", self.dir.name + "_"):
+            if self.name.startswith(p):
+                return self.name[len(p):]
+        return self.name if self.name != self.driver else "default"
+
+
+def discover() -> tuple[list[Scenario], list[str]]:
+    """Every scenario of every drivers/*/scenarios.json, and the problems found reading them."""
+    found, problems = [], []
+    for f in sorted(DRIVERS.glob("*/scenarios.json")):
+        try:
+            entries = json.loads(f.read_text())
+            for e in entries:
+                found.append(Scenario(
+                    name=e["name"], driver=e.get("driver", f.parent.name), dir=f.parent,
+                    version_cmd=list(e.get("version_cmd") or []), setup=[list(c) for c in e.get("setup") or []],
+                    run=list(e["run"]), timeout_s=float(e.get("timeout_s", DEFAULT_TIMEOUT_S)),
+                    setup_inputs=[str(x) for x in e.get("setup_inputs") or []],
+                ))
+        except (ValueError, KeyError, TypeError) as e:
+            problems.append(f"{f.relative_to(REPO)}: {type(e).__name__}: {e}")
+    names = [s.name for s in found]
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"scenario name {n!r} is used more than once")
+    return found, problems
+
+
+def selected(s: Scenario, only: list[str]) -> bool:
+    return not only or any(s.name.startswith(p) or s.driver.startswith(p) or s.dir.name.startswith(p) for p in only)
+
+
+def input_hash(d: Path, setup: list[list[str]], inputs: list[str] | None) -> str:
+    """What setup depends on: its commands and the files named by `setup_inputs`, or, when
+    no scenario names any, every file of the driver directory that git does not ignore
+    (so build outputs don't count)."""
+    h = hashlib.sha256(json.dumps(setup).encode())
+    r = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *(inputs or ["."])], cwd=d,
+                       capture_output=True)
+    if r.returncode == 0:
+        files = sorted(set(p for p in r.stdout.decode().split("\0") if p) | set(inputs or []))
+    else:
+        files = sorted(inputs or (str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()))
+    for rel in files:
+        p = d / rel
+        if p.is_file():
+            h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def outputs_present(d: Path, scenarios: list[Scenario]) -> bool:
+    """Whether the paths the run commands name (arguments with a '/', relative to the
+    driver directory) exist: a deleted venv or build output makes setup run again."""
+    for s in scenarios:
+        for arg in s.run:
+            if "/" in arg and not arg.startswith("-") and not (d / arg).exists():
+                return False
+    return True
+
+
+def run_setup(d: Path, scenarios: list[Scenario], skip: bool) -> tuple[bool, str, float]:
+    """Runs the directory's setup commands once (the union of its scenarios', in order),
+    unless done before with the same inputs. (ok, note, seconds)."""
+    cmds: list[list[str]] = []
+    for s in scenarios:
+        for c in s.setup:
+            if c not in cmds:
+                cmds.append(c)
+    if skip or not cmds:
+        return True, "skipped" if skip else "nothing to do", 0.0
+    stamp = CACHE / f"{d.name}.setup.json"
+    inputs = sorted({i for s in scenarios for i in s.setup_inputs})
+    digest = input_hash(d, cmds, inputs or None)
+    try:
+        if json.loads(stamp.read_text()).get("hash") == digest and outputs_present(d, scenarios):
+            return True, "cached (inputs unchanged)", 0.0
+    except (OSError, ValueError):
+        pass
+    t0 = time.monotonic()
+    logf = CACHE / f"{d.name}.setup.log"
+    CACHE.mkdir(exist_ok=True)
+    with open(logf, "w") as f:
+        for c in cmds:
+            log(f"setup {d.relative_to(REPO)}: {' '.join(c)}")
+            f.write(f"$ {' '.join(c)}\n")
+            f.flush()
+            try:
+                r = subprocess.run(c, cwd=d, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   timeout=1800)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return False, f"`{' '.join(c)}`: {e}", time.monotonic() - t0
+            if r.returncode != 0:
+                return False, f"`{' '.join(c)}` exited {r.returncode}: {tail(logf, 3)}", time.monotonic() - t0
+    stamp.write_text(json.dumps({"hash": digest, "at": datetime.datetime.now().isoformat(timespec="seconds")}))
+    return True, "installed", time.monotonic() - t0
+
+
+_versions: dict = {}
+
+
+def driver_version(s: Scenario) -> str:
+    if not s.version_cmd:
+        return "?"
+    key = (str(s.dir), tuple(s.version_cmd))
+    if key not in _versions:
+        try:
+            r = subprocess.run(s.version_cmd, cwd=s.dir, capture_output=True, text=True, timeout=120)
+            lines = (r.stdout.strip() or r.stderr.strip()).splitlines()
+            _versions[key] = lines[0].strip() if r.returncode == 0 and lines else "?"
+        except (OSError, subprocess.TimeoutExpired):
+            _versions[key] = "?"
+    return _versions[key]
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclasses.dataclass
+class ModeResult:
+    mode: str  # direct | parsnip
+    status: str = "SKIP"  # PASS | FAIL | TIMEOUT | SKIP
+    secs: float = 0.0
+    result: dict = dataclasses.field(default_factory=dict)
+    problems: list[str] = dataclasses.field(default_factory=list)
+    counters: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+    def get(self, k: str) -> int:
+        v = self.result.get(k)
+        return v if isinstance(v, int) else 0
+
+
+def db_name(s: Scenario, mode: str) -> str:
+    return re.sub(r"[^a-z0-9_]", "_", f"dm_{s.name}_{mode}".lower())[:60]
+
+
+def run_scenario_process(s: Scenario, mode: str, env_extra: dict, work: Path, mr: ModeResult) -> None:
+    env = dict(os.environ, **env_extra)
+    stem = work / f"{s.name}.{mode}"
+    t0 = time.monotonic()
+    with open(f"{stem}.out", "wb") as so, open(f"{stem}.err", "wb") as se:
+        try:
+            p = subprocess.Popen(s.run, cwd=s.dir, env=env, stdin=subprocess.DEVNULL, stdout=so, stderr=se,
+                                 start_new_session=True)
+        except OSError as e:
+            mr.status, mr.problems = "FAIL", [f"could not start {s.run}: {e}"]
+            return
+        try:
+            rc = p.wait(timeout=s.timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(p)
+            rc = None
+        except BaseException:  # Ctrl-C, SIGTERM: the scenario runs in its own session
+            kill_group(p)
+            raise
+    mr.secs = time.monotonic() - t0
+    lines = [line for line in Path(f"{stem}.out").read_text(errors="replace").splitlines() if line.strip()]
+    try:
+        mr.result = json.loads(lines[-1]) if lines else {}
+        if not isinstance(mr.result, dict):
+            raise ValueError
+    except ValueError:
+        mr.result = {}
+    if rc is None:
+        mr.status = "TIMEOUT"
+        mr.problems.append(f"killed after {s.timeout_s:.0f}s (timeout_s)")
+    elif not mr.result:
+        mr.status = "FAIL"
+        mr.problems.append(f"exit code {rc}, no JSON result line; stderr: {tail(Path(f'{stem}.err'), 6)}")
+    elif rc != 0 or mr.result.get("ok") is not True or mr.get("errors") != 0:
+        mr.status = "FAIL"
+        mr.problems.append(f"exit code {rc}, ok={mr.result.get('ok')}, errors={mr.result.get('errors')}")
+    else:
+        mr.status = "PASS"
+
+
+PARSE_RE = re.compile(r"\[(\d+)\] (\S*) LOG:\s+duration: [\d.]+ ms\s+(parse|bind|execute|statement) ?([^:]*): ?(.*)")
+
+
+def scan_pg_log(pg: Postgres, start: int, db: str) -> dict:
+    """What PostgreSQL logged (log_min_duration_statement = 0 for this database) since byte
+    `start`: Parses of parsnip's named statements (pn_N, also as SQL PREPARE pn_N), the
+    backends that received them, unnamed Parses, and executions."""
+    named, pairs, names, pids = 0, set(), set(), set()
+    unnamed = executes = 0
+    with open(pg.log_path, "rb") as f:
+        f.seek(start)
+        for raw in f:
+            if b" LOG:  duration: " not in raw:
+                continue
+            m = PARSE_RE.search(raw.decode(errors="replace"))
+            if not m or m.group(2) != db:
+                continue
+            pid, kind, name, text = m.group(1), m.group(3), m.group(4).strip(), m.group(5)
+            if kind == "parse":
+                pm = re.match(r"PREPARE (pn_\d+)", text) if name == "<unnamed>" else None
+                stmt = name if name.startswith("pn_") else (pm.group(1) if pm else None)
+                if stmt:
+                    named += 1
+                    names.add(stmt)
+                    pids.add(pid)
+                    pairs.add((pid, stmt))
+                else:
+                    unnamed += 1
+            elif kind in ("execute", "statement"):
+                executes += 1
+    return {"pg_named_parses": named, "pg_statements": len(names), "pg_backends": len(pids),
+            "pg_first_parses": len(pairs), "pg_unnamed_parses": unnamed, "pg_executions": executes}
+
+
+def console_counters(pg: Postgres, port: int, db: str) -> dict | None:
+    rows = pg.psql("SHOW PREPARED_STATEMENTS", db="parsnip", port=port)
+    cols = ("database", "user", "cached", "client_parses", "server_parses", "hits", "evictions", "promotions",
+            "invalidations")
+    for r in rows:
+        if len(r) >= len(cols) and r[0] == db:
+            return {k: (int(v) if k not in ("database", "user") else v) for k, v in zip(cols, r)}
+    return None
+
+
+def dirty_backends(pg: Postgres, db: str) -> list[list[str]]:
+    """Backends of `db` not idle (idle in transaction, still active), polled for 5 s so
+    that parsnip has time to roll back or close what disconnected clients left."""
+    deadline = time.monotonic() + 5
+    while True:
+        rows = pg.psql(
+            "SELECT pid, state, coalesce(application_name, ''), left(regexp_replace(query, '\\s+', ' ', 'g'), 100)"
+            f" FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend' AND state IS DISTINCT FROM 'idle'"
+        )
+        if not rows or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
+def check_parsnip_run(pg: Postgres, px: Parsnip, db: str, log_start: int, mr: ModeResult) -> None:
+    """After a parsnip run: parsnip alive and not panicking, no dirty server connection,
+    and server Parses bounded (the bound is documented in drivers/README.md)."""
+    problems = []
+    if not px.alive():
+        problems.append(f"parsnip died (exit {px.proc.returncode if px.proc else '?'}): {tail(px.log_path, 3)}")
+    else:
+        try:
+            c = console_counters(pg, px.port, db)
+            if c is None:
+                problems.append(f"SHOW PREPARED_STATEMENTS has no row for database {db}")
+            else:
+                mr.counters.update(c)
+        except (MatrixError, subprocess.TimeoutExpired) as e:
+            problems.append(f"admin console: {e}")
+    plog = px.log_path.read_text(errors="replace") if px.log_path.exists() else ""
+    if "panicked" in plog:
+        problems.append("parsnip panicked: " + next(line for line in plog.splitlines() if "panicked" in line)[:300])
+    for pid, state, app, query in dirty_backends(pg, db):
+        problems.append(f"server connection left {state!r} (pid {pid}, application_name {app!r}): {query}")
+    mr.counters.update(scan_pg_log(pg, log_start, db))
+    c = mr.counters
+    if "server_parses" in c:
+        sp, pgp = c["server_parses"], c["pg_named_parses"]
+        bound = c["pg_statements"] * c["pg_backends"] + c["evictions"] + c["invalidations"] * MAX_PREPARED
+        c["bound"] = bound
+        if pgp > bound:
+            problems.append(
+                f"server Parses (PostgreSQL's count) {pgp} > bound {bound} = {c['pg_statements']} statements x"
+                f" {c['pg_backends']} server connections + {c['evictions']} evictions + {c['invalidations']}"
+                f" invalidations x {MAX_PREPARED}")
+        if pgp > sp:
+            problems.append(f"PostgreSQL logged {pgp} Parses of parsnip's statements, parsnip counted {sp}")
+    mr.problems += problems
+    if problems and mr.status == "PASS":
+        mr.status = "FAIL"
+
+
+def run_mode(s: Scenario, mode: str, pg: Postgres, parsnip_bin: Path | None, work: Path, clients: int,
+             keep: bool) -> ModeResult:
+    mr = ModeResult(mode)
+    db = db_name(s, mode)
+    try:
+        pg.psql(f"DROP DATABASE IF EXISTS {db}")
+        pg.psql(f"CREATE DATABASE {db}")
+    except MatrixError as e:
+        mr.status, mr.problems = "FAIL", [str(e)]
+        return mr
+    direct_url = f"postgres://{DB_USER}@127.0.0.1:{pg.port}/{db}"
+    env = {"DIRECT_URL": direct_url, "DIRECT_PORT": str(pg.port), "CLIENTS": str(clients),
+           "TARGET_HOST": "127.0.0.1", "TARGET_DB": db, "TARGET_USER": DB_USER,
+           "SCENARIO_TIMEOUT_S": str(int(s.timeout_s))}
+    if mode == "direct":
+        env.update(TARGET_URL=direct_url, TARGET_PORT=str(pg.port), VIA_PARSNIP="0")
+        run_scenario_process(s, mode, env, work, mr)
+    else:
+        assert parsnip_bin is not None
+        pg.psql(f"ALTER DATABASE {db} SET log_min_duration_statement = 0")
+        px = Parsnip(parsnip_bin, pg, db, work)
+        try:
+            px.start()
+        except MatrixError as e:
+            mr.status, mr.problems = "FAIL", [str(e)]
+            return mr
+        try:
+            log_start = pg.log_size()
+            env.update(TARGET_URL=f"postgres://{DB_USER}@127.0.0.1:{px.port}/{db}", TARGET_PORT=str(px.port),
+                       VIA_PARSNIP="1")
+            run_scenario_process(s, mode, env, work, mr)
+            check_parsnip_run(pg, px, db, log_start, mr)
+        finally:
+            px.stop()
+    if not keep:
+        try:
+            pg.psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        except MatrixError as e:
+            log(f"drop {db}: {e}")
+    return mr
+
+
+def compare_expected(direct: ModeResult, px: ModeResult) -> None:
+    """Errors counted as expected through parsnip must be of a kind the direct run shows
+    too (PostgreSQL raises them); otherwise they are parsnip's."""
+    if not direct.passed or px.status != "PASS":
+        return
+    dk, pk = direct.result.get("expected_kinds"), px.result.get("expected_kinds")
+    if isinstance(dk, dict) and isinstance(pk, dict):
+        extra = {k: v for k, v in pk.items() if v and not dk.get(k)}
+        if extra:
+            px.status = "FAIL"
+            px.problems.append(f"expected errors {extra} through parsnip that the direct run did not raise")
+    elif px.get("expected_errors") and not direct.get("expected_errors"):
+        px.status = "FAIL"
+        px.problems.append(f"{px.get('expected_errors')} expected errors through parsnip, none directly")
+
+
+# --------------------------------------------------------------------------- README table
+
+
+def git_rev() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    rev = r.stdout.strip() if r.returncode == 0 else "unknown"
+    d = subprocess.run(["git", "status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock"], cwd=REPO,
+                       capture_output=True, text=True)
+    return rev + ("+dirty" if d.stdout.strip() else "")
+
+
+def status_cell(mr: ModeResult) -> str:
+    return {"PASS": "pass", "FAIL": "**FAIL**", "TIMEOUT": "**TIMEOUT**"}.get(mr.status, mr.status.lower())
+
+
+def update_readme(rows: dict[str, list[str]], known: list[Scenario], header: str) -> bool:
+    """Rewrites the table between the markers: this run's rows, plus the rows of earlier
+    runs for scenarios that still exist and were not run this time."""
+    text = README.read_text()
+    if BEGIN_MARK not in text or END_MARK not in text:
+        text = text.rstrip("\n") + f"\n\n## Driver matrix\n\n{BEGIN_MARK}\n{END_MARK}\n"
+    head, rest = text.split(BEGIN_MARK, 1)
+    old, tail_text = rest.split(END_MARK, 1)
+    by_cells = {(s.driver, s.mode): s.name for s in known}
+    merged: dict[str, list[str]] = {}
+    for line in old.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 10 and (cells[0], cells[2]) in by_cells:
+            merged[by_cells[(cells[0], cells[2])]] = cells
+    merged.update(rows)
+    order = {s.name: i for i, s in enumerate(known)}
+    table = [
+        "| driver | version | mode | direct | parsnip | transactions | errors | expected errors"
+        " | server Parses (bound) | run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in sorted(merged, key=lambda n: order.get(n, 1 << 30)):
+        table.append("| " + " | ".join(merged[name]) + " |")
+    block = f"{BEGIN_MARK}\n{header}\n\n" + "\n".join(table) + f"\n{END_MARK}"
+    README.write_text(head + block + tail_text)
+    return True
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", default=[], metavar="PREFIX",
+                    help="run scenarios whose name (or driver, or directory) starts with PREFIX (repeatable,"
+                         " or comma-separated)")
+    ap.add_argument("--skip-setup", action="store_true", help="don't run the drivers' setup commands")
+    ap.add_argument("--clients", type=int, default=100, help="CLIENTS given to each scenario (default 100)")
+    ap.add_argument("--keep", action="store_true",
+                    help="don't clean up: keep the temp dir (PostgreSQL data and log, parsnip logs, scenario"
+                         " output) and the scenario databases")
+    ap.add_argument("--no-build", action="store_true", help="use target/release/parsnip as it is")
+    ap.add_argument("--no-readme", action="store_true", help="don't rewrite the table in README.md")
+    args = ap.parse_args()
+    only = [p for o in args.only for p in o.split(",") if p]
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+
+    everything, problems = discover()
+    for p in problems:
+        out(f"driver-matrix: scenarios.json problem: {p}")
+    scenarios = [s for s in everything if selected(s, only)]
+    if not scenarios:
+        out(f"driver-matrix: no scenario matches {only or 'anything'}")
+        out(f"driver-matrix: 0 passed, {1 if problems else 0} failed")
+        return 1
+    user = service_user()
+    tmp = Path(tempfile.mkdtemp(prefix="parsnip-drivers-"))
+    if user:
+        os.chown(tmp, user.pw_uid, user.pw_gid)
+    work = tmp / "work"
+    work.mkdir()
+    passed = failed = 0
+    rows: dict[str, list[str]] = {}
+    pg = None
+    t_setup = t_run = 0.0
+    try:
+        parsnip_bin = REPO / "target" / "release" / "parsnip"
+        if not args.no_build:
+            parsnip_bin = build_parsnip()
+        if not parsnip_bin.exists():
+            raise MatrixError(f"{parsnip_bin} does not exist")
+        setup_failed: dict[Path, str] = {}
+        for d in sorted({s.dir for s in scenarios}):
+            ok, note, secs = run_setup(d, [s for s in everything if s.dir == d], args.skip_setup)
+            t_setup += secs
+            log(f"setup drivers/{d.name}: {'ok' if ok else 'FAILED'}, {note} ({secs:.1f}s)")
+            if not ok:
+                setup_failed[d] = note
+        pg = Postgres(find_pg_bindir(), tmp, user)
+        pg.start()
+        rev = git_rev()
+        today = datetime.date.today().isoformat()
+        for s in scenarios:
+            if s.dir in setup_failed:
+                failed += 1
+                out(f"driver-matrix: {s.name} direct=SKIP parsnip=SKIP tx=0 errors=0 expected=0 server_parses=0")
+                out(f"  setup failed: {setup_failed[s.dir]}")
+                continue
+            version = driver_version(s)
+            log(f"{s.name} ({version}): direct")
+            direct = run_mode(s, "direct", pg, None, work, args.clients, args.keep)
+            log(f"{s.name}: direct {direct.status} in {direct.secs:.1f}s; through parsnip")
+            px = run_mode(s, "parsnip", pg, parsnip_bin, work, args.clients, args.keep)
+            log(f"{s.name}: parsnip {px.status} in {px.secs:.1f}s")
+            t_run += direct.secs + px.secs
+            compare_expected(direct, px)
+            ok = direct.passed and px.passed
+            passed += ok
+            failed += not ok
+            sp = px.counters.get("server_parses", 0)
+            out(f"driver-matrix: {s.name} direct={direct.status} parsnip={px.status} tx={px.get('transactions')}"
+                f" errors={px.get('errors')} expected={px.get('expected_errors')} server_parses={sp}")
+            if not direct.passed:
+                out("  BROKEN SCENARIO: it fails against PostgreSQL directly")
+            c = px.counters
+            if "bound" in c:
+                out(f"  parsnip: {px.secs:.1f}s; server Parses: parsnip counted {sp}, PostgreSQL logged"
+                    f" {c['pg_named_parses']}, bound {c['bound']} ({c['pg_statements']} statements x"
+                    f" {c['pg_backends']} server connections + {c['evictions']} evictions + {c['invalidations']}"
+                    f" invalidations x {MAX_PREPARED}); {c['pg_unnamed_parses']} unnamed Parses,"
+                    f" {c['pg_executions']} executions; client Parses {c['client_parses']}, hits {c['hits']},"
+                    f" promotions {c['promotions']}")
+            for mr in (direct, px):
+                if not mr.passed or mr.result.get("expected_errors"):
+                    out(f"  {mr.mode}: {mr.status} in {mr.secs:.1f}s; {mr.result.get('detail', '')}"[:2000])
+                for p in mr.problems:
+                    out(f"  {mr.mode}: {p}"[:2000])
+            if "bound" in c:
+                over = c["pg_named_parses"] > c["bound"]
+                bound = f"{sp} ({'**over** ' if over else ''}bound {c['bound']})"
+            else:
+                bound = "–"
+            rows[s.name] = [s.driver, version, s.mode, status_cell(direct), status_cell(px),
+                            str(px.get("transactions")), str(px.get("errors")), str(px.get("expected_errors")),
+                            bound, f"{today} {rev}"]
+        failed += len(problems)
+        if not args.no_readme and rows:
+            header = (f"Generated by `python3 drivers/run.py` (last run of each scenario; do not edit by hand)."
+                      f" {pg.version}; parsnip in transaction mode, `pool_size = {POOL_SIZE}`,"
+                      f" `max_prepared_statements = {MAX_PREPARED}`; {args.clients} client connections per"
+                      f" scenario. *direct* is the same scenario against PostgreSQL itself.")
+            update_readme(rows, everything, header)
+    except MatrixError as e:
+        out(f"driver-matrix: error: {e}")
+        failed += 1
+    except KeyboardInterrupt:
+        out("driver-matrix: interrupted")
+        failed += 1
+    finally:
+        while _cleanups:
+            fn = _cleanups.pop()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001
+                log(f"cleanup: {e}")
+        if args.keep:
+            log(f"kept {tmp} (restart PostgreSQL: {pg.bindir if pg else '<bindir>'}/postgres -D {tmp}/pgdata)")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"setup {t_setup:.1f}s, scenario runs {t_run:.1f}s, total {time.monotonic() - _T0:.1f}s")
+    out(f"driver-matrix: {passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
