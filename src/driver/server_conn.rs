@@ -284,31 +284,7 @@ impl ServerConn {
     /// Runs `sql` with the simple protocol and waits for ReadyForQuery, dropping all replies.
     /// True when it succeeded and left the server idle outside a transaction.
     pub async fn run_internal(&mut self, sql: &str, timeout: Duration) -> bool {
-        let fut = async {
-            let mut out = BytesMut::new();
-            frontend::query(&mut out, sql);
-            self.stream.write_all(&out).await.ok()?;
-            let mut ok = true;
-            loop {
-                let f = read_frame(&mut self.stream, &mut self.rbuf).await.ok()?;
-                match f[0] {
-                    tags::ERROR_RESPONSE => ok = false,
-                    tags::PARAMETER_STATUS => {
-                        if let Some((k, v)) = backend::parameter_status_fields(body(&f))
-                            && let Some(name) = tracked_name(k)
-                        {
-                            self.state.settings.set_reported(name, v);
-                        }
-                    }
-                    tags::READY_FOR_QUERY => {
-                        self.state.tx_status = f.get(5).copied().unwrap_or(b'E');
-                        return Some(ok && self.state.tx_status == b'I');
-                    }
-                    _ => {}
-                }
-            }
-        };
-        matches!(tokio::time::timeout(timeout, fut).await, Ok(Some(true)))
+        self.run_checked(sql, timeout).await.is_ok() && self.state.tx_status == b'I'
     }
 
     /// Runs `sql` (simple protocol); Err with the first ErrorResponse frame (None: the

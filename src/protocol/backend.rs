@@ -83,40 +83,26 @@ pub fn negotiate_protocol_version(buf: &mut BytesMut, minor: i32, unknown: &[&st
 }
 /// ErrorResponse with severity, SQLSTATE and message.
 pub fn error_response(buf: &mut BytesMut, severity: &str, code: &str, message: &str) {
-    notice_like(buf, tags::ERROR_RESPONSE, severity, code, message);
+    error_response_routine(buf, severity, code, message, None);
 }
 /// ErrorResponse with an optional routine field.
 pub fn error_response_routine(buf: &mut BytesMut, severity: &str, code: &str, message: &str, routine: Option<&str>) {
-    write_msg(buf, tags::ERROR_RESPONSE, |b| {
-        b.put_u8(b'S');
-        put_cstr(b, severity.as_bytes());
-        b.put_u8(b'V');
-        put_cstr(b, severity.as_bytes());
-        b.put_u8(b'C');
-        put_cstr(b, code.as_bytes());
-        b.put_u8(b'M');
-        put_cstr(b, message.as_bytes());
+    notice_like(buf, tags::ERROR_RESPONSE, severity, code, message, routine);
+}
+/// NoticeResponse.
+pub fn notice_response(buf: &mut BytesMut, severity: &str, code: &str, message: &str) {
+    notice_like(buf, tags::NOTICE_RESPONSE, severity, code, message, None);
+}
+fn notice_like(buf: &mut BytesMut, tag: u8, severity: &str, code: &str, message: &str, routine: Option<&str>) {
+    write_msg(buf, tag, |b| {
+        for (field, value) in [(b'S', severity), (b'V', severity), (b'C', code), (b'M', message)] {
+            b.put_u8(field);
+            put_cstr(b, value.as_bytes());
+        }
         if let Some(r) = routine {
             b.put_u8(b'R');
             put_cstr(b, r.as_bytes());
         }
-        b.put_u8(0);
-    });
-}
-/// NoticeResponse.
-pub fn notice_response(buf: &mut BytesMut, severity: &str, code: &str, message: &str) {
-    notice_like(buf, tags::NOTICE_RESPONSE, severity, code, message);
-}
-fn notice_like(buf: &mut BytesMut, tag: u8, severity: &str, code: &str, message: &str) {
-    write_msg(buf, tag, |b| {
-        b.put_u8(b'S');
-        put_cstr(b, severity.as_bytes());
-        b.put_u8(b'V');
-        put_cstr(b, severity.as_bytes());
-        b.put_u8(b'C');
-        put_cstr(b, code.as_bytes());
-        b.put_u8(b'M');
-        put_cstr(b, message.as_bytes());
         b.put_u8(0);
     });
 }
