@@ -19,7 +19,7 @@ cargo clippy --all-targets --quiet -- -D warnings
 echo "== cargo test"
 log=$(mktemp)
 set +e
-cargo test --all-targets >"$log" 2>&1
+cargo test --all-targets --no-fail-fast >"$log" 2>&1
 status=$?
 set -e
 grep -E "^(test result|     Running|failures:|---- |thread .* panicked)|FAILED" "$log" || true

@@ -716,18 +716,23 @@ async fn server_parses_each_statement_once_per_server_connection() {
         }
         assert!(parsnip_prep.script() <= stmts * parsnip_prep.pids().len() as u64, "{ctx}");
 
-        // -M extended with promotion: the first PROMOTE_AFTER - 1 sightings of a text are
-        // parsed as plain unnamed statements; from then on it is a cached named statement,
-        // parsed once per server connection.
+        // -M extended with promotion: unnamed statements are promoted only outside
+        // transactions (inside one, a promoted statement gone stale under DDL could not be
+        // retried, where PostgreSQL re-parses unnamed statements and never fails). In the
+        // TPC-B script that is BEGIN: its first PROMOTE_AFTER - 1 sightings are parsed as
+        // plain unnamed statements, then once per server connection. The statements inside
+        // the transaction are parsed at every execution, as PostgreSQL itself does.
         let ctx = parsnip_promo.detail();
         let conns = parsnip_promo.pids().len() as u64;
         for (text, n) in parsnip_promo.per_statement() {
-            let bound = conns + PROMOTE_AFTER - 1;
-            assert!(n <= bound, "{text:?} parsed {n} times over {conns} server connections (at most {bound})\n{ctx}");
-        }
-        for ((pid, text), n) in &parsnip_promo.by_backend {
-            if is_script_statement(text) {
-                assert!(*n <= PROMOTE_AFTER, "backend {pid} parsed {text:?} {n} times\n{ctx}");
+            if text.trim_end_matches(';').eq_ignore_ascii_case("BEGIN") {
+                let bound = conns + PROMOTE_AFTER - 1;
+                assert!(
+                    n <= bound,
+                    "{text:?} parsed {n} times over {conns} server connections (at most {bound})\n{ctx}"
+                );
+            } else {
+                assert!(n >= txns, "{text:?} inside transactions parsed {n} times for {txns} executions\n{ctx}");
             }
         }
 

@@ -190,7 +190,11 @@ impl Session {
 
     /// A batch ended by Sync (or a Query) is still outstanding.
     fn earlier_batch_in_flight(&self) -> bool {
-        self.replies.iter().any(|p| !p.is_synth() && matches!(p.req, Req::Sync | Req::Query))
+        // The pooler's own queries (settings replayed at link) run outside any transaction
+        // and cannot abort the client's.
+        self.replies.iter().any(|p| {
+            !p.is_synth() && p.purpose == super::reply_queue::Purpose::Client && matches!(p.req, Req::Sync | Req::Query)
+        })
     }
 
     /// A transaction may use more statements than the cap (none of its own is evicted while
@@ -661,7 +665,10 @@ impl Session {
             ClientFx::Unnamed => {
                 self.unnamed = Unnamed::None;
                 if srv.stmts.unnamed_owner.is_some_and(|(u, _)| u == self.uid) {
-                    srv.stmts.unnamed_owner = None;
+                    // A failed plain Parse "" dropped the server's unnamed statement; a failed
+                    // promoted one (a named server Parse) left it there, but it is no longer
+                    // this client's: a later Bind "" must get 26000, as from PostgreSQL.
+                    srv.stmts.unnamed_owner = if p.fx.server_parse.is_some() { Some((u64::MAX, 0)) } else { None };
                 }
             }
             ClientFx::Closed { name, stmt } => {
