@@ -126,6 +126,7 @@ scenarios! {
         intentional_sql_prepare_counts_toward_client_cap,
         alter_after_shape_seen_by_describe_portal,
         promoted_unnamed_in_transaction_after_alter,
+        extended_deallocate_all_from_another_client,
     ],
 }
 

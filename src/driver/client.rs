@@ -288,6 +288,10 @@ impl Proxy {
     /// Feeds the whole frames read so far to the session, until one needs a server.
     /// True when something happened (frames consumed or actions queued).
     fn feed_client(&mut self) -> bool {
+        if let Some(mut replay) = self.session.take_replay() {
+            replay.extend_from_slice(&self.cbuf);
+            self.cbuf = BytesMut::from(&replay[..]);
+        }
         if self.cbuf.is_empty() || self.session.is_closing() || self.session.is_acquiring() {
             return false;
         }

@@ -106,6 +106,8 @@ pub struct Session {
     described: std::collections::HashSet<u64>,
     /// A transparent retry is in flight: never retry it again.
     retried: bool,
+    /// Client frames to feed again (a retried batch), before any newer ones.
+    replay: Option<Vec<u8>>,
     /// The portal and statement of the last Bind of a cached statement.
     last_bind: Option<(Box<[u8]>, Arc<Statement>)>,
     /// ParameterDescription of a Describe S of a cached statement, held until the row
@@ -145,6 +147,7 @@ impl Session {
             frame_at: 0,
             described: std::collections::HashSet::new(),
             retried: false,
+            replay: None,
             param_desc: None,
             last_bind: None,
         }
@@ -175,6 +178,11 @@ impl Session {
     /// The session is closing: feed nothing more.
     pub fn is_closing(&self) -> bool {
         self.closing
+    }
+    /// Client frames the driver must feed again before the ones it holds (a batch retried
+    /// after a transparent re-prepare).
+    pub fn take_replay(&mut self) -> Option<Vec<u8>> {
+        self.replay.take()
     }
     /// Actions are waiting for the driver.
     pub fn has_actions(&self) -> bool {
@@ -488,6 +496,7 @@ impl Session {
         if matches!(tag, tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::CLOSE_COMPLETE) && !req.completed_by(tag) {
             return self.desync(tag);
         }
+        let forwarded = head.on_reply == OnReply::Forward;
         if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
             if head.on_reply == OnReply::Forward {
                 self.param_desc = Some(frame.to_vec());
@@ -510,6 +519,17 @@ impl Session {
                 // What this client is told the statement returns.
                 let _ = s.shape.get_or_init(|| frame.into());
                 self.described.insert(s.id);
+            }
+        }
+        if tag == tags::COMMAND_COMPLETE && forwarded {
+            let cmd = body(frame);
+            if cmd.starts_with(b"DEALLOCATE ALL") || cmd.starts_with(b"DISCARD ALL") {
+                // Run on the server itself (e.g. through Parse/Bind/Execute): every statement
+                // there is gone, and so are the client's.
+                server.stmts.clear();
+                if self.registry.is_some() {
+                    self.named.clear();
+                }
             }
         }
         if tag == tags::COPY_IN_RESPONSE {

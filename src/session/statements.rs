@@ -729,14 +729,10 @@ impl Session {
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(statement = %stmt.server_name, code = %String::from_utf8_lossy(code), "re-prepared and retried transparently");
         self.retried = true;
+        // The driver feeds these frames again before anything else the client sent, through
+        // the normal path (so a frame that must wait, waits).
         let frames = std::mem::take(&mut self.last_batch);
-        let mut at = from as usize;
-        while let Ok(Some(n)) = crate::protocol::split_frame(&frames[at..], usize::MAX) {
-            if !self.on_client_linked(&frames[at..at + n], srv) {
-                break;
-            }
-            at += n;
-        }
+        self.replay = frames.get(from as usize..).map(<[u8]>::to_vec);
         true
     }
 

@@ -104,6 +104,12 @@ impl H {
     fn pump(&mut self) {
         loop {
             let mut progress = false;
+            if let Some(replay) = self.s.take_replay() {
+                let mut again: Vec<Vec<u8>> = frames(&replay);
+                again.append(&mut self.pending);
+                self.pending = again;
+                progress = true;
+            }
             while let Some(a) = self.s.poll_action() {
                 progress = true;
                 self.log.push(a.clone());
