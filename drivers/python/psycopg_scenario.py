@@ -59,12 +59,20 @@ def transaction(conn: psycopg.Connection):
 
 
 def wide_prepared(conn: psycopg.Connection) -> bool:
-    """Whether psycopg holds a prepared statement for the wide read (only a prepared
-    statement can meet 'cached plan must not change result type' from PostgreSQL)."""
-    names = getattr(getattr(conn, "_prepared", None), "_names", None)
-    if names is None:
+    """Whether psycopg holds, or is about to prepare, a named statement for the wide read.
+    Only a named statement can meet 'cached plan must not change result type' from
+    PostgreSQL; one prepared in this very call can too, as psycopg sends its Parse with a
+    Sync of its own and the ALTER may commit before the Bind."""
+    pm = getattr(conn, "_prepared", None)
+    names, counts = getattr(pm, "_names", None), getattr(pm, "_counts", None)
+    if names is None or counts is None:
         return True  # internals changed: can't tell, accept
-    return any(key[0] == WIDE_KEY for key in names)
+    if any(key[0] == WIDE_KEY for key in names):
+        return True
+    threshold = pm.prepare_threshold
+    if threshold is None:
+        return False
+    return max((n for key, n in counts.items() if key[0] == WIDE_KEY), default=0) >= threshold
 
 
 # ------------------------------------------------------------------ the workload
