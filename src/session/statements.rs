@@ -433,6 +433,31 @@ impl Session {
         if self.stmt_pending_across_sync(&cached) {
             return Resolved::Held;
         }
+        let cached = if cached.stale.load(Ordering::Relaxed) && self.shape_mismatch.is_none() {
+            if self.described.contains(&cached.id) {
+                // Known stale and the client holds its old description: PostgreSQL's answer,
+                // without parsing it again anywhere.
+                let mut e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, "cached plan must not change result type");
+                e.routine = Some("RevalidateCachedQuery");
+                self.statement_error(e, Some(srv), false);
+                return Resolved::Failed;
+            }
+            // The client never saw the old shape: use the current generation.
+            let fresh = self.registry().current(&cached);
+            for v in self.named.values_mut() {
+                if Arc::ptr_eq(v, &cached) {
+                    *v = fresh.clone();
+                }
+            }
+            if let Unnamed::Cached(u) = &self.unnamed
+                && Arc::ptr_eq(u, &cached)
+            {
+                self.unnamed = Unnamed::Cached(fresh.clone());
+            }
+            fresh
+        } else {
+            cached
+        };
         if self.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &cached)) {
             self.shape_mismatch = None;
             let mut e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, "cached plan must not change result type");
