@@ -98,6 +98,14 @@ fn char_len(b: &[u8]) -> i64 {
     String::from_utf8_lossy(b).chars().count() as i64
 }
 
+/// PostgreSQL's 0A000 for a statement whose result shape changed, with its routine field
+/// (drivers recognize the case by it).
+fn stale_plan() -> Error {
+    let mut e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, "cached plan must not change result type");
+    e.routine = Some("RevalidateCachedQuery");
+    e
+}
+
 fn too_many(cap: usize) -> Error {
     Error::new(SqlState::PROGRAM_LIMIT_EXCEEDED, format!("too many prepared statements for this client (limit {cap})"))
 }
@@ -195,6 +203,20 @@ impl Session {
         self.replies.iter().any(|p| {
             !p.is_synth() && p.purpose == super::reply_queue::Purpose::Client && matches!(p.req, Req::Sync | Req::Query)
         })
+    }
+
+    /// Points the client's names (and unnamed statement) from `old` to `new`.
+    fn remap(&mut self, old: &Arc<Statement>, new: &Arc<Statement>) {
+        for v in self.named.values_mut() {
+            if Arc::ptr_eq(v, old) {
+                *v = new.clone();
+            }
+        }
+        if let Unnamed::Cached(u) = &self.unnamed
+            && Arc::ptr_eq(u, old)
+        {
+            self.unnamed = Unnamed::Cached(new.clone());
+        }
     }
 
     /// A transaction may use more statements than the cap (none of its own is evicted while
@@ -437,32 +459,19 @@ impl Session {
             if self.described.contains(&cached.id) {
                 // Known stale and the client holds its old description: PostgreSQL's answer,
                 // without parsing it again anywhere.
-                let mut e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, "cached plan must not change result type");
-                e.routine = Some("RevalidateCachedQuery");
-                self.statement_error(e, Some(srv), false);
+                self.statement_error(stale_plan(), Some(srv), false);
                 return Resolved::Failed;
             }
             // The client never saw the old shape: use the current generation.
             let fresh = self.registry().current(&cached);
-            for v in self.named.values_mut() {
-                if Arc::ptr_eq(v, &cached) {
-                    *v = fresh.clone();
-                }
-            }
-            if let Unnamed::Cached(u) = &self.unnamed
-                && Arc::ptr_eq(u, &cached)
-            {
-                self.unnamed = Unnamed::Cached(fresh.clone());
-            }
+            self.remap(&cached, &fresh);
             fresh
         } else {
             cached
         };
         if self.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &cached)) {
             self.shape_mismatch = None;
-            let mut e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, "cached plan must not change result type");
-            e.routine = Some("RevalidateCachedQuery");
-            self.statement_error(e, Some(srv), false);
+            self.statement_error(stale_plan(), Some(srv), false);
             return Resolved::Failed;
         }
         self.ensure_on_server(srv, &cached, OnReply::Inject, ClientFx::None);
@@ -741,16 +750,7 @@ impl Session {
             srv.stmts.clear();
             stmt.clone()
         };
-        for v in self.named.values_mut() {
-            if Arc::ptr_eq(v, stmt) {
-                *v = fresh.clone();
-            }
-        }
-        if let Unnamed::Cached(u) = &self.unnamed
-            && Arc::ptr_eq(u, stmt)
-        {
-            self.unnamed = Unnamed::Cached(fresh.clone());
-        }
+        self.remap(stmt, &fresh);
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(statement = %stmt.server_name, code = %String::from_utf8_lossy(code), "re-prepared and retried transparently");
         self.retried = true;
