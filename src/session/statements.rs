@@ -230,15 +230,9 @@ impl Session {
     }
 
     fn close_on_server(&mut self, srv: &mut ServerState, victim: Arc<Statement>, registry: &Registry) {
-        write_msg(&mut self.to_server, tags::CLOSE, |b| {
-            b.put_u8(b'S');
-            b.put_slice(victim.server_name.as_bytes());
-            b.put_u8(0);
-        });
         srv.stmts.remove(&victim);
         registry.stats.evictions.fetch_add(1, Ordering::Relaxed);
-        let fx = Fx { server_close: Some(victim), ..Fx::default() };
-        self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
+        self.close_quietly(&victim.server_name, Fx { server_close: Some(victim.clone()), ..Fx::default() });
     }
 
     /// Makes sure `stmt` is prepared on the linked server, injecting its Parse (after a
@@ -296,12 +290,7 @@ impl Session {
         tracing::debug!(statement = %stmt.server_name, "row shape changed since clients described it");
         self.registry().mark_stale(stmt);
         srv.stmts.remove(stmt);
-        write_msg(&mut self.to_server, tags::CLOSE, |b| {
-            b.put_u8(b'S');
-            b.put_slice(stmt.server_name.as_bytes());
-            b.put_u8(0);
-        });
-        self.replies.push(Pending::with(Req::Close, OnReply::Skip, Fx::default()));
+        self.close_quietly(&stmt.server_name, Fx::default());
         self.shape_mismatch = Some(stmt.clone());
     }
 
@@ -743,7 +732,7 @@ impl Session {
         let fresh = if code == b"0A000" {
             registry.mark_stale(stmt);
             srv.stmts.remove(stmt);
-            self.close_on_server_quiet(stmt);
+            self.close_quietly(&stmt.server_name, Fx::default());
             registry.current(stmt)
         } else {
             registry.stats.invalidations.fetch_add(1, Ordering::Relaxed);
@@ -761,13 +750,15 @@ impl Session {
         true
     }
 
-    fn close_on_server_quiet(&mut self, stmt: &Statement) {
+    /// Closes a server statement on the pooler's behalf (its CloseComplete is hidden);
+    /// `fx` says what to undo if the server skips the Close.
+    fn close_quietly(&mut self, server_name: &str, fx: Fx) {
         write_msg(&mut self.to_server, tags::CLOSE, |b| {
             b.put_u8(b'S');
-            b.put_slice(stmt.server_name.as_bytes());
+            b.put_slice(server_name.as_bytes());
             b.put_u8(0);
         });
-        self.replies.push(Pending::with(Req::Close, OnReply::Skip, Fx::default()));
+        self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
     }
 
     /// An error answered a request that used a cached statement.
