@@ -127,6 +127,8 @@ scenarios! {
         alter_after_shape_seen_by_describe_portal,
         promoted_unnamed_in_transaction_after_alter,
         extended_deallocate_all_from_another_client,
+        stale_statement_after_begin_in_same_batch,
+        stale_statement_after_write_in_same_batch,
     ],
 }
 

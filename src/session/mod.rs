@@ -102,6 +102,10 @@ pub struct Session {
     last_batch: Vec<u8>,
     /// Where the frame being handled starts in `batch`.
     frame_at: u32,
+    /// An Execute was sent since the last Sync: the batch has had effects (a BEGIN, a write
+    /// in its implicit transaction) that an error rolls back or aborts, so replaying only
+    /// its failed tail would be wrong. No transparent retry then.
+    batch_executed: bool,
     /// Statements this client was given a description of (Describe S).
     described: std::collections::HashSet<u64>,
     /// A transparent retry is in flight: never retry it again.
@@ -145,6 +149,7 @@ impl Session {
             batch: Vec::new(),
             last_batch: Vec::new(),
             frame_at: 0,
+            batch_executed: false,
             described: std::collections::HashSet::new(),
             retried: false,
             replay: None,
@@ -319,6 +324,12 @@ impl Session {
             if tag == tags::SYNC && record {
                 std::mem::swap(&mut self.batch, &mut self.last_batch);
                 self.batch.clear();
+            }
+            match tag {
+                tags::EXECUTE => self.batch_executed = true,
+                // These end with their own ReadyForQuery, like a Sync.
+                tags::SYNC | tags::QUERY | tags::FUNCTION_CALL => self.batch_executed = false,
+                _ => {}
             }
             if matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE) {
                 return consumed;

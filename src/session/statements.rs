@@ -488,7 +488,7 @@ impl Session {
                     b.put_u8(0);
                     b.put_slice(tail);
                 });
-                let replay_from = (self.tx_status == b'I' && !self.retried).then_some(self.frame_at);
+                let replay_from = self.retry_point();
                 self.last_bind = Some((portal.into(), s.clone()));
                 let fx = Fx { uses: Some(s), replay_from, ..Fx::default() };
                 self.replies.push(Pending::with(Req::Bind, OnReply::Forward, fx));
@@ -520,7 +520,7 @@ impl Session {
                     b.put_slice(s.server_name.as_bytes());
                     b.put_u8(0);
                 });
-                let replay_from = (self.tx_status == b'I' && !self.retried).then_some(self.frame_at);
+                let replay_from = self.retry_point();
                 let fx = Fx { uses: Some(s), replay_from, ..Fx::default() };
                 self.replies.push(Pending::with(Req::Describe, OnReply::Forward, fx));
             }
@@ -748,6 +748,13 @@ impl Session {
         let frames = std::mem::take(&mut self.last_batch);
         self.replay = frames.get(from as usize..).map(<[u8]>::to_vec);
         true
+    }
+
+    /// Where a transparent retry of the frame being handled would start, if one is allowed:
+    /// outside a transaction, not twice, and only while nothing in this batch has executed
+    /// (an earlier BEGIN or write would be aborted or rolled back by the error).
+    fn retry_point(&self) -> Option<u32> {
+        (self.tx_status == b'I' && !self.retried && !self.batch_executed).then_some(self.frame_at)
     }
 
     /// Closes a server statement on the pooler's behalf (its CloseComplete is hidden);
