@@ -254,7 +254,7 @@ class Parsnip:
             f"pool_size = {POOL_SIZE}\n"
             f"max_prepared_statements = {MAX_PREPARED}\n"
             'auth_type = "trust"\n'
-            'log_level = "warn"\n'
+            f'log_level = "{os.environ.get("PARSNIP_LOG", "warn")}"\n'
             "max_client_conn = 5000\n"
         )
         env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}

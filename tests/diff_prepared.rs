@@ -129,6 +129,7 @@ scenarios! {
         extended_deallocate_all_from_another_client,
         stale_statement_after_begin_in_same_batch,
         stale_statement_after_write_in_same_batch,
+        describe_portal_of_plain_bind_after_cached_bind,
     ],
 }
 

@@ -11,6 +11,7 @@
 pub mod reply_queue;
 pub mod settings;
 mod statements;
+mod wire_trace;
 
 #[cfg(test)]
 mod tests;
@@ -223,6 +224,30 @@ impl Session {
     /// server first: an `AcquireServer` action is queued and the driver must feed the same
     /// frame again once linked.
     pub fn handle_client(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
+        if !wire_trace::on() {
+            return self.on_client_frame(frame, server);
+        }
+        let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
+        wire_trace::frames(self.uid, "client>", true, frame);
+        let consumed = self.on_client_frame(frame, server);
+        if !consumed {
+            wire_trace::frames(self.uid, "  (held)", true, frame);
+        }
+        self.trace_output(to_s, to_c);
+        consumed
+    }
+
+    /// Logs what the session wrote to either side since the buffers had these lengths.
+    fn trace_output(&self, to_s: usize, to_c: usize) {
+        if let Some(out) = self.to_server.get(to_s..) {
+            wire_trace::frames(self.uid, "  >server", true, out);
+        }
+        if let Some(out) = self.to_client.get(to_c..) {
+            wire_trace::frames(self.uid, "  >client", false, out);
+        }
+    }
+
+    fn on_client_frame(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
         if self.closing {
             return true;
         }
@@ -477,6 +502,16 @@ impl Session {
 
     /// One whole frame from the linked server.
     pub fn handle_server(&mut self, frame: &[u8], server: &mut ServerState) {
+        if !wire_trace::on() {
+            return self.on_server_frame(frame, server);
+        }
+        let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
+        wire_trace::frames(self.uid, "server>", false, frame);
+        self.on_server_frame(frame, server);
+        self.trace_output(to_s, to_c);
+    }
+
+    fn on_server_frame(&mut self, frame: &[u8], server: &mut ServerState) {
         let tag = frame[0];
         match tag {
             tags::PARAMETER_STATUS => return self.on_parameter_status(frame, server),

@@ -475,7 +475,12 @@ impl Session {
             self.fail(Error::protocol("invalid Bind message"));
             return true;
         };
-        match self.resolve(stmt_name, srv) {
+        let resolved = self.resolve(stmt_name, srv);
+        if !matches!(resolved, Resolved::Held) && self.last_bind.as_ref().is_some_and(|(p, _)| **p == *portal) {
+            // The portal is re-bound: a Describe of it no longer describes that statement.
+            self.last_bind = None;
+        }
+        match resolved {
             Resolved::Held => return false,
             Resolved::Failed => {}
             Resolved::Plain => self.forward(frame, Req::Bind),
