@@ -130,6 +130,7 @@ scenarios! {
         stale_statement_after_begin_in_same_batch,
         stale_statement_after_write_in_same_batch,
         describe_portal_of_plain_bind_after_cached_bind,
+        parse_rollback_again_in_failed_transaction,
     ],
 }
 

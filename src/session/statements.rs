@@ -399,9 +399,12 @@ impl Session {
         } else if let Some(srv) = srv
             && !self.ensure_on_server(srv, &stmt, OnReply::Forward, client_fx.clone())
         {
-            // Prepared here already (in a failed transaction): let the server answer with
-            // the error PostgreSQL gives in that state.
-            self.to_server.extend_from_slice(frame);
+            // Prepared here already (in a failed transaction): let the server answer as
+            // PostgreSQL answers this Parse in that state, 25P02, or ParseComplete for a
+            // transaction-ending statement (ROLLBACK, COMMIT...). Under the unnamed name:
+            // the client's own name must never reach the server (it would stay there).
+            crate::stmt::registry::write_parse(&mut self.to_server, b"", p.query, p.param_types);
+            srv.stmts.unnamed_owner = None;
             let fx = Fx { client: client_fx, ..Fx::default() };
             self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
         }
