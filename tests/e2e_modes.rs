@@ -263,3 +263,43 @@ async fn cancel_reaches_a_query_waiting_for_a_server() {
     })
     .await;
 }
+
+/// A cancel request on its way to a backend keeps that server connection from the next
+/// client until it has landed: PostgreSQL cancels whatever the backend runs when the signal
+/// arrives, and that must not be another client's query.
+#[tokio::test]
+async fn server_with_cancel_in_flight_is_not_handed_on() {
+    use parsnip::driver::server_conn::{Credentials, ServerTarget};
+    use parsnip::pool::{Pool, PoolKey};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    let c = cluster();
+    let target =
+        ServerTarget { host: "127.0.0.1".into(), port: c.port(), dbname: "postgres".into(), user: "app".into() };
+    let key = PoolKey { db: "postgres".into(), user: "app".into() };
+    let cfg = Arc::new(parsnip::config::Config::default());
+    let pool = Arc::new(Pool::new(
+        key,
+        target,
+        parsnip::config::PoolMode::Transaction,
+        1,
+        Credentials::Password(APP_PW.into()),
+        cfg,
+    ));
+    let conn = pool.acquire().await.expect("a server connection");
+    let cancel = conn.cancel.clone();
+    cancel.in_flight.fetch_add(1, Ordering::AcqRel);
+    pool.release(conn, true);
+    assert!(pool.try_acquire().is_none(), "handed on while a cancel was in flight");
+    let waiter = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.acquire().await.map(|c| c.cancel.pid) }
+    });
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished(), "a waiter got the connection while a cancel was in flight");
+    cancel.in_flight.fetch_sub(1, Ordering::AcqRel);
+    cancel.settled.notify_waiters();
+    let pid = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("waiter served").expect("task");
+    assert_eq!(pid.expect("connection"), cancel.pid, "the same server once the cancel landed");
+}

@@ -7,6 +7,7 @@ use crate::protocol::startup;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Where one client's queries currently run.
 #[derive(Debug, Default)]
@@ -30,8 +31,13 @@ impl CancelSlot {
     pub async fn cancelled_while_queued(&self) {
         self.queued.notified().await
     }
-    fn get(&self) -> Option<Arc<CancelTarget>> {
-        self.target.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The client's server, with a cancel counted in flight on it. Under the slot's lock,
+    /// so a release (which clears the slot first) sees the count.
+    fn begin_cancel(&self) -> Option<Arc<CancelTarget>> {
+        let g = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        let t = g.clone()?;
+        t.in_flight.fetch_add(1, Ordering::AcqRel);
+        Some(t)
     }
 }
 
@@ -70,24 +76,35 @@ impl CancelRegistry {
                 }
             }
         };
-        let Some(t) = slot.get() else {
+        let Some(t) = slot.begin_cancel() else {
             // Not linked: its request (if any) is still waiting for a server.
             slot.queued.notify_waiters();
             return;
         };
-        let conn = if t.host.starts_with('/') {
-            tokio::net::UnixStream::connect(format!("{}/.s.PGSQL.{}", t.host, t.port)).await.map(Stream::Unix)
-        } else {
-            tokio::net::TcpStream::connect((t.host.as_str(), t.port)).await.map(Stream::Tcp)
-        };
-        match conn {
-            Ok(mut s) => {
-                let _ = s.write_all(&startup::cancel_request(t.pid, &t.key)).await;
-                let mut b = bytes::BytesMut::with_capacity(16);
-                let _ = s.read_buf(&mut b).await;
-                tracing::debug!(pid, server_pid = t.pid, "cancel request forwarded");
-            }
-            Err(e) => tracing::warn!(error = %e, "could not forward cancel request"),
+        // Bounded: a cancel that cannot reach the server must not keep the connection
+        // out of the pool for long.
+        let _ = tokio::time::timeout(Duration::from_secs(5), forward(&t)).await;
+        if t.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            t.settled.notify_waiters();
         }
+        tracing::debug!(pid, server_pid = t.pid, "cancel request forwarded");
+    }
+}
+
+/// Sends one CancelRequest and waits until PostgreSQL closes that connection (it has
+/// signalled the backend by then).
+async fn forward(t: &CancelTarget) {
+    let conn = if t.host.starts_with('/') {
+        tokio::net::UnixStream::connect(format!("{}/.s.PGSQL.{}", t.host, t.port)).await.map(Stream::Unix)
+    } else {
+        tokio::net::TcpStream::connect((t.host.as_str(), t.port)).await.map(Stream::Tcp)
+    };
+    match conn {
+        Ok(mut s) => {
+            let _ = s.write_all(&startup::cancel_request(t.pid, &t.key)).await;
+            let mut b = bytes::BytesMut::with_capacity(16);
+            let _ = s.read_buf(&mut b).await;
+        }
+        Err(e) => tracing::warn!(error = %e, "could not forward cancel request"),
     }
 }

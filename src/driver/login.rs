@@ -227,12 +227,12 @@ async fn normalize(pool: &Pool, settings: &mut Settings) -> Result<(), LoginEnd>
                     settings.set_reported(n, &v);
                 }
             }
-            pool.release(conn, true);
+            pool.release_now(conn, true);
             Ok(())
         }
         Err(frame) => {
             let ok = conn.run_checked("ROLLBACK", pool_timeout(pool)).await.is_ok();
-            pool.release(conn, ok);
+            pool.release_now(conn, ok);
             let mut e = match frame {
                 Some(f) => server_conn::ConnectError::Server(f).to_error(),
                 None => Error::fatal(

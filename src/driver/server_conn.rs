@@ -55,6 +55,29 @@ pub struct CancelTarget {
     pub pid: i32,
     /// Backend secret key.
     pub key: Vec<u8>,
+    /// Cancel requests forwarded to this backend and not yet finished. PostgreSQL cancels
+    /// whatever the backend runs when the signal lands: while one is in flight the
+    /// connection must not serve another client, or that client's query is cancelled.
+    pub in_flight: std::sync::atomic::AtomicU32,
+    /// Woken when `in_flight` drops to zero.
+    pub settled: tokio::sync::Notify,
+}
+
+impl CancelTarget {
+    /// Waits until no forwarded cancel request is in flight; false after `limit`.
+    pub async fn wait_settled(&self, limit: Duration) -> bool {
+        use std::sync::atomic::Ordering;
+        let wait = async {
+            loop {
+                let n = self.settled.notified();
+                if self.in_flight.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                n.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
+    }
 }
 
 /// An open, authenticated server connection.
@@ -190,7 +213,14 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         rbuf,
         state,
         params,
-        cancel: Arc::new(CancelTarget { host: target.host.clone(), port: target.port, pid: cancel.0, key: cancel.1 }),
+        cancel: Arc::new(CancelTarget {
+            host: target.host.clone(),
+            port: target.port,
+            pid: cancel.0,
+            key: cancel.1,
+            in_flight: Default::default(),
+            settled: Default::default(),
+        }),
         created: now,
         last_used: now,
     })

@@ -127,7 +127,7 @@ impl Pool {
         }
         let conn = self.acquire().await?;
         let d = self.learn_defaults(&conn);
-        self.release(conn, true);
+        self.release_now(conn, true);
         Ok(d)
     }
 
@@ -319,8 +319,31 @@ impl Pool {
     }
 
     /// Returns a connection. Not reusable or past its lifetime: it is closed.
-    pub fn release(&self, mut conn: Box<ServerConn>, reusable: bool) {
+    pub fn release(self: &Arc<Self>, conn: Box<ServerConn>, reusable: bool) {
         if !reusable || self.expired(&conn) {
+            drop(conn);
+            return self.slot_freed();
+        }
+        if conn.cancel.in_flight.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            // A cancel request is on its way to this backend: the next client's query would
+            // take it. Hand the connection on once it has landed.
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                drop(conn);
+                return self.slot_freed();
+            };
+            let pool = self.clone();
+            rt.spawn(async move {
+                let settled = conn.cancel.wait_settled(Duration::from_secs(6)).await;
+                pool.release_now(conn, settled);
+            });
+            return;
+        }
+        self.release_now(conn, true);
+    }
+
+    /// Returns a connection no client's cancel key can reach (login, the pool's own use).
+    pub fn release_now(&self, mut conn: Box<ServerConn>, reusable: bool) {
+        if !reusable {
             drop(conn);
             return self.slot_freed();
         }
