@@ -131,6 +131,8 @@ scenarios! {
         stale_statement_after_write_in_same_batch,
         describe_portal_of_plain_bind_after_cached_bind,
         parse_rollback_again_in_failed_transaction,
+        extended_deallocate_all_pipelined_with_reparse,
+        extended_deallocate_all_keeps_shared_statements,
     ],
 }
 

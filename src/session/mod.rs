@@ -115,6 +115,8 @@ pub struct Session {
     replay: Option<Vec<u8>>,
     /// The portal and statement of the last Bind of a cached statement.
     last_bind: Option<(Box<[u8]>, Arc<Statement>)>,
+    /// The portal bound to this client's `DEALLOCATE ALL` (run on the server as a no-op).
+    dealloc_portal: Option<Box<[u8]>>,
     /// ParameterDescription of a Describe S of a cached statement, held until the row
     /// description arrives (a stale statement errors in between, and is then retried).
     param_desc: Option<Vec<u8>>,
@@ -156,6 +158,7 @@ impl Session {
             replay: None,
             param_desc: None,
             last_bind: None,
+            dealloc_portal: None,
         }
     }
 
@@ -385,7 +388,12 @@ impl Session {
             tags::PARSE => self.forward(frame, Req::Parse),
             tags::BIND => self.forward(frame, Req::Bind),
             tags::DESCRIBE => self.forward(frame, Req::Describe),
-            tags::EXECUTE => self.forward(frame, Req::Execute),
+            tags::EXECUTE => {
+                self.forward(frame, Req::Execute);
+                if self.registry.is_some() {
+                    self.on_execute(frame);
+                }
+            }
             tags::CLOSE => self.forward(frame, Req::Close),
             tags::FUNCTION_CALL => self.forward(frame, Req::FunctionCall),
             tags::SYNC => {
@@ -553,7 +561,12 @@ impl Session {
             if let Some(pd) = self.param_desc.take() {
                 self.to_client.extend_from_slice(&pd);
             }
-            self.to_client.extend_from_slice(frame);
+            if tag == tags::COMMAND_COMPLETE && matches!(head.fx.client, reply_queue::ClientFx::ClearedAll { .. }) {
+                // The server ran the stand-in; the client ran DEALLOCATE ALL.
+                backend::command_complete(&mut self.to_client, "DEALLOCATE ALL");
+            } else {
+                self.to_client.extend_from_slice(frame);
+            }
         }
         if req == Req::Describe && (tag == tags::ROW_DESCRIPTION || tag == tags::NO_DATA) {
             if let OnReply::ShapeCheck(s) = &head.on_reply {

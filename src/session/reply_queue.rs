@@ -111,6 +111,12 @@ pub enum ClientFx {
     },
     /// The unnamed statement was set.
     Unnamed,
+    /// The client's named statements were all deallocated (`DEALLOCATE ALL` through the
+    /// extended protocol): what they were.
+    ClearedAll {
+        /// The client's statements before.
+        saved: std::collections::HashMap<Box<[u8]>, Arc<Statement>>,
+    },
     /// A named statement was closed.
     Closed {
         /// The client's statement name.
@@ -273,6 +279,10 @@ impl ReplyQueue {
     /// Iterates outstanding requests mutably, newest first.
     pub fn iter_mut_rev(&mut self) -> impl Iterator<Item = &mut Pending> {
         self.q.iter_mut().rev()
+    }
+    /// The request queued last.
+    pub fn last_mut(&mut self) -> Option<&mut Pending> {
+        self.q.back_mut()
     }
     /// Mutable head.
     pub fn head_mut(&mut self) -> Option<&mut Pending> {

@@ -50,6 +50,10 @@ pub enum Unnamed {
     Cached(Arc<Statement>),
 }
 
+/// What the server runs in place of a client's `DEALLOCATE ALL` sent through the extended
+/// protocol: no rows, no effect, the same errors (25P02 in a failed transaction).
+const DEALLOCATE_ALL_STANDIN: &[u8] = b"UNLISTEN parsnip_deallocate_all";
+
 fn duplicate(name: &[u8]) -> Error {
     Error::new(
         SqlState::DUPLICATE_PSTATEMENT,
@@ -174,6 +178,7 @@ impl Session {
         for p in self.replies.iter() {
             match &p.fx.client {
                 ClientFx::Named { name: n } | ClientFx::Closed { name: n, .. } if **n == *name => pending = true,
+                ClientFx::ClearedAll { .. } => pending = true,
                 _ if pending && p.req == Req::Sync && !p.is_synth() => return true,
                 _ => {}
             }
@@ -300,6 +305,17 @@ impl Session {
             self.fail(Error::protocol("invalid Parse message"));
             return true;
         };
+        if p.name.is_empty()
+            && self.tx_status != b'E'
+            && classify(p.query) == Classified::Single(SqlStmt::Deallocate(None))
+        {
+            // DEALLOCATE ALL would drop every statement of the shared server: the server
+            // runs a no-op stand-in with the same replies and errors, and the client's own
+            // statements are dropped here when it executes (`on_execute`).
+            let mut standin = bytes::BytesMut::new();
+            crate::stmt::registry::write_parse(&mut standin, b"", DEALLOCATE_ALL_STANDIN, &[]);
+            return self.on_parse(&standin, srv);
+        }
         let registry = self.registry().clone();
         if !p.name.is_empty() && self.pending_across_sync(p.name) {
             // Whether the name exists depends on an earlier batch still in flight.
@@ -479,9 +495,24 @@ impl Session {
             return true;
         };
         let resolved = self.resolve(stmt_name, srv);
-        if !matches!(resolved, Resolved::Held) && self.last_bind.as_ref().is_some_and(|(p, _)| **p == *portal) {
-            // The portal is re-bound: a Describe of it no longer describes that statement.
-            self.last_bind = None;
+        if !matches!(resolved, Resolved::Held) {
+            if self.last_bind.as_ref().is_some_and(|(p, _)| **p == *portal) {
+                // The portal is re-bound: a Describe of it no longer describes that statement.
+                self.last_bind = None;
+            }
+            let standin = stmt_name.is_empty()
+                && match &self.unnamed {
+                    Unnamed::Plain { frame, .. } => {
+                        frontend::parse_fields(body(frame)).is_some_and(|f| f.query == DEALLOCATE_ALL_STANDIN)
+                    }
+                    Unnamed::Cached(s) => *s.query == *DEALLOCATE_ALL_STANDIN,
+                    Unnamed::None => false,
+                };
+            if standin && !matches!(resolved, Resolved::Failed) {
+                self.dealloc_portal = Some(portal.into());
+            } else if self.dealloc_portal.as_deref() == Some(portal) {
+                self.dealloc_portal = None;
+            }
         }
         match resolved {
             Resolved::Held => return false,
@@ -705,6 +736,7 @@ impl Session {
             ClientFx::Closed { name, stmt } => {
                 self.named.insert(name, stmt);
             }
+            ClientFx::ClearedAll { saved } => self.named.extend(saved),
         }
     }
 
@@ -756,6 +788,19 @@ impl Session {
         let frames = std::mem::take(&mut self.last_batch);
         self.replay = frames.get(from as usize..).map(<[u8]>::to_vec);
         true
+    }
+
+    /// An Execute just queued: if it runs the client's `DEALLOCATE ALL` stand-in, the
+    /// client's statements go now (in pipeline order), and come back if the server skips it.
+    pub(super) fn on_execute(&mut self, frame: &[u8]) {
+        let portal = body(frame).split(|&c| c == 0).next().unwrap_or_default();
+        if self.dealloc_portal.as_deref() != Some(portal) {
+            return;
+        }
+        let saved = std::mem::take(&mut self.named);
+        if let Some(p) = self.replies.last_mut() {
+            p.fx.client = ClientFx::ClearedAll { saved };
+        }
     }
 
     /// Where a transparent retry of the frame being handled would start, if one is allowed:
