@@ -3,7 +3,7 @@
 
 use bytes::BytesMut;
 use std::io;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UnixStream};
 
 /// A connected socket.
@@ -34,8 +34,26 @@ impl Stream {
         each!(self, s => s.writable().await)
     }
     /// Reads what is available into `buf` without blocking.
+    ///
+    /// A read that does not fill the buffer has drained the socket, so it also clears
+    /// tokio's read readiness (as `AsyncRead::poll_read` does; `try_read*` alone clears it
+    /// only on `WouldBlock`). Otherwise the next `readable()` returns at once and costs a
+    /// wasted wakeup and an `EAGAIN` read per batch. The tick check in tokio keeps this
+    /// race-free: readiness reported after the read is not cleared.
     pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        each!(self, s => s.try_read_buf(buf))
+        let spare = buf.capacity() - buf.len();
+        each!(self, s => {
+            let mut got = None;
+            let r = s.try_io(Interest::READABLE, || {
+                let n = s.try_read_buf(buf)?;
+                got = Some(n);
+                if n > 0 && n < spare { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
+            });
+            match got {
+                Some(n) => Ok(n),
+                None => r,
+            }
+        })
     }
     /// Writes what the socket takes without blocking.
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
