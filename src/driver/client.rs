@@ -5,6 +5,7 @@
 //! freed whenever the client is idle.
 
 use super::Shared;
+use super::bufpool;
 use super::cancel::CancelSlot;
 use super::login::{self, LoginEnd};
 use super::server_conn::ServerConn;
@@ -21,7 +22,7 @@ use tokio::time::Instant;
 
 /// Stop reading one side while this much is waiting to be written to the other.
 const HIGH_WATER: usize = 256 * 1024;
-const READ_CHUNK: usize = 8192;
+const READ_CHUNK: usize = bufpool::BUF_SIZE;
 
 /// Serves one accepted client connection to the end.
 pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
@@ -154,10 +155,10 @@ impl Proxy {
             }
             let unlinked_idle = !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty();
             if unlinked_idle {
-                self.session.shrink_idle();
-                if self.cbuf.capacity() > 0 {
-                    self.cbuf = BytesMut::new();
-                }
+                // An idle client holds no buffers: they go back to this thread's free list.
+                bufpool::release(&mut self.cbuf);
+                bufpool::release(&mut self.session.to_client);
+                bufpool::release(&mut self.session.to_server);
             }
             let deadline = self.deadline(idle_since, unlinked_idle);
             let want_write =
@@ -270,6 +271,9 @@ impl Proxy {
 
     /// Reads all the client has sent. False when the client is gone.
     fn read_client(&mut self) -> bool {
+        bufpool::ensure(&mut self.cbuf);
+        bufpool::ensure(&mut self.session.to_client);
+        bufpool::ensure(&mut self.session.to_server);
         loop {
             self.cbuf.reserve(READ_CHUNK);
             match self.client.try_read_buf(&mut self.cbuf) {
@@ -336,6 +340,7 @@ impl Proxy {
             return;
         };
         let mut eof = false;
+        bufpool::ensure(&mut self.session.to_client);
         loop {
             s.rbuf.reserve(READ_CHUNK);
             match s.stream.try_read_buf(&mut s.rbuf) {

@@ -3,6 +3,7 @@
 //! forwarding, the periodic pool janitor and shutdown. Protocol decisions are made by
 //! `session`; this layer reads bytes, feeds frames in, and writes what comes out.
 
+pub mod bufpool;
 pub mod cancel;
 pub mod client;
 pub mod login;
