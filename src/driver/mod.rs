@@ -168,12 +168,21 @@ async fn accept(l: &Listener) -> std::io::Result<Stream> {
 }
 
 async fn janitor(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(janitor_period(&shared.cfg));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let pools: Vec<Arc<Pool>> = shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         for p in pools {
+            p.expire_waiters();
             p.prune();
         }
     }
+}
+
+/// How often the janitor runs: once a second, or often enough that a client waiting for
+/// a server is failed at most a quarter of `query_wait_timeout` late.
+fn janitor_period(cfg: &Config) -> Duration {
+    let second = Duration::from_secs(1);
+    cfg.query_wait_timeout().map_or(second, |t| (t / 4).clamp(Duration::from_millis(10), second))
 }

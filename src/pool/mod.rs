@@ -33,7 +33,28 @@ pub struct ServerDefaults {
     pub settings: Settings,
 }
 
-type Waiter = oneshot::Sender<Option<Box<ServerConn>>>;
+/// What a waiting checkout is woken with.
+enum Handoff {
+    /// A connection handed over directly.
+    Conn(Box<ServerConn>),
+    /// A slot was freed: try again (the waiter may open a connection).
+    SlotFreed,
+    /// `query_wait_timeout` passed (found by `expire_waiters`).
+    TimedOut,
+}
+
+/// A queued checkout. Its deadline is enforced by `expire_waiters` (the janitor), not by
+/// a timer per wait: arming and cancelling a timer cost more than the rest of a hand-off.
+struct Waiter {
+    tx: oneshot::Sender<Handoff>,
+    deadline: Option<Instant>,
+}
+
+impl std::fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiter").field("deadline", &self.deadline).finish()
+    }
+}
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -178,9 +199,10 @@ impl Pool {
     }
 
     /// Checks out a connection: an idle one, a new one if below size, or the next one
-    /// returned, waiting at most `query_wait_timeout`.
+    /// returned, waiting at most `query_wait_timeout` (give or take the janitor's period,
+    /// see `expire_waiters`).
     pub async fn acquire(&self) -> Result<Box<ServerConn>, Error> {
-        let deadline = self.cfg.query_wait_timeout().map(|t| tokio::time::Instant::now() + t);
+        let deadline = self.cfg.query_wait_timeout().map(|t| Instant::now() + t);
         let mut waited = false;
         loop {
             let rx = {
@@ -203,7 +225,7 @@ impl Pool {
                     None
                 } else {
                     let (tx, rx) = oneshot::channel();
-                    g.waiters.push_back(tx);
+                    g.waiters.push_back(Waiter { tx, deadline });
                     Some(rx)
                 }
             };
@@ -224,29 +246,23 @@ impl Pool {
                 waited = true;
                 self.stats.waits.fetch_add(1, Ordering::Relaxed);
             }
-            let got = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, rx).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
-                        return Err(Error::new(
-                            SqlState::QUERY_CANCELED,
-                            format!(
-                                "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
-                                self.cfg.query_wait_timeout_ms
-                            ),
-                        ));
-                    }
-                },
-                None => rx.await,
-            };
-            match got {
-                Ok(Some(c)) => {
+            match rx.await {
+                Ok(Handoff::Conn(c)) => {
                     self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                     return Ok(c);
                 }
+                Ok(Handoff::TimedOut) => {
+                    self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                    return Err(Error::new(
+                        SqlState::QUERY_CANCELED,
+                        format!(
+                            "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
+                            self.cfg.query_wait_timeout_ms
+                        ),
+                    ));
+                }
                 // A slot was freed (or the sender vanished): try again; we may connect.
-                Ok(None) | Err(_) => {
+                Ok(Handoff::SlotFreed) | Err(_) => {
                     let may_connect = {
                         let mut g = self.lock();
                         let ok = g.open < self.size;
@@ -312,7 +328,7 @@ impl Pool {
         let mut g = self.lock();
         g.open -= 1;
         while let Some(w) = g.waiters.pop_front() {
-            if w.send(None).is_ok() {
+            if w.tx.send(Handoff::SlotFreed).is_ok() {
                 break;
             }
         }
@@ -327,10 +343,10 @@ impl Pool {
         conn.last_used = Instant::now();
         let mut g = self.lock();
         while let Some(w) = g.waiters.pop_front() {
-            match w.send(Some(conn)) {
+            match w.tx.send(Handoff::Conn(conn)) {
                 Ok(()) => return,
-                Err(Some(back)) => conn = back,
-                Err(None) => return,
+                Err(Handoff::Conn(back)) => conn = back,
+                Err(_) => return,
             }
         }
         g.idle.push(conn);
@@ -350,11 +366,34 @@ impl Pool {
         for _ in 0..closed {
             match g.waiters.pop_front() {
                 Some(w) => {
-                    let _ = w.send(None);
+                    let _ = w.tx.send(Handoff::SlotFreed);
                 }
                 None => break,
             }
         }
+    }
+
+    /// Fails the queued checkouts whose `query_wait_timeout` has passed, and forgets the
+    /// ones whose client went away. Called by the janitor, often enough for the timeout's
+    /// precision (see `janitor_period`).
+    pub fn expire_waiters(&self) {
+        let now = Instant::now();
+        let mut g = self.lock();
+        if g.waiters.is_empty() {
+            return;
+        }
+        let mut kept = VecDeque::with_capacity(g.waiters.len());
+        for w in g.waiters.drain(..) {
+            if w.tx.is_closed() {
+                continue;
+            }
+            if w.deadline.is_some_and(|d| d <= now) {
+                let _ = w.tx.send(Handoff::TimedOut);
+            } else {
+                kept.push_back(w);
+            }
+        }
+        g.waiters = kept;
     }
 
     /// (idle, open, waiting) counts.
