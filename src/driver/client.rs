@@ -16,7 +16,10 @@ use crate::pool::Pool;
 use crate::protocol::{FrameError, split_frame};
 use crate::session::{Action, Session};
 use bytes::{Buf, BytesMut};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -127,8 +130,19 @@ enum Event {
 
 impl Proxy {
     async fn run(&mut self) {
-        let mut shutdown = self.shared.shutdown.clone();
+        let shutdown = self.shared.shutdown.clone();
+        // One registration for the client's life: a `changed()` future made per wait
+        // would join and leave the watch's waiter list (two locks) on every transaction.
+        let mut rx = shutdown.clone();
+        let mut stop = std::pin::pin!(async move {
+            if rx.wait_for(|v| *v).await.is_err() {
+                // The pooler is being dropped without a shutdown: nothing to wait for.
+                std::future::pending::<()>().await;
+            }
+        });
         let mut idle_since = Instant::now();
+        // Only with an idle timeout configured.
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
             // Act on everything the session asked for.
             while let Some(a) = self.session.poll_action() {
@@ -161,19 +175,51 @@ impl Proxy {
                 bufpool::release(&mut self.session.to_server);
             }
             let deadline = self.deadline(idle_since, unlinked_idle);
-            let want_write =
-                !self.session.to_client.is_empty() || (self.server.is_some() && !self.session.to_server.is_empty());
-            let ev = if self.server.is_none() && !want_write {
-                // Idle: a small wait, so an idle client's task stays small.
-                tokio::select! {
-                    biased;
-                    _ = self.client.readable() => Event::Client,
-                    _ = sleep_until(deadline), if deadline.is_some() => Event::Timer,
-                    _ = shutdown.changed(), if !graceful => Event::Shutdown,
+            match (deadline, timer.as_mut()) {
+                (Some(d), Some(t)) if t.deadline() != d => t.as_mut().reset(d),
+                (Some(d), None) => timer = Some(Box::pin(tokio::time::sleep_until(d))),
+                _ => {}
+            }
+            let server = self.server.as_ref().map(|s| &s.stream);
+            let client = &self.client;
+            let to_client = !self.session.to_client.is_empty();
+            let to_server = server.is_some() && !self.session.to_server.is_empty();
+            // Idle: only the client, a timeout and a shutdown can wake us. A shutdown only
+            // acts on idle clients: the loop looks at it after each event.
+            let idle = server.is_none() && !to_client;
+            let want_server = server.filter(|_| self.session.to_client.len() < HIGH_WATER);
+            let want_client = idle || self.session.to_server.len() < HIGH_WATER;
+            let mut timer = timer.as_mut().filter(|_| deadline.is_some());
+            let ev = std::future::poll_fn(|cx| {
+                // Readiness is polled in place: no future, allocation or waiter-list entry
+                // per wait. An error counts as ready (the read or write then reports it).
+                if let Some(s) = want_server
+                    && s.poll_read_ready(cx).is_ready()
+                {
+                    return Poll::Ready(Event::Server);
                 }
-            } else {
-                Box::pin(self.wait_active(deadline, &mut shutdown, graceful, want_write)).await
-            };
+                if want_client && client.poll_read_ready(cx).is_ready() {
+                    return Poll::Ready(Event::Client);
+                }
+                if to_client && client.poll_write_ready(cx).is_ready() {
+                    return Poll::Ready(Event::Writable);
+                }
+                if let Some(s) = server.filter(|_| to_server)
+                    && s.poll_write_ready(cx).is_ready()
+                {
+                    return Poll::Ready(Event::Writable);
+                }
+                if let Some(t) = timer.as_mut()
+                    && t.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Event::Timer);
+                }
+                if idle && !graceful && stop.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::Shutdown);
+                }
+                Poll::Pending
+            })
+            .await;
             match ev {
                 Event::Client => {
                     if !self.read_client() {
@@ -185,27 +231,6 @@ impl Proxy {
                 Event::Writable | Event::Shutdown => {}
                 Event::Timer => self.on_timer(),
             }
-        }
-    }
-
-    /// Waits for whichever socket can move bytes next while a transaction is in flight.
-    async fn wait_active(
-        &self,
-        deadline: Option<Instant>,
-        shutdown: &mut tokio::sync::watch::Receiver<bool>,
-        graceful: bool,
-        want_write: bool,
-    ) -> Event {
-        let server = self.server.as_ref().map(|s| &s.stream);
-        let want_server = server.is_some() && self.session.to_client.len() < HIGH_WATER;
-        let want_client = self.session.to_server.len() < HIGH_WATER;
-        tokio::select! {
-            biased;
-            _ = async { server.expect("guarded").readable().await }, if want_server => Event::Server,
-            _ = self.client.readable(), if want_client => Event::Client,
-            _ = writable(&self.client, server, !self.session.to_client.is_empty(), !self.session.to_server.is_empty()), if want_write => Event::Writable,
-            _ = sleep_until(deadline), if deadline.is_some() => Event::Timer,
-            _ = shutdown.changed(), if !graceful => Event::Shutdown,
         }
     }
 
@@ -414,27 +439,5 @@ impl Proxy {
             }
         }
         self.pool.release(s, ok);
-    }
-}
-
-async fn writable(client: &Stream, server: Option<&Stream>, to_client: bool, to_server: bool) {
-    match (to_client, server.filter(|_| to_server)) {
-        (true, Some(s)) => {
-            tokio::select! { _ = client.writable() => {}, _ = s.writable() => {} }
-        }
-        (true, None) => {
-            let _ = client.writable().await;
-        }
-        (false, Some(s)) => {
-            let _ = s.writable().await;
-        }
-        (false, None) => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(d: Option<Instant>) {
-    match d {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }

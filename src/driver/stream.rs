@@ -3,6 +3,7 @@
 
 use bytes::BytesMut;
 use std::io;
+use std::task::{Context, Poll};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UnixStream};
 
@@ -32,6 +33,15 @@ impl Stream {
     /// Waits until the socket may be written.
     pub async fn writable(&self) -> io::Result<()> {
         each!(self, s => s.writable().await)
+    }
+    /// Polls for read readiness. Keeps one waker per socket (the owner's), so waiting costs
+    /// no future and no entry in the socket's waiter list.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => s.poll_read_ready(cx))
+    }
+    /// Polls for write readiness (see `poll_read_ready`).
+    pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => s.poll_write_ready(cx))
     }
     /// Reads what is available into `buf` without blocking.
     ///
