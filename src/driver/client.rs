@@ -12,13 +12,14 @@ use super::server_conn::ServerConn;
 use super::stream::Stream;
 use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
-use crate::pool::Pool;
+use crate::pool::{Checkout, Pool};
 use crate::protocol::{FrameError, split_frame};
 use crate::session::{Action, Session};
 use bytes::{Buf, BytesMut};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -130,10 +131,12 @@ enum Event {
 
 impl Proxy {
     async fn run(&mut self) {
-        let shutdown = self.shared.shutdown.clone();
         // One registration for the client's life: a `changed()` future made per wait
         // would join and leave the watch's waiter list (two locks) on every transaction.
-        let mut rx = shutdown.clone();
+        // It is polled once; afterwards its waker stays registered and a wake-up finds
+        // `stopping` set.
+        let mut rx = self.shared.shutdown.clone();
+        let mut stop_registered = false;
         let mut stop = std::pin::pin!(async move {
             if rx.wait_for(|v| *v).await.is_err() {
                 // The pooler is being dropped without a shutdown: nothing to wait for.
@@ -141,6 +144,9 @@ impl Proxy {
             }
         });
         let mut idle_since = Instant::now();
+        // The clock is read per batch only when a timeout needs it.
+        let timed =
+            self.shared.cfg.client_idle_timeout().is_some() || self.shared.cfg.idle_transaction_timeout().is_some();
         // Only with an idle timeout configured.
         let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
@@ -159,7 +165,8 @@ impl Proxy {
             if self.flush().is_err() {
                 return Box::pin(self.client_gone()).await;
             }
-            let graceful = *shutdown.borrow();
+            let stopping = &self.shared.stopping;
+            let graceful = stopping.load(Ordering::Acquire);
             if graceful && !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty() {
                 self.session.fail(Error::fatal(
                     SqlState::ADMIN_SHUTDOWN,
@@ -214,8 +221,16 @@ impl Proxy {
                 {
                     return Poll::Ready(Event::Timer);
                 }
-                if idle && !graceful && stop.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Event::Shutdown);
+                if idle && !graceful {
+                    if stopping.load(Ordering::Acquire) {
+                        return Poll::Ready(Event::Shutdown);
+                    }
+                    if !stop_registered {
+                        stop_registered = true;
+                        if stop.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(Event::Shutdown);
+                        }
+                    }
                 }
                 Poll::Pending
             })
@@ -225,7 +240,9 @@ impl Proxy {
                     if !self.read_client() {
                         return Box::pin(self.client_gone()).await;
                     }
-                    idle_since = Instant::now();
+                    if timed {
+                        idle_since = Instant::now();
+                    }
                 }
                 Event::Server => self.read_server(),
                 Event::Writable | Event::Shutdown => {}
@@ -260,20 +277,27 @@ impl Proxy {
     }
 
     async fn acquire(&mut self) {
-        // The fast path (an idle connection) awaits nothing; the slow path's future (wait
-        // queue, connect, authenticate) is large, so it lives on the heap only while used,
-        // not in every idle client's task.
-        let got = match self.pool.try_acquire() {
-            Some(c) => Ok(c),
-            None => {
-                let slot = self.slot.clone();
-                tokio::select! {
-                    r = Box::pin(self.pool.acquire()) => r,
-                    _ = slot.cancelled_while_queued() => {
-                        Err(Error::new(SqlState::QUERY_CANCELED, "canceling statement due to user request"))
-                    }
+        // An idle connection or a place in the queue: no future beyond a oneshot receiver.
+        // The slow path's future (connect, authenticate) is large, so it lives on the heap
+        // only while used, not in every idle client's task.
+        let got = match self.pool.checkout() {
+            Checkout::Ready(c) => Ok(c),
+            Checkout::Queued(mut q) => {
+                let r = tokio::select! {
+                    biased;
+                    r = self.pool.wait_queued(&mut q) => r,
+                    _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+                };
+                if r.is_err() {
+                    self.pool.abandon(q);
+                }
+                match r {
+                    Ok(Some(c)) => Ok(c),
+                    Ok(None) => self.acquire_slow().await,
+                    Err(e) => Err(e),
                 }
             }
+            Checkout::Slow => self.acquire_slow().await,
         };
         match got {
             Ok(mut s) => {
@@ -282,6 +306,13 @@ impl Proxy {
                 self.server = Some(s);
             }
             Err(e) => self.session.handle_acquire_failed(e),
+        }
+    }
+
+    async fn acquire_slow(&self) -> Result<Box<ServerConn>, Error> {
+        tokio::select! {
+            r = Box::pin(self.pool.acquire()) => r,
+            _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
         }
     }
 
@@ -440,4 +471,8 @@ impl Proxy {
         }
         self.pool.release(s, ok);
     }
+}
+
+fn canceled_by_user() -> Error {
+    Error::new(SqlState::QUERY_CANCELED, "canceling statement due to user request")
 }

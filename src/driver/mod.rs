@@ -15,6 +15,7 @@ use crate::error::{Error, SqlState};
 use crate::pool::{Pool, PoolKey};
 use cancel::CancelRegistry;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stream::Stream;
@@ -34,6 +35,8 @@ pub struct Shared {
     pub client_slots: Arc<Semaphore>,
     /// Becomes true when a graceful shutdown starts.
     pub shutdown: watch::Receiver<bool>,
+    /// The same, read with one atomic load on every turn of a client's loop.
+    pub stopping: AtomicBool,
 }
 
 /// A running pooler.
@@ -60,6 +63,7 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         cancels: CancelRegistry::default(),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
         shutdown,
+        stopping: AtomicBool::new(false),
     });
     let mut listeners = Vec::new();
     let mut tcp_addrs = Vec::new();
@@ -101,6 +105,7 @@ impl Handle {
     /// Graceful shutdown: stop accepting, let transactions finish (at most
     /// `shutdown_timeout_ms`), close clients as they go idle. Returns when all are gone.
     pub async fn shutdown(self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
         let _ = self.stop.send(true);
         for p in &self.unix_paths {
             let _ = std::fs::remove_file(p);

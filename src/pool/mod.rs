@@ -43,6 +43,19 @@ enum Handoff {
     TimedOut,
 }
 
+/// What `Pool::checkout` found.
+pub enum Checkout {
+    /// An idle connection.
+    Ready(Box<ServerConn>),
+    /// A place in the wait queue: `Pool::wait_queued`.
+    Queued(Queued),
+    /// A connection must be opened: `Pool::acquire`.
+    Slow,
+}
+
+/// A place in a pool's wait queue.
+pub struct Queued(oneshot::Receiver<Handoff>);
+
 /// A queued checkout. Its deadline is enforced by `expire_waiters` (the janitor), not by
 /// a timer per wait: arming and cancelling a timer cost more than the rest of a hand-off.
 struct Waiter {
@@ -198,6 +211,63 @@ impl Pool {
         None
     }
 
+    /// A checkout that awaits nothing unless it must queue: an idle connection, or a place
+    /// in the wait queue (`wait_queued`), or `Slow` when a connection must be opened (then
+    /// call `acquire`). What a client does per transaction, so it allocates no future.
+    pub fn checkout(&self) -> Checkout {
+        let mut g = self.lock();
+        while let Some(mut c) = g.idle.pop() {
+            if c.is_healthy() && !self.expired(&c) {
+                drop(g);
+                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                return Checkout::Ready(c);
+            }
+            g.open -= 1;
+        }
+        if g.open < self.size && g.waiters.is_empty() {
+            return Checkout::Slow;
+        }
+        let (tx, rx) = oneshot::channel();
+        let deadline = self.cfg.query_wait_timeout().map(|t| Instant::now() + t);
+        g.waiters.push_back(Waiter { tx, deadline });
+        drop(g);
+        self.stats.waits.fetch_add(1, Ordering::Relaxed);
+        Checkout::Queued(Queued(rx))
+    }
+
+    /// Waits for a queued checkout: a connection, the timeout error, or None when the
+    /// pool asks the waiter to try again through `acquire` (a slot was freed).
+    pub async fn wait_queued(&self, q: &mut Queued) -> Result<Option<Box<ServerConn>>, Error> {
+        match (&mut q.0).await {
+            Ok(Handoff::Conn(c)) => {
+                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(c))
+            }
+            Ok(Handoff::TimedOut) => Err(self.wait_timed_out()),
+            Ok(Handoff::SlotFreed) | Err(_) => Ok(None),
+        }
+    }
+
+    /// Leaves the queue (the client gave up): a connection handed over meanwhile comes
+    /// back to the pool instead of being dropped with the receiver.
+    pub fn abandon(&self, mut q: Queued) {
+        q.0.close();
+        if let Ok(Handoff::Conn(c)) = q.0.try_recv() {
+            self.release(c, true);
+        }
+    }
+
+    fn wait_timed_out(&self) -> Error {
+        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+        Error::new(
+            SqlState::QUERY_CANCELED,
+            format!(
+                "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
+                self.cfg.query_wait_timeout_ms
+            ),
+        )
+    }
+
     /// Checks out a connection: an idle one, a new one if below size, or the next one
     /// returned, waiting at most `query_wait_timeout` (give or take the janitor's period,
     /// see `expire_waiters`).
@@ -251,16 +321,7 @@ impl Pool {
                     self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                     return Ok(c);
                 }
-                Ok(Handoff::TimedOut) => {
-                    self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
-                    return Err(Error::new(
-                        SqlState::QUERY_CANCELED,
-                        format!(
-                            "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
-                            self.cfg.query_wait_timeout_ms
-                        ),
-                    ));
-                }
+                Ok(Handoff::TimedOut) => return Err(self.wait_timed_out()),
                 // A slot was freed (or the sender vanished): try again; we may connect.
                 Ok(Handoff::SlotFreed) | Err(_) => {
                     let may_connect = {
