@@ -293,11 +293,11 @@ impl Proxy {
                 }
                 match r {
                     Ok(Some(c)) => Ok(c),
-                    Ok(None) => self.acquire_slow().await,
+                    Ok(None) => self.acquire_slow(true).await,
                     Err(e) => Err(e),
                 }
             }
-            Checkout::Slow => self.acquire_slow().await,
+            Checkout::Slow => self.acquire_slow(false).await,
         };
         match got {
             Ok(mut s) => {
@@ -309,9 +309,10 @@ impl Proxy {
         }
     }
 
-    async fn acquire_slow(&self) -> Result<Box<ServerConn>, Error> {
+    /// `woken`: the pool freed a slot for this client while it was queued.
+    async fn acquire_slow(&self, woken: bool) -> Result<Box<ServerConn>, Error> {
         tokio::select! {
-            r = Box::pin(self.pool.acquire()) => r,
+            r = Box::pin(async { if woken { self.pool.acquire_woken().await } else { self.pool.acquire().await } }) => r,
             _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
         }
     }

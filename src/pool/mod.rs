@@ -236,7 +236,7 @@ impl Pool {
     }
 
     /// Waits for a queued checkout: a connection, the timeout error, or None when the
-    /// pool asks the waiter to try again through `acquire` (a slot was freed).
+    /// pool asks the waiter to try again through `acquire_woken` (a slot was freed).
     pub async fn wait_queued(&self, q: &mut Queued) -> Result<Option<Box<ServerConn>>, Error> {
         match (&mut q.0).await {
             Ok(Handoff::Conn(c)) => {
@@ -324,27 +324,42 @@ impl Pool {
                 Ok(Handoff::TimedOut) => return Err(self.wait_timed_out()),
                 // A slot was freed (or the sender vanished): try again; we may connect.
                 Ok(Handoff::SlotFreed) | Err(_) => {
-                    let may_connect = {
-                        let mut g = self.lock();
-                        let ok = g.open < self.size;
-                        if ok {
-                            g.open += 1;
-                        }
-                        ok
-                    };
-                    if may_connect {
-                        return match self.connect().await {
-                            Ok(c) => {
-                                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-                                Ok(c)
-                            }
-                            Err(e) => {
-                                self.slot_freed();
-                                Err(e)
-                            }
-                        };
+                    if self.reserve_freed_slot() {
+                        return self.connect_reserved().await;
                     }
                 }
+            }
+        }
+    }
+
+    /// After `wait_queued` gave None (this waiter was told a slot is free): open a
+    /// connection in that slot, or queue again. The freed slot is this waiter's even if
+    /// others are queued (they were not told).
+    pub async fn acquire_woken(&self) -> Result<Box<ServerConn>, Error> {
+        if self.reserve_freed_slot() {
+            return self.connect_reserved().await;
+        }
+        self.acquire().await
+    }
+
+    fn reserve_freed_slot(&self) -> bool {
+        let mut g = self.lock();
+        let ok = g.open < self.size;
+        if ok {
+            g.open += 1;
+        }
+        ok
+    }
+
+    async fn connect_reserved(&self) -> Result<Box<ServerConn>, Error> {
+        match self.connect().await {
+            Ok(c) => {
+                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                Ok(c)
+            }
+            Err(e) => {
+                self.slot_freed();
+                Err(e)
             }
         }
     }
