@@ -14,6 +14,7 @@ fn main() {
         cancels: Default::default(),
         client_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
         shutdown: rx,
+        stopping: Default::default(),
     });
     let s = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let a = s.local_addr().unwrap();

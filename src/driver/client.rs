@@ -5,23 +5,28 @@
 //! freed whenever the client is idle.
 
 use super::Shared;
+use super::bufpool;
 use super::cancel::CancelSlot;
 use super::login::{self, LoginEnd};
 use super::server_conn::ServerConn;
 use super::stream::Stream;
 use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
-use crate::pool::Pool;
+use crate::pool::{Checkout, Pool};
 use crate::protocol::{FrameError, split_frame};
 use crate::session::{Action, Session};
 use bytes::{Buf, BytesMut};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// Stop reading one side while this much is waiting to be written to the other.
 const HIGH_WATER: usize = 256 * 1024;
-const READ_CHUNK: usize = 8192;
+const READ_CHUNK: usize = bufpool::BUF_SIZE;
 
 /// Serves one accepted client connection to the end.
 pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
@@ -126,8 +131,24 @@ enum Event {
 
 impl Proxy {
     async fn run(&mut self) {
-        let mut shutdown = self.shared.shutdown.clone();
+        // One registration for the client's life: a `changed()` future made per wait
+        // would join and leave the watch's waiter list (two locks) on every transaction.
+        // It is polled once; afterwards its waker stays registered and a wake-up finds
+        // `stopping` set.
+        let mut rx = self.shared.shutdown.clone();
+        let mut stop_registered = false;
+        let mut stop = std::pin::pin!(async move {
+            if rx.wait_for(|v| *v).await.is_err() {
+                // The pooler is being dropped without a shutdown: nothing to wait for.
+                std::future::pending::<()>().await;
+            }
+        });
         let mut idle_since = Instant::now();
+        // The clock is read per batch only when a timeout needs it.
+        let timed =
+            self.shared.cfg.client_idle_timeout().is_some() || self.shared.cfg.idle_transaction_timeout().is_some();
+        // Only with an idle timeout configured.
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
             // Act on everything the session asked for.
             while let Some(a) = self.session.poll_action() {
@@ -144,7 +165,8 @@ impl Proxy {
             if self.flush().is_err() {
                 return Box::pin(self.client_gone()).await;
             }
-            let graceful = *shutdown.borrow();
+            let stopping = &self.shared.stopping;
+            let graceful = stopping.load(Ordering::Acquire);
             if graceful && !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty() {
                 self.session.fail(Error::fatal(
                     SqlState::ADMIN_SHUTDOWN,
@@ -154,57 +176,78 @@ impl Proxy {
             }
             let unlinked_idle = !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty();
             if unlinked_idle {
-                self.session.shrink_idle();
-                if self.cbuf.capacity() > 0 {
-                    self.cbuf = BytesMut::new();
-                }
+                // An idle client holds no buffers: they go back to this thread's free list.
+                bufpool::release(&mut self.cbuf);
+                bufpool::release(&mut self.session.to_client);
+                bufpool::release(&mut self.session.to_server);
             }
             let deadline = self.deadline(idle_since, unlinked_idle);
-            let want_write =
-                !self.session.to_client.is_empty() || (self.server.is_some() && !self.session.to_server.is_empty());
-            let ev = if self.server.is_none() && !want_write {
-                // Idle: a small wait, so an idle client's task stays small.
-                tokio::select! {
-                    biased;
-                    _ = self.client.readable() => Event::Client,
-                    _ = sleep_until(deadline), if deadline.is_some() => Event::Timer,
-                    _ = shutdown.changed(), if !graceful => Event::Shutdown,
+            match (deadline, timer.as_mut()) {
+                (Some(d), Some(t)) if t.deadline() != d => t.as_mut().reset(d),
+                (Some(d), None) => timer = Some(Box::pin(tokio::time::sleep_until(d))),
+                _ => {}
+            }
+            let server = self.server.as_ref().map(|s| &s.stream);
+            let client = &self.client;
+            let to_client = !self.session.to_client.is_empty();
+            let to_server = server.is_some() && !self.session.to_server.is_empty();
+            // Idle: only the client, a timeout and a shutdown can wake us. A shutdown only
+            // acts on idle clients: the loop looks at it after each event.
+            let idle = server.is_none() && !to_client;
+            let want_server = server.filter(|_| self.session.to_client.len() < HIGH_WATER);
+            let want_client = idle || self.session.to_server.len() < HIGH_WATER;
+            let mut timer = timer.as_mut().filter(|_| deadline.is_some());
+            let ev = std::future::poll_fn(|cx| {
+                // Readiness is polled in place: no future, allocation or waiter-list entry
+                // per wait. An error counts as ready (the read or write then reports it).
+                if let Some(s) = want_server
+                    && s.poll_read_ready(cx).is_ready()
+                {
+                    return Poll::Ready(Event::Server);
                 }
-            } else {
-                Box::pin(self.wait_active(deadline, &mut shutdown, graceful, want_write)).await
-            };
+                if want_client && client.poll_read_ready(cx).is_ready() {
+                    return Poll::Ready(Event::Client);
+                }
+                if to_client && client.poll_write_ready(cx).is_ready() {
+                    return Poll::Ready(Event::Writable);
+                }
+                if let Some(s) = server.filter(|_| to_server)
+                    && s.poll_write_ready(cx).is_ready()
+                {
+                    return Poll::Ready(Event::Writable);
+                }
+                if let Some(t) = timer.as_mut()
+                    && t.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Event::Timer);
+                }
+                if idle && !graceful {
+                    if stopping.load(Ordering::Acquire) {
+                        return Poll::Ready(Event::Shutdown);
+                    }
+                    if !stop_registered {
+                        stop_registered = true;
+                        if stop.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(Event::Shutdown);
+                        }
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
             match ev {
                 Event::Client => {
                     if !self.read_client() {
                         return Box::pin(self.client_gone()).await;
                     }
-                    idle_since = Instant::now();
+                    if timed {
+                        idle_since = Instant::now();
+                    }
                 }
                 Event::Server => self.read_server(),
                 Event::Writable | Event::Shutdown => {}
                 Event::Timer => self.on_timer(),
             }
-        }
-    }
-
-    /// Waits for whichever socket can move bytes next while a transaction is in flight.
-    async fn wait_active(
-        &self,
-        deadline: Option<Instant>,
-        shutdown: &mut tokio::sync::watch::Receiver<bool>,
-        graceful: bool,
-        want_write: bool,
-    ) -> Event {
-        let server = self.server.as_ref().map(|s| &s.stream);
-        let want_server = server.is_some() && self.session.to_client.len() < HIGH_WATER;
-        let want_client = self.session.to_server.len() < HIGH_WATER;
-        tokio::select! {
-            biased;
-            _ = async { server.expect("guarded").readable().await }, if want_server => Event::Server,
-            _ = self.client.readable(), if want_client => Event::Client,
-            _ = writable(&self.client, server, !self.session.to_client.is_empty(), !self.session.to_server.is_empty()), if want_write => Event::Writable,
-            _ = sleep_until(deadline), if deadline.is_some() => Event::Timer,
-            _ = shutdown.changed(), if !graceful => Event::Shutdown,
         }
     }
 
@@ -234,20 +277,27 @@ impl Proxy {
     }
 
     async fn acquire(&mut self) {
-        // The fast path (an idle connection) awaits nothing; the slow path's future (wait
-        // queue, connect, authenticate) is large, so it lives on the heap only while used,
-        // not in every idle client's task.
-        let got = match self.pool.try_acquire() {
-            Some(c) => Ok(c),
-            None => {
-                let slot = self.slot.clone();
-                tokio::select! {
-                    r = Box::pin(self.pool.acquire()) => r,
-                    _ = slot.cancelled_while_queued() => {
-                        Err(Error::new(SqlState::QUERY_CANCELED, "canceling statement due to user request"))
-                    }
+        // An idle connection or a place in the queue: no future beyond a oneshot receiver.
+        // The slow path's future (connect, authenticate) is large, so it lives on the heap
+        // only while used, not in every idle client's task.
+        let got = match self.pool.checkout() {
+            Checkout::Ready(c) => Ok(c),
+            Checkout::Queued(mut q) => {
+                let r = tokio::select! {
+                    biased;
+                    r = self.pool.wait_queued(&mut q) => r,
+                    _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+                };
+                if r.is_err() {
+                    self.pool.abandon(q);
+                }
+                match r {
+                    Ok(Some(c)) => Ok(c),
+                    Ok(None) => self.acquire_slow(true).await,
+                    Err(e) => Err(e),
                 }
             }
+            Checkout::Slow => self.acquire_slow(false).await,
         };
         match got {
             Ok(mut s) => {
@@ -256,6 +306,14 @@ impl Proxy {
                 self.server = Some(s);
             }
             Err(e) => self.session.handle_acquire_failed(e),
+        }
+    }
+
+    /// `woken`: the pool freed a slot for this client while it was queued.
+    async fn acquire_slow(&self, woken: bool) -> Result<Box<ServerConn>, Error> {
+        tokio::select! {
+            r = Box::pin(async { if woken { self.pool.acquire_woken().await } else { self.pool.acquire().await } }) => r,
+            _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
         }
     }
 
@@ -270,6 +328,9 @@ impl Proxy {
 
     /// Reads all the client has sent. False when the client is gone.
     fn read_client(&mut self) -> bool {
+        bufpool::ensure(&mut self.cbuf);
+        bufpool::ensure(&mut self.session.to_client);
+        bufpool::ensure(&mut self.session.to_server);
         loop {
             self.cbuf.reserve(READ_CHUNK);
             match self.client.try_read_buf(&mut self.cbuf) {
@@ -336,6 +397,7 @@ impl Proxy {
             return;
         };
         let mut eof = false;
+        bufpool::ensure(&mut self.session.to_client);
         loop {
             s.rbuf.reserve(READ_CHUNK);
             match s.stream.try_read_buf(&mut s.rbuf) {
@@ -412,24 +474,6 @@ impl Proxy {
     }
 }
 
-async fn writable(client: &Stream, server: Option<&Stream>, to_client: bool, to_server: bool) {
-    match (to_client, server.filter(|_| to_server)) {
-        (true, Some(s)) => {
-            tokio::select! { _ = client.writable() => {}, _ = s.writable() => {} }
-        }
-        (true, None) => {
-            let _ = client.writable().await;
-        }
-        (false, Some(s)) => {
-            let _ = s.writable().await;
-        }
-        (false, None) => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(d: Option<Instant>) {
-    match d {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
+fn canceled_by_user() -> Error {
+    Error::new(SqlState::QUERY_CANCELED, "canceling statement due to user request")
 }

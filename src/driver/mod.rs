@@ -3,6 +3,7 @@
 //! forwarding, the periodic pool janitor and shutdown. Protocol decisions are made by
 //! `session`; this layer reads bytes, feeds frames in, and writes what comes out.
 
+pub mod bufpool;
 pub mod cancel;
 pub mod client;
 pub mod login;
@@ -14,6 +15,7 @@ use crate::error::{Error, SqlState};
 use crate::pool::{Pool, PoolKey};
 use cancel::CancelRegistry;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stream::Stream;
@@ -33,6 +35,8 @@ pub struct Shared {
     pub client_slots: Arc<Semaphore>,
     /// Becomes true when a graceful shutdown starts.
     pub shutdown: watch::Receiver<bool>,
+    /// The same, read with one atomic load on every turn of a client's loop.
+    pub stopping: AtomicBool,
 }
 
 /// A running pooler.
@@ -59,6 +63,7 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         cancels: CancelRegistry::default(),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
         shutdown,
+        stopping: AtomicBool::new(false),
     });
     let mut listeners = Vec::new();
     let mut tcp_addrs = Vec::new();
@@ -100,6 +105,7 @@ impl Handle {
     /// Graceful shutdown: stop accepting, let transactions finish (at most
     /// `shutdown_timeout_ms`), close clients as they go idle. Returns when all are gone.
     pub async fn shutdown(self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
         let _ = self.stop.send(true);
         for p in &self.unix_paths {
             let _ = std::fs::remove_file(p);
@@ -167,12 +173,21 @@ async fn accept(l: &Listener) -> std::io::Result<Stream> {
 }
 
 async fn janitor(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(janitor_period(&shared.cfg));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let pools: Vec<Arc<Pool>> = shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         for p in pools {
+            p.expire_waiters();
             p.prune();
         }
     }
+}
+
+/// How often the janitor runs: once a second, or often enough that a client waiting for
+/// a server is failed at most a quarter of `query_wait_timeout` late.
+fn janitor_period(cfg: &Config) -> Duration {
+    let second = Duration::from_secs(1);
+    cfg.query_wait_timeout().map_or(second, |t| (t / 4).clamp(Duration::from_millis(10), second))
 }

@@ -3,7 +3,8 @@
 
 use bytes::BytesMut;
 use std::io;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UnixStream};
 
 /// A connected socket.
@@ -33,9 +34,36 @@ impl Stream {
     pub async fn writable(&self) -> io::Result<()> {
         each!(self, s => s.writable().await)
     }
+    /// Polls for read readiness. Keeps one waker per socket (the owner's), so waiting costs
+    /// no future and no entry in the socket's waiter list.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => s.poll_read_ready(cx))
+    }
+    /// Polls for write readiness (see `poll_read_ready`).
+    pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, s => s.poll_write_ready(cx))
+    }
     /// Reads what is available into `buf` without blocking.
+    ///
+    /// A read that does not fill the buffer has drained the socket, so it also clears
+    /// tokio's read readiness (as `AsyncRead::poll_read` does; `try_read*` alone clears it
+    /// only on `WouldBlock`). Otherwise the next `readable()` returns at once and costs a
+    /// wasted wakeup and an `EAGAIN` read per batch. The tick check in tokio keeps this
+    /// race-free: readiness reported after the read is not cleared.
     pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        each!(self, s => s.try_read_buf(buf))
+        let spare = buf.capacity() - buf.len();
+        each!(self, s => {
+            let mut got = None;
+            let r = s.try_io(Interest::READABLE, || {
+                let n = s.try_read_buf(buf)?;
+                got = Some(n);
+                if n > 0 && n < spare { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
+            });
+            match got {
+                Some(n) => Ok(n),
+                None => r,
+            }
+        })
     }
     /// Writes what the socket takes without blocking.
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {

@@ -33,7 +33,41 @@ pub struct ServerDefaults {
     pub settings: Settings,
 }
 
-type Waiter = oneshot::Sender<Option<Box<ServerConn>>>;
+/// What a waiting checkout is woken with.
+enum Handoff {
+    /// A connection handed over directly.
+    Conn(Box<ServerConn>),
+    /// A slot was freed: try again (the waiter may open a connection).
+    SlotFreed,
+    /// `query_wait_timeout` passed (found by `expire_waiters`).
+    TimedOut,
+}
+
+/// What `Pool::checkout` found.
+pub enum Checkout {
+    /// An idle connection.
+    Ready(Box<ServerConn>),
+    /// A place in the wait queue: `Pool::wait_queued`.
+    Queued(Queued),
+    /// A connection must be opened: `Pool::acquire`.
+    Slow,
+}
+
+/// A place in a pool's wait queue.
+pub struct Queued(oneshot::Receiver<Handoff>);
+
+/// A queued checkout. Its deadline is enforced by `expire_waiters` (the janitor), not by
+/// a timer per wait: arming and cancelling a timer cost more than the rest of a hand-off.
+struct Waiter {
+    tx: oneshot::Sender<Handoff>,
+    deadline: Option<Instant>,
+}
+
+impl std::fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiter").field("deadline", &self.deadline).finish()
+    }
+}
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -177,10 +211,68 @@ impl Pool {
         None
     }
 
+    /// A checkout that awaits nothing unless it must queue: an idle connection, or a place
+    /// in the wait queue (`wait_queued`), or `Slow` when a connection must be opened (then
+    /// call `acquire`). What a client does per transaction, so it allocates no future.
+    pub fn checkout(&self) -> Checkout {
+        let mut g = self.lock();
+        while let Some(mut c) = g.idle.pop() {
+            if c.is_healthy() && !self.expired(&c) {
+                drop(g);
+                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                return Checkout::Ready(c);
+            }
+            g.open -= 1;
+        }
+        if g.open < self.size && g.waiters.is_empty() {
+            return Checkout::Slow;
+        }
+        let (tx, rx) = oneshot::channel();
+        let deadline = self.cfg.query_wait_timeout().map(|t| Instant::now() + t);
+        g.waiters.push_back(Waiter { tx, deadline });
+        drop(g);
+        self.stats.waits.fetch_add(1, Ordering::Relaxed);
+        Checkout::Queued(Queued(rx))
+    }
+
+    /// Waits for a queued checkout: a connection, the timeout error, or None when the
+    /// pool asks the waiter to try again through `acquire_woken` (a slot was freed).
+    pub async fn wait_queued(&self, q: &mut Queued) -> Result<Option<Box<ServerConn>>, Error> {
+        match (&mut q.0).await {
+            Ok(Handoff::Conn(c)) => {
+                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(c))
+            }
+            Ok(Handoff::TimedOut) => Err(self.wait_timed_out()),
+            Ok(Handoff::SlotFreed) | Err(_) => Ok(None),
+        }
+    }
+
+    /// Leaves the queue (the client gave up): a connection handed over meanwhile comes
+    /// back to the pool instead of being dropped with the receiver.
+    pub fn abandon(&self, mut q: Queued) {
+        q.0.close();
+        if let Ok(Handoff::Conn(c)) = q.0.try_recv() {
+            self.release_now(c, true);
+        }
+    }
+
+    fn wait_timed_out(&self) -> Error {
+        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+        Error::new(
+            SqlState::QUERY_CANCELED,
+            format!(
+                "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
+                self.cfg.query_wait_timeout_ms
+            ),
+        )
+    }
+
     /// Checks out a connection: an idle one, a new one if below size, or the next one
-    /// returned, waiting at most `query_wait_timeout`.
+    /// returned, waiting at most `query_wait_timeout` (give or take the janitor's period,
+    /// see `expire_waiters`).
     pub async fn acquire(&self) -> Result<Box<ServerConn>, Error> {
-        let deadline = self.cfg.query_wait_timeout().map(|t| tokio::time::Instant::now() + t);
+        let deadline = self.cfg.query_wait_timeout().map(|t| Instant::now() + t);
         let mut waited = false;
         loop {
             let rx = {
@@ -203,7 +295,7 @@ impl Pool {
                     None
                 } else {
                     let (tx, rx) = oneshot::channel();
-                    g.waiters.push_back(tx);
+                    g.waiters.push_back(Waiter { tx, deadline });
                     Some(rx)
                 }
             };
@@ -224,50 +316,50 @@ impl Pool {
                 waited = true;
                 self.stats.waits.fetch_add(1, Ordering::Relaxed);
             }
-            let got = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, rx).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
-                        return Err(Error::new(
-                            SqlState::QUERY_CANCELED,
-                            format!(
-                                "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
-                                self.cfg.query_wait_timeout_ms
-                            ),
-                        ));
-                    }
-                },
-                None => rx.await,
-            };
-            match got {
-                Ok(Some(c)) => {
+            match rx.await {
+                Ok(Handoff::Conn(c)) => {
                     self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                     return Ok(c);
                 }
+                Ok(Handoff::TimedOut) => return Err(self.wait_timed_out()),
                 // A slot was freed (or the sender vanished): try again; we may connect.
-                Ok(None) | Err(_) => {
-                    let may_connect = {
-                        let mut g = self.lock();
-                        let ok = g.open < self.size;
-                        if ok {
-                            g.open += 1;
-                        }
-                        ok
-                    };
-                    if may_connect {
-                        return match self.connect().await {
-                            Ok(c) => {
-                                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-                                Ok(c)
-                            }
-                            Err(e) => {
-                                self.slot_freed();
-                                Err(e)
-                            }
-                        };
+                Ok(Handoff::SlotFreed) | Err(_) => {
+                    if self.reserve_freed_slot() {
+                        return self.connect_reserved().await;
                     }
                 }
+            }
+        }
+    }
+
+    /// After `wait_queued` gave None (this waiter was told a slot is free): open a
+    /// connection in that slot, or queue again. The freed slot is this waiter's even if
+    /// others are queued (they were not told).
+    pub async fn acquire_woken(&self) -> Result<Box<ServerConn>, Error> {
+        if self.reserve_freed_slot() {
+            return self.connect_reserved().await;
+        }
+        self.acquire().await
+    }
+
+    fn reserve_freed_slot(&self) -> bool {
+        let mut g = self.lock();
+        let ok = g.open < self.size;
+        if ok {
+            g.open += 1;
+        }
+        ok
+    }
+
+    async fn connect_reserved(&self) -> Result<Box<ServerConn>, Error> {
+        match self.connect().await {
+            Ok(c) => {
+                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                Ok(c)
+            }
+            Err(e) => {
+                self.slot_freed();
+                Err(e)
             }
         }
     }
@@ -312,7 +404,7 @@ impl Pool {
         let mut g = self.lock();
         g.open -= 1;
         while let Some(w) = g.waiters.pop_front() {
-            if w.send(None).is_ok() {
+            if w.tx.send(Handoff::SlotFreed).is_ok() {
                 break;
             }
         }
@@ -350,10 +442,10 @@ impl Pool {
         conn.last_used = Instant::now();
         let mut g = self.lock();
         while let Some(w) = g.waiters.pop_front() {
-            match w.send(Some(conn)) {
+            match w.tx.send(Handoff::Conn(conn)) {
                 Ok(()) => return,
-                Err(Some(back)) => conn = back,
-                Err(None) => return,
+                Err(Handoff::Conn(back)) => conn = back,
+                Err(_) => return,
             }
         }
         g.idle.push(conn);
@@ -373,11 +465,34 @@ impl Pool {
         for _ in 0..closed {
             match g.waiters.pop_front() {
                 Some(w) => {
-                    let _ = w.send(None);
+                    let _ = w.tx.send(Handoff::SlotFreed);
                 }
                 None => break,
             }
         }
+    }
+
+    /// Fails the queued checkouts whose `query_wait_timeout` has passed, and forgets the
+    /// ones whose client went away. Called by the janitor, often enough for the timeout's
+    /// precision (see `janitor_period`).
+    pub fn expire_waiters(&self) {
+        let now = Instant::now();
+        let mut g = self.lock();
+        if g.waiters.is_empty() {
+            return;
+        }
+        let mut kept = VecDeque::with_capacity(g.waiters.len());
+        for w in g.waiters.drain(..) {
+            if w.tx.is_closed() {
+                continue;
+            }
+            if w.deadline.is_some_and(|d| d <= now) {
+                let _ = w.tx.send(Handoff::TimedOut);
+            } else {
+                kept.push_back(w);
+            }
+        }
+        g.waiters = kept;
     }
 
     /// (idle, open, waiting) counts.

@@ -108,7 +108,7 @@ pub struct Session {
     /// its failed tail would be wrong. No transparent retry then.
     batch_executed: bool,
     /// Statements this client was given a description of (Describe S).
-    described: std::collections::HashSet<u64>,
+    described: crate::stmt::idmap::IdSet,
     /// A transparent retry is in flight: never retry it again.
     retried: bool,
     /// Client frames to feed again (a retried batch), before any newer ones.
@@ -153,7 +153,7 @@ impl Session {
             last_batch: Vec::new(),
             frame_at: 0,
             batch_executed: false,
-            described: std::collections::HashSet::new(),
+            described: Default::default(),
             retried: false,
             replay: None,
             param_desc: None,
@@ -525,7 +525,7 @@ impl Session {
             tags::PARAMETER_STATUS => return self.on_parameter_status(frame, server),
             tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE => {
                 if tag == tags::NOTIFICATION_RESPONSE
-                    || self.replies.head().is_none_or(|h| h.on_reply == OnReply::Forward)
+                    || self.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward))
                 {
                     self.to_client.extend_from_slice(frame);
                 }
@@ -550,14 +550,14 @@ impl Session {
         if matches!(tag, tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::CLOSE_COMPLETE) && !req.completed_by(tag) {
             return self.desync(tag);
         }
-        let forwarded = head.on_reply == OnReply::Forward;
+        let forwarded = matches!(head.on_reply, OnReply::Forward);
         if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
-            if head.on_reply == OnReply::Forward {
+            if matches!(head.on_reply, OnReply::Forward) {
                 self.param_desc = Some(frame.to_vec());
             }
             return;
         }
-        if head.on_reply == OnReply::Forward {
+        if matches!(head.on_reply, OnReply::Forward) {
             if let Some(pd) = self.param_desc.take() {
                 self.to_client.extend_from_slice(&pd);
             }
@@ -573,7 +573,7 @@ impl Session {
                 let s = s.clone();
                 self.on_shape_checked(&s, frame, server);
             } else if let Some(s) = head.fx.uses.as_ref().or(head.fx.portal_of.as_ref())
-                && head.on_reply == OnReply::Forward
+                && matches!(head.on_reply, OnReply::Forward)
             {
                 // What this client is told the statement returns.
                 let _ = s.shape.get_or_init(|| frame.into());
@@ -663,7 +663,7 @@ impl Session {
         }
         let status = frame.get(5).copied().unwrap_or(b'I');
         self.replies.mark_synced();
-        if p.on_reply == OnReply::Forward {
+        if matches!(p.on_reply, OnReply::Forward) {
             self.retried = false;
         }
         let before = self.tx_status;
@@ -686,7 +686,7 @@ impl Session {
             self.replies.push(Pending::internal(Req::Query, Purpose::Rollback));
             return;
         }
-        if p.on_reply == OnReply::Forward || matches!(p.on_reply, OnReply::ReplaceError(_)) {
+        if matches!(p.on_reply, OnReply::Forward | OnReply::ReplaceError(_)) {
             self.to_client.extend_from_slice(frame);
         }
         self.drain_synth();
@@ -720,7 +720,7 @@ impl Session {
         // believes (a replayed setting normalized by the server, e.g. DateStyle).
         let changed =
             self.settings.reported(name) != Some(value) && Arc::make_mut(&mut self.settings).set_reported(name, value);
-        if changed || self.replies.head().is_none_or(|h| h.on_reply == OnReply::Forward) {
+        if changed || self.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward)) {
             self.to_client.extend_from_slice(frame);
         }
     }

@@ -259,7 +259,7 @@ impl Session {
             self.close_on_server(srv, victim, &registry);
         }
         self.to_server.extend_from_slice(&stmt.create);
-        let on_reply_is_inject = on_reply == OnReply::Inject;
+        let on_reply_is_inject = matches!(on_reply, OnReply::Inject);
         let fx = Fx { server_parse: Some(stmt.clone()), client, ..Fx::default() };
         self.replies.push(Pending::with(Req::Parse, on_reply, fx));
         if stmt.kind == StmtKind::Sql {

@@ -9,6 +9,7 @@
 //! The session (`crate::session`) decides when to register, inject, rewrite and evict; this
 //! module only keeps the books. It must not know about sockets, pools or the reply queue.
 
+pub mod idmap;
 pub mod registry;
 pub mod server;
 pub mod sql;

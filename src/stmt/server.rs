@@ -1,13 +1,13 @@
 //! Which statements are prepared on one server connection, in LRU order.
 
 use super::Statement;
-use std::collections::HashMap;
+use super::idmap::IdMap;
 use std::sync::Arc;
 
 /// The statements prepared (or being prepared) on one server connection.
 #[derive(Debug, Default)]
 pub struct ServerStmts {
-    map: HashMap<u64, (Arc<Statement>, u64)>,
+    map: IdMap<(Arc<Statement>, u64)>,
     tick: u64,
     /// Tick at which the current client's link began: statements used since then are not
     /// evicted (a Close would also close portals built from them).

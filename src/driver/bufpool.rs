@@ -1,0 +1,81 @@
+//! Per-thread free lists of IO buffers. A client borrows its read and write buffers when
+//! bytes arrive and gives them back when it goes idle (an idle client holds none), so the
+//! buffers are recycled instead of being allocated, grown and freed on every transaction.
+
+use bytes::BytesMut;
+use std::cell::RefCell;
+
+/// Size of a pooled buffer (also the read chunk).
+pub const BUF_SIZE: usize = 8192;
+/// Larger buffers (a big result went through) are freed rather than kept.
+const MAX_KEPT: usize = 64 * 1024;
+/// Buffers kept per thread at most (2 MiB).
+const MAX_FREE: usize = 256;
+
+thread_local! {
+    static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An empty buffer with room for at least `BUF_SIZE` bytes.
+pub fn take() -> BytesMut {
+    FREE.try_with(|f| f.borrow_mut().pop()).ok().flatten().unwrap_or_else(|| BytesMut::with_capacity(BUF_SIZE))
+}
+
+/// Makes sure `buf` has memory: an empty buffer without any borrows one.
+#[inline]
+pub fn ensure(buf: &mut BytesMut) {
+    if buf.capacity() == 0 {
+        *buf = take();
+    }
+}
+
+/// Gives the memory of `buf` back if it is empty, leaving it without any.
+#[inline]
+pub fn release(buf: &mut BytesMut) {
+    if buf.is_empty() && buf.capacity() > 0 {
+        give(std::mem::take(buf));
+    }
+}
+
+fn give(mut buf: BytesMut) {
+    buf.clear();
+    // Bytes consumed from the front are reclaimed without copying or allocating when the
+    // buffer owns its memory alone.
+    buf.reserve(BUF_SIZE);
+    if buf.capacity() > MAX_KEPT {
+        return;
+    }
+    let _ = FREE.try_with(|f| {
+        let mut f = f.borrow_mut();
+        if f.len() < MAX_FREE {
+            f.push(buf);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Buf;
+
+    #[test]
+    fn a_consumed_buffer_comes_back_whole() {
+        let mut b = take();
+        let p = b.as_ptr();
+        b.extend_from_slice(&[1; 100]);
+        b.advance(100);
+        release(&mut b);
+        assert_eq!(b.capacity(), 0);
+        let again = take();
+        assert_eq!(again.as_ptr(), p);
+        assert!(again.capacity() >= BUF_SIZE && again.is_empty());
+    }
+
+    #[test]
+    fn a_buffer_with_data_is_kept_by_its_owner() {
+        let mut b = take();
+        b.extend_from_slice(b"x");
+        release(&mut b);
+        assert_eq!(&b[..], b"x");
+    }
+}
