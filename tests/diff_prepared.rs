@@ -133,6 +133,7 @@ scenarios! {
         parse_rollback_again_in_failed_transaction,
         extended_deallocate_all_pipelined_with_reparse,
         extended_deallocate_all_keeps_shared_statements,
+        extended_deallocate_all_named,
     ],
 }
 

@@ -305,15 +305,12 @@ impl Session {
             self.fail(Error::protocol("invalid Parse message"));
             return true;
         };
-        if p.name.is_empty()
-            && self.tx_status != b'E'
-            && classify(p.query) == Classified::Single(SqlStmt::Deallocate(None))
-        {
+        if self.tx_status != b'E' && classify(p.query) == Classified::Single(SqlStmt::Deallocate(None)) {
             // DEALLOCATE ALL would drop every statement of the shared server: the server
             // runs a no-op stand-in with the same replies and errors, and the client's own
             // statements are dropped here when it executes (`on_execute`).
             let mut standin = bytes::BytesMut::new();
-            crate::stmt::registry::write_parse(&mut standin, b"", DEALLOCATE_ALL_STANDIN, &[]);
+            crate::stmt::registry::write_parse(&mut standin, p.name, DEALLOCATE_ALL_STANDIN, &[]);
             return self.on_parse(&standin, srv);
         }
         let registry = self.registry().clone();
@@ -500,14 +497,17 @@ impl Session {
                 // The portal is re-bound: a Describe of it no longer describes that statement.
                 self.last_bind = None;
             }
-            let standin = stmt_name.is_empty()
-                && match &self.unnamed {
+            let standin = if stmt_name.is_empty() {
+                match &self.unnamed {
                     Unnamed::Plain { frame, .. } => {
                         frontend::parse_fields(body(frame)).is_some_and(|f| f.query == DEALLOCATE_ALL_STANDIN)
                     }
                     Unnamed::Cached(s) => *s.query == *DEALLOCATE_ALL_STANDIN,
                     Unnamed::None => false,
-                };
+                }
+            } else {
+                self.named.get(stmt_name).is_some_and(|s| *s.query == *DEALLOCATE_ALL_STANDIN)
+            };
             if standin && !matches!(resolved, Resolved::Failed) {
                 self.dealloc_portal = Some(portal.into());
             } else if self.dealloc_portal.as_deref() == Some(portal) {
