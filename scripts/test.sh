@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting and lint gates, unit and property tests, and the
-# end-to-end tests against real PostgreSQL clusters that the suite starts itself.
+# end-to-end tests against real PostgreSQL clusters that the suite starts itself, and the
+# driver matrix (drivers/run.py).
 # Installs what is missing (PostgreSQL server binaries) on a Debian machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,4 +32,13 @@ passed=$(grep -Eo "test result: [a-zA-Z]+\. [0-9]+ passed" "$log" | awk '{s+=$4}
 failed=$(grep -Eo "; [0-9]+ failed" "$log" | awk '{s+=$2} END {print s+0}')
 rm -f "$log"
 echo "cargo: $passed passed, $failed failed"
-exit "$status"
+
+# The driver matrix (issue 4): real drivers from their registries, through parsnip and
+# directly (drivers/README.md). PARSNIP_SKIP_DRIVERS=1 skips it (e.g. a quick local run).
+drivers_status=0
+if [ "${PARSNIP_SKIP_DRIVERS:-0}" != 1 ]; then
+    echo "== driver matrix (python3 drivers/run.py)"
+    python3 drivers/run.py || drivers_status=$?
+fi
+[ "$status" = 0 ] || exit "$status"
+exit "$drivers_status"
