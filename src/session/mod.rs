@@ -601,6 +601,10 @@ impl Session {
         {
             if let Some(s) = &p.fx.server_parse {
                 s.validated.store(true, Ordering::Relaxed);
+                // Counted when done: a Parse the server skipped after an error never ran.
+                if let Some(r) = &self.registry {
+                    r.stats.server_parses.fetch_add(1, Ordering::Relaxed);
+                }
             }
             self.drain_synth();
         }

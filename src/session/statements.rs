@@ -269,7 +269,6 @@ impl Session {
             srv.stmts.unnamed_owner = Some((u64::MAX, 0));
         }
         srv.stmts.insert(stmt);
-        registry.stats.server_parses.fetch_add(1, Ordering::Relaxed);
         if on_reply_is_inject && stmt.shape.get().is_some() && self.described.contains(&stmt.id) {
             // Clients decode this statement's rows by a description they already hold: make
             // sure this server's fresh parse describes the same shape before any row flows.

@@ -134,7 +134,8 @@ pub fn write_parse(buf: &mut BytesMut, name: &[u8], query: &[u8], types: &[u8]) 
 pub struct StmtStats {
     /// Parse messages from clients.
     pub client_parses: AtomicU64,
-    /// Parse messages sent to servers (forwarded or injected).
+    /// Parses of cached statements that servers completed (one skipped after an earlier
+    /// error in its batch never ran, and is not counted).
     pub server_parses: AtomicU64,
     /// Client Parses answered without a server Parse.
     pub hits: AtomicU64,
