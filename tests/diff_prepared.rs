@@ -134,6 +134,7 @@ scenarios! {
         extended_deallocate_all_pipelined_with_reparse,
         extended_deallocate_all_keeps_shared_statements,
         extended_deallocate_all_named,
+        fresh_parse_after_alter_then_old_describer,
     ],
 }
 

@@ -576,8 +576,12 @@ impl Session {
                 && matches!(head.on_reply, OnReply::Forward)
             {
                 // What this client is told the statement returns.
-                let _ = s.shape.get_or_init(|| frame.into());
-                self.described.insert(s.id);
+                let s = s.clone();
+                if statements::same_shape(s.shape.get_or_init(|| frame.into()), frame) {
+                    self.described.insert(s.id);
+                } else {
+                    self.on_new_shape(&s, frame);
+                }
             }
         }
         if tag == tags::COMMAND_COMPLETE && forwarded {

@@ -64,7 +64,7 @@ fn duplicate(name: &[u8]) -> Error {
 /// Whether two RowDescription (or NoData) frames describe the same rows for a client:
 /// column names, types and type modifiers. The table OID and column number are not
 /// compared (a table dropped and re-created the same way has other OIDs).
-fn same_shape(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn same_shape(a: &[u8], b: &[u8]) -> bool {
     fn columns(f: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
         if f.first() != Some(&tags::ROW_DESCRIPTION) {
             return Some(Vec::new());
@@ -83,7 +83,7 @@ fn same_shape(a: &[u8], b: &[u8]) -> bool {
         }
         Some(out)
     }
-    a.first() == b.first() && matches!((columns(a), columns(b)), (Some(x), Some(y)) if x == y)
+    a == b || (a.first() == b.first() && matches!((columns(a), columns(b)), (Some(x), Some(y)) if x == y))
 }
 
 /// True when the frames hold a Describe of a portal (the client learns the row shape anew).
@@ -296,6 +296,22 @@ impl Session {
         srv.stmts.remove(stmt);
         self.close_quietly(&stmt.server_name, Fx::default());
         self.shape_mismatch = Some(stmt.clone());
+    }
+
+    /// A server described a cached statement with rows of another shape than clients were
+    /// told: it parsed the text after a schema change (a fresh client Parse, or a server
+    /// that had evicted it). Clients told the old shape must get 0A000 from now on, as from
+    /// their own backends: the statement goes stale. The client reading this description
+    /// moves to a new generation that carries it. The server's copy stays until evicted
+    /// (closing it now would also close portals of it still in use).
+    pub(super) fn on_new_shape(&mut self, stmt: &Arc<Statement>, frame: &[u8]) {
+        tracing::debug!(statement = %stmt.server_name, "a server described another row shape: new generation");
+        let registry = self.registry().clone();
+        registry.mark_stale(stmt);
+        let fresh = registry.current(stmt);
+        let _ = fresh.shape.get_or_init(|| frame.into());
+        self.remap(stmt, &fresh);
+        self.described.insert(fresh.id);
     }
 
     /// Client Parse. Returns false when a server is needed first.
