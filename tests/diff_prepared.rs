@@ -135,6 +135,7 @@ scenarios! {
         extended_deallocate_all_keeps_shared_statements,
         extended_deallocate_all_named,
         fresh_parse_after_alter_then_old_describer,
+        extended_deallocate_all_after_rollback_in_failed_transaction,
     ],
 }
 

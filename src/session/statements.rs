@@ -320,7 +320,7 @@ impl Session {
             self.fail(Error::protocol("invalid Parse message"));
             return true;
         };
-        if self.tx_status != b'E' && classify(p.query) == Classified::Single(SqlStmt::Deallocate(None)) {
+        if classify(p.query) == Classified::Single(SqlStmt::Deallocate(None)) {
             // DEALLOCATE ALL would drop every statement of the shared server: the server
             // runs a no-op stand-in with the same replies and errors, and the client's own
             // statements are dropped here when it executes (`on_execute`).
