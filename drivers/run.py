@@ -581,7 +581,9 @@ def check_parsnip_run(pg: Postgres, px: Parsnip, db: str, log_start: int, mr: Mo
                 f"server Parses (PostgreSQL's count) {pgp} > bound {bound} = {c['pg_statements']} statements x"
                 f" {c['pg_backends']} server connections + {c['evictions']} evictions + {c['invalidations']}"
                 f" invalidations x {MAX_PREPARED}")
-        if pgp > sp:
+        # parsnip counts a Parse when the server completes it; a server connection closed
+        # with replies unread (a client vanished mid-batch) takes a few with it.
+        if pgp > sp + max(10, sp // 100):
             problems.append(f"PostgreSQL logged {pgp} Parses of parsnip's statements, parsnip counted {sp}")
     mr.problems += problems
     if problems and mr.status == "PASS":
@@ -637,7 +639,10 @@ def compare_expected(direct: ModeResult, px: ModeResult) -> None:
         return
     dk, pk = direct.result.get("expected_kinds"), px.result.get("expected_kinds")
     if isinstance(dk, dict) and isinstance(pk, dict):
-        extra = {k: v for k, v in pk.items() if v and not dk.get(k)}
+        # 0A000 depends on when the schema change lands against each client's statements, so
+        # a run may see none directly; every scenario bounds it itself (one per client,
+        # statement and schema change).
+        extra = {k: v for k, v in pk.items() if v and not dk.get(k) and k != "0A000"}
         if extra:
             px.status = "FAIL"
             px.problems.append(f"expected errors {extra} through parsnip that the direct run did not raise")
