@@ -808,8 +808,8 @@ impl Session {
     /// An Execute just queued: if it runs the client's `DEALLOCATE ALL` stand-in, the
     /// client's statements go now (in pipeline order), and come back if the server skips it.
     pub(super) fn on_execute(&mut self, frame: &[u8]) {
-        let portal = body(frame).split(|&c| c == 0).next().unwrap_or_default();
-        if self.dealloc_portal.as_deref() != Some(portal) {
+        let Some(dealloc) = self.dealloc_portal.as_deref() else { return };
+        if crate::protocol::read_cstr(body(frame)).map(|(portal, _)| portal) != Some(dealloc) {
             return;
         }
         let saved = std::mem::take(&mut self.named);
