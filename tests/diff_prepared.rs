@@ -136,6 +136,7 @@ scenarios! {
         extended_deallocate_all_named,
         fresh_parse_after_alter_then_old_describer,
         extended_deallocate_all_after_rollback_in_failed_transaction,
+        promoted_unnamed_reuse_follows_search_path_and_types,
     ],
 }
 

@@ -256,13 +256,24 @@ pub fn maybe_tx_end(sql: &[u8]) -> bool {
     [&b"commit"[..], b"end", b"rollback", b"abort"]
         .iter()
         .any(|k| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k))
-        || s.contains(&b';')
+        || may_hold_several(s)
+}
+
+/// False when the text is surely one statement: no ';', or only whitespace after the
+/// first one (pgbench and many drivers end every query with ';'). True may be wrong
+/// (a ';' in a literal): callers then split the text properly.
+#[inline]
+fn may_hold_several(sql: &[u8]) -> bool {
+    match sql.iter().position(|&b| b == b';') {
+        Some(i) => !sql[i + 1..].iter().all(u8::is_ascii_whitespace),
+        None => false,
+    }
 }
 
 /// Quick pre-check before `parse_setting_stmt`: does the text start with SET/RESET/DISCARD?
 #[inline]
 pub fn maybe_setting_stmt(sql: &[u8]) -> bool {
-    starts_like_setting(sql) || (sql.contains(&b';') && setting_stmts(sql).iter().len() > 0)
+    starts_like_setting(sql) || (may_hold_several(sql) && !setting_stmts(sql).is_empty())
 }
 
 fn starts_like_setting(sql: &[u8]) -> bool {
@@ -333,6 +344,9 @@ mod tests {
         assert_eq!(parse_setting_stmt(b"discard all"), Some(SettingStmt::ResetAll));
         assert_eq!(parse_setting_stmt(b"RESET work_mem"), Some(SettingStmt::Reset("work_mem".into())));
         assert!(maybe_setting_stmt(b" set x=1") && !maybe_setting_stmt(b"select 1"));
+        assert!(maybe_setting_stmt(b"select 1; set x=1") && maybe_setting_stmt(b"select ';';reset x"));
+        assert!(!maybe_setting_stmt(b"select 1; \n") && !maybe_setting_stmt(b"select 1;select 2"));
+        assert!(maybe_tx_end(b"select 1; commit") && !maybe_tx_end(b"select 1;") && maybe_tx_end(b"END;"));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::error::{Error, SqlState};
 use crate::protocol::backend::write_msg;
 use crate::protocol::{body, frontend, tags};
 use crate::stmt::registry::{StmtKind, make_key};
-use crate::stmt::sql::{Classified, SqlStmt, classify};
+use crate::stmt::sql::{Classified, SqlStmt, classify, starts_with_deallocate};
 use crate::stmt::{Registry, Statement};
 use bytes::BufMut;
 use std::sync::Arc;
@@ -320,7 +320,7 @@ impl Session {
             self.fail(Error::protocol("invalid Parse message"));
             return true;
         };
-        if classify(p.query) == Classified::Single(SqlStmt::Deallocate(None)) {
+        if starts_with_deallocate(p.query) && classify(p.query) == Classified::Single(SqlStmt::Deallocate(None)) {
             // DEALLOCATE ALL would drop every statement of the shared server: the server
             // runs a no-op stand-in with the same replies and errors, and the client's own
             // statements are dropped here when it executes (`on_execute`).
@@ -354,7 +354,7 @@ impl Session {
             // Unnamed: promoted to a cached statement once seen often enough.
             let reuse = match &self.unnamed {
                 Unnamed::Cached(s)
-                    if *s.query == *p.query
+                    if s.has_key(&key)
                         && !s.stale.load(Ordering::Relaxed)
                         && self.tx_status == b'I'
                         && !self.earlier_batch_in_flight() =>

@@ -70,6 +70,12 @@ impl PartialEq for Statement {
 impl Eq for Statement {}
 
 impl Statement {
+    /// Whether this statement is the one `make_key` built `key` for (same text, parameter
+    /// types and search_path).
+    pub fn has_key(&self, key: &[u8]) -> bool {
+        *self.key == *key
+    }
+
     fn new(key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Statement {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let server_name: Box<str> = format!("pn_{id}").into();

@@ -40,14 +40,49 @@ pub enum Classified {
     Multi,
 }
 
-const KEYWORDS: [&[u8]; 4] = [b"prepare", b"execute", b"deallocate", b"discard"];
+/// Byte classes for `contains_keyword`: 0 ends a word, 1 continues one, 2 continues one
+/// and may start a keyword (p, e, d in either case).
+const CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80 {
+            t[b] = 1;
+        }
+        b += 1;
+    }
+    t[b'p' as usize] = 2;
+    t[b'P' as usize] = 2;
+    t[b'e' as usize] = 2;
+    t[b'E' as usize] = 2;
+    t[b'd' as usize] = 2;
+    t[b'D' as usize] = 2;
+    t
+};
 
 fn contains_keyword(sql: &[u8]) -> bool {
-    sql.windows(7).any(|w| {
-        let c = w[0] | 0x20;
-        (c == b'p' || c == b'e' || c == b'd')
-            && KEYWORDS.iter().any(|k| w.len() >= 7 && w[..7].eq_ignore_ascii_case(&k[..7]))
-    })
+    // Runs on every Query with the cache on: a table lookup per byte; a keyword is compared
+    // only where a word starts with one of their first letters.
+    let mut prev = 0u8;
+    for (i, &b) in sql.iter().enumerate() {
+        let class = CLASS[b as usize];
+        if class == 2 && prev == 0 {
+            let rest = &sql[i..];
+            let hit = |kw: &[u8]| rest.len() >= kw.len() && rest[..kw.len()].eq_ignore_ascii_case(kw);
+            if hit(b"prepare") || hit(b"execute") || hit(b"deallocate") || hit(b"discard") {
+                return true;
+            }
+        }
+        prev = class;
+    }
+    false
+}
+
+/// Whether the (single-statement) text starts with DEALLOCATE: a Parse can hold only one
+/// statement, so its first word decides.
+pub fn starts_with_deallocate(sql: &[u8]) -> bool {
+    first_word(sql).is_some_and(|w| w.eq_ignore_ascii_case(b"deallocate"))
 }
 
 /// Classifies a Query text.
@@ -278,6 +313,12 @@ mod tests {
         );
         assert_eq!(classify(b"PREPARE TRANSACTION 'x'"), Classified::Plain);
         assert_eq!(classify(b"select 1; deallocate all"), Classified::Multi);
+        assert_eq!(classify(b"select 1;Deallocate all"), Classified::Multi);
+        assert_eq!(classify(b"select 1;/**/EXECUTE q"), Classified::Multi);
+        assert_eq!(classify(b"(execute q)"), Classified::Plain);
+        assert_eq!(classify(b"select predeallocate, x_execute from t"), Classified::Plain);
+        assert_eq!(classify(b"DISCARD ALL;"), Classified::Single(SqlStmt::DiscardAll));
+        assert!(starts_with_deallocate(b" /* c */ deallocate x") && !starts_with_deallocate(b"select 1"));
         assert_eq!(classify(b"select 'deallocate all; x'"), Classified::Plain);
         assert_eq!(classify(b"do $$ begin execute 'select 1'; end $$"), Classified::Plain);
         assert_eq!(classify(b"-- execute x\nselect 1"), Classified::Plain);
