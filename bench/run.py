@@ -35,6 +35,8 @@ ALL_SYSTEMS = ("direct", "parsnip", "pgbouncer")
 ALL_MODES = ("simple", "extended", "prepared")
 DB = "bench"
 DB_USER = "postgres"
+# "tcp" (127.0.0.1) or "unix" (sockets in each system's own directory); set from --unix.
+TRANSPORT = {"unix": False}
 
 # The two tables the issues ask for: (pool size, modes, client counts).
 TABLES = {
@@ -101,17 +103,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_tcp(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+def wait_tcp(port: int, proc: subprocess.Popen, timeout: float = 20.0, sockdir: Path | None = None) -> None:
+    """Waits until the process accepts connections on 127.0.0.1:port (or, with sockdir, on the
+    unix socket sockdir/.s.PGSQL.port)."""
+    where = f"{sockdir}/.s.PGSQL.{port}" if sockdir else f"127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise BenchError(f"exited with code {proc.returncode} before listening")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
+            if sockdir:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(0.5)
+                    s.connect(where)
+            else:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    pass
+            return
         except OSError:
             time.sleep(0.05)
-    raise BenchError(f"not listening on 127.0.0.1:{port} after {timeout:.0f}s")
+    raise BenchError(f"not listening on {where} after {timeout:.0f}s")
 
 
 def cpu_ticks(pid: int) -> int | None:
@@ -370,12 +381,21 @@ class Pooler:
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self.log_path = tmp / f"{self.name}.log"
+        # With --unix: the directory of this pooler's listening socket (pgbench -h takes it).
+        self.sockdir: Path | None = tmp / f"{self.name}-sock" if TRANSPORT["unix"] else None
+
+    def host(self) -> str:
+        return str(self.sockdir) if self.sockdir else "127.0.0.1"
 
     def command(self) -> tuple[list[str], dict]:
         raise NotImplementedError
 
     def start(self) -> None:
         self.port = free_port()
+        if self.sockdir:
+            self.sockdir.mkdir(exist_ok=True)
+            if getattr(self, "user", None):
+                os.chown(self.sockdir, self.user.pw_uid, self.user.pw_gid)
         argv, kwargs = self.command()
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -385,7 +405,7 @@ class Pooler:
         logf.close()
         PROCS.push(self.stop)
         try:
-            wait_tcp(self.port, self.proc)
+            wait_tcp(self.port, self.proc, sockdir=self.sockdir)
         except BenchError as e:
             self.stop()
             last = tail(self.log_path, 3)
@@ -422,9 +442,14 @@ class Parsnip(Pooler):
         cfg = self.tmp / "parsnip.toml"
         cfg.write_text('log_level = "warn"\nauth_type = "trust"\n' + "".join(f"{l}\n" for l in self.extra_config))
         env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+        if self.sockdir:
+            url = f"postgres://{DB_USER}@:{self.pg.port}/{DB}?host={self.pg.sock}"
+            listen = f"{self.sockdir}/.s.PGSQL.{self.port}"
+        else:
+            url = f"postgres://{DB_USER}@127.0.0.1:{self.pg.port}/{DB}"
+            listen = f"127.0.0.1:{self.port}"
         return (
-            [str(self.binary), f"postgres://{DB_USER}@127.0.0.1:{self.pg.port}/{DB}",
-             "--listen", f"127.0.0.1:{self.port}", "--pool-size", str(self.pool_size),
+            [str(self.binary), url, "--listen", listen, "--pool-size", str(self.pool_size),
              "--pool-mode", "transaction", "--max-client-conn", "2000", "-c", str(cfg)],
             {"env": env},
         )
@@ -444,11 +469,12 @@ class PgBouncer(Pooler):
         ini = self.tmp / "pgbouncer.ini"
         ini.write_text(
             "[databases]\n"
-            f"{DB} = host=127.0.0.1 port={self.pg.port} dbname={DB} user={DB_USER}\n"
+            f"{DB} = host={self.pg.sock if self.sockdir else '127.0.0.1'} port={self.pg.port} dbname={DB} "
+            f"user={DB_USER}\n"
             "[pgbouncer]\n"
-            "listen_addr = 127.0.0.1\n"
+            f"listen_addr = {'' if self.sockdir else '127.0.0.1'}\n"
             f"listen_port = {self.port}\n"
-            "unix_socket_dir =\n"
+            f"unix_socket_dir = {self.sockdir or ''}\n"
             "auth_type = trust\n"
             f"auth_file = {users}\n"
             "pool_mode = transaction\n"
@@ -558,11 +584,11 @@ def first_error(text: str) -> str:
     return pick[:160]
 
 
-def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int) -> dict:
+def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int, host: str = "127.0.0.1") -> dict:
     clients = case.clients
     j = 1 if case.latency else max(1, min(jobs, clients))
     argv = [pg.bin("pgbench"), "-n", "-S", "-M", case.mode, "-c", str(clients), "-j", str(j), "-T", str(duration),
-            "-h", "127.0.0.1", "-p", str(port), "-U", DB_USER, DB]
+            "-h", host, "-p", str(port), "-U", DB_USER, DB]
     timeout = duration + 15 + clients * 0.05
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
     kill = lambda: stop_process(p, signal.SIGTERM, grace=2)  # noqa: E731
@@ -619,7 +645,7 @@ class Bench:
         # Warm-up: open the pool's server connections before anything is measured (direct
         # pgbench excludes its connection time; the poolers' server logins should not count).
         warm = Case(pool, "simple", max(1, pool))
-        r = run_pgbench(self.pg, pooler.port, warm, 1, 2)
+        r = run_pgbench(self.pg, pooler.port, warm, 1, 2, pooler.host())
         if not r["ok"]:
             log(f"{system} warm-up failed: {r.get('error')}")
         return pooler
@@ -647,6 +673,7 @@ class Bench:
     def measure(self, run: Run, case: Case, poolers: dict, system: str) -> None:
         pooler = None
         port = self.pg.port
+        host = str(self.pg.sock) if TRANSPORT["unix"] else "127.0.0.1"
         if system != "direct":
             pooler = poolers.get(system)
             if pooler is None or not pooler.alive():
@@ -656,7 +683,7 @@ class Bench:
             if pooler is None:
                 run.error = f"{system} could not be started"
                 return
-            port = pooler.port
+            port, host = pooler.port, pooler.host()
         counting = self.args.count_parses
         if counting:
             self.pg.set_parser_stats(True)
@@ -668,7 +695,7 @@ class Bench:
         before = cpu_ticks(pooler.pid()) if pooler else None
         load0 = self.load_snapshot(ours)
         t0 = time.monotonic()
-        res = run_pgbench(self.pg, port, case, self.args.duration, self.args.jobs)
+        res = run_pgbench(self.pg, port, case, self.args.duration, self.args.jobs, host)
         run.wall_s = round(time.monotonic() - t0, 2)
         after = cpu_ticks(pooler.pid()) if pooler else None
         load1 = self.load_snapshot(ours)
@@ -935,6 +962,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
     ap.add_argument("--rounds", type=int, help="rounds per case, systems alternated within each (default 2)")
     ap.add_argument("--jobs", "-j", type=int, default=2, help="pgbench -j (default 2)")
+    ap.add_argument("--unix", action="store_true", help="unix sockets instead of TCP on 127.0.0.1 for every "
+                    "hop: pgbench to PostgreSQL or pooler, and pooler to PostgreSQL")
     ap.add_argument("--scale", type=int, default=10, help="pgbench -i -s (default 10)")
     ap.add_argument("--quick", action="store_true", help="smoke check: -T 3, one round, 16 and 64 clients")
     ap.add_argument("--no-latency", dest="latency", action="store_false",
@@ -958,6 +987,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--pause", type=float, default=1.0, help="seconds between runs (default 1)")
     ap.add_argument("--tmpdir", help="where to create the throwaway cluster (default: system temp dir)")
     args = ap.parse_args(argv)
+    TRANSPORT["unix"] = args.unix
 
     if args.quick:
         args.duration = args.duration or 3
@@ -1079,7 +1109,8 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         f"max_connections 400; pgbench scale {args.scale}",
         f"- pgbench -S -j {args.jobs} -T {args.duration}, {args.rounds} round(s), systems alternated "
         f"({', '.join(s for s in systems if s not in skipped)}) within each case"
-        + (f", niceness {args.nice}" if args.nice else ""),
+        + (f", niceness {args.nice}" if args.nice else "")
+        + (", unix sockets on every hop" if args.unix else ", TCP on 127.0.0.1 on every hop"),
     ]
     if parsnip_version and "parsnip" not in skipped:
         extra = "".join(f", `{l}`" for l in args.parsnip_config)
