@@ -72,12 +72,21 @@ async def main():
         async def one():
             async with sem:
                 await client(port, conns)
-        await asyncio.gather(*(one() for _ in range(a.clients)))
+        # Two steps: the first pays for what does not grow with the number of idle clients
+        # (the login burst's buffers, allocator arenas); the second step's growth is the
+        # marginal cost of one more idle client.
+        first = a.clients // 3
+        await asyncio.gather(*(one() for _ in range(first)))
+        time.sleep(1)
+        mid = rss_kib(p.pid)
+        await asyncio.gather(*(one() for _ in range(a.clients - first)))
         time.sleep(1)
         after = rss_kib(p.pid)
         per = (after - base) / a.clients
-        print(f"idle-memory: {a.clients} idle clients, parsnip RSS {base/1024:.1f} -> {after/1024:.1f} MiB, "
-              f"{per:.2f} KiB per idle client")
+        marginal = (after - mid) / (a.clients - first)
+        print(f"idle-memory: {a.clients} idle clients, parsnip RSS {base/1024:.1f} -> {mid/1024:.1f} "
+              f"({first} clients) -> {after/1024:.1f} MiB; {per:.2f} KiB per idle client overall, "
+              f"{marginal:.2f} KiB per additional idle client (clients {first + 1}..{a.clients})")
         for w in conns:
             w.close()
     finally:

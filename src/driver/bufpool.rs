@@ -1,9 +1,11 @@
-//! Per-thread free lists of IO buffers. A client borrows its read and write buffers when
-//! bytes arrive and gives them back when it goes idle (an idle client holds none), so the
-//! buffers are recycled instead of being allocated, grown and freed on every transaction.
+//! Per-thread free lists of IO buffers and reply-queue storage. A client borrows them when
+//! bytes arrive and gives them back when it goes idle (an idle client holds none), so they
+//! are recycled instead of being allocated, grown and freed on every transaction.
 
+use crate::session::Session;
 use bytes::BytesMut;
 use std::cell::RefCell;
+use std::collections::VecDeque;
 
 /// Size of a pooled buffer (also the read chunk).
 pub const BUF_SIZE: usize = 8192;
@@ -16,6 +18,35 @@ const MAX_FREE: usize = 32;
 
 thread_local! {
     static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    static QUEUES: RefCell<Vec<VecDeque<crate::session::reply_queue::Pending>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Reply-queue storage larger than this (entries) is freed rather than kept.
+const MAX_KEPT_ENTRIES: usize = 64;
+
+/// Lends `session` reply-queue storage from this thread's free list (none if it has its own).
+#[inline]
+pub fn ensure_queue(session: &mut Session) {
+    session.lend_storage(|| QUEUES.try_with(|f| f.borrow_mut().pop()).ok().flatten());
+}
+
+/// Takes the empty reply-queue storage of an idle `session` back to this thread's free list.
+pub fn release_queue(session: &mut Session) {
+    if let Some(q) = session.take_idle_storage() {
+        give_queue(q);
+    }
+}
+
+fn give_queue(q: VecDeque<crate::session::reply_queue::Pending>) {
+    if q.capacity() > MAX_KEPT_ENTRIES || !q.is_empty() {
+        return;
+    }
+    let _ = QUEUES.try_with(|f| {
+        let mut f = f.borrow_mut();
+        if f.len() < MAX_FREE {
+            f.push(q);
+        }
+    });
 }
 
 /// An empty buffer with room for at least `BUF_SIZE` bytes.

@@ -53,14 +53,14 @@ pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
         }
     };
     tracing::debug!(user = %client.user, db = %client.db, pid = client.pid, "client logged in");
-    let slot = shared.cancels.slot(client.pid);
-    let registry =
-        (client.pool.mode != PoolMode::Session && shared.cfg.prepared_statements).then(|| client.pool.stmts.clone());
-    let session = Session::new(client.pool.mode, client.settings, client.pid as u64, registry);
-    let mut p =
-        Proxy { client: stream, cbuf: buf, session, server: None, pool: client.pool, slot, shared: shared.clone() };
+    // Only what the proxy needs lives on in the task (names and strings are dropped here).
+    let login::LoggedIn { pool, settings, pid, .. } = client;
+    let slot = shared.cancels.slot(pid);
+    let registry = (pool.mode != PoolMode::Session && shared.cfg.prepared_statements).then(|| pool.stmts.clone());
+    let session = Session::new(pool.mode, settings, pid as u64, registry);
+    let mut p = Proxy { client: stream, cbuf: buf, session, server: None, pool, slot, shared };
     p.run().await;
-    shared.cancels.unregister(client.pid);
+    p.shared.cancels.unregister(pid);
 }
 
 /// The console loop: simple queries in, SHOW results out.
@@ -180,6 +180,7 @@ impl Proxy {
                 bufpool::release(&mut self.cbuf);
                 bufpool::release(&mut self.session.to_client);
                 bufpool::release(&mut self.session.to_server);
+                bufpool::release_queue(&mut self.session);
             }
             let deadline = self.deadline(idle_since, unlinked_idle);
             match (deadline, timer.as_mut()) {
@@ -280,24 +281,12 @@ impl Proxy {
         // An idle connection or a place in the queue: no future beyond a oneshot receiver.
         // The slow path's future (connect, authenticate) is large, so it lives on the heap
         // only while used, not in every idle client's task.
+        // The waits are boxed: their futures would otherwise be part of every client's task
+        // for its whole life (idle clients' memory), and a free connection needs none.
         let got = match self.pool.checkout() {
             Checkout::Ready(c) => Ok(c),
-            Checkout::Queued(mut q) => {
-                let r = tokio::select! {
-                    biased;
-                    r = self.pool.wait_queued(&mut q) => r,
-                    _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
-                };
-                if r.is_err() {
-                    self.pool.abandon(q);
-                }
-                match r {
-                    Ok(Some(c)) => Ok(c),
-                    Ok(None) => self.acquire_slow(true).await,
-                    Err(e) => Err(e),
-                }
-            }
-            Checkout::Slow => self.acquire_slow(false).await,
+            Checkout::Queued(q) => Box::pin(self.wait_in_queue(q)).await,
+            Checkout::Slow => Box::pin(self.acquire_slow(false)).await,
         };
         match got {
             Ok(mut s) => {
@@ -306,6 +295,22 @@ impl Proxy {
                 self.server = Some(s);
             }
             Err(e) => self.session.handle_acquire_failed(e),
+        }
+    }
+
+    async fn wait_in_queue(&self, mut q: crate::pool::Queued) -> Result<Box<ServerConn>, Error> {
+        let r = tokio::select! {
+            biased;
+            r = self.pool.wait_queued(&mut q) => r,
+            _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+        };
+        if r.is_err() {
+            self.pool.abandon(q);
+        }
+        match r {
+            Ok(Some(c)) => Ok(c),
+            Ok(None) => self.acquire_slow(true).await,
+            Err(e) => Err(e),
         }
     }
 
@@ -331,6 +336,7 @@ impl Proxy {
         bufpool::ensure(&mut self.cbuf);
         bufpool::ensure(&mut self.session.to_client);
         bufpool::ensure(&mut self.session.to_server);
+        bufpool::ensure_queue(&mut self.session);
         loop {
             self.cbuf.reserve(READ_CHUNK);
             match self.client.try_read_buf(&mut self.cbuf) {
@@ -476,4 +482,26 @@ impl Proxy {
 
 fn canceled_by_user() -> Error {
     Error::new(SqlState::QUERY_CANCELED, "canceling statement due to user request")
+}
+/// An idle client's task holds the proxy and the proxy loop's own state for its whole life:
+/// these bounds keep a future that grows (an await of something large, not boxed) from
+/// silently raising every idle client's memory (docs/benchmarks.md "Idle clients").
+#[cfg(test)]
+mod task_size {
+    use super::Proxy;
+
+    fn future_size<F: FnOnce(&'static mut Proxy) -> Fut, Fut>(_: F) -> usize {
+        std::mem::size_of::<Fut>()
+    }
+
+    #[test]
+    fn proxy_loop_state_stays_small() {
+        let proxy = std::mem::size_of::<Proxy>();
+        let run = future_size(|p| p.run());
+        let acquire = future_size(|p| p.acquire());
+        eprintln!("Proxy {proxy} B, run() {run} B, acquire() {acquire} B");
+        assert!(proxy <= 700, "Proxy is {proxy} B");
+        assert!(run <= 400, "the proxy loop's future is {run} B");
+        assert!(acquire <= 64, "acquire()'s future is {acquire} B: box its waits");
+    }
 }

@@ -164,6 +164,18 @@ impl Session {
 
     // ---- A: getters ----
 
+    /// The reply queue's storage when it is empty, for a client going idle (the driver
+    /// recycles it with the IO buffers; an idle client keeps none).
+    pub fn take_idle_storage(&mut self) -> Option<VecDeque<reply_queue::Pending>> {
+        self.replies.take_storage()
+    }
+
+    /// Storage for the reply queue of a client becoming active, if it has none: `get`
+    /// supplies it (called only then).
+    pub fn lend_storage(&mut self, get: impl FnOnce() -> Option<VecDeque<reply_queue::Pending>>) {
+        self.replies.lend_storage(get)
+    }
+
     /// A server is linked.
     pub fn is_linked(&self) -> bool {
         self.link == Link::Linked

@@ -239,6 +239,24 @@ pub struct ReplyQueue {
 }
 
 impl ReplyQueue {
+    /// The queue's storage when nothing is pending, leaving the queue without any (an idle
+    /// client keeps none; the driver recycles it).
+    pub fn take_storage(&mut self) -> Option<VecDeque<Pending>> {
+        (self.q.is_empty() && self.q.capacity() > 0).then(|| std::mem::take(&mut self.q))
+    }
+
+    /// Gives a queue without storage the (empty) storage `get` returns, if any.
+    pub fn lend_storage(&mut self, get: impl FnOnce() -> Option<VecDeque<Pending>>) {
+        if self.q.capacity() == 0
+            && let Some(q) = get()
+        {
+            debug_assert!(q.is_empty() && self.q.is_empty());
+            if self.q.is_empty() {
+                self.q = q;
+            }
+        }
+    }
+
     /// Appends a request written to the server.
     #[inline]
     pub fn push(&mut self, p: Pending) {
