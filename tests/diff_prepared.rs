@@ -137,6 +137,8 @@ scenarios! {
         fresh_parse_after_alter_then_old_describer,
         extended_deallocate_all_after_rollback_in_failed_transaction,
         promoted_unnamed_reuse_follows_search_path_and_types,
+        extended_set_stays_with_its_client,
+        extended_set_mixed_with_simple_transactions,
     ],
 }
 

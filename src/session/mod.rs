@@ -61,6 +61,9 @@ enum Link {
     Linked,
 }
 
+/// A portal bound to a tracked statement: (portal name, statement text).
+type TrackedPortal = (Box<[u8]>, Box<str>);
+
 /// One client's conversation. See the module doc.
 #[derive(Debug)]
 pub struct Session {
@@ -117,6 +120,14 @@ pub struct Session {
     last_bind: Option<(Box<[u8]>, Arc<Statement>)>,
     /// The portal bound to this client's `DEALLOCATE ALL` (run on the server as a no-op).
     dealloc_portal: Option<Box<[u8]>>,
+    /// The portal bound to a SET/RESET/DISCARD or transaction-control statement, and its
+    /// text: its Execute is tracked like a simple Query's (see `ext_done`).
+    tracked_portal: Option<Box<TrackedPortal>>,
+    /// Tracked statements the server completed through the extended protocol since the last
+    /// ReadyForQuery, in order; applied or dropped there, as the transaction ends.
+    ext_done: Vec<Box<str>>,
+    /// An extended-protocol request failed since the last ReadyForQuery.
+    ext_failed: bool,
     /// ParameterDescription of a Describe S of a cached statement, held until the row
     /// description arrives (a stale statement errors in between, and is then retried).
     param_desc: Option<Vec<u8>>,
@@ -159,6 +170,9 @@ impl Session {
             param_desc: None,
             last_bind: None,
             dealloc_portal: None,
+            tracked_portal: None,
+            ext_done: Vec::new(),
+            ext_failed: false,
         }
     }
 
@@ -404,6 +418,7 @@ impl Session {
                 self.forward(frame, Req::Execute);
                 if self.registry.is_some() {
                     self.on_execute(frame);
+                    self.track_execute(frame);
                 }
             }
             tags::CLOSE => self.forward(frame, Req::Close),
@@ -615,6 +630,12 @@ impl Session {
         } else if req.completed_by(tag)
             && let Some(p) = self.replies.pop()
         {
+            if p.req == Req::Execute
+                && tag == tags::COMMAND_COMPLETE
+                && let Some(sql) = p.tracked_sql
+            {
+                self.ext_done.push(sql);
+            }
             if let Some(s) = &p.fx.server_parse {
                 s.validated.store(true, Ordering::Relaxed);
                 // Counted when done: a Parse the server skipped after an error never ran.
@@ -663,6 +684,7 @@ impl Session {
             self.on_statement_error(&s, code, server);
         }
         if req.is_extended() {
+            self.ext_failed = true;
             // The server now skips to the next Sync: those requests get no reply.
             if let Some(p) = self.replies.pop() {
                 self.rollback(p, server);
@@ -690,11 +712,17 @@ impl Session {
         self.tx_status = status;
         server.tx_status = status;
         self.copy_in = false;
-        if let Some(sql) = &p.tracked_sql {
+        if !self.ext_done.is_empty() {
+            // SET/RESET/DISCARD and transaction control run through the extended protocol.
+            let sql = std::mem::take(&mut self.ext_done).join(";\n");
+            let failed = self.ext_failed;
+            self.track_settings(&sql, failed, before != b'I', status, server);
+        } else if let Some(sql) = &p.tracked_sql {
             self.track_settings(sql, p.failed, before != b'I', status, server);
         } else if status == b'I' {
             self.tx_settings.clear();
         }
+        self.ext_failed = false;
         let done = self.replies.is_empty();
         if self.mode == PoolMode::Statement && status != b'I' && p.purpose == Purpose::Client && done {
             // A transaction block was opened: refuse it, roll it back on the server.

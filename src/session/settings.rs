@@ -270,6 +270,16 @@ fn may_hold_several(sql: &[u8]) -> bool {
     }
 }
 
+/// Quick pre-check for a statement that `session_stmts` may find something in: SET, RESET,
+/// DISCARD, or transaction control (BEGIN, START, COMMIT, END, ROLLBACK, ABORT).
+pub fn maybe_session_stmt(sql: &[u8]) -> bool {
+    let s = sql.trim_ascii_start();
+    maybe_setting_stmt(sql)
+        || [&b"begin"[..], b"start", b"commit", b"end", b"rollback", b"abort"]
+            .iter()
+            .any(|k| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k))
+}
+
 /// Quick pre-check before `parse_setting_stmt`: does the text start with SET/RESET/DISCARD?
 #[inline]
 pub fn maybe_setting_stmt(sql: &[u8]) -> bool {

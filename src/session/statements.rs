@@ -512,21 +512,22 @@ impl Session {
                 // The portal is re-bound: a Describe of it no longer describes that statement.
                 self.last_bind = None;
             }
-            let standin = if stmt_name.is_empty() {
-                match &self.unnamed {
-                    Unnamed::Plain { frame, .. } => {
-                        frontend::parse_fields(body(frame)).is_some_and(|f| f.query == DEALLOCATE_ALL_STANDIN)
-                    }
-                    Unnamed::Cached(s) => *s.query == *DEALLOCATE_ALL_STANDIN,
-                    Unnamed::None => false,
-                }
-            } else {
-                self.named.get(stmt_name).is_some_and(|s| *s.query == *DEALLOCATE_ALL_STANDIN)
-            };
-            if standin && !matches!(resolved, Resolved::Failed) {
+            let text = self.statement_text(stmt_name);
+            let standin = text == Some(DEALLOCATE_ALL_STANDIN);
+            let tracked = text
+                .filter(|t| super::settings::maybe_session_stmt(t))
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .map(Box::<str>::from);
+            let bound = !matches!(resolved, Resolved::Failed);
+            if standin && bound {
                 self.dealloc_portal = Some(portal.into());
             } else if self.dealloc_portal.as_deref() == Some(portal) {
                 self.dealloc_portal = None;
+            }
+            match tracked {
+                Some(sql) if bound => self.tracked_portal = Some(Box::new((portal.into(), sql))),
+                _ if self.tracked_portal.as_deref().is_some_and(|(p, _)| **p == *portal) => self.tracked_portal = None,
+                _ => {}
             }
         }
         match resolved {
@@ -803,6 +804,32 @@ impl Session {
         let frames = std::mem::take(&mut self.last_batch);
         self.replay = frames.get(from as usize..).map(<[u8]>::to_vec);
         true
+    }
+
+    /// The SQL text of the client's statement `name` ("" = unnamed), if known.
+    fn statement_text(&self, name: &[u8]) -> Option<&[u8]> {
+        if name.is_empty() {
+            match &self.unnamed {
+                Unnamed::Plain { frame, .. } => frontend::parse_fields(body(frame)).map(|f| f.query),
+                Unnamed::Cached(s) => Some(&s.query),
+                Unnamed::None => None,
+            }
+        } else {
+            self.named.get(name).map(|s| &*s.query)
+        }
+    }
+
+    /// An Execute just queued: if its portal runs a SET/RESET/DISCARD or a transaction
+    /// control statement, its text goes with it, to be tracked once the server completes it.
+    pub(super) fn track_execute(&mut self, frame: &[u8]) {
+        let Some((portal, sql)) = self.tracked_portal.as_deref() else { return };
+        if crate::protocol::read_cstr(body(frame)).map(|(p, _)| p) != Some(&portal[..]) {
+            return;
+        }
+        let sql = sql.clone();
+        if let Some(p) = self.replies.last_mut() {
+            p.tracked_sql = Some(sql);
+        }
     }
 
     /// An Execute just queued: if it runs the client's `DEALLOCATE ALL` stand-in, the
