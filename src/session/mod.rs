@@ -8,6 +8,7 @@
 //! whichever server the client is given, and (in `statements`) the client's view of its
 //! prepared statements over the shared statement cache.
 
+mod guard;
 pub mod reply_queue;
 pub mod settings;
 mod statements;
@@ -130,7 +131,12 @@ pub struct Session {
     ext_failed: bool,
     /// ParameterDescription of a Describe S of a cached statement, held until the row
     /// description arrives (a stale statement errors in between, and is then retried).
-    param_desc: Option<Vec<u8>>,
+    param_desc: Option<Box<[u8]>>,
+    /// Statements the client parsed in this transaction whose Parse the cache answered:
+    /// their first use runs inside a savepoint guard (`guard`). Boxed, and None when
+    /// empty: every idle client carries the field.
+    #[allow(clippy::box_collection)]
+    fresh_in_tx: Option<Box<Vec<u64>>>,
 }
 
 impl Session {
@@ -173,6 +179,7 @@ impl Session {
             tracked_portal: None,
             ext_done: Vec::new(),
             ext_failed: false,
+            fresh_in_tx: None,
         }
     }
 
@@ -359,8 +366,10 @@ impl Session {
             self.unnamed = Unnamed::None;
         }
         if self.registry.is_some() {
-            // Keep the batch for a transparent retry (only outside transactions).
-            let record = self.tx_status == b'I'
+            // Keep the batch for a transparent retry: outside transactions, and inside one
+            // from where a savepoint guard may be needed (`guard`).
+            let record = (self.tx_status == b'I'
+                || (self.tx_status == b'T' && (self.fresh_in_tx.is_some() || !self.batch.is_empty())))
                 && matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
             if record {
                 self.frame_at = self.batch.len() as u32;
@@ -580,7 +589,7 @@ impl Session {
         let forwarded = matches!(head.on_reply, OnReply::Forward);
         if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
             if matches!(head.on_reply, OnReply::Forward) {
-                self.param_desc = Some(frame.to_vec());
+                self.param_desc = Some(frame.into());
             }
             return;
         }
@@ -705,12 +714,22 @@ impl Session {
         }
         let status = frame.get(5).copied().unwrap_or(b'I');
         self.replies.mark_synced();
+        if p.purpose == Purpose::Retried {
+            // The hidden end of a failed batch being retried: the client's transaction
+            // status is the retried batch's.
+            server.tx_status = status;
+            self.ext_failed = false;
+            return self.drain_synth();
+        }
         if matches!(p.on_reply, OnReply::Forward) {
             self.retried = false;
         }
         let before = self.tx_status;
         self.tx_status = status;
         server.tx_status = status;
+        if status != b'T' {
+            self.end_guards();
+        }
         self.copy_in = false;
         if !self.ext_done.is_empty() {
             // SET/RESET/DISCARD and transaction control run through the extended protocol.

@@ -95,6 +95,9 @@ pub enum Purpose {
     SyncSettings,
     /// A ROLLBACK the pooler sent (statement mode).
     Rollback,
+    /// The client's Sync ending a batch that is being retried: its ReadyForQuery is not
+    /// the client's, nor is the transaction status it reports.
+    Retried,
 }
 
 /// A change to the client's statement names made when the request was sent, undone if the
@@ -143,6 +146,12 @@ pub struct Fx {
     /// For a client Bind of a cached statement outside a transaction: where the Bind starts
     /// in the client's batch, so the batch can be replayed after a re-prepare.
     pub replay_from: Option<u32>,
+    /// The request runs inside the pooler's savepoint guard (`session::guard`): a retry
+    /// is possible inside a transaction.
+    pub guarded: bool,
+    /// A Parse of these savepoint-guard statements was sent (bits of `GuardCmd`): they are
+    /// not prepared there if the server skips or fails it.
+    pub guard_parse: u8,
     /// The SQL sent differs from the client's (a statement name rewritten): how to word
     /// an error so the client sees its own name and positions.
     pub rename: Option<Box<Rename>>,

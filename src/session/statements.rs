@@ -4,6 +4,7 @@
 //! order, SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD ALL, and the errors
 //! PostgreSQL would give (42P05, 26000) without ever disconnecting the client.
 
+use super::guard::GuardCmd;
 use super::reply_queue::{ClientFx, Fx, OnReply, Pending, Rename, Req, Synth};
 use super::{ServerState, Session};
 use crate::error::{Error, SqlState};
@@ -423,6 +424,7 @@ impl Session {
         };
         if local {
             registry.stats.hits.fetch_add(1, Ordering::Relaxed);
+            self.note_fresh_parse(&stmt);
             self.push_synth(Synth::ParseComplete, Fx { client: client_fx, ..Fx::default() });
         } else if let Some(srv) = srv
             && !self.ensure_on_server(srv, &stmt, OnReply::Forward, client_fx.clone())
@@ -506,6 +508,11 @@ impl Session {
             self.fail(Error::protocol("invalid Bind message"));
             return true;
         };
+        if self.fresh_in_tx.is_some() {
+            let dml = self.statement_text(stmt_name).is_some_and(crate::stmt::sql::is_plain_dml);
+            self.note_statement_run(dml);
+        }
+        let guard = self.guard_wanted(stmt_name, srv);
         let resolved = self.resolve(stmt_name, srv);
         if !matches!(resolved, Resolved::Held) {
             if self.last_bind.as_ref().is_some_and(|(p, _)| **p == *portal) {
@@ -535,6 +542,10 @@ impl Session {
             Resolved::Failed => {}
             Resolved::Plain => self.forward(frame, Req::Bind),
             Resolved::Cached(s) => {
+                let guarded = guard == Some(s.id);
+                if guarded {
+                    self.open_guard(&s, srv);
+                }
                 let tail = &body(frame)[rest..];
                 write_msg(&mut self.to_server, tags::BIND, |b| {
                     b.put_slice(portal);
@@ -543,10 +554,13 @@ impl Session {
                     b.put_u8(0);
                     b.put_slice(tail);
                 });
-                let replay_from = self.retry_point();
+                let replay_from = if guarded { Some(self.frame_at) } else { self.retry_point() };
                 self.last_bind = Some((portal.into(), s.clone()));
-                let fx = Fx { uses: Some(s), replay_from, ..Fx::default() };
+                let fx = Fx { uses: Some(s), replay_from, guarded, ..Fx::default() };
                 self.replies.push(Pending::with(Req::Bind, OnReply::Forward, fx));
+                if guarded {
+                    self.guard_command(GuardCmd::Release, srv);
+                }
             }
         }
         true
@@ -565,19 +579,27 @@ impl Session {
             self.replies.push(Pending::with(Req::Describe, OnReply::Forward, Fx { portal_of, ..Fx::default() }));
             return true;
         }
+        let guard = self.guard_wanted(name, srv);
         match self.resolve(name, srv) {
             Resolved::Held => return false,
             Resolved::Failed => {}
             Resolved::Plain => self.forward(frame, Req::Describe),
             Resolved::Cached(s) => {
+                let guarded = guard == Some(s.id);
+                if guarded {
+                    self.open_guard(&s, srv);
+                }
                 write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
                     b.put_u8(b'S');
                     b.put_slice(s.server_name.as_bytes());
                     b.put_u8(0);
                 });
-                let replay_from = self.retry_point();
-                let fx = Fx { uses: Some(s), replay_from, ..Fx::default() };
+                let replay_from = if guarded { Some(self.frame_at) } else { self.retry_point() };
+                let fx = Fx { uses: Some(s), replay_from, guarded, ..Fx::default() };
                 self.replies.push(Pending::with(Req::Describe, OnReply::Forward, fx));
+                if guarded {
+                    self.guard_command(GuardCmd::Release, srv);
+                }
             }
         }
         true
@@ -611,6 +633,9 @@ impl Session {
     /// A simple Query with the cache on: SQL-level statement commands are handled here.
     pub(super) fn on_query_cached(&mut self, frame: &[u8], srv: &mut ServerState) {
         let text = frontend::query_text(body(frame)).unwrap_or_default();
+        if self.fresh_in_tx.is_some() {
+            self.note_statement_run(crate::stmt::sql::is_plain_dml(text));
+        }
         // In a failed transaction PostgreSQL rejects every command with 25P02: let it.
         if self.tx_status == b'E' {
             return self.forward_query(frame);
@@ -735,6 +760,7 @@ impl Session {
             // The Close was skipped: the statement is still prepared there.
             srv.stmts.insert(s);
         }
+        srv.stmts.guard &= !p.fx.guard_parse;
         match p.fx.client {
             ClientFx::None => {}
             ClientFx::Named { name } => {
@@ -756,13 +782,16 @@ impl Session {
         }
     }
 
-    /// 0A000 or 26000 answered a Bind of a cached statement outside a transaction: when
-    /// PostgreSQL would not have failed (the client was never told the old row shape, or
-    /// its batch describes the portal; or the server merely lost the statement), prepare
-    /// the statement afresh and replay the client's batch from that Bind, hiding the error.
-    /// Only when that batch is the last thing sent, so nothing is reordered.
+    /// 0A000 or 26000 answered a Bind or Describe of a cached statement outside a
+    /// transaction, or inside one under a savepoint guard (`guard`): when PostgreSQL would
+    /// not have failed (the client was never told the old row shape, or its batch describes
+    /// the portal; or the server merely lost the statement), prepare the statement afresh
+    /// and replay the client's batch from that request, hiding the error (under a guard,
+    /// after rolling back to the savepoint). Only when that batch is the last thing sent,
+    /// so nothing is reordered.
     pub(super) fn try_retry(&mut self, stmt: &Arc<Statement>, code: &[u8], from: u32, srv: &mut ServerState) -> bool {
-        if self.retried || self.tx_status != b'I' || !self.batch.is_empty() {
+        let guarded = self.replies.head().is_some_and(|p| p.fx.guarded);
+        if self.retried || !(self.tx_status == b'I' || guarded) || !self.batch.is_empty() {
             return false;
         }
         let last_sync = self.replies.iter().position(|p| p.req == Req::Sync && !p.is_synth());
@@ -783,6 +812,12 @@ impl Session {
         // The Sync already sent: its ReadyForQuery is not the client's any more.
         if let Some(p) = self.replies.head_mut() {
             p.on_reply = OnReply::Skip;
+            p.purpose = super::reply_queue::Purpose::Retried;
+        }
+        if guarded {
+            // Back to before the failed use: the transaction goes on as if it never ran.
+            self.guard_command(GuardCmd::RollbackTo, srv);
+            self.guard_command(GuardCmd::Release, srv);
         }
         let registry = self.registry().clone();
         let fresh = if code == b"0A000" {

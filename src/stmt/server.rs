@@ -14,6 +14,9 @@ pub struct ServerStmts {
     pinned_from: u64,
     /// Who owns the server's unnamed statement: (client id, that client's Parse sequence).
     pub unnamed_owner: Option<(u64, u64)>,
+    /// Which of the pooler's savepoint-guard statements are prepared here (bits of
+    /// `session::guard::GuardCmd`).
+    pub guard: u8,
 }
 
 impl ServerStmts {
@@ -43,6 +46,7 @@ impl ServerStmts {
     pub fn clear(&mut self) {
         self.map.clear();
         self.unnamed_owner = None;
+        self.guard = 0;
     }
     /// A new client is linked: nothing it uses from now on may be evicted.
     pub fn begin_link(&mut self) {

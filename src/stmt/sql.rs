@@ -85,6 +85,21 @@ pub fn starts_with_deallocate(sql: &[u8]) -> bool {
     first_word(sql).is_some_and(|w| w.eq_ignore_ascii_case(b"deallocate"))
 }
 
+/// Whether the text is surely one plain data statement (SELECT, INSERT, UPDATE, DELETE,
+/// MERGE, WITH, VALUES, TABLE): nothing that can change a table's definition.
+pub fn is_plain_dml(sql: &[u8]) -> bool {
+    const DML: [&[u8]; 8] = [b"select", b"insert", b"update", b"delete", b"merge", b"with", b"values", b"table"];
+    let Some(w) = first_word(sql) else { return false };
+    if !DML.iter().any(|k| w.eq_ignore_ascii_case(k)) {
+        return false;
+    }
+    // One statement: no ';' but trailing ones.
+    match sql.iter().position(|&b| b == b';') {
+        Some(i) => sql[i..].iter().all(|&b| b == b';' || b.is_ascii_whitespace()),
+        None => true,
+    }
+}
+
 /// Classifies a Query text.
 pub fn classify(sql: &[u8]) -> Classified {
     if !contains_keyword(sql) {
@@ -293,6 +308,21 @@ fn parse_one(sql: &[u8], r: Range<usize>) -> Option<SqlStmt> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_dml() {
+        for sql in [
+            "SELECT 1",
+            " /* c */ select * from t;",
+            "WITH x AS (SELECT 1) SELECT * FROM x",
+            "insert into t values (1);\n",
+        ] {
+            assert!(is_plain_dml(sql.as_bytes()), "{sql}");
+        }
+        for sql in ["ALTER TABLE t ADD c int", "select 1; drop table t", "SET x = 1", "", "CALL p()", "EXECUTE q"] {
+            assert!(!is_plain_dml(sql.as_bytes()), "{sql}");
+        }
+    }
 
     #[test]
     fn recognizes_commands() {

@@ -1,0 +1,144 @@
+//! The savepoint guard: a client that parses a statement inside its transaction gets a
+//! fresh parse from its own backend, but parsnip answers that Parse from the cache, with
+//! a server statement parsed earlier. If a schema change made that plan's result type
+//! stale, PostgreSQL answers its first use with 0A000, which would abort the client's
+//! transaction where its own backend would have gone on.
+//!
+//! So the first use (Bind or Describe) of such a statement in the transaction runs between
+//! `SAVEPOINT` and `RELEASE`, which the pooler sends itself and hides. On 0A000 (or 26000:
+//! the server lost the statement) the pooler rolls back to its savepoint, which leaves the
+//! transaction as it was before the use, prepares the statement afresh and replays the
+//! client's batch from that use (`Session::try_retry`). Parse-time locks are taken by that
+//! first use, so no later use in the transaction needs a guard (as on the client's own
+//! backend, where they were taken by its Parse).
+//!
+//! The commands run through statements and a portal of the pooler's own (never the
+//! unnamed ones, which may hold the client's): the statements stay prepared on the server
+//! connection (one Parse each per connection), the portal is closed after each use.
+//!
+//! Owns: which statements await a guard in this transaction. Must not decide retries: that
+//! is `statements`.
+
+use super::reply_queue::{Fx, OnReply, Pending, Req};
+use super::statements::Unnamed;
+use super::{ServerState, Session};
+use crate::protocol::backend::write_msg;
+use crate::protocol::tags;
+use crate::stmt::Statement;
+use bytes::BufMut;
+
+/// The pooler's portal for its savepoint commands (closed after each).
+const PORTAL: &[u8] = b"parsnip_guard";
+
+/// One savepoint command; its statement stays prepared on the server once parsed there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GuardCmd {
+    Savepoint = 1,
+    Release = 2,
+    RollbackTo = 4,
+}
+
+impl GuardCmd {
+    fn statement(self) -> &'static [u8] {
+        match self {
+            GuardCmd::Savepoint => b"parsnip_guard_savepoint",
+            GuardCmd::Release => b"parsnip_guard_release",
+            GuardCmd::RollbackTo => b"parsnip_guard_rollback",
+        }
+    }
+    fn sql(self) -> &'static [u8] {
+        match self {
+            GuardCmd::Savepoint => b"SAVEPOINT parsnip_guard",
+            GuardCmd::Release => b"RELEASE SAVEPOINT parsnip_guard",
+            GuardCmd::RollbackTo => b"ROLLBACK TO SAVEPOINT parsnip_guard",
+        }
+    }
+}
+
+impl Session {
+    /// A Parse inside a transaction block was answered from the cache with `stmt`.
+    pub(super) fn note_fresh_parse(&mut self, stmt: &Statement) {
+        if self.tx_status == b'T' {
+            let ids = self.fresh_in_tx.get_or_insert_with(Default::default);
+            if !ids.contains(&stmt.id) {
+                ids.push(stmt.id);
+            }
+        }
+    }
+
+    /// The client runs a statement in its transaction: unless it is plain data
+    /// manipulation, it may change a table under the statements it parsed, and then its own
+    /// backend would answer their next use with 0A000 too: no guard for them.
+    pub(super) fn note_statement_run(&mut self, plain_dml: bool) {
+        if !plain_dml {
+            self.fresh_in_tx = None;
+        }
+    }
+
+    /// The transaction ended (or never began): nothing awaits a guard.
+    pub(super) fn end_guards(&mut self) {
+        self.fresh_in_tx = None;
+    }
+
+    /// If a Bind or Describe of the client's statement `name` is the first use of a
+    /// statement it parsed in this transaction, already prepared on the server (one the
+    /// server has to parse now is fresh anyway): that statement's id.
+    pub(super) fn guard_wanted(&self, name: &[u8], srv: &ServerState) -> Option<u64> {
+        let ids = self.fresh_in_tx.as_ref().filter(|_| self.tx_status == b'T' && !self.retried)?;
+        let stmt = if name.is_empty() {
+            match &self.unnamed {
+                Unnamed::Cached(s) => s,
+                _ => return None,
+            }
+        } else {
+            self.named.get(name)?
+        };
+        (ids.contains(&stmt.id) && srv.stmts.has(stmt)).then_some(stmt.id)
+    }
+
+    /// Opens the guard before the first use of `stmt`.
+    pub(super) fn open_guard(&mut self, stmt: &Statement, srv: &mut ServerState) {
+        if let Some(ids) = self.fresh_in_tx.as_mut() {
+            ids.retain(|&id| id != stmt.id);
+            if ids.is_empty() {
+                self.fresh_in_tx = None;
+            }
+        }
+        self.guard_command(GuardCmd::Savepoint, srv);
+    }
+
+    /// Runs one savepoint command on the server on the pooler's behalf (parsing its
+    /// statement there first if needed); an error in it is forwarded (the server then
+    /// skips the client's requests up to its Sync), every other reply is dropped.
+    pub(super) fn guard_command(&mut self, cmd: GuardCmd, srv: &mut ServerState) {
+        let name = cmd.statement();
+        if srv.stmts.guard & cmd as u8 == 0 {
+            srv.stmts.guard |= cmd as u8;
+            crate::stmt::registry::write_parse(&mut self.to_server, name, cmd.sql(), &[]);
+            let fx = Fx { guard_parse: cmd as u8, ..Fx::default() };
+            self.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
+        }
+        write_msg(&mut self.to_server, tags::BIND, |b| {
+            b.put_slice(PORTAL);
+            b.put_u8(0);
+            b.put_slice(name);
+            b.put_u8(0);
+            b.put_i16(0);
+            b.put_i16(0);
+            b.put_i16(0);
+        });
+        write_msg(&mut self.to_server, tags::EXECUTE, |b| {
+            b.put_slice(PORTAL);
+            b.put_u8(0);
+            b.put_i32(0);
+        });
+        write_msg(&mut self.to_server, tags::CLOSE, |b| {
+            b.put_u8(b'P');
+            b.put_slice(PORTAL);
+            b.put_u8(0);
+        });
+        for req in [Req::Bind, Req::Execute, Req::Close] {
+            self.replies.push(Pending::with(req, OnReply::Inject, Fx::default()));
+        }
+    }
+}
