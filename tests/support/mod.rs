@@ -1,7 +1,9 @@
 //! Shared harness of the end-to-end tests.
 //!
-//! * [`cluster`]: one throwaway PostgreSQL 15 per test binary (SCRAM auth, roles `app`,
+//! * [`cluster`]: one throwaway PostgreSQL per test binary (SCRAM auth, roles `app`,
 //!   `md5user`, `aq`, database `other`), stopped by an `atexit` hook when the binary exits.
+//!   Its binaries are found as the embedded module finds them: `PARSNIP_PG_BIN` first
+//!   (scripts/test.sh's second pass, PostgreSQL 18), else Debian's PostgreSQL 15.
 //! * [`Parsnip`]: the pooler binary on a free port, its stderr/stdout collected, killed on
 //!   drop (and by the kernel if the test thread dies first).
 //! * [`Pg`]: a tokio-postgres client whose connection task forwards NOTICEs and reports how
