@@ -85,6 +85,8 @@ scenarios! {
         sql_discard_all_and_plans,
         sql_prepare_in_transactions,
         intentional_sql_in_multi_statement_query,
+        sql_execute_after_eviction,
+        sql_execute_after_eviction_fails_to_prepare,
     ],
     portals_copy => [
         flush_without_sync,

@@ -20,6 +20,7 @@ mod tests;
 use crate::config::PoolMode;
 use crate::error::{Error, Severity, SqlState};
 use crate::protocol::{backend, body, frontend, tags};
+use crate::stmt::registry::StmtKind;
 use crate::stmt::{Registry, ServerStmts, Statement};
 use bytes::BytesMut;
 use reply_queue::{OnReply, Pending, Purpose, ReplyQueue, Req, Synth};
@@ -88,7 +89,8 @@ pub struct Session {
     /// A statement whose fresh Parse described a different row shape than the one clients
     /// were given: the next use fails with 0A000, as on the client's own backend.
     shape_mismatch: Option<Arc<Statement>>,
-    acquire_error: Option<Error>,
+    /// Boxed: rare, and every idle client carries the field.
+    acquire_error: Option<Box<Error>>,
     closing: bool,
     settings: Arc<Settings>,
     /// Settings made inside the open transaction: kept if it commits.
@@ -98,6 +100,11 @@ pub struct Session {
     /// The pool's statement cache; None: statements pass through untouched (session mode).
     registry: Option<Arc<Registry>>,
     named: HashMap<Box<[u8]>, Arc<Statement>>,
+    /// For names the client gave a SQL `PREPARE`: how many characters its text had before
+    /// the statement's definition ("PREPARE name "), so that errors of the server's
+    /// `PREPARE pn_<k> …` point where PostgreSQL would point. Read only for names that
+    /// hold a SQL-level statement (entries of names dropped since are harmless; pruned).
+    sql_prefix: HashMap<Box<[u8]>, u32>,
     unnamed: Unnamed,
     unnamed_seq: u64,
     key_buf: Vec<u8>,
@@ -163,6 +170,7 @@ impl Session {
             uid,
             registry,
             named: HashMap::new(),
+            sql_prefix: HashMap::new(),
             unnamed: Unnamed::None,
             unnamed_seq: 0,
             key_buf: Vec::new(),
@@ -404,7 +412,11 @@ impl Session {
                 }
                 tags::QUERY => {
                     let sent = self.to_server.len();
-                    self.on_query_cached(frame, srv);
+                    if !self.on_query_cached(frame, srv) {
+                        // Fed again once the replies it waits for are in (nothing was sent).
+                        srv.stmts.unnamed_owner = unnamed_owner;
+                        return false;
+                    }
                     if self.to_server.len() == sent {
                         // Answered here: the server's unnamed statement is untouched (and no
                         // longer the client's).
@@ -531,7 +543,7 @@ impl Session {
         if err.severity == Severity::Fatal {
             return self.fail(err);
         }
-        self.acquire_error = Some(err);
+        self.acquire_error = Some(Box::new(err));
     }
 
     /// The linked server's connection broke.
@@ -645,7 +657,10 @@ impl Session {
             {
                 self.ext_done.push(sql);
             }
-            if let Some(s) = &p.fx.server_parse {
+            // A SQL-level statement exists once its PREPARE has run, not when that is parsed.
+            if let Some(s) = &p.fx.server_parse
+                && (p.req != Req::Parse || s.kind != StmtKind::Sql)
+            {
                 s.validated.store(true, Ordering::Relaxed);
                 // Counted when done: a Parse the server skipped after an error never ran.
                 if let Some(r) = &self.registry {
@@ -687,7 +702,7 @@ impl Session {
                 self.to_client.extend_from_slice(frame);
                 return self.fail_quiet();
             }
-            OnReply::Skip | OnReply::Synth(_) | OnReply::ShapeCheck(_) => {}
+            OnReply::Skip | OnReply::Synth(_) | OnReply::ShapeCheck(_) | OnReply::Answered => {}
         }
         if let Some(s) = head.fx.uses.clone() {
             self.on_statement_error(&s, code, server);
@@ -701,6 +716,8 @@ impl Session {
             while let Some(p) = self.replies.pop_unless_sync() {
                 self.rollback(p, server);
             }
+            // A PREPARE run ahead of the client's EXECUTE failed: that error is the answer.
+            self.replies.answer_after_prepare_sync();
             // No Sync sent yet (the batch ended with Flush): the server ignores what the
             // client sends until its Sync.
             self.server_skipping = self.replies.is_empty();
@@ -753,7 +770,7 @@ impl Session {
             self.replies.push(Pending::internal(Req::Query, Purpose::Rollback));
             return;
         }
-        if matches!(p.on_reply, OnReply::Forward | OnReply::ReplaceError(_)) {
+        if matches!(p.on_reply, OnReply::Forward | OnReply::ReplaceError(_) | OnReply::Answered) {
             self.to_client.extend_from_slice(frame);
         }
         self.drain_synth();

@@ -84,6 +84,11 @@ pub enum OnReply {
     /// PostgreSQL would: its 26000 error is replaced by this one (other errors, such as
     /// 25P02 in an aborted transaction, pass through as PostgreSQL would give them).
     ReplaceError(Box<Error>),
+    /// The client was already given this request's error: a PREPARE the pooler ran ahead of
+    /// it (to re-create the statement this `EXECUTE` names) failed, and that failure is what
+    /// PostgreSQL would have answered. The server's replies are dropped, but for the
+    /// ReadyForQuery.
+    Answered,
 }
 
 /// Why the pooler sent a request it skips the replies of.
@@ -98,6 +103,10 @@ pub enum Purpose {
     /// The client's Sync ending a batch that is being retried: its ReadyForQuery is not
     /// the client's, nor is the transaction status it reports.
     Retried,
+    /// The Sync ending a PREPARE the pooler runs ahead of the client's simple Query (an
+    /// `EXECUTE` of a statement this server does not have): the request queued after it
+    /// depends on that PREPARE.
+    Prepare,
 }
 
 /// A change to the client's statement names made when the request was sent, undone if the
@@ -235,6 +244,14 @@ impl Pending {
     pub fn is_synth(&self) -> bool {
         matches!(self.on_reply, OnReply::Synth(_))
     }
+    /// True when sending this leaves the server with something only a Sync ends: an
+    /// implicit transaction, portals, the client's batch. Not the pooler's own Close of a
+    /// statement (an eviction): PostgreSQL runs a Close outside any transaction, and it
+    /// cannot fail.
+    #[inline]
+    fn opens_batch(&self) -> bool {
+        self.req.is_extended() && !self.is_synth() && !(self.req == Req::Close && self.on_reply == OnReply::Skip)
+    }
 }
 
 /// The FIFO of outstanding requests on the linked server.
@@ -269,8 +286,10 @@ impl ReplyQueue {
     /// Appends a request written to the server.
     #[inline]
     pub fn push(&mut self, p: Pending) {
-        if p.req.is_extended() && !p.is_synth() {
+        if p.opens_batch() {
             self.unsynced = true;
+        } else if p.req == Req::Sync {
+            self.unsynced = false;
         }
         self.q.push_back(p);
     }
@@ -279,12 +298,9 @@ impl ReplyQueue {
     pub fn mark_synced(&mut self) {
         let mut open = false;
         for p in &self.q {
-            if p.is_synth() {
-                continue;
-            }
-            if p.req == Req::Sync {
+            if p.req == Req::Sync && !p.is_synth() {
                 open = false;
-            } else if p.req.is_extended() {
+            } else if p.opens_batch() {
                 open = true;
             }
         }
@@ -302,10 +318,6 @@ impl ReplyQueue {
     #[inline]
     pub fn head(&self) -> Option<&Pending> {
         self.q.front()
-    }
-    /// Iterates outstanding requests mutably, newest first.
-    pub fn iter_mut_rev(&mut self) -> impl Iterator<Item = &mut Pending> {
-        self.q.iter_mut().rev()
     }
     /// The request queued last.
     pub fn last_mut(&mut self) -> Option<&mut Pending> {
@@ -326,6 +338,18 @@ impl ReplyQueue {
         match self.q.front() {
             Some(p) if p.req != Req::Sync => self.q.pop_front(),
             _ => None,
+        }
+    }
+    /// After an error the server skips to the Sync at the head: when that Sync ends a
+    /// PREPARE the pooler ran ahead of a client's Query (`Purpose::Prepare`), the Query
+    /// after it fails for want of the statement, and the error already forwarded is the
+    /// answer PostgreSQL would have given it.
+    pub fn answer_after_prepare_sync(&mut self) {
+        if self.q.front().is_some_and(|p| p.req == Req::Sync && p.purpose == Purpose::Prepare)
+            && let Some(next) = self.q.get_mut(1)
+        {
+            next.on_reply = OnReply::Answered;
+            next.fx = Fx::default();
         }
     }
     /// In COPY FROM STDIN mode the server ignores Sync and Flush: drop the Syncs queued

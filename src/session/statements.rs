@@ -5,7 +5,7 @@
 //! PostgreSQL would give (42P05, 26000) without ever disconnecting the client.
 
 use super::guard::GuardCmd;
-use super::reply_queue::{ClientFx, Fx, OnReply, Pending, Rename, Req, Synth};
+use super::reply_queue::{ClientFx, Fx, OnReply, Pending, Purpose, Rename, Req, Synth};
 use super::{ServerState, Session};
 use crate::error::{Error, SqlState};
 use crate::protocol::backend::write_msg;
@@ -244,12 +244,17 @@ impl Session {
     /// Makes sure `stmt` is prepared on the linked server, injecting its Parse (after a
     /// Close of the least recently used statement when at the cap). `on_reply` and
     /// `client` describe the Parse entry (Forward when it answers the client's own Parse).
+    /// A SQL-level statement is created by a PREPARE run through the unnamed statement
+    /// and portal (Parse, Bind, Execute; `on_reply` must then be Inject): it exists, and
+    /// `client` takes effect, once the Execute succeeds; errors of any of the three are
+    /// the client's, worded for its own PREPARE of `name`. Returns whether it injected.
     fn ensure_on_server(
         &mut self,
         srv: &mut ServerState,
         stmt: &Arc<Statement>,
         on_reply: OnReply,
         client: ClientFx,
+        name: &[u8],
     ) -> bool {
         if srv.stmts.has(stmt) {
             srv.stmts.touch(stmt);
@@ -261,13 +266,19 @@ impl Session {
         }
         self.to_server.extend_from_slice(&stmt.create);
         let on_reply_is_inject = matches!(on_reply, OnReply::Inject);
-        let fx = Fx { server_parse: Some(stmt.clone()), client, ..Fx::default() };
-        self.replies.push(Pending::with(Req::Parse, on_reply, fx));
         if stmt.kind == StmtKind::Sql {
-            // PREPARE runs through the unnamed statement and portal.
-            self.replies.push(Pending::with(Req::Bind, OnReply::Skip, Fx::default()));
-            self.replies.push(Pending::with(Req::Execute, OnReply::Skip, Fx::default()));
+            debug_assert!(on_reply_is_inject);
+            let rename = Some(Box::new(self.prepare_rename(stmt, name)));
+            let fx = Fx { server_parse: Some(stmt.clone()), rename: rename.clone(), ..Fx::default() };
+            self.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
+            let fx = Fx { rename: rename.clone(), ..Fx::default() };
+            self.replies.push(Pending::with(Req::Bind, OnReply::Inject, fx));
+            let fx = Fx { server_parse: Some(stmt.clone()), client, rename, ..Fx::default() };
+            self.replies.push(Pending::with(Req::Execute, OnReply::Inject, fx));
             srv.stmts.unnamed_owner = Some((u64::MAX, 0));
+        } else {
+            let fx = Fx { server_parse: Some(stmt.clone()), client, ..Fx::default() };
+            self.replies.push(Pending::with(Req::Parse, on_reply, fx));
         }
         srv.stmts.insert(stmt);
         if on_reply_is_inject && stmt.shape.get().is_some() && self.described.contains(&stmt.id) {
@@ -283,6 +294,32 @@ impl Session {
             self.hold = true;
         }
         true
+    }
+
+    /// How an error of the server's `PREPARE pn_<k> …` for `stmt` reads as PostgreSQL
+    /// would word it for the client's own PREPARE of `name`: the client's name, and
+    /// positions in the client's text (PostgreSQL points into the PREPARE text also when
+    /// the error comes later, from re-planning it for an EXECUTE).
+    fn prepare_rename(&self, stmt: &Statement, name: &[u8]) -> Rename {
+        let ours = ("PREPARE ".len() + stmt.server_name.len() + 1) as i64;
+        let theirs =
+            self.sql_prefix.get(name).map_or_else(|| char_len(b"PREPARE ") + char_len(name) + 1, |&n| i64::from(n));
+        Rename {
+            server_name: stmt.server_name.clone(),
+            client_name: String::from_utf8_lossy(name).into(),
+            from: ours + 1,
+            shift: theirs - ours,
+        }
+    }
+
+    /// Remembers where the definition starts in the client's `PREPARE name …` text.
+    fn note_sql_prefix(&mut self, name: &[u8], prefix: &[u8]) {
+        if self.sql_prefix.len() > 2 * self.named.len() + 16 {
+            let named = &self.named;
+            self.sql_prefix.retain(|n, _| named.contains_key(n));
+        }
+        let chars = u32::try_from(char_len(prefix)).unwrap_or(u32::MAX);
+        self.sql_prefix.insert(name.into(), chars);
     }
 
     /// The answer to a shape check: a different shape means the statement changed under
@@ -427,7 +464,7 @@ impl Session {
             self.note_fresh_parse(&stmt);
             self.push_synth(Synth::ParseComplete, Fx { client: client_fx, ..Fx::default() });
         } else if let Some(srv) = srv
-            && !self.ensure_on_server(srv, &stmt, OnReply::Forward, client_fx.clone())
+            && !self.ensure_on_server(srv, &stmt, OnReply::Forward, client_fx.clone(), p.name)
         {
             // Prepared here already (in a failed transaction): let the server answer as
             // PostgreSQL answers this Parse in that state, 25P02, or ParseComplete for a
@@ -496,7 +533,7 @@ impl Session {
             self.statement_error(stale_plan(), Some(srv), false);
             return Resolved::Failed;
         }
-        self.ensure_on_server(srv, &cached, OnReply::Inject, ClientFx::None);
+        self.ensure_on_server(srv, &cached, OnReply::Inject, ClientFx::None, name);
         if self.hold {
             return Resolved::Held;
         }
@@ -631,14 +668,16 @@ impl Session {
     }
 
     /// A simple Query with the cache on: SQL-level statement commands are handled here.
-    pub(super) fn on_query_cached(&mut self, frame: &[u8], srv: &mut ServerState) {
+    /// Returns false when the Query must wait for replies to what was sent before it.
+    pub(super) fn on_query_cached(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
         let text = frontend::query_text(body(frame)).unwrap_or_default();
         if self.fresh_in_tx.is_some() {
             self.note_statement_run(crate::stmt::sql::is_plain_dml(text));
         }
         // In a failed transaction PostgreSQL rejects every command with 25P02: let it.
         if self.tx_status == b'E' {
-            return self.forward_query(frame);
+            self.forward_query(frame);
+            return true;
         }
         match classify(text) {
             Classified::Plain => self.forward_query(frame),
@@ -660,7 +699,8 @@ impl Session {
             Classified::Single(SqlStmt::DiscardAll) => {
                 if self.tx_status != b'I' {
                     // PostgreSQL: DISCARD ALL cannot run inside a transaction block.
-                    return self.forward_query(frame);
+                    self.forward_query(frame);
+                    return true;
                 }
                 self.named.clear();
                 self.unnamed = Unnamed::None;
@@ -681,11 +721,13 @@ impl Session {
             }
             Classified::Single(SqlStmt::Prepare { name, rest }) => {
                 if self.named.contains_key(name.as_slice()) {
-                    return self.statement_error(duplicate(&name), Some(srv), true);
+                    self.statement_error(duplicate(&name), Some(srv), true);
+                    return true;
                 }
                 let cap = self.registry().cfg.client_cap;
                 if self.named.len() >= cap {
-                    return self.statement_error(too_many(cap), Some(srv), true);
+                    self.statement_error(too_many(cap), Some(srv), true);
+                    return true;
                 }
                 let registry = self.registry().clone();
                 let def = &text[rest..];
@@ -694,23 +736,12 @@ impl Session {
                 let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
                 self.key_buf = k;
                 self.named.insert(name.clone().into(), stmt.clone());
-                let client_name = String::from_utf8_lossy(&name).into_owned();
-                let client = ClientFx::Named { name: name.into() };
+                self.note_sql_prefix(&name, &text[..rest]);
+                let client = ClientFx::Named { name: name.clone().into() };
                 if stmt.is_valid() || srv.stmts.has(&stmt) {
                     self.push_synth(Synth::TagAndReady("PREPARE"), Fx { client, ..Fx::default() });
                 } else {
-                    self.ensure_on_server(srv, &stmt, OnReply::Inject, client);
-                    // Errors in the definition point into our PREPARE text: map them back.
-                    let ours = "PREPARE ".len() + stmt.server_name.len() + 1;
-                    let rename = Rename {
-                        server_name: stmt.server_name.clone(),
-                        client_name: client_name.into(),
-                        from: ours as i64 + 1,
-                        shift: char_len(&text[..rest]) - ours as i64,
-                    };
-                    if let Some(p) = self.replies.iter_mut_rev().find(|p| p.fx.server_parse.as_ref() == Some(&stmt)) {
-                        p.fx.rename = Some(Box::new(rename));
-                    }
+                    self.ensure_on_server(srv, &stmt, OnReply::Inject, client, &name);
                     self.replies.push(Pending::with(
                         Req::Execute,
                         OnReply::Synth(Synth::Tag("PREPARE")),
@@ -722,9 +753,22 @@ impl Session {
             }
             Classified::Single(SqlStmt::Execute { name, span }) => {
                 let Some(stmt) = self.named.get(name.as_slice()).cloned() else {
-                    return self.forward_query(frame);
+                    self.forward_query(frame);
+                    return true;
                 };
-                self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None);
+                if self.stmt_pending_across_sync(&stmt) {
+                    // Whether the server has it depends on a PREPARE (or Close) still in flight.
+                    return false;
+                }
+                let synced = !self.replies.is_unsynced();
+                if self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None, &name) && synced {
+                    // The PREPARE ran through the extended protocol: end its implicit
+                    // transaction before the client's Query (PostgreSQL 18 keeps it open
+                    // across a simple Query, whose ReadyForQuery would then say T), and stop
+                    // there if it fails (`answer_after_prepare_sync`).
+                    frontend::sync(&mut self.to_server);
+                    self.replies.push(Pending::internal(Req::Sync, Purpose::Prepare));
+                }
                 let mut sql = Vec::with_capacity(text.len() + 16);
                 sql.extend_from_slice(&text[..span.start]);
                 sql.extend_from_slice(stmt.server_name.as_bytes());
@@ -743,6 +787,7 @@ impl Session {
                 self.replies.push(Pending::with(Req::Query, OnReply::Forward, fx));
             }
         }
+        true
     }
 
     /// Undoes what a request the server failed or skipped would have done.

@@ -506,9 +506,11 @@ fn sql_prepare_execute_deallocate_across_checkouts() {
     h.srv = ServerState::default(); // another server
     h.client(query("EXECUTE q(5)"));
     let sent = h.server_out();
-    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBEQ");
-    assert!(text(&sent[3]).contains("EXECUTE pn_"));
-    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+    // The PREPARE ends with a Sync of its own, so no implicit transaction of it is left
+    // open when the Query runs.
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
+    assert!(text(&sent[4]).contains("EXECUTE pn_"));
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(b'I'), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
         h.server(m);
     }
     assert_eq!(h.client_out(), "CZ");
@@ -517,6 +519,51 @@ fn sql_prepare_execute_deallocate_across_checkouts() {
     h.client(query("DEALLOCATE q"));
     let sent = h.server_out();
     assert!(text(&sent[0]).contains("parsnip_probe"));
+}
+
+#[test]
+fn failed_prepare_ahead_of_execute_answers_it() {
+    let mut h = H::cached();
+    let client_text = "PREPARE q AS SELECT a FROM gone";
+    h.client(query(client_text));
+    h.server_out();
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "CZ");
+    for in_tx in [false, true] {
+        h.srv = ServerState::default(); // another server, which lacks the statement
+        let status = if in_tx { b'T' } else { b'I' };
+        h.s.tx_status = status;
+        h.client(query("EXECUTE q"));
+        let sent = h.server_out();
+        assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
+        // The table went away: the PREPARE fails when executed, and the EXECUTE after it
+        // for want of the statement (or of a live transaction).
+        let server_text = text(&sent[0]);
+        let at = |t: &str| t.find("gone").expect("table name") - t.find("PREPARE").expect("PREPARE") + 1;
+        let e = format!("SERROR\0C42P01\0Mrelation \"gone\" does not exist\0P{}\0\0", at(&server_text));
+        let failed = if in_tx { b'E' } else { b'I' };
+        let second = if in_tx { err("25P02") } else { err("26000") };
+        for m in [msg(b'1', b""), msg(b'2', b""), msg(b'E', e.as_bytes()), rfq(failed), second, rfq(failed)] {
+            h.server(m);
+        }
+        let out = h.s.to_client.split();
+        assert_eq!(tags_of(&out), "EZ", "in a transaction: {in_tx}");
+        let reply = frames(&out);
+        assert!(text(&reply[0]).contains("C42P01"), "{}", text(&reply[0]));
+        assert!(text(&reply[0]).contains(&format!("P{}\0", at(client_text))), "{}", text(&reply[0]));
+        assert_eq!(reply[1][5], failed);
+        // Not prepared there: the next EXECUTE prepares it again.
+        h.s.tx_status = status;
+        h.client(query("EXECUTE q"));
+        assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
+        for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(status), msg(b'C', b"SELECT 1\0")] {
+            h.server(m);
+        }
+        h.server(rfq(status));
+        assert_eq!(h.client_out(), "CZ");
+    }
 }
 
 #[test]
