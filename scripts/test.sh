@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting and lint gates, unit and property tests, and the
-# end-to-end tests against real PostgreSQL clusters that the suite starts itself, and the
-# driver matrix (drivers/run.py).
+# end-to-end tests against real PostgreSQL clusters that the suite starts itself (a first
+# pass against Debian's PostgreSQL 15, a second against PostgreSQL 18 from
+# scripts/fetch-pg.sh), and the driver matrix (drivers/run.py).
 # Installs what is missing (PostgreSQL server binaries) on a Debian machine.
+#
+# PARSNIP_SKIP_PG2=1 skips the PostgreSQL 18 pass (and its download);
+# PARSNIP_SKIP_DRIVERS=1 skips the driver matrix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,25 +17,76 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql postgresql-client >/dev/null
 fi
 
+# The second PostgreSQL major version, fetched first so that a machine without it (no
+# network, say) fails here, loudly, rather than after the first pass.
+pg2_bin=""
+if [ "${PARSNIP_SKIP_PG2:-0}" != 1 ]; then
+    echo "== PostgreSQL 18 for the second pass (scripts/fetch-pg.sh)"
+    if ! pg2_bin=$(bash scripts/fetch-pg.sh); then
+        echo "ERROR: could not fetch PostgreSQL 18 (see above); PARSNIP_SKIP_PG2=1 runs without the second pass" >&2
+        exit 1
+    fi
+fi
+
+# The major version of the PostgreSQL in bin dir $1 ("?" if it does not say).
+pg_major() {
+    "$1/postgres" --version 2>/dev/null | sed -nE 's/.*PostgreSQL\) ([0-9]+).*/\1/p' | grep . || echo "?"
+}
+
+# The bin dir the embedded clusters use without PARSNIP_PG_BIN (src/embedded/sys.rs
+# find_bin_dir, as far as a label needs it).
+default_pg_bin() {
+    local dir
+    if [ -n "${PARSNIP_PG_BIN:-}" ]; then echo "$PARSNIP_PG_BIN"; return; fi
+    dir=$(pg_config --bindir 2>/dev/null || true)
+    if [ -n "$dir" ] && [ -x "$dir/postgres" ]; then echo "$dir"; return; fi
+    ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+}
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
-echo "== cargo test"
-log=$(mktemp)
-set +e
-cargo test --all-targets --no-fail-fast >"$log" 2>&1
-status=$?
-set -e
-grep -E "^(test result|     Running|failures:|---- |thread .* panicked)|FAILED" "$log" || true
-if [ "$status" != 0 ]; then
-    echo "== test failures (tail of the log)"
-    tail -n 150 "$log"
+
+total_passed=0
+total_failed=0
+cargo_status=0
+# Runs `cargo test ARGS...` against the PostgreSQL labelled $1, prints the result lines
+# (and the log's tail on failure) and a total; adds to the totals and cargo_status.
+cargo_pass() {
+    local label=$1; shift
+    local log status passed failed start
+    log=$(mktemp)
+    start=$(date +%s)
+    echo "== cargo test $* (PostgreSQL $label)"
+    set +e
+    cargo test "$@" --no-fail-fast >"$log" 2>&1
+    status=$?
+    set -e
+    grep -E "^(test result|     Running|failures:|---- |thread .* panicked)|FAILED" "$log" || true
+    if [ "$status" != 0 ]; then
+        echo "== test failures (tail of the log)"
+        tail -n 150 "$log"
+        cargo_status=$status
+    fi
+    passed=$(grep -Eo "test result: [a-zA-Z]+\. [0-9]+ passed" "$log" | awk '{s+=$4} END {print s+0}')
+    failed=$(grep -Eo "; [0-9]+ failed" "$log" | awk '{s+=$2} END {print s+0}')
+    rm -f "$log"
+    if [ "$status" != 0 ] && [ "$failed" = 0 ]; then
+        failed=1 # it failed before any test ran (a build error)
+    fi
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+    echo "cargo (PostgreSQL $label): $passed passed, $failed failed ($(($(date +%s) - start)) s)"
+}
+
+cargo_pass "$(pg_major "$(default_pg_bin)")" --all-targets
+if [ -n "$pg2_bin" ]; then
+    # The library's and the end-to-end tests again, every cluster from the other version
+    # (the embedded module honours PARSNIP_PG_BIN).
+    PARSNIP_PG_BIN="$pg2_bin" cargo_pass "$(pg_major "$pg2_bin")" --lib --test '*'
 fi
-passed=$(grep -Eo "test result: [a-zA-Z]+\. [0-9]+ passed" "$log" | awk '{s+=$4} END {print s+0}')
-failed=$(grep -Eo "; [0-9]+ failed" "$log" | awk '{s+=$2} END {print s+0}')
-rm -f "$log"
-echo "cargo: $passed passed, $failed failed"
+echo "cargo: $total_passed passed, $total_failed failed"
 
 # The driver matrix (issue 4): real drivers from their registries, through parsnip and
 # directly (drivers/README.md). PARSNIP_SKIP_DRIVERS=1 skips it (e.g. a quick local run).
@@ -40,5 +95,5 @@ if [ "${PARSNIP_SKIP_DRIVERS:-0}" != 1 ]; then
     echo "== driver matrix (python3 drivers/run.py)"
     python3 drivers/run.py || drivers_status=$?
 fi
-[ "$status" = 0 ] || exit "$status"
+[ "$cargo_status" = 0 ] || exit "$cargo_status"
 exit "$drivers_status"
