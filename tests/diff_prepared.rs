@@ -104,9 +104,7 @@ scenarios! {
         alter_then_fresh_parse_inside_transaction,
         alter_then_fresh_parse_in_transaction_batch,
         alter_by_the_client_after_its_parse_in_transaction,
-        #[ignore = "known gap: SQL-level PREPARE inside a transaction is not guarded (docs/design.md)"]
         alter_then_sql_prepare_inside_transaction,
-        #[ignore = "known gap: a fresh SQL-level PREPARE answered from the cache is not retried on 0A000 (docs/design.md)"]
         alter_then_sql_prepare,
         alter_under_promoted_unnamed,
         alter_sql_prepared,

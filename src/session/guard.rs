@@ -46,11 +46,11 @@ impl GuardCmd {
             GuardCmd::RollbackTo => b"parsnip_guard_rollback",
         }
     }
-    fn sql(self) -> &'static [u8] {
+    fn sql(self) -> &'static str {
         match self {
-            GuardCmd::Savepoint => b"SAVEPOINT parsnip_guard",
-            GuardCmd::Release => b"RELEASE SAVEPOINT parsnip_guard",
-            GuardCmd::RollbackTo => b"ROLLBACK TO SAVEPOINT parsnip_guard",
+            GuardCmd::Savepoint => "SAVEPOINT parsnip_guard",
+            GuardCmd::Release => "RELEASE SAVEPOINT parsnip_guard",
+            GuardCmd::RollbackTo => "ROLLBACK TO SAVEPOINT parsnip_guard",
         }
     }
 }
@@ -64,6 +64,30 @@ impl Session {
                 ids.push(stmt.id);
             }
         }
+    }
+
+    /// A SQL `PREPARE` was answered from the cache with `stmt` (kept for the first
+    /// EXECUTE; at most a few dozen, the oldest forgotten).
+    pub(super) fn note_fresh_sql(&mut self, stmt: &Statement) {
+        let ids = self.fresh_sql.get_or_insert_with(Default::default);
+        if !ids.contains(&stmt.id) {
+            if ids.len() >= 64 {
+                ids.remove(0);
+            }
+            ids.push(stmt.id);
+        }
+    }
+
+    /// The client EXECUTEs `stmt`: whether it is its first EXECUTE since a PREPARE the
+    /// cache answered.
+    pub(super) fn take_fresh_sql(&mut self, stmt: &Statement) -> bool {
+        let Some(ids) = self.fresh_sql.as_mut() else { return false };
+        let Some(i) = ids.iter().position(|&id| id == stmt.id) else { return false };
+        ids.remove(i);
+        if ids.is_empty() {
+            self.fresh_sql = None;
+        }
+        true
     }
 
     /// The client runs a statement in its transaction: unless it is plain data
@@ -107,6 +131,14 @@ impl Session {
         self.guard_command(GuardCmd::Savepoint, srv);
     }
 
+    /// Runs a savepoint command as a simple Query of the pooler's (around a client's SQL
+    /// `EXECUTE`, itself a simple Query: no unnamed statement or portal of the client's is
+    /// lost that its own Query would not drop anyway). Every reply is hidden.
+    pub(super) fn guard_query(&mut self, cmd: GuardCmd, purpose: super::reply_queue::Purpose) {
+        crate::protocol::frontend::query(&mut self.to_server, cmd.sql());
+        self.replies.push(Pending::internal(Req::Query, purpose));
+    }
+
     /// Runs one savepoint command on the server on the pooler's behalf (parsing its
     /// statement there first if needed); an error in it is forwarded (the server then
     /// skips the client's requests up to its Sync), every other reply is dropped.
@@ -114,7 +146,7 @@ impl Session {
         let name = cmd.statement();
         if srv.stmts.guard & cmd as u8 == 0 {
             srv.stmts.guard |= cmd as u8;
-            crate::stmt::registry::write_parse(&mut self.to_server, name, cmd.sql(), &[]);
+            crate::stmt::registry::write_parse(&mut self.to_server, name, cmd.sql().as_bytes(), &[]);
             let fx = Fx { guard_parse: cmd as u8, ..Fx::default() };
             self.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
         }

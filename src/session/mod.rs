@@ -144,6 +144,11 @@ pub struct Session {
     /// empty: every idle client carries the field.
     #[allow(clippy::box_collection)]
     fresh_in_tx: Option<Box<Vec<u64>>>,
+    /// SQL-level statements the client PREPAREd (answered from the cache) and has not
+    /// EXECUTEd since: a stale plan met by their first EXECUTE is retried, as PostgreSQL
+    /// would have prepared them afresh. Boxed and None when empty, as above.
+    #[allow(clippy::box_collection)]
+    fresh_sql: Option<Box<Vec<u64>>>,
 }
 
 impl Session {
@@ -188,6 +193,7 @@ impl Session {
             ext_done: Vec::new(),
             ext_failed: false,
             fresh_in_tx: None,
+            fresh_sql: None,
         }
     }
 

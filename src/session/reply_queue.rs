@@ -103,6 +103,8 @@ pub enum Purpose {
     /// The client's Sync ending a batch that is being retried: its ReadyForQuery is not
     /// the client's, nor is the transaction status it reports.
     Retried,
+    /// A savepoint command of the pooler's sent as a simple Query (`session::guard`).
+    Guard,
     /// The Sync ending a PREPARE the pooler runs ahead of the client's simple Query (an
     /// `EXECUTE` of a statement this server does not have): the request queued after it
     /// depends on that PREPARE.
@@ -376,5 +378,9 @@ impl ReplyQueue {
     /// Iterates outstanding requests, head first.
     pub fn iter(&self) -> impl Iterator<Item = &Pending> {
         self.q.iter()
+    }
+    /// The same, mutably.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Pending> {
+        self.q.iter_mut()
     }
 }

@@ -11,7 +11,7 @@ use crate::error::{Error, SqlState};
 use crate::protocol::backend::write_msg;
 use crate::protocol::{body, frontend, tags};
 use crate::stmt::registry::{StmtKind, make_key};
-use crate::stmt::sql::{Classified, SqlStmt, classify, starts_with_deallocate};
+use crate::stmt::sql::{Classified, SqlStmt, classify, is_plain_dml, prepare_body, starts_with_deallocate};
 use crate::stmt::{Registry, Statement};
 use bytes::BufMut;
 use std::sync::Arc;
@@ -671,15 +671,26 @@ impl Session {
     /// Returns false when the Query must wait for replies to what was sent before it.
     pub(super) fn on_query_cached(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
         let text = frontend::query_text(body(frame)).unwrap_or_default();
+        let class = classify(text);
         if self.fresh_in_tx.is_some() {
-            self.note_statement_run(crate::stmt::sql::is_plain_dml(text));
+            // Whether this may change a table under statements parsed in the transaction.
+            let dml = match &class {
+                Classified::Plain => is_plain_dml(text),
+                Classified::Single(SqlStmt::Prepare { .. }) => true,
+                Classified::Single(SqlStmt::Execute { name, .. }) => self
+                    .named
+                    .get(name.as_slice())
+                    .is_some_and(|s| s.kind == StmtKind::Sql && prepare_body(&s.query).is_some_and(is_plain_dml)),
+                _ => false,
+            };
+            self.note_statement_run(dml);
         }
         // In a failed transaction PostgreSQL rejects every command with 25P02: let it.
         if self.tx_status == b'E' {
             self.forward_query(frame);
             return true;
         }
-        match classify(text) {
+        match class {
             Classified::Plain => self.forward_query(frame),
             Classified::Multi => {
                 let e = Error::new(
@@ -739,6 +750,8 @@ impl Session {
                 self.note_sql_prefix(&name, &text[..rest]);
                 let client = ClientFx::Named { name: name.clone().into() };
                 if stmt.is_valid() || srv.stmts.has(&stmt) {
+                    self.note_fresh_parse(&stmt);
+                    self.note_fresh_sql(&stmt);
                     self.push_synth(Synth::TagAndReady("PREPARE"), Fx { client, ..Fx::default() });
                 } else {
                     self.ensure_on_server(srv, &stmt, OnReply::Inject, client, &name);
@@ -759,6 +772,30 @@ impl Session {
                 if self.stmt_pending_across_sync(&stmt) {
                     // Whether the server has it depends on a PREPARE (or Close) still in flight.
                     return false;
+                }
+                let fresh = self.take_fresh_sql(&stmt);
+                if stmt.stale.load(Ordering::Relaxed) {
+                    // Its plan changed result type, found after this client PREPAREd it
+                    // (a PREPARE since gets the current generation): PostgreSQL's 0A000,
+                    // without a trip to the server.
+                    self.statement_error(stale_plan(), Some(srv), true);
+                    return true;
+                }
+                // A stale plan met by the first EXECUTE after a PREPARE the cache answered
+                // can be retried: outside a transaction, or inside one from a savepoint (a
+                // statement PREPAREd in it, `guard`).
+                let alone = !self.retried && !self.replies.is_unsynced() && !self.earlier_batch_in_flight();
+                let guarded = alone && srv.stmts.has(&stmt) && self.guard_wanted(&name, srv) == Some(stmt.id);
+                let retry = alone && ((fresh && self.tx_status == b'I') || guarded);
+                if guarded {
+                    if let Some(ids) = self.fresh_in_tx.as_mut() {
+                        ids.retain(|&id| id != stmt.id);
+                    }
+                    self.guard_query(GuardCmd::Savepoint, Purpose::Guard);
+                }
+                if retry {
+                    self.last_batch.clear();
+                    self.last_batch.extend_from_slice(frame);
                 }
                 let synced = !self.replies.is_unsynced();
                 if self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None, &name) && synced {
@@ -783,8 +820,12 @@ impl Session {
                     from: char_len(&text[..span.start]) + stmt.server_name.len() as i64 + 1,
                     shift: char_len(&text[span.clone()]) - stmt.server_name.len() as i64,
                 };
-                let fx = Fx { uses: Some(stmt), rename: Some(Box::new(rename)), ..Fx::default() };
+                let replay_from = retry.then_some(0);
+                let fx = Fx { uses: Some(stmt), rename: Some(Box::new(rename)), replay_from, guarded, ..Fx::default() };
                 self.replies.push(Pending::with(Req::Query, OnReply::Forward, fx));
+                if guarded {
+                    self.guard_query(GuardCmd::Release, Purpose::Guard);
+                }
             }
         }
         true
@@ -835,6 +876,9 @@ impl Session {
     /// after rolling back to the savepoint). Only when that batch is the last thing sent,
     /// so nothing is reordered.
     pub(super) fn try_retry(&mut self, stmt: &Arc<Statement>, code: &[u8], from: u32, srv: &mut ServerState) -> bool {
+        if self.replies.head().is_some_and(|p| p.req == Req::Query) {
+            return self.retry_sql_execute(stmt, code, srv);
+        }
         let guarded = self.replies.head().is_some_and(|p| p.fx.guarded);
         if self.retried || !(self.tx_status == b'I' || guarded) || !self.batch.is_empty() {
             return false;
@@ -883,6 +927,40 @@ impl Session {
         // the normal path (so a frame that must wait, waits).
         let frames = std::mem::take(&mut self.last_batch);
         self.replay = frames.get(from as usize..).map(<[u8]>::to_vec);
+        true
+    }
+
+    /// 0A000 answered a client's first SQL `EXECUTE` (a simple Query, sent alone) after a
+    /// PREPARE the cache answered with an older plan: PostgreSQL would have prepared afresh
+    /// and answered rows of the new shape (each EXECUTE result carries its own row
+    /// description). The error and its ReadyForQuery are hidden (under a guard,
+    /// the transaction is rolled back to the savepoint), the statement goes stale, and the
+    /// client's Query is fed again against the current generation.
+    fn retry_sql_execute(&mut self, stmt: &Arc<Statement>, code: &[u8], srv: &mut ServerState) -> bool {
+        let Some(head) = self.replies.head() else { return false };
+        let guarded = head.fx.guarded;
+        // Nothing was sent after it but its guard's RELEASE.
+        if code != b"0A000" || self.retried || self.replies.len() != 1 + usize::from(guarded) {
+            return false;
+        }
+        for p in self.replies.iter_mut() {
+            p.on_reply = OnReply::Skip;
+            p.purpose = Purpose::Retried;
+        }
+        if guarded {
+            self.guard_query(GuardCmd::RollbackTo, Purpose::Retried);
+            self.guard_query(GuardCmd::Release, Purpose::Retried);
+        }
+        let registry = self.registry().clone();
+        registry.mark_stale(stmt);
+        srv.stmts.remove(stmt);
+        self.close_quietly(&stmt.server_name, Fx::default());
+        let fresh = registry.current(stmt);
+        self.remap(stmt, &fresh);
+        registry.stats.retries.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(statement = %stmt.server_name, "SQL EXECUTE re-prepared and retried transparently");
+        self.retried = true;
+        self.replay = Some(std::mem::take(&mut self.last_batch));
         true
     }
 

@@ -100,6 +100,32 @@ pub fn is_plain_dml(sql: &[u8]) -> bool {
     }
 }
 
+/// The statement of a `PREPARE` definition ("(types) AS statement" or "AS statement").
+pub fn prepare_body(def: &[u8]) -> Option<&[u8]> {
+    let mut i = skip_ws(def, 0, def.len());
+    if def.get(i) == Some(&b'(') {
+        // Type names may hold parentheses of their own: numeric(10, 2).
+        let mut depth = 0usize;
+        while i < def.len() {
+            match def[i] {
+                b'(' => depth += 1,
+                b')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        i = skip_ws(def, i + 1, def.len());
+    }
+    let rest = def.get(i..)?;
+    let w = first_word(rest)?;
+    w.eq_ignore_ascii_case(b"as").then(|| &rest[2..])
+}
+
 /// Classifies a Query text.
 pub fn classify(sql: &[u8]) -> Classified {
     if !contains_keyword(sql) {
@@ -308,6 +334,17 @@ fn parse_one(sql: &[u8], r: Range<usize>) -> Option<SqlStmt> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prepare_bodies() {
+        assert_eq!(prepare_body(b"AS SELECT 1"), Some(&b" SELECT 1"[..]));
+        assert_eq!(
+            prepare_body(b"(int, numeric(10, 2)) as  insert into t values ($1)"),
+            Some(&b"  insert into t values ($1)"[..])
+        );
+        assert_eq!(prepare_body(b"(int SELECT 1"), None);
+        assert_eq!(prepare_body(b"ASSELECT"), None);
+    }
 
     #[test]
     fn plain_dml() {
