@@ -103,6 +103,7 @@ scenarios! {
         alter_inside_transaction,
         alter_then_fresh_parse_inside_transaction,
         alter_then_fresh_parse_in_transaction_batch,
+        alter_then_parse_in_the_batch_that_begins,
         alter_by_the_client_after_its_parse_in_transaction,
         alter_then_sql_prepare_inside_transaction,
         alter_then_sql_prepare,

@@ -56,9 +56,25 @@ impl GuardCmd {
 }
 
 impl Session {
+    /// Inside a transaction block, as far as the requests sent so far tell.
+    fn in_tx_block(&self) -> bool {
+        self.tx_status == b'T' || (self.tx_status == b'I' && self.tx_opening)
+    }
+
+    /// The client sent `sql` (a simple Query, or the statement of a portal it executes):
+    /// a transaction block starts there if it succeeds (pgjdbc sends its BEGIN in the same
+    /// batch as the transaction's first statements).
+    pub(super) fn note_tx_start(&mut self, sql: &[u8]) {
+        let s = sql.trim_ascii_start();
+        let starts = |k: &[u8]| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k);
+        if self.tx_status == b'I' && (starts(b"begin") || starts(b"start")) {
+            self.tx_opening = true;
+        }
+    }
+
     /// A Parse inside a transaction block was answered from the cache with `stmt`.
     pub(super) fn note_fresh_parse(&mut self, stmt: &Statement) {
-        if self.tx_status == b'T' {
+        if self.in_tx_block() {
             let ids = self.fresh_in_tx.get_or_insert_with(Default::default);
             if !ids.contains(&stmt.id) {
                 ids.push(stmt.id);
@@ -108,7 +124,7 @@ impl Session {
     /// statement it parsed in this transaction, already prepared on the server (one the
     /// server has to parse now is fresh anyway): that statement's id.
     pub(super) fn guard_wanted(&self, name: &[u8], srv: &ServerState) -> Option<u64> {
-        let ids = self.fresh_in_tx.as_ref().filter(|_| self.tx_status == b'T' && !self.retried)?;
+        let ids = self.fresh_in_tx.as_ref().filter(|_| self.in_tx_block() && !self.retried)?;
         let stmt = if name.is_empty() {
             match &self.unnamed {
                 Unnamed::Cached(s) => s,

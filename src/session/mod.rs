@@ -149,6 +149,9 @@ pub struct Session {
     /// would have prepared them afresh. Boxed and None when empty, as above.
     #[allow(clippy::box_collection)]
     fresh_sql: Option<Box<Vec<u64>>>,
+    /// A BEGIN (or START TRANSACTION) was sent since the last ReadyForQuery: what follows
+    /// it runs in a transaction block although no ReadyForQuery has said so yet.
+    tx_opening: bool,
 }
 
 impl Session {
@@ -194,6 +197,7 @@ impl Session {
             ext_failed: false,
             fresh_in_tx: None,
             fresh_sql: None,
+            tx_opening: false,
         }
     }
 
@@ -737,6 +741,7 @@ impl Session {
         }
         let status = frame.get(5).copied().unwrap_or(b'I');
         self.replies.mark_synced();
+        self.tx_opening = false;
         if p.purpose == Purpose::Retried {
             // The hidden end of a failed batch being retried: the client's transaction
             // status is the retried batch's.

@@ -691,7 +691,10 @@ impl Session {
             return true;
         }
         match class {
-            Classified::Plain => self.forward_query(frame),
+            Classified::Plain => {
+                self.note_tx_start(text);
+                self.forward_query(frame)
+            }
             Classified::Multi => {
                 let e = Error::new(
                     SqlState::FEATURE_NOT_SUPPORTED,
@@ -985,6 +988,7 @@ impl Session {
             return;
         }
         let sql = sql.clone();
+        self.note_tx_start(sql.as_bytes());
         if let Some(p) = self.replies.last_mut() {
             p.tracked_sql = Some(sql);
         }
