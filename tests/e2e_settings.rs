@@ -255,3 +255,29 @@ async fn set_never_leaks_to_other_clients() {
     })
     .await;
 }
+
+/// `set_config(name, value, false)` changes the server's session, which parsnip cannot
+/// replay: the next client must not inherit it (the server connection is closed after),
+/// through the simple and the extended protocol, while a transaction-local one keeps it.
+#[tokio::test]
+async fn session_set_config_never_leaks() {
+    let p = Parsnip::trust("pool_size = 1");
+    bounded(60, "session_set_config_never_leaks", async {
+        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+        let b = p.connect("postgres", SUPER_PW, "postgres").await;
+        let before = b.scalar("select pg_backend_pid()::text").await.unwrap();
+        // Transaction-local: nothing stays; the server connection is kept.
+        a.batch_execute("BEGIN; SELECT set_config('work_mem', '7MB', true); COMMIT").await.unwrap();
+        assert_eq!(b.scalar("SHOW work_mem").await.unwrap(), "4MB");
+        let after = b.scalar("select pg_backend_pid()::text").await.unwrap();
+        assert_eq!(after, before, "a local set_config closed the server connection");
+        // Session-level, simple protocol.
+        a.batch_execute("SELECT set_config('work_mem', '7MB', false)").await.unwrap();
+        assert_eq!(b.scalar("SHOW work_mem").await.unwrap(), "4MB", "{}", p.log_tail());
+        // Session-level, extended protocol with the value as a parameter.
+        let stmt = a.prepare("SELECT set_config('work_mem', $1, false)").await.unwrap();
+        a.query(&stmt, &[&"9MB"]).await.unwrap();
+        assert_eq!(b.scalar("SHOW work_mem").await.unwrap(), "4MB", "{}", p.log_tail());
+    })
+    .await;
+}

@@ -123,7 +123,7 @@ pub struct Session {
     /// A transparent retry is in flight: never retry it again.
     retried: bool,
     /// Client frames to feed again (a retried batch), before any newer ones.
-    replay: Option<Vec<u8>>,
+    replay: Option<Box<[u8]>>,
     /// The portal and statement of the last Bind of a cached statement.
     last_bind: Option<(Box<[u8]>, Arc<Statement>)>,
     /// The portal bound to this client's `DEALLOCATE ALL` (run on the server as a no-op).
@@ -152,6 +152,10 @@ pub struct Session {
     /// A BEGIN (or START TRANSACTION) was sent since the last ReadyForQuery: what follows
     /// it runs in a transaction block although no ReadyForQuery has said so yet.
     tx_opening: bool,
+    /// The client may have called `set_config(…, false)` on the linked server: a
+    /// session-level change parsnip cannot replay, so that server is closed, not reused,
+    /// when this client gives it back (`settings::may_set_session_config`).
+    server_dirty: bool,
 }
 
 impl Session {
@@ -198,6 +202,7 @@ impl Session {
             fresh_in_tx: None,
             fresh_sql: None,
             tx_opening: false,
+            server_dirty: false,
         }
     }
 
@@ -242,7 +247,7 @@ impl Session {
     /// Client frames the driver must feed again before the ones it holds (a batch retried
     /// after a transparent re-prepare).
     pub fn take_replay(&mut self) -> Option<Vec<u8>> {
-        self.replay.take()
+        self.replay.take().map(Vec::from)
     }
     /// Actions are waiting for the driver.
     pub fn has_actions(&self) -> bool {
@@ -484,6 +489,11 @@ impl Session {
 
     fn forward_query(&mut self, frame: &[u8]) {
         let mut p = Pending::client(Req::Query);
+        if let Some(text) = frontend::query_text(body(frame))
+            && settings::may_set_session_config(text)
+        {
+            self.server_dirty = true;
+        }
         if let Some(text) = frontend::query_text(body(frame))
             && (settings::maybe_setting_stmt(text) || (!self.tx_settings.is_empty() && settings::maybe_tx_end(text)))
         {
@@ -798,7 +808,11 @@ impl Session {
             && self.mode != PoolMode::Session
         {
             self.link = Link::Unlinked;
-            self.actions.push_back(Action::ReleaseServer { reusable: true });
+            let reusable = !std::mem::take(&mut self.server_dirty);
+            if !reusable {
+                tracing::debug!("server connection closed: set_config() may have changed its session settings");
+            }
+            self.actions.push_back(Action::ReleaseServer { reusable });
         }
     }
 

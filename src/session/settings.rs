@@ -250,6 +250,55 @@ pub fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
     out
 }
 
+/// Whether the text may call `set_config(name, value, is_local)` with `is_local` not a
+/// literal true: a session-level change parsnip does not track, which would stay on the
+/// server connection for the next client. Looks only where a '_' is (rare in queries);
+/// false positives (the word in a string or a function body) are harmless.
+pub fn may_set_session_config(sql: &[u8]) -> bool {
+    let mut from = 0;
+    while let Some(p) = sql[from..].iter().position(|&b| b == b'_') {
+        let at = from + p;
+        from = at + 1;
+        if at < 3 || !sql[at - 3..at].eq_ignore_ascii_case(b"set") {
+            continue;
+        }
+        let rest = &sql[at + 1..];
+        if rest.len() < 6 || !rest[..6].eq_ignore_ascii_case(b"config") {
+            continue;
+        }
+        let args = rest[6..].trim_ascii_start();
+        if args.first() != Some(&b'(') {
+            continue;
+        }
+        // The last top-level argument, up to the closing parenthesis.
+        let (mut depth, mut last, mut end) = (0usize, 1, None);
+        let mut quoted = false;
+        for (i, &b) in args.iter().enumerate() {
+            match b {
+                b'\'' => quoted = !quoted,
+                _ if quoted => {}
+                b'(' => depth += 1,
+                b')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(i);
+                        break;
+                    }
+                }
+                b',' if depth == 1 => last = i + 1,
+                _ => {}
+            }
+        }
+        let Some(end) = end else { return true };
+        let arg = args[last..end].trim_ascii();
+        let local = [&b"true"[..], b"'true'", b"'t'", b"'on'", b"on"].iter().any(|k| arg.eq_ignore_ascii_case(k));
+        if !local {
+            return true;
+        }
+    }
+    false
+}
+
 /// Quick check: may this text end a transaction (COMMIT, END, ROLLBACK, ABORT)?
 pub fn maybe_tx_end(sql: &[u8]) -> bool {
     let s = sql.trim_ascii_start();
@@ -387,6 +436,27 @@ mod tests {
         assert_eq!(e[0], ("search_path".into(), "SELECT pg_catalog.set_config('search_path', 'x,y', false)".into()));
         assert_eq!(e[1].0, "work_mem");
         assert_eq!(e[2].0, "extra_float_digits");
+    }
+
+    #[test]
+    fn session_level_set_config() {
+        for sql in [
+            "SELECT set_config('work_mem', '8MB', false)",
+            "select pg_catalog.SET_CONFIG ( 'a.b', f(1, 2), $3 )",
+            "SELECT set_config('x', 'y', true), set_config('z', 'w', false)",
+            "SELECT set_config('x', 'y'",
+        ] {
+            assert!(may_set_session_config(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "SELECT set_config('request.jwt', $1, true)",
+            "select set_config('a', 'it''s, (odd)', TRUE)",
+            "SELECT my_set_configuration()",
+            "SELECT reset_config",
+        ] {
+            assert!(!may_set_session_config(sql.as_bytes()), "{sql}");
+        }
     }
 
     #[test]

@@ -556,6 +556,9 @@ impl Session {
                 // The portal is re-bound: a Describe of it no longer describes that statement.
                 self.last_bind = None;
             }
+            if self.statement_text(stmt_name).is_some_and(super::settings::may_set_session_config) {
+                self.server_dirty = true;
+            }
             let text = self.statement_text(stmt_name);
             let standin = text == Some(DEALLOCATE_ALL_STANDIN);
             let tracked = text
@@ -929,7 +932,7 @@ impl Session {
         // The driver feeds these frames again before anything else the client sent, through
         // the normal path (so a frame that must wait, waits).
         let frames = std::mem::take(&mut self.last_batch);
-        self.replay = frames.get(from as usize..).map(<[u8]>::to_vec);
+        self.replay = frames.get(from as usize..).map(Box::from);
         true
     }
 
@@ -963,7 +966,7 @@ impl Session {
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(statement = %stmt.server_name, "SQL EXECUTE re-prepared and retried transparently");
         self.retried = true;
-        self.replay = Some(std::mem::take(&mut self.last_batch));
+        self.replay = Some(std::mem::take(&mut self.last_batch).into_boxed_slice());
         true
     }
 
