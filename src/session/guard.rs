@@ -65,9 +65,7 @@ impl Session {
     /// a transaction block starts there if it succeeds (pgjdbc sends its BEGIN in the same
     /// batch as the transaction's first statements).
     pub(super) fn note_tx_start(&mut self, sql: &[u8]) {
-        let s = sql.trim_ascii_start();
-        let starts = |k: &[u8]| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k);
-        if self.tx_status == b'I' && (starts(b"begin") || starts(b"start")) {
+        if self.tx_status == b'I' && super::settings::maybe_tx_start(sql) {
             self.tx_opening = true;
         }
     }
@@ -136,14 +134,19 @@ impl Session {
         (ids.contains(&stmt.id) && srv.stmts.has(stmt)).then_some(stmt.id)
     }
 
-    /// Opens the guard before the first use of `stmt`.
-    pub(super) fn open_guard(&mut self, stmt: &Statement, srv: &mut ServerState) {
+    /// `stmt` is used now: no later use in this transaction needs a guard.
+    pub(super) fn forget_fresh(&mut self, stmt: &Statement) {
         if let Some(ids) = self.fresh_in_tx.as_mut() {
             ids.retain(|&id| id != stmt.id);
             if ids.is_empty() {
                 self.fresh_in_tx = None;
             }
         }
+    }
+
+    /// Opens the guard before the first use of `stmt`.
+    pub(super) fn open_guard(&mut self, stmt: &Statement, srv: &mut ServerState) {
+        self.forget_fresh(stmt);
         self.guard_command(GuardCmd::Savepoint, srv);
     }
 

@@ -489,15 +489,11 @@ impl Session {
 
     fn forward_query(&mut self, frame: &[u8]) {
         let mut p = Pending::client(Req::Query);
-        if let Some(text) = frontend::query_text(body(frame))
-            && settings::may_set_session_config(text)
-        {
-            self.server_dirty = true;
-        }
-        if let Some(text) = frontend::query_text(body(frame))
-            && (settings::maybe_setting_stmt(text) || (!self.tx_settings.is_empty() && settings::maybe_tx_end(text)))
-        {
-            p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
+        if let Some(text) = frontend::query_text(body(frame)) {
+            if settings::maybe_setting_stmt(text) || (!self.tx_settings.is_empty() && settings::maybe_tx_end(text)) {
+                p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
+            }
+            self.server_dirty |= settings::may_set_session_config(text);
         }
         self.to_server.extend_from_slice(frame);
         self.replies.push(p);

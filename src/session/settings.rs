@@ -299,13 +299,20 @@ pub fn may_set_session_config(sql: &[u8]) -> bool {
     false
 }
 
+/// Whether the text (after leading whitespace) starts with one of `keywords` (lower case).
+fn starts_with_any(sql: &[u8], keywords: &[&[u8]]) -> bool {
+    let s = sql.trim_ascii_start();
+    keywords.iter().any(|k| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k))
+}
+
 /// Quick check: may this text end a transaction (COMMIT, END, ROLLBACK, ABORT)?
 pub fn maybe_tx_end(sql: &[u8]) -> bool {
-    let s = sql.trim_ascii_start();
-    [&b"commit"[..], b"end", b"rollback", b"abort"]
-        .iter()
-        .any(|k| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k))
-        || may_hold_several(s)
+    starts_with_any(sql, &[b"commit", b"end", b"rollback", b"abort"]) || may_hold_several(sql.trim_ascii_start())
+}
+
+/// Quick check: may this text open a transaction block (BEGIN, START TRANSACTION)?
+pub fn maybe_tx_start(sql: &[u8]) -> bool {
+    starts_with_any(sql, &[b"begin", b"start"])
 }
 
 /// False when the text is surely one statement: no ';', or only whitespace after the
@@ -322,11 +329,7 @@ fn may_hold_several(sql: &[u8]) -> bool {
 /// Quick pre-check for a statement that `session_stmts` may find something in: SET, RESET,
 /// DISCARD, or transaction control (BEGIN, START, COMMIT, END, ROLLBACK, ABORT).
 pub fn maybe_session_stmt(sql: &[u8]) -> bool {
-    let s = sql.trim_ascii_start();
-    maybe_setting_stmt(sql)
-        || [&b"begin"[..], b"start", b"commit", b"end", b"rollback", b"abort"]
-            .iter()
-            .any(|k| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k))
+    maybe_setting_stmt(sql) || maybe_tx_start(sql) || starts_with_any(sql, &[b"commit", b"end", b"rollback", b"abort"])
 }
 
 /// Quick pre-check before `parse_setting_stmt`: does the text start with SET/RESET/DISCARD?
@@ -336,11 +339,7 @@ pub fn maybe_setting_stmt(sql: &[u8]) -> bool {
 }
 
 fn starts_like_setting(sql: &[u8]) -> bool {
-    let s = sql.trim_ascii_start();
-    s.len() >= 3
-        && (s[..3].eq_ignore_ascii_case(b"set")
-            || (s.len() >= 5 && s[..5].eq_ignore_ascii_case(b"reset"))
-            || (s.len() >= 7 && s[..7].eq_ignore_ascii_case(b"discard")))
+    starts_with_any(sql, &[b"set", b"reset", b"discard"])
 }
 
 /// Tracked reported parameters: (canonical name, value).

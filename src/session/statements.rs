@@ -556,16 +556,15 @@ impl Session {
                 // The portal is re-bound: a Describe of it no longer describes that statement.
                 self.last_bind = None;
             }
-            if self.statement_text(stmt_name).is_some_and(super::settings::may_set_session_config) {
-                self.server_dirty = true;
-            }
             let text = self.statement_text(stmt_name);
+            let sets_config = text.is_some_and(super::settings::may_set_session_config);
             let standin = text == Some(DEALLOCATE_ALL_STANDIN);
             let tracked = text
                 .filter(|t| super::settings::maybe_session_stmt(t))
                 .and_then(|t| std::str::from_utf8(t).ok())
                 .map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
+            self.server_dirty |= sets_config;
             if standin && bound {
                 self.dealloc_portal = Some(portal.into());
             } else if self.dealloc_portal.as_deref() == Some(portal) {
@@ -794,9 +793,7 @@ impl Session {
                 let guarded = alone && srv.stmts.has(&stmt) && self.guard_wanted(&name, srv) == Some(stmt.id);
                 let retry = alone && ((fresh && self.tx_status == b'I') || guarded);
                 if guarded {
-                    if let Some(ids) = self.fresh_in_tx.as_mut() {
-                        ids.retain(|&id| id != stmt.id);
-                    }
+                    self.forget_fresh(&stmt);
                     self.guard_query(GuardCmd::Savepoint, Purpose::Guard);
                 }
                 if retry {
