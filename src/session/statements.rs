@@ -581,25 +581,17 @@ impl Session {
             Resolved::Failed => {}
             Resolved::Plain => self.forward(frame, Req::Bind),
             Resolved::Cached(s) => {
-                let guarded = guard == Some(s.id);
-                if guarded {
-                    self.open_guard(&s, srv);
-                }
-                let tail = &body(frame)[rest..];
-                write_msg(&mut self.to_server, tags::BIND, |b| {
-                    b.put_slice(portal);
-                    b.put_u8(0);
-                    b.put_slice(s.server_name.as_bytes());
-                    b.put_u8(0);
-                    b.put_slice(tail);
-                });
-                let replay_from = if guarded { Some(self.frame_at) } else { self.retry_point() };
                 self.last_bind = Some((portal.into(), s.clone()));
-                let fx = Fx { uses: Some(s), replay_from, guarded, ..Fx::default() };
-                self.replies.push(Pending::with(Req::Bind, OnReply::Forward, fx));
-                if guarded {
-                    self.guard_command(GuardCmd::Release, srv);
-                }
+                let tail = &body(frame)[rest..];
+                self.send_use(Req::Bind, s, guard, srv, |out, server_name| {
+                    write_msg(out, tags::BIND, |b| {
+                        b.put_slice(portal);
+                        b.put_u8(0);
+                        b.put_slice(server_name);
+                        b.put_u8(0);
+                        b.put_slice(tail);
+                    })
+                });
             }
         }
         true
@@ -624,24 +616,40 @@ impl Session {
             Resolved::Failed => {}
             Resolved::Plain => self.forward(frame, Req::Describe),
             Resolved::Cached(s) => {
-                let guarded = guard == Some(s.id);
-                if guarded {
-                    self.open_guard(&s, srv);
-                }
-                write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
-                    b.put_u8(b'S');
-                    b.put_slice(s.server_name.as_bytes());
-                    b.put_u8(0);
+                self.send_use(Req::Describe, s, guard, srv, |out, server_name| {
+                    write_msg(out, tags::DESCRIBE, |b| {
+                        b.put_u8(b'S');
+                        b.put_slice(server_name);
+                        b.put_u8(0);
+                    })
                 });
-                let replay_from = if guarded { Some(self.frame_at) } else { self.retry_point() };
-                let fx = Fx { uses: Some(s), replay_from, guarded, ..Fx::default() };
-                self.replies.push(Pending::with(Req::Describe, OnReply::Forward, fx));
-                if guarded {
-                    self.guard_command(GuardCmd::Release, srv);
-                }
             }
         }
         true
+    }
+
+    /// Sends a Bind or Describe of the cached statement `s` (`write` writes it under the
+    /// server name), inside a savepoint guard when it is the first use `guard` names, and
+    /// queues its reply with what a transparent retry needs.
+    fn send_use(
+        &mut self,
+        req: Req,
+        s: Arc<Statement>,
+        guard: Option<u64>,
+        srv: &mut ServerState,
+        write: impl FnOnce(&mut bytes::BytesMut, &[u8]),
+    ) {
+        let guarded = guard == Some(s.id);
+        if guarded {
+            self.open_guard(&s, srv);
+        }
+        write(&mut self.to_server, s.server_name.as_bytes());
+        let replay_from = if guarded { Some(self.frame_at) } else { self.retry_point() };
+        let fx = Fx { uses: Some(s), replay_from, guarded, ..Fx::default() };
+        self.replies.push(Pending::with(req, OnReply::Forward, fx));
+        if guarded {
+            self.guard_command(GuardCmd::Release, srv);
+        }
     }
 
     /// Close: statements are answered locally (closing a name that does not exist is not
