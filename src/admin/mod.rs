@@ -62,6 +62,7 @@ fn show_pools(pools: &[Arc<Pool>]) -> Table {
                 s.checkouts.load(Ordering::Relaxed).to_string(),
                 s.waits.load(Ordering::Relaxed).to_string(),
                 s.wait_timeouts.load(Ordering::Relaxed).to_string(),
+                s.pipelined.load(Ordering::Relaxed).to_string(),
             ]
         })
         .collect();
@@ -80,6 +81,7 @@ fn show_pools(pools: &[Arc<Pool>]) -> Table {
             "checkouts",
             "waits",
             "wait_timeouts",
+            "pipelined",
         ],
         rows,
     }

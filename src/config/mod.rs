@@ -106,6 +106,13 @@ pub struct Config {
     /// An unnamed statement whose text was seen this many times is served by a cached
     /// named server statement, skipping parse and plan (0 = never).
     pub promote_unnamed_after: u32,
+    /// Batches in flight at once on one server connection when clients wait for one:
+    /// another client's qualifying batch may be written behind the one whose replies are
+    /// still coming (`driver::pipe`). 1 = one batch at a time (no pipelining).
+    pub pipeline_depth: usize,
+    /// A batch is pipelined behind only when each statement it runs recently took at
+    /// most this long on a server (so a client queued behind it waits no longer).
+    pub pipeline_max_statement_ms: f64,
     /// Query run on a server connection before it is reused after a session-mode client.
     pub server_reset_query: String,
     /// On SIGTERM, wait at most this long for transactions to finish.
@@ -184,6 +191,8 @@ impl Default for Config {
             max_client_prepared_statements: 10_000,
             max_cached_statements: 100_000,
             promote_unnamed_after: 3,
+            pipeline_depth: 8,
+            pipeline_max_statement_ms: 2.0,
             server_reset_query: "DISCARD ALL".into(),
             shutdown_timeout_ms: 30_000,
             admin_users: Vec::new(),
@@ -285,6 +294,11 @@ impl Config {
     }
 
     /// Duration getters; `None` means disabled.
+    /// `pipeline_max_statement_ms` in µs.
+    pub fn pipeline_max_statement_us(&self) -> u32 {
+        (self.pipeline_max_statement_ms.max(0.0) * 1000.0).min(u32::MAX as f64) as u32
+    }
+
     pub fn query_wait_timeout(&self) -> Option<Duration> {
         ms(self.query_wait_timeout_ms)
     }

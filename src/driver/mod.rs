@@ -7,6 +7,7 @@ pub mod bufpool;
 pub mod cancel;
 pub mod client;
 pub mod login;
+pub mod pipe;
 pub mod server_conn;
 pub mod stream;
 

@@ -97,6 +97,9 @@ pub struct ServerConn {
     pub created: Instant,
     /// When it last went back to the pool.
     pub last_used: Instant,
+    /// The batch in flight that may be pipelined behind: when it was written, and the
+    /// statement its duration is recorded for (`Statement::note_run`).
+    pub timing: Option<(Instant, Arc<crate::stmt::Statement>)>,
 }
 
 /// Why a server connection could not be opened.
@@ -223,6 +226,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         }),
         created: now,
         last_used: now,
+        timing: None,
     })
 }
 

@@ -6,6 +6,7 @@
 //! Must not know about client sessions or protocol state beyond "reusable or not".
 
 use crate::config::{Config, PoolMode};
+use crate::driver::pipe::Pipe;
 use crate::driver::server_conn::{self, ConnectError, Credentials, ServerConn, ServerTarget};
 use crate::error::{Error, SqlState};
 use crate::session::settings::{Settings, TRACKED};
@@ -37,6 +38,8 @@ pub struct ServerDefaults {
 enum Handoff {
     /// A connection handed over directly.
     Conn(Box<ServerConn>),
+    /// A ticket on a connection still busy with other clients' batches (`driver::pipe`).
+    Ticket(Arc<Pipe>, u32),
     /// A slot was freed: try again (the waiter may open a connection).
     SlotFreed,
     /// `query_wait_timeout` passed (found by `expire_waiters`).
@@ -56,11 +59,21 @@ pub enum Checkout {
 /// A place in a pool's wait queue.
 pub struct Queued(oneshot::Receiver<Handoff>);
 
+/// What a queued client is given.
+pub enum Lease {
+    /// A connection of its own.
+    Own(Box<ServerConn>),
+    /// A ticket on a shared connection (`driver::pipe`): its batch goes behind others'.
+    Ticket(Arc<Pipe>, u32),
+}
+
 /// A queued checkout. Its deadline is enforced by `expire_waiters` (the janitor), not by
 /// a timer per wait: arming and cancelling a timer cost more than the rest of a hand-off.
 struct Waiter {
     tx: oneshot::Sender<Handoff>,
     deadline: Option<Instant>,
+    /// A client's checkout (`checkout`), which can take a ticket on a shared connection.
+    takes_ticket: bool,
 }
 
 impl std::fmt::Debug for Waiter {
@@ -92,6 +105,8 @@ pub struct PoolStats {
     pub waits: AtomicU64,
     /// Checkouts that timed out.
     pub wait_timeouts: AtomicU64,
+    /// Checkouts served with a ticket on a connection busy with other batches.
+    pub pipelined: AtomicU64,
 }
 
 /// One pool.
@@ -229,7 +244,7 @@ impl Pool {
         }
         let (tx, rx) = oneshot::channel();
         let deadline = self.cfg.query_wait_timeout().map(|t| Instant::now() + t);
-        g.waiters.push_back(Waiter { tx, deadline });
+        g.waiters.push_back(Waiter { tx, deadline, takes_ticket: true });
         drop(g);
         self.stats.waits.fetch_add(1, Ordering::Relaxed);
         Checkout::Queued(Queued(rx))
@@ -237,11 +252,16 @@ impl Pool {
 
     /// Waits for a queued checkout: a connection, the timeout error, or None when the
     /// pool asks the waiter to try again through `acquire_woken` (a slot was freed).
-    pub async fn wait_queued(&self, q: &mut Queued) -> Result<Option<Box<ServerConn>>, Error> {
+    pub async fn wait_queued(&self, q: &mut Queued) -> Result<Option<Lease>, Error> {
         match (&mut q.0).await {
             Ok(Handoff::Conn(c)) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(c))
+                Ok(Some(Lease::Own(c)))
+            }
+            Ok(Handoff::Ticket(p, t)) => {
+                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                self.stats.pipelined.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(Lease::Ticket(p, t)))
             }
             Ok(Handoff::TimedOut) => Err(self.wait_timed_out()),
             Ok(Handoff::SlotFreed) | Err(_) => Ok(None),
@@ -250,10 +270,58 @@ impl Pool {
 
     /// Leaves the queue (the client gave up): a connection handed over meanwhile comes
     /// back to the pool instead of being dropped with the receiver.
-    pub fn abandon(&self, mut q: Queued) {
+    pub fn abandon(self: &Arc<Self>, mut q: Queued) {
         q.0.close();
-        if let Ok(Handoff::Conn(c)) = q.0.try_recv() {
-            self.release_now(c, true);
+        match q.0.try_recv() {
+            Ok(Handoff::Conn(c)) => self.release_now(c, true),
+            Ok(Handoff::Ticket(p, t)) => self.retract_ticket(&p, t, None),
+            _ => {}
+        }
+    }
+
+    /// Gives up ticket `t`, which never wrote: the writer is `back` again. The connection
+    /// comes back to the pool if no other ticket holds it.
+    pub fn retract_ticket(self: &Arc<Self>, p: &Pipe, t: u32, back: Option<u32>) {
+        let mut g = p.lock();
+        let dead = g.dead;
+        if let Some(c) = g.retract(t, back) {
+            drop(g);
+            self.release(c, !dead);
+        }
+    }
+
+    /// True when the client first in the queue could take a ticket on a shared connection.
+    pub fn ticket_waiter(&self) -> bool {
+        self.lock().waiters.front().is_some_and(|w| w.takes_ticket && !w.tx.is_closed())
+    }
+
+    /// Lets the first queued client write its batch on `pipe` behind the batches in flight
+    /// there (at most `depth` of them), taking the writer's role from ticket `from`. False
+    /// when nobody could take it (the writer stays `from`).
+    pub fn lend(self: &Arc<Self>, pipe: &Arc<Pipe>, from: u32, depth: usize) -> bool {
+        let mut g = self.lock();
+        while g.waiters.front().is_some_and(|w| w.tx.is_closed()) {
+            g.waiters.pop_front();
+        }
+        if !g.waiters.front().is_some_and(|w| w.takes_ticket) {
+            return false;
+        }
+        let t = {
+            let mut p = pipe.lock();
+            if p.dead || p.depth() >= depth || !p.is_writer(from) {
+                return false;
+            }
+            p.add_ticket()
+        };
+        let Some(w) = g.waiters.pop_front() else { return false };
+        match w.tx.send(Handoff::Ticket(pipe.clone(), t)) {
+            Ok(()) => true,
+            Err(_) => {
+                drop(g);
+                // The waiter left meanwhile: the ticket is taken back before anyone used it.
+                self.retract_ticket(pipe, t, Some(from));
+                false
+            }
         }
     }
 
@@ -295,7 +363,7 @@ impl Pool {
                     None
                 } else {
                     let (tx, rx) = oneshot::channel();
-                    g.waiters.push_back(Waiter { tx, deadline });
+                    g.waiters.push_back(Waiter { tx, deadline, takes_ticket: false });
                     Some(rx)
                 }
             };
@@ -322,6 +390,8 @@ impl Pool {
                     return Ok(c);
                 }
                 Ok(Handoff::TimedOut) => return Err(self.wait_timed_out()),
+                // Never sent to this kind of waiter.
+                Ok(Handoff::Ticket(..)) => return Err(Error::protocol("unexpected shared server connection")),
                 // A slot was freed (or the sender vanished): try again; we may connect.
                 Ok(Handoff::SlotFreed) | Err(_) => {
                     if self.reserve_freed_slot() {

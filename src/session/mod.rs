@@ -9,6 +9,8 @@
 //! prepared statements over the shared statement cache.
 
 mod guard;
+mod pipeline;
+pub use pipeline::Pipelinable;
 pub mod reply_queue;
 pub mod settings;
 mod statements;
@@ -156,6 +158,9 @@ pub struct Session {
     /// session-level change parsnip cannot replay, so that server is closed, not reused,
     /// when this client gives it back (`settings::may_set_session_config`).
     server_dirty: bool,
+    /// The linked server took another client's batch behind this session's replies
+    /// (`pipeline`): nothing more may be written to it.
+    lent: bool,
 }
 
 impl Session {
@@ -203,6 +208,7 @@ impl Session {
             fresh_sql: None,
             tx_opening: false,
             server_dirty: false,
+            lent: false,
         }
     }
 
@@ -539,6 +545,7 @@ impl Session {
     /// The pool gave us `server`: replay settings if they differ.
     pub fn handle_server_linked(&mut self, server: &mut ServerState) {
         self.link = Link::Linked;
+        self.lent = false;
         server.tx_status = b'I';
         server.stmts.begin_link();
         self.trim_server_statements(server);

@@ -922,8 +922,13 @@ impl Session {
         let registry = self.registry().clone();
         let fresh = if code == b"0A000" {
             registry.mark_stale(stmt);
-            srv.stmts.remove(stmt);
-            self.close_quietly(&stmt.server_name, Fx::default());
+            if !self.lent {
+                srv.stmts.remove(stmt);
+                self.close_quietly(&stmt.server_name, Fx::default());
+            }
+            // Lent (`pipeline`): another client's batch is behind this one on the server, so
+            // nothing may be written here; the stale statement stays listed there and is
+            // the first to be evicted, and the replay re-prepares on the next server.
             registry.current(stmt)
         } else {
             registry.stats.invalidations.fetch_add(1, Ordering::Relaxed);

@@ -56,6 +56,12 @@ pub struct Statement {
     /// The RowDescription (or NoData) frame a Describe of it returned: what clients that
     /// described it decode rows by.
     pub shape: std::sync::OnceLock<Box<[u8]>>,
+    /// Whether its text is one plain data statement (`sql::is_plain_dml`), worked out on
+    /// first need: 0 not yet, 1 yes, 2 no (`session::pipeline`).
+    pub plain_dml: std::sync::atomic::AtomicU8,
+    /// How long a batch using it recently took on a server, in µs + 1 (0: never timed):
+    /// rises at once with a slower run, decays slowly with faster ones (`note_run`).
+    recent_us: std::sync::atomic::AtomicU32,
     /// Its registry key and parameter types, to make a new generation.
     key: Box<[u8]>,
     types: Box<[u8]>,
@@ -111,9 +117,27 @@ impl Statement {
             validated: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             shape: std::sync::OnceLock::new(),
+            plain_dml: Default::default(),
+            recent_us: Default::default(),
             key: key.into(),
             types: types.into(),
         }
+    }
+
+    /// A batch using it took `us` µs on a server.
+    pub fn note_run(&self, us: u64) {
+        let us = us.min(u32::MAX as u64 - 2) as u32 + 1;
+        let old = self.recent_us.load(Ordering::Relaxed);
+        // A slow run counts at once; fast runs bring the figure down an eighth at a time.
+        let new = if old == 0 || us >= old { us } else { old - (old - us) / 8 };
+        self.recent_us.store(new, Ordering::Relaxed);
+    }
+
+    /// Batches using it have been timed and recently took at most `limit_us` µs.
+    #[inline]
+    pub fn known_fast(&self, limit_us: u32) -> bool {
+        let v = self.recent_us.load(Ordering::Relaxed);
+        v != 0 && v - 1 <= limit_us
     }
 
     /// True once a server accepted it and it is not stale.

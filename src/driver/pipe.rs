@@ -1,0 +1,222 @@
+//! A server connection carrying the batches of several clients at once (pipelining).
+//!
+//! When clients are queued for a server and the linked client's batch is written out and
+//! qualifies (`Session::lendable`: an autocommit batch of statements already prepared
+//! there, sure to leave the server idle and unchanged), the client keeps reading its
+//! replies but lets the first queued client write its own batch behind them. PostgreSQL
+//! then runs the next batch without waiting for the pooler, and the pooler reads several
+//! replies per read.
+//!
+//! Each batch in flight holds a *ticket*, numbered (wrapping) in the order the batches were written.
+//! Only the ticket at the head reads from the socket: it feeds its replies to its own
+//! session and, at its final ReadyForQuery, passes the head (and the bytes it read past
+//! that point, left in `rbuf`) to the next ticket and wakes it. Only the last ticket may
+//! write. The connection goes back to the pool when the last ticket is done, or is closed
+//! for all of them when it broke.
+//!
+//! Owns the ticket order and the connection while it is shared; knows nothing of protocol
+//! state (the sessions decide what qualifies and when a batch is done).
+
+use super::server_conn::ServerConn;
+use crate::stmt::Statement;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Instant;
+
+/// A shared server connection. Locked only for the length of one read, write or link.
+#[derive(Debug)]
+pub struct Pipe {
+    inner: Mutex<PipeInner>,
+}
+
+/// The state behind a pipe's lock.
+#[derive(Debug)]
+pub struct PipeInner {
+    /// The connection; None once given back to the pool.
+    pub conn: Option<Box<ServerConn>>,
+    /// The ticket reading replies now; the tickets in flight are `head..next`.
+    head: u32,
+    next: u32,
+    /// Tickets not finished yet (`next - head`, until the connection breaks: then they
+    /// leave in any order).
+    in_flight: usize,
+    /// The ticket allowed to write (always the last one), if it has not passed that on.
+    writer: Option<u32>,
+    /// The writer has written since it got that role.
+    wrote: bool,
+    /// A new head has bytes waiting in `rbuf` (read by the ticket before it).
+    handed_over: bool,
+    /// Tickets waiting to become head.
+    waiting: Vec<(u32, Waker)>,
+    /// The connection broke (or was found in an unknown state): every ticket fails.
+    pub dead: bool,
+    /// Tickets whose batch is timed, with the statement its duration is recorded for.
+    timed: VecDeque<(u32, Arc<Statement>)>,
+    /// Since when the head's batch has had the server to itself.
+    head_since: Instant,
+}
+
+impl Pipe {
+    /// Shares `conn`, whose current user becomes ticket 0 (the head and the writer).
+    pub fn new(mut conn: Box<ServerConn>) -> Arc<Pipe> {
+        let (head_since, timed) = match conn.timing.take() {
+            Some((t0, s)) => (t0, VecDeque::from([(0, s)])),
+            None => (Instant::now(), VecDeque::new()),
+        };
+        Arc::new(Pipe {
+            inner: Mutex::new(PipeInner {
+                conn: Some(conn),
+                head: 0,
+                next: 1,
+                in_flight: 1,
+                writer: Some(0),
+                wrote: true,
+                handed_over: false,
+                waiting: Vec::new(),
+                dead: false,
+                timed,
+                head_since,
+            }),
+        })
+    }
+
+    /// Locks the pipe.
+    pub fn lock(&self) -> MutexGuard<'_, PipeInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl PipeInner {
+    /// `t` reads replies now.
+    #[inline]
+    pub fn is_head(&self, t: u32) -> bool {
+        self.head == t
+    }
+
+    /// `t` may write.
+    #[inline]
+    pub fn is_writer(&self, t: u32) -> bool {
+        self.writer == Some(t)
+    }
+
+    /// Only `t` is in flight: its cancel requests cannot reach another client's query.
+    #[inline]
+    pub fn is_alone(&self, t: u32) -> bool {
+        self.head == t && self.next == t.wrapping_add(1)
+    }
+
+    /// Batches in flight.
+    #[inline]
+    pub fn depth(&self) -> usize {
+        self.in_flight
+    }
+
+    /// A new last ticket, which becomes the writer (taken from `from`).
+    pub fn add_ticket(&mut self) -> u32 {
+        let t = self.next;
+        self.next = self.next.wrapping_add(1);
+        self.in_flight += 1;
+        self.writer = Some(t);
+        self.wrote = false;
+        t
+    }
+
+    /// Ticket `t`'s batch, just written, is timed for `s` (from when it is head).
+    pub fn time_ticket(&mut self, t: u32, s: Arc<Statement>, now: Instant) {
+        if self.head == t {
+            self.head_since = now;
+        }
+        self.timed.push_back((t, s));
+    }
+
+    /// The writer `t` wrote to the connection.
+    #[inline]
+    pub fn note_write(&mut self, t: u32) {
+        if self.writer == Some(t) {
+            self.wrote = true;
+        }
+    }
+
+    /// Takes back the last ticket `t`, which never wrote (its client left, or the handoff
+    /// found nobody): the writer becomes `back` again (None: nobody). Returns the
+    /// connection when no ticket is left.
+    pub fn retract(&mut self, t: u32, back: Option<u32>) -> Option<Box<ServerConn>> {
+        if t.wrapping_add(1) == self.next && self.writer == Some(t) {
+            self.next = t;
+            self.in_flight -= 1;
+            self.writer = back;
+            self.wrote = true;
+            self.waiting.retain(|(w, _)| *w != t);
+        }
+        self.take_if_done()
+    }
+
+    /// Wakes `t` when it becomes head (or the connection breaks). True when it already is.
+    pub fn wait_head(&mut self, t: u32, waker: &Waker) -> bool {
+        if self.head == t || self.dead {
+            return true;
+        }
+        match self.waiting.iter_mut().find(|(w, _)| *w == t) {
+            Some((_, w)) => w.clone_from(waker),
+            None => self.waiting.push((t, waker.clone())),
+        }
+        false
+    }
+
+    /// The head has unread bytes handed over from the ticket before it: returns and
+    /// clears that flag (so the next wait does not report them again).
+    pub fn take_handed_over(&mut self) -> bool {
+        std::mem::take(&mut self.handed_over)
+    }
+
+    /// The head `t` has all its replies: the next ticket reads from here on. Returns the
+    /// connection when no ticket is left (for the pool).
+    /// A ticket that never wrote may leave before its turn (it is taken back); once the
+    /// connection is dead, tickets may leave in any order.
+    pub fn finish(&mut self, t: u32) -> Option<Box<ServerConn>> {
+        if self.writer == Some(t) && !self.wrote && t.wrapping_add(1) == self.next && !self.dead {
+            return self.retract(t, None);
+        }
+        if self.writer == Some(t) {
+            self.writer = None;
+        }
+        if self.dead {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            return self.take_if_done();
+        }
+        if self.head != t {
+            // Not in order: the connection's state is unknown from here on.
+            self.kill();
+            self.in_flight = self.in_flight.saturating_sub(1);
+            return self.take_if_done();
+        }
+        let now = Instant::now();
+        if self.timed.front().is_some_and(|(w, _)| *w == t)
+            && let Some((_, s)) = self.timed.pop_front()
+        {
+            s.note_run(now.saturating_duration_since(self.head_since).as_micros() as u64);
+        }
+        self.head_since = now;
+        self.head = self.head.wrapping_add(1);
+        self.in_flight -= 1;
+        self.handed_over = self.conn.as_ref().is_some_and(|c| !c.rbuf.is_empty());
+        let head = self.head;
+        if let Some(i) = self.waiting.iter().position(|(w, _)| *w == head) {
+            self.waiting.swap_remove(i).1.wake();
+        }
+        self.take_if_done()
+    }
+
+    /// The connection broke: every ticket waiting is woken to find out.
+    pub fn kill(&mut self) {
+        self.dead = true;
+        for (_, w) in self.waiting.drain(..) {
+            w.wake();
+        }
+    }
+
+    fn take_if_done(&mut self) -> Option<Box<ServerConn>> {
+        if self.in_flight == 0 && self.writer.is_none() { self.conn.take() } else { None }
+    }
+}

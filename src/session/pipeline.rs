@@ -1,0 +1,114 @@
+//! Which batches may share their server connection with the next client's batch before
+//! their replies are in (pipelining, driven by `driver::pipe`), and what a session must
+//! not do once it has let its server go that way.
+//!
+//! A batch qualifies only when it is sure to leave the server idle, outside a transaction
+//! and unchanged for whoever writes behind it: an autocommit batch ended by Sync, made of
+//! Bind/Describe/Execute/Close-portal of statements already prepared on that server, each
+//! of them one plain data statement (`stmt::sql::is_plain_dml`). An error inside such a
+//! batch ends at its own Sync and leaves the server idle too, so it cannot leak into the
+//! next batch. Everything else keeps the server to itself, as without pipelining.
+
+use super::reply_queue::{ClientFx, OnReply, Purpose, Req};
+use super::{Link, Session};
+use crate::config::PoolMode;
+use crate::stmt::Statement;
+use crate::stmt::registry::StmtKind;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// What `Session::pipelinable` found.
+#[derive(Debug)]
+pub struct Pipelinable {
+    /// The first statement the batch binds.
+    pub first: Arc<Statement>,
+    /// Every statement it binds recently ran fast enough to have batches queued behind.
+    pub fast: bool,
+}
+
+impl Session {
+    /// When everything written to the server is one or more whole batches of the kind
+    /// described in the module doc: the first statement they bind (what the driver times
+    /// the batch for), and whether every statement they bind recently ran within
+    /// `limit_us` (a batch behind a slow one would wait for it). Call only once
+    /// `to_server` has been written out.
+    pub fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
+        if self.link != Link::Linked
+            || self.mode == PoolMode::Session
+            || self.registry.is_none()
+            || self.tx_status != b'I'
+            || self.tx_opening
+            || self.copy_in
+            || self.hold
+            || self.server_skipping
+            || self.server_dirty
+            || self.lent
+            || self.replies.is_unsynced()
+            || self.dealloc_portal.is_some()
+            || self.tracked_portal.is_some()
+            || self.fresh_in_tx.is_some()
+            || !self.to_server.is_empty()
+        {
+            return None;
+        }
+        let mut last_sync = false;
+        let mut first: Option<&Arc<Statement>> = None;
+        let mut fast = true;
+        for p in self.replies.iter() {
+            last_sync = p.req == Req::Sync;
+            if p.purpose != Purpose::Client
+                || p.tracked_sql.is_some()
+                || p.fx.server_parse.is_some()
+                || p.fx.server_close.is_some()
+                || p.fx.guarded
+                || p.fx.guard_parse != 0
+                || matches!(p.fx.client, ClientFx::ClearedAll { .. })
+            {
+                return None;
+            }
+            match (&p.on_reply, p.req) {
+                (OnReply::Synth(_), _) => {}
+                (OnReply::Forward, Req::Bind) => match &p.fx.uses {
+                    Some(s) if s.kind == StmtKind::Protocol && plain(s) => {
+                        fast &= s.known_fast(limit_us);
+                        first.get_or_insert(s);
+                    }
+                    _ => return None,
+                },
+                (OnReply::Forward, Req::Describe | Req::Execute | Req::Close | Req::Sync) => {}
+                _ => return None,
+            }
+        }
+        match first {
+            Some(s) if last_sync => Some(Pipelinable { first: s.clone(), fast }),
+            _ => None,
+        }
+    }
+
+    /// The driver let the server take another client's batch behind this session's: from
+    /// now until the server is released, nothing more may be written to it (the bytes
+    /// would land behind the other batch). A transparent retry then re-prepares on the
+    /// next server the client gets instead of closing the stale statement here.
+    pub fn set_lent(&mut self) {
+        self.lent = true;
+    }
+
+    /// Whether `set_lent` was called since the server was linked.
+    pub fn is_lent(&self) -> bool {
+        self.lent
+    }
+}
+
+/// One plain data statement, never a transaction, session or definition command.
+fn plain(s: &crate::stmt::Statement) -> bool {
+    // The text never changes: classified once, remembered in the statement.
+    match s.plain_dml.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let p = crate::stmt::sql::is_plain_dml(&s.query);
+            s.plain_dml.store(if p { 1 } else { 2 }, Ordering::Relaxed);
+            p
+        }
+    }
+}

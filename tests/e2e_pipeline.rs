@@ -1,0 +1,158 @@
+//! Pipelining (`driver::pipe`): a client waiting for a server may have its batch written
+//! behind another client's autocommit batch whose replies are still coming, on the same
+//! server connection.
+//!
+//! Each test builds the same situation with a pool of two: both server connections are
+//! held by open transactions, client A queues first and client B second; then one holder
+//! commits, so A gets that server with B waiting. What happens next depends on A's batch:
+//!
+//! * a statement known to be fast: B's batch goes behind it (the console's `pipelined`
+//!   counter), and both get their own answers;
+//! * a statement known to be slow: B is not queued behind it, and gets the other server
+//!   as soon as it is free, long before A's statement ends;
+//! * A's client leaves while its batch is in flight: its replies are read and dropped,
+//!   and B behind it still gets its answer on a healthy connection.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+use tokio_postgres::SimpleQueryMessage;
+
+/// Two server connections; statements count as fast up to 100 ms (a loaded test machine
+/// can take a few ms for what PostgreSQL does in microseconds).
+const POOL: &str = "pool_size = 2\npipeline_max_statement_ms = 100";
+
+/// A column of this database's row in the console's SHOW POOLS.
+async fn pool_stat(console: &Pg, db: &str, column: &str) -> String {
+    let rows = console.simple_query("SHOW POOLS").await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get("database") == Some(db) => r.get(column).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// Polls the console until `column` of `db` reads `want` (bounded).
+async fn wait_stat(p: &Parsnip, console: &Pg, db: &str, column: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if pool_stat(console, db, column).await == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{column} never reached {want}\n{}", p.log_tail());
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Both server connections of the pool held by open transactions.
+async fn hold_both(p: &Parsnip, db: &str) -> (Pg, Pg) {
+    let d = p.connect("postgres", SUPER_PW, db).await;
+    let e = p.connect("postgres", SUPER_PW, db).await;
+    d.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    e.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    (d, e)
+}
+
+#[tokio::test]
+async fn a_waiting_client_is_queued_behind_a_fast_batch() {
+    const DB: &str = "pipefastdb";
+    create_db(DB);
+    let p = Parsnip::trust(POOL);
+    bounded(60, "a_waiting_client_is_queued_behind_a_fast_batch", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let sa = a.prepare("select $1::int4 + 1").await.unwrap();
+        let sb = b.prepare("select $1::int4 + 1").await.unwrap();
+        // Timed once: known to be fast.
+        let one: i32 = a.query_one(&sa, &[&1i32]).await.unwrap().get(0);
+        assert_eq!(one, 2);
+        let (d, e) = hold_both(&p, DB).await;
+        let ta = tokio::spawn(async move { a.query_one(&sa, &[&41i32]).await.map(|r| r.get::<_, i32>(0)) });
+        wait_stat(&p, &console, DB, "cl_waiting", "1").await;
+        let tb = tokio::spawn(async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) });
+        wait_stat(&p, &console, DB, "cl_waiting", "2").await;
+        assert_eq!(pool_stat(&console, DB, "pipelined").await, "0");
+        e.batch_execute("COMMIT").await.unwrap();
+        // B is answered on the server A got, while D still holds the other one.
+        assert_eq!(tb.await.unwrap().unwrap(), 100, "B's own answer");
+        assert_eq!(ta.await.unwrap().unwrap(), 42, "A's own answer");
+        assert_eq!(pool_stat(&console, DB, "pipelined").await, "1", "B was queued behind A");
+        assert_eq!(d.scalar("select 'still in my transaction'").await.unwrap(), "still in my transaction");
+        d.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(e.scalar("select 7").await.unwrap(), "7");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn no_client_is_queued_behind_a_slow_statement() {
+    const DB: &str = "pipeslowdb";
+    create_db(DB);
+    let p = Parsnip::trust(POOL);
+    bounded(60, "no_client_is_queued_behind_a_slow_statement", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let sa = a.prepare("select pg_sleep($1::float8)::text").await.unwrap();
+        let sb = b.prepare("select $1::int4 + 1").await.unwrap();
+        // Timed once at 0.5 s: over pipeline_max_statement_ms.
+        a.query_one(&sa, &[&0.5f64]).await.unwrap();
+        let (d, e) = hold_both(&p, DB).await;
+        let ta = tokio::spawn(async move { a.query_one(&sa, &[&3.0f64]).await.map(|_| ()) });
+        wait_stat(&p, &console, DB, "cl_waiting", "1").await;
+        let tb = tokio::spawn(async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) });
+        wait_stat(&p, &console, DB, "cl_waiting", "2").await;
+        e.batch_execute("COMMIT").await.unwrap();
+        // A now sleeps on E's old server; B still waits (not behind A).
+        wait_stat(&p, &console, DB, "cl_waiting", "1").await;
+        d.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(tb.await.unwrap().unwrap(), 100);
+        assert!(!ta.is_finished(), "B was answered before A's 3-second statement ended");
+        assert_eq!(pool_stat(&console, DB, "pipelined").await, "0", "nobody was queued behind the slow statement");
+        ta.await.unwrap().unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_leaving_with_a_batch_in_flight_does_not_disturb_the_one_behind() {
+    const DB: &str = "pipeleavedb";
+    create_db(DB);
+    let p = Parsnip::trust(POOL);
+    bounded(60, "a_client_leaving_with_a_batch_in_flight_does_not_disturb_the_one_behind", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        // One statement, fast when timed, slow enough later for A to leave meanwhile.
+        let sa = a.prepare("select pg_sleep($1::float8)::text").await.unwrap();
+        let sb = b.prepare("select $1::int4 + 1").await.unwrap();
+        a.query_one(&sa, &[&0.0f64]).await.unwrap();
+        let (d, e) = hold_both(&p, DB).await;
+        let Pg { client: ca, task: a_conn, .. } = a;
+        let ta = tokio::spawn(async move { ca.query_one(&sa, &[&1.5f64]).await.map(|_| ()) });
+        wait_stat(&p, &console, DB, "cl_waiting", "1").await;
+        let tb = tokio::spawn(async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) });
+        wait_stat(&p, &console, DB, "cl_waiting", "2").await;
+        e.batch_execute("COMMIT").await.unwrap();
+        wait_stat(&p, &console, DB, "pipelined", "1").await;
+        // A vanishes while its statement runs, with B's batch written behind it.
+        a_conn.abort();
+        let _ = a_conn.await;
+        assert!(ta.await.unwrap().is_err(), "A's connection is gone");
+        assert_eq!(tb.await.unwrap().unwrap(), 100, "B's answer, after A's dropped one");
+        // The connection went back to the pool in a clean state: both servers serve again.
+        d.batch_execute("COMMIT").await.unwrap();
+        let f = p.connect("postgres", SUPER_PW, DB).await;
+        let g = p.connect("postgres", SUPER_PW, DB).await;
+        f.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        g.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        assert_eq!(f.scalar("select 5").await.unwrap(), "5");
+        assert_eq!(g.scalar("select 6").await.unwrap(), "6");
+        assert_eq!(pool_stat(&console, DB, "sv_open").await, "2", "no connection was closed");
+    })
+    .await;
+}
