@@ -12,32 +12,77 @@ use std::time::Duration;
 /// Where one client's queries currently run.
 #[derive(Debug, Default)]
 pub struct CancelSlot {
-    target: Mutex<Option<Arc<CancelTarget>>>,
+    target: Mutex<Target>,
     /// Woken by a cancel that arrives while the client waits for a server.
     queued: tokio::sync::Notify,
 }
 
+/// Where a cancel request of one client goes.
+#[derive(Debug, Default)]
+enum Target {
+    /// No server: its request (if any) is waiting for one.
+    #[default]
+    None,
+    /// The backend runs this client's query (or will next).
+    Now(Arc<CancelTarget>),
+    /// The client's batch is queued behind other clients' batches on that connection
+    /// (`pipe`): a cancel now would reach their queries. One that arrives is held
+    /// (`requested`) and sent when the batch reaches the head.
+    Later { target: Arc<CancelTarget>, requested: bool },
+}
+
 impl CancelSlot {
-    /// The client was linked to a server.
+    /// The client was linked to a server (its batch is the one the backend runs next).
     pub fn set(&self, t: &Arc<CancelTarget>) {
-        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Now(t.clone());
+    }
+    /// The client's batch waits behind others on `t` (see `Target::Later`).
+    pub fn set_later(&self, t: &Arc<CancelTarget>) {
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Later { target: t.clone(), requested: false };
+    }
+    /// The client's batch reached the head of its connection: cancels go straight there
+    /// from now on, and one held meanwhile is sent now.
+    pub fn reached_head(&self) {
+        let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        if let Target::Later { target, requested } = &*g {
+            let (t, fire) = (target.clone(), *requested);
+            if fire {
+                t.in_flight.fetch_add(1, Ordering::AcqRel);
+            }
+            *g = Target::Now(t.clone());
+            drop(g);
+            if fire && let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { send(&t).await });
+            } else if fire {
+                settle(&t);
+            }
+        }
     }
     /// The client was unlinked.
     pub fn clear(&self) {
-        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::None;
     }
     /// Completes when a cancel arrives for this client while it has no server (its request
     /// is waiting in the pool's queue).
     pub async fn cancelled_while_queued(&self) {
         self.queued.notified().await
     }
-    /// The client's server, with a cancel counted in flight on it. Under the slot's lock,
-    /// so a release (which clears the slot first) sees the count.
-    fn begin_cancel(&self) -> Option<Arc<CancelTarget>> {
-        let g = self.target.lock().unwrap_or_else(|e| e.into_inner());
-        let t = g.clone()?;
-        t.in_flight.fetch_add(1, Ordering::AcqRel);
-        Some(t)
+    /// The client's server, with a cancel counted in flight on it; or the cancel is held
+    /// (None, and `false`: nothing to wake). Under the slot's lock, so a release (which
+    /// clears the slot first) sees the count.
+    fn begin_cancel(&self) -> (Option<Arc<CancelTarget>>, bool) {
+        let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *g {
+            Target::Now(t) => {
+                t.in_flight.fetch_add(1, Ordering::AcqRel);
+                (Some(t.clone()), false)
+            }
+            Target::Later { requested, .. } => {
+                *requested = true;
+                (None, false)
+            }
+            Target::None => (None, true),
+        }
     }
 }
 
@@ -76,18 +121,31 @@ impl CancelRegistry {
                 }
             }
         };
-        let Some(t) = slot.begin_cancel() else {
-            // Not linked: its request (if any) is still waiting for a server.
-            slot.queued.notify_waiters();
-            return;
+        let t = match slot.begin_cancel() {
+            (Some(t), _) => t,
+            (None, queued) => {
+                if queued {
+                    // Not linked: its request (if any) is still waiting for a server.
+                    slot.queued.notify_waiters();
+                }
+                return;
+            }
         };
-        // Bounded: a cancel that cannot reach the server must not keep the connection
-        // out of the pool for long.
-        let _ = tokio::time::timeout(Duration::from_secs(5), forward(&t)).await;
-        if t.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            t.settled.notify_waiters();
-        }
+        send(&t).await;
         tracing::debug!(pid, server_pid = t.pid, "cancel request forwarded");
+    }
+}
+
+/// Forwards a cancel counted in flight on `t`, then counts it done. Bounded: a cancel that
+/// cannot reach the server must not keep the connection out of the pool for long.
+async fn send(t: &CancelTarget) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), forward(t)).await;
+    settle(t);
+}
+
+fn settle(t: &CancelTarget) {
+    if t.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+        t.settled.notify_waiters();
     }
 }
 

@@ -356,22 +356,21 @@ impl Proxy {
                 }
                 Ok(Lease::Ticket(pipe, t)) => {
                     let mut g = pipe.lock();
-                    let alone = g.is_alone(t);
+                    let head = g.is_head(t);
                     let dead = g.dead;
                     match g.conn.as_mut() {
                         Some(c) if !dead => {
                             self.session.handle_server_linked(&mut c.state);
-                            if alone {
+                            if head {
                                 self.slot.set(&c.cancel);
+                            } else {
+                                self.slot.set_later(&c.cancel);
+                                g.watch_cancel(t, self.slot.clone());
                             }
                         }
                         _ => {
                             // It broke before this client wrote anything: ask again.
-                            let done = g.finish(t);
-                            drop(g);
-                            if let Some(c) = done {
-                                self.pool.release(c, false);
-                            }
+                            leave(&self.pool, g, t);
                             continue;
                         }
                     }
@@ -421,16 +420,18 @@ impl Proxy {
             }
             Some(Linked::Shared(pipe, t)) => {
                 let mut g = pipe.lock();
+                if !g.dead && !g.is_head(t) && g.wrote_as(t) {
+                    // Given up before its turn (its client failed): its replies are still to
+                    // come, and the tickets around it must not suffer. Settled on close.
+                    drop(g);
+                    self.server = Some(Linked::Shared(pipe, t));
+                    return;
+                }
                 if !reusable || !self.session.to_server.is_empty() {
                     // Its state is unknown: nobody behind this ticket can use it either.
                     g.kill();
                 }
-                let dead = g.dead;
-                if let Some(c) = g.finish(t) {
-                    drop(g);
-                    let clean = !dead && c.rbuf.is_empty();
-                    self.pool.release(c, clean);
-                }
+                leave(&self.pool, g, t);
             }
             None => {}
         }
@@ -441,34 +442,15 @@ impl Proxy {
     /// client goes on reading its replies, and writes nothing more there.
     fn lend(&mut self) {
         let depth = self.shared.cfg.pipeline_depth;
-        // From now on a cancel could reach the next client's query: this one's cancel
-        // requests are no longer forwarded, and one already on its way stops the lending.
-        self.slot.clear();
         let (pipe, t) = match self.server.take() {
-            Some(Linked::Own(s)) => {
-                if s.cancel.in_flight.load(Ordering::Acquire) > 0 {
-                    self.slot.set(&s.cancel);
-                    self.server = Some(Linked::Own(s));
-                    return;
-                }
-                (Pipe::new(s), 0)
-            }
+            Some(Linked::Own(s)) => (Pipe::new(s), 0),
             Some(Linked::Shared(pipe, t)) => (pipe, t),
             None => return,
         };
-        let lent = {
-            let in_flight = pipe.lock().conn.as_ref().is_some_and(|c| c.cancel.in_flight.load(Ordering::Acquire) > 0);
-            !in_flight && self.pool.lend(&pipe, t, depth)
-        };
-        if lent {
+        // A cancel on its way now could land on the batch written behind this one.
+        let cancelling = pipe.lock().conn.as_ref().is_some_and(|c| c.cancel.in_flight.load(Ordering::Acquire) > 0);
+        if !cancelling && self.pool.lend(&pipe, t, depth) {
             self.session.set_lent();
-        } else {
-            let g = pipe.lock();
-            if g.is_alone(t)
-                && let Some(c) = g.conn.as_ref()
-            {
-                self.slot.set(&c.cancel);
-            }
         }
         self.server = Some(Linked::Shared(pipe, t));
     }
@@ -539,7 +521,7 @@ impl Proxy {
                     drop(g);
                     return self.session.handle_server_lost();
                 }
-                if !g.is_head(t) {
+                if !g.is_head(t) || !self.session.is_linked() {
                     return;
                 }
                 g.take_handed_over();
@@ -548,14 +530,6 @@ impl Proxy {
                     g.kill();
                     drop(g);
                     return self.session.handle_server_lost();
-                }
-                // The batches ahead are done: this client's cancel requests reach only its own.
-                if g.is_alone(t)
-                    && g.is_writer(t)
-                    && self.session.is_linked()
-                    && let Some(c) = g.conn.as_ref()
-                {
-                    self.slot.set(&c.cancel);
                 }
             }
         }
@@ -647,28 +621,56 @@ impl Proxy {
         self.pool.release(s, ok);
     }
 
-    /// The client left with a ticket on a shared connection: its replies are read (and
-    /// dropped) so the tickets behind get theirs. True when the connection is then this
-    /// client's alone again (settled as an own one); false when it was handed on or closed.
+    /// The client left with a ticket on a shared connection. With tickets behind it (its
+    /// batch was a plain one, lent), its replies are read and dropped, up to the
+    /// ReadyForQuery messages it is owed, so the next ticket gets its own. Otherwise it
+    /// waits for its turn and takes the connection back (true: settle it as an own one).
     async fn settle_shared(&mut self) -> bool {
+        let Some(Linked::Shared(pipe, t)) = self.server.take() else { return false };
         let limit = self.shared.cfg.server_connect_timeout();
-        let drained = tokio::time::timeout(limit, async {
-            while self.session.is_linked() && self.session.outstanding() > 0 {
-                let Some(w) = self.server.as_ref().map(Linked::wait) else { return false };
-                std::future::poll_fn(|cx| if w.poll_read(cx) { Poll::Ready(()) } else { Poll::Pending }).await;
-                self.read_server();
-                self.session.to_client.clear();
+        let mut owed = self.session.owed_ready();
+        {
+            let mut g = pipe.lock();
+            if !self.session.to_server.is_empty() && g.is_writer(t) && g.wrote_as(t) {
+                // Part of a message is on the wire: the rest of the stream means nothing.
+                g.kill();
             }
-            true
+            if g.dead || !g.wrote_as(t) {
+                // Broken, or a ticket that never wrote: it leaves at once.
+                leave(&self.pool, g, t);
+                return false;
+            }
+        }
+        let done = tokio::time::timeout(limit, async {
+            loop {
+                std::future::poll_fn(|cx| {
+                    if ServerWait::Shared(&pipe, t).poll_read(cx) { Poll::Ready(()) } else { Poll::Pending }
+                })
+                .await;
+                let mut g = pipe.lock();
+                if g.dead {
+                    return false;
+                }
+                let last = g.is_alone(t) || g.is_writer(t);
+                let Some(c) = g.conn.as_mut() else { return false };
+                if last {
+                    return true;
+                }
+                if drop_replies(c, &mut owed) {
+                    return false;
+                }
+                if owed == 0 {
+                    return true;
+                }
+            }
         })
         .await
         .unwrap_or(false);
-        let Some(Linked::Shared(pipe, t)) = self.server.take() else { return false };
         let mut g = pipe.lock();
-        if !drained || !self.session.to_server.is_empty() {
+        if !done {
             g.kill();
         }
-        if !g.dead && g.is_alone(t) && g.is_writer(t) {
+        if !g.dead && g.is_head(t) && g.is_writer(t) && g.is_alone(t) {
             // Nobody else holds a ticket or can get one (only the writer lends).
             if let Some(c) = g.conn.take() {
                 drop(g);
@@ -676,14 +678,42 @@ impl Proxy {
                 return true;
             }
         }
-        let dead = g.dead;
-        if let Some(c) = g.finish(t) {
-            drop(g);
-            let clean = !dead && c.rbuf.is_empty();
-            self.pool.release(c, clean);
-        }
+        leave(&self.pool, g, t);
         false
     }
+}
+
+/// Ticket `t` leaves the pipe whose lock `g` is; the connection goes back to the pool (or
+/// is closed, if broken or left with unread bytes) when no ticket is left.
+fn leave(pool: &Arc<Pool>, mut g: std::sync::MutexGuard<'_, super::pipe::PipeInner>, t: u32) {
+    let dead = g.dead;
+    if let Some(c) = g.finish(t) {
+        drop(g);
+        let clean = !dead && c.rbuf.is_empty();
+        pool.release(c, clean);
+    }
+}
+
+/// Reads what the server sent and drops whole frames up to the `owed`-th ReadyForQuery
+/// (counted down), leaving what follows for the next ticket. True at end of stream.
+fn drop_replies(c: &mut ServerConn, owed: &mut usize) -> bool {
+    c.rbuf.reserve(READ_CHUNK);
+    let eof = match c.stream.try_read_buf(&mut c.rbuf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    let mut at = 0;
+    while *owed > 0
+        && let Ok(Some(n)) = split_frame(&c.rbuf[at..], 1 << 30)
+    {
+        if c.rbuf[at] == crate::protocol::tags::READY_FOR_QUERY {
+            *owed -= 1;
+        }
+        at += n;
+    }
+    c.consume(at);
+    eof && *owed > 0
 }
 
 /// Feeds the whole frames in `cbuf` to the session, until one needs a server (or a

@@ -17,6 +17,7 @@
 //! Owns the ticket order and the connection while it is shared; knows nothing of protocol
 //! state (the sessions decide what qualifies and when a batch is done).
 
+use super::cancel::CancelSlot;
 use super::server_conn::ServerConn;
 use crate::stmt::Statement;
 use std::collections::VecDeque;
@@ -55,6 +56,8 @@ pub struct PipeInner {
     timed: VecDeque<(u32, Arc<Statement>)>,
     /// Since when the head's batch has had the server to itself.
     head_since: Instant,
+    /// Cancel slots of tickets behind the head, told when their batch reaches it.
+    slots: VecDeque<(u32, Arc<CancelSlot>)>,
 }
 
 impl Pipe {
@@ -77,6 +80,7 @@ impl Pipe {
                 dead: false,
                 timed,
                 head_since,
+                slots: VecDeque::new(),
             }),
         })
     }
@@ -130,6 +134,18 @@ impl PipeInner {
         self.timed.push_back((t, s));
     }
 
+    /// Ticket `t` (behind the head) holds its client's cancels in `slot` until its batch
+    /// reaches the head (`CancelSlot::reached_head`, called from `finish`).
+    pub fn watch_cancel(&mut self, t: u32, slot: Arc<CancelSlot>) {
+        self.slots.push_back((t, slot));
+    }
+
+    /// `t` has written to the connection (it is not a writer that never did).
+    #[inline]
+    pub fn wrote_as(&self, t: u32) -> bool {
+        self.writer != Some(t) || self.wrote
+    }
+
     /// The writer `t` wrote to the connection.
     #[inline]
     pub fn note_write(&mut self, t: u32) {
@@ -148,6 +164,7 @@ impl PipeInner {
             self.writer = back;
             self.wrote = true;
             self.waiting.retain(|(w, _)| *w != t);
+            self.slots.retain(|(w, _)| *w != t);
         }
         self.take_if_done()
     }
@@ -205,6 +222,11 @@ impl PipeInner {
         if let Some(i) = self.waiting.iter().position(|(w, _)| *w == head) {
             self.waiting.swap_remove(i).1.wake();
         }
+        self.slots.retain(|(w, _)| *w != t);
+        if let Some((_, slot)) = self.slots.front().filter(|(w, _)| *w == head) {
+            slot.reached_head();
+            self.slots.pop_front();
+        }
         self.take_if_done()
     }
 
@@ -218,5 +240,90 @@ impl PipeInner {
 
     fn take_if_done(&mut self) -> Option<Box<ServerConn>> {
         if self.in_flight == 0 && self.writer.is_none() { self.conn.take() } else { None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The ticket bookkeeping alone (no connection).
+    fn inner() -> PipeInner {
+        PipeInner {
+            conn: None,
+            head: 0,
+            next: 1,
+            in_flight: 1,
+            writer: Some(0),
+            wrote: true,
+            handed_over: false,
+            waiting: Vec::new(),
+            dead: false,
+            timed: VecDeque::new(),
+            head_since: Instant::now(),
+            slots: VecDeque::new(),
+        }
+    }
+
+    struct Count(AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn tickets_read_in_order_and_only_the_last_writes() {
+        let mut p = inner();
+        let b = p.add_ticket();
+        let c = p.add_ticket();
+        assert_eq!((b, c, p.depth()), (1, 2, 3));
+        assert!(p.is_head(0) && !p.is_writer(0) && p.is_writer(c));
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        assert!(!p.wait_head(b, &waker), "b waits for a");
+        p.note_write(b);
+        p.note_write(c);
+        p.finish(0);
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "b woken when a is done");
+        assert!(p.is_head(b) && !p.is_alone(b));
+        p.finish(b);
+        assert!(p.is_head(c) && p.is_alone(c) && p.is_writer(c));
+        p.finish(c);
+        assert_eq!(p.depth(), 0);
+        assert!(!p.dead);
+    }
+
+    #[test]
+    fn a_ticket_that_never_wrote_is_taken_back_wherever_it_is() {
+        let mut p = inner();
+        let b = p.add_ticket();
+        assert!(!p.wrote_as(b));
+        // b's client left before writing, while a still reads: b leaves without a trace.
+        p.finish(b);
+        assert!(!p.dead && p.depth() == 1 && p.is_head(0) && p.writer.is_none());
+        // A handoff that found nobody gives the writer's role back.
+        let c = p.add_ticket();
+        p.retract(c, Some(0));
+        assert!(p.is_writer(0) && p.depth() == 1);
+    }
+
+    #[test]
+    fn leaving_out_of_turn_breaks_the_connection_for_everyone() {
+        let mut p = inner();
+        let b = p.add_ticket();
+        p.note_write(b);
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let c = p.add_ticket();
+        assert!(!p.wait_head(c, &waker));
+        p.finish(b);
+        assert!(p.dead, "b's replies would have been read by someone else");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "c is told");
+        assert!(p.wait_head(c, &waker), "a dead pipe never makes anyone wait");
+        p.finish(0);
+        p.finish(c);
+        assert_eq!(p.depth(), 0);
     }
 }

@@ -308,7 +308,9 @@ impl Pool {
         }
         let t = {
             let mut p = pipe.lock();
-            if p.dead || p.depth() >= depth || !p.is_writer(from) {
+            // A connection past its lifetime takes no more batches: it must come back to
+            // the pool once to be closed.
+            if p.dead || p.depth() >= depth || !p.is_writer(from) || p.conn.as_ref().is_none_or(|c| self.expired(c)) {
                 return false;
             }
             p.add_ticket()

@@ -93,6 +93,16 @@ impl Session {
         self.lent = true;
     }
 
+    /// ReadyForQuery messages the server still owes this session (one per Sync, Query or
+    /// FunctionCall sent and not yet answered): where its replies end on a shared
+    /// connection when nobody reads them for it any more.
+    pub fn owed_ready(&self) -> usize {
+        self.replies
+            .iter()
+            .filter(|p| matches!(p.req, Req::Sync | Req::Query | Req::FunctionCall) && !p.is_synth())
+            .count()
+    }
+
     /// Whether `set_lent` was called since the server was linked.
     pub fn is_lent(&self) -> bool {
         self.lent
