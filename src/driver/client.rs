@@ -529,7 +529,7 @@ impl Proxy {
                 if pump(&mut self.session, c) && self.session.is_linked() {
                     g.kill();
                     drop(g);
-                    return self.session.handle_server_lost();
+                    self.session.handle_server_lost();
                 }
             }
         }
