@@ -15,9 +15,11 @@
 
 mod support;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use support::*;
+use tokio::task::JoinHandle;
 use tokio_postgres::SimpleQueryMessage;
 
 /// Two server connections; statements count as fast up to 100 ms (a loaded test machine
@@ -47,13 +49,30 @@ async fn wait_stat(p: &Parsnip, console: &Pg, db: &str, column: &str, want: &str
     }
 }
 
-/// Both server connections of the pool held by open transactions.
-async fn hold_both(p: &Parsnip, db: &str) -> (Pg, Pg) {
+/// Both server connections of the pool held by open transactions (D and E), then A's
+/// request queued first and B's second. Commit E to give A a server with B waiting.
+async fn queue_a_then_b<A, B>(
+    p: &Parsnip,
+    console: &Pg,
+    db: &str,
+    a: A,
+    b: B,
+) -> (Pg, Pg, JoinHandle<A::Output>, JoinHandle<B::Output>)
+where
+    A: Future + Send + 'static,
+    A::Output: Send,
+    B: Future + Send + 'static,
+    B::Output: Send,
+{
     let d = p.connect("postgres", SUPER_PW, db).await;
     let e = p.connect("postgres", SUPER_PW, db).await;
     d.batch_execute("BEGIN; SELECT 1").await.unwrap();
     e.batch_execute("BEGIN; SELECT 1").await.unwrap();
-    (d, e)
+    let ta = tokio::spawn(a);
+    wait_stat(p, console, db, "cl_waiting", "1").await;
+    let tb = tokio::spawn(b);
+    wait_stat(p, console, db, "cl_waiting", "2").await;
+    (d, e, ta, tb)
 }
 
 #[tokio::test]
@@ -70,11 +89,14 @@ async fn a_waiting_client_is_queued_behind_a_fast_batch() {
         // Timed once: known to be fast.
         let one: i32 = a.query_one(&sa, &[&1i32]).await.unwrap().get(0);
         assert_eq!(one, 2);
-        let (d, e) = hold_both(&p, DB).await;
-        let ta = tokio::spawn(async move { a.query_one(&sa, &[&41i32]).await.map(|r| r.get::<_, i32>(0)) });
-        wait_stat(&p, &console, DB, "cl_waiting", "1").await;
-        let tb = tokio::spawn(async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) });
-        wait_stat(&p, &console, DB, "cl_waiting", "2").await;
+        let (d, e, ta, tb) = queue_a_then_b(
+            &p,
+            &console,
+            DB,
+            async move { a.query_one(&sa, &[&41i32]).await.map(|r| r.get::<_, i32>(0)) },
+            async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) },
+        )
+        .await;
         assert_eq!(pool_stat(&console, DB, "pipelined").await, "0");
         e.batch_execute("COMMIT").await.unwrap();
         // B is answered on the server A got, while D still holds the other one.
@@ -101,11 +123,14 @@ async fn no_client_is_queued_behind_a_slow_statement() {
         let sb = b.prepare("select $1::int4 + 1").await.unwrap();
         // Timed once at 0.5 s: over pipeline_max_statement_ms.
         a.query_one(&sa, &[&0.5f64]).await.unwrap();
-        let (d, e) = hold_both(&p, DB).await;
-        let ta = tokio::spawn(async move { a.query_one(&sa, &[&3.0f64]).await.map(|_| ()) });
-        wait_stat(&p, &console, DB, "cl_waiting", "1").await;
-        let tb = tokio::spawn(async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) });
-        wait_stat(&p, &console, DB, "cl_waiting", "2").await;
+        let (d, e, ta, tb) = queue_a_then_b(
+            &p,
+            &console,
+            DB,
+            async move { a.query_one(&sa, &[&3.0f64]).await.map(|_| ()) },
+            async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) },
+        )
+        .await;
         e.batch_execute("COMMIT").await.unwrap();
         // A now sleeps on E's old server; B still waits (not behind A).
         wait_stat(&p, &console, DB, "cl_waiting", "1").await;
@@ -131,12 +156,15 @@ async fn a_client_leaving_with_a_batch_in_flight_does_not_disturb_the_one_behind
         let sa = a.prepare("select pg_sleep($1::float8)::text").await.unwrap();
         let sb = b.prepare("select $1::int4 + 1").await.unwrap();
         a.query_one(&sa, &[&0.0f64]).await.unwrap();
-        let (d, e) = hold_both(&p, DB).await;
         let Pg { client: ca, task: a_conn, .. } = a;
-        let ta = tokio::spawn(async move { ca.query_one(&sa, &[&1.5f64]).await.map(|_| ()) });
-        wait_stat(&p, &console, DB, "cl_waiting", "1").await;
-        let tb = tokio::spawn(async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) });
-        wait_stat(&p, &console, DB, "cl_waiting", "2").await;
+        let (d, e, ta, tb) = queue_a_then_b(
+            &p,
+            &console,
+            DB,
+            async move { ca.query_one(&sa, &[&1.5f64]).await.map(|_| ()) },
+            async move { b.query_one(&sb, &[&99i32]).await.map(|r| r.get::<_, i32>(0)) },
+        )
+        .await;
         e.batch_execute("COMMIT").await.unwrap();
         wait_stat(&p, &console, DB, "pipelined", "1").await;
         // A vanishes while its statement runs, with B's batch written behind it.
@@ -152,6 +180,46 @@ async fn a_client_leaving_with_a_batch_in_flight_does_not_disturb_the_one_behind
         g.batch_execute("BEGIN; SELECT 1").await.unwrap();
         assert_eq!(f.scalar("select 5").await.unwrap(), "5");
         assert_eq!(g.scalar("select 6").await.unwrap(), "6");
+        assert_eq!(pool_stat(&console, DB, "sv_open").await, "2", "no connection was closed");
+    })
+    .await;
+}
+
+/// B's batch waits behind A's on one connection and B cancels: the cancel must reach B's
+/// query (held until B's batch runs), never A's.
+#[tokio::test]
+async fn a_cancel_behind_another_batch_reaches_its_own_query_only() {
+    const DB: &str = "pipecanceldb";
+    create_db(DB);
+    let p = Parsnip::trust(POOL);
+    bounded(60, "a_cancel_behind_another_batch_reaches_its_own_query_only", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let sa = a.prepare("select pg_sleep($1::float8)::text || 'a'").await.unwrap();
+        let sb = b.prepare("select pg_sleep($1::float8)::text || 'b'").await.unwrap();
+        // Fast when timed; A's real run takes a second, B's would take ten.
+        a.query_one(&sa, &[&0.0f64]).await.unwrap();
+        let token = b.cancel_token();
+        let (d, e, ta, tb) = queue_a_then_b(
+            &p,
+            &console,
+            DB,
+            async move { a.query_one(&sa, &[&1.0f64]).await.map(|r| r.get::<_, String>(0)) },
+            async move { b.query_one(&sb, &[&10.0f64]).await.map(|_| ()) },
+        )
+        .await;
+        e.batch_execute("COMMIT").await.unwrap();
+        wait_stat(&p, &console, DB, "pipelined", "1").await;
+        // A's statement is running; B's batch is written behind it.
+        let t0 = Instant::now();
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        assert_eq!(ta.await.unwrap().unwrap(), "a", "A's query was not the one cancelled");
+        let r = within(Duration::from_secs(8), tb).await.expect("B's query ended long before its 10 s").unwrap();
+        let err = expect_code(r, "57014", "B's own query cancelled");
+        assert_eq!(err.message(), "canceling statement due to user request");
+        assert!(t0.elapsed() < Duration::from_secs(8));
+        d.batch_execute("COMMIT").await.unwrap();
         assert_eq!(pool_stat(&console, DB, "sv_open").await, "2", "no connection was closed");
     })
     .await;
