@@ -420,7 +420,7 @@ impl Proxy {
             }
             Some(Linked::Shared(pipe, t)) => {
                 let mut g = pipe.lock();
-                if !g.dead && !g.is_head(t) && g.wrote_as(t) {
+                if !g.dead && !g.is_head(t) && g.wrote_as(t) && self.session.is_closing() {
                     // Given up before its turn (its client failed): its replies are still to
                     // come, and the tickets around it must not suffer. Settled on close.
                     drop(g);
