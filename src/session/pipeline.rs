@@ -5,7 +5,7 @@
 //! A batch qualifies only when it is sure to leave the server idle, outside a transaction
 //! and unchanged for whoever writes behind it: an autocommit batch ended by Sync, made of
 //! Bind/Describe/Execute/Close-portal of statements already prepared on that server, each
-//! of them one plain data statement (`stmt::sql::is_plain_dml`). An error inside such a
+//! of them one plain read that takes no row locks (`stmt::sql::is_plain_read`). An error inside such a
 //! batch ends at its own Sync and leaves the server idle too, so it cannot leak into the
 //! next batch. Everything else keeps the server to itself, as without pipelining.
 
@@ -109,15 +109,16 @@ impl Session {
     }
 }
 
-/// One plain data statement, never a transaction, session or definition command.
+/// One plain read taking no row locks (`stmt::sql::is_plain_read`): never a write, which
+/// may wait for another transaction's row lock while the batches behind it wait too.
 fn plain(s: &crate::stmt::Statement) -> bool {
     // The text never changes: classified once, remembered in the statement.
-    match s.plain_dml.load(Ordering::Relaxed) {
+    match s.plain_read.load(Ordering::Relaxed) {
         1 => true,
         2 => false,
         _ => {
-            let p = crate::stmt::sql::is_plain_dml(&s.query);
-            s.plain_dml.store(if p { 1 } else { 2 }, Ordering::Relaxed);
+            let p = crate::stmt::sql::is_plain_read(&s.query);
+            s.plain_read.store(if p { 1 } else { 2 }, Ordering::Relaxed);
             p
         }
     }

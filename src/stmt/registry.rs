@@ -56,9 +56,9 @@ pub struct Statement {
     /// The RowDescription (or NoData) frame a Describe of it returned: what clients that
     /// described it decode rows by.
     pub shape: std::sync::OnceLock<Box<[u8]>>,
-    /// Whether its text is one plain data statement (`sql::is_plain_dml`), worked out on
-    /// first need: 0 not yet, 1 yes, 2 no (`session::pipeline`).
-    pub plain_dml: std::sync::atomic::AtomicU8,
+    /// Whether its text is one plain read (`sql::is_plain_read`), worked out on first
+    /// need: 0 not yet, 1 yes, 2 no (`session::pipeline`).
+    pub plain_read: std::sync::atomic::AtomicU8,
     /// How long a batch using it recently took on a server, in µs + 1 (0: never timed):
     /// rises at once with a slower run, decays slowly with faster ones (`note_run`).
     recent_us: std::sync::atomic::AtomicU32,
@@ -117,7 +117,7 @@ impl Statement {
             validated: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             shape: std::sync::OnceLock::new(),
-            plain_dml: Default::default(),
+            plain_read: Default::default(),
             recent_us: Default::default(),
             key: key.into(),
             types: types.into(),

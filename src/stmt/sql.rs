@@ -100,6 +100,24 @@ pub fn is_plain_dml(sql: &[u8]) -> bool {
     }
 }
 
+/// Whether the text is surely one plain read (SELECT, VALUES, TABLE) that takes no row
+/// locks: it waits on no other transaction's row lock, so a batch of it ends in the time it
+/// needs to run (`session::pipeline`). Conservative: a locking clause anywhere in the text
+/// (`FOR UPDATE`, `FOR NO KEY UPDATE`, `FOR SHARE`, `FOR KEY SHARE`), even in a literal,
+/// makes it not one.
+pub fn is_plain_read(sql: &[u8]) -> bool {
+    const READ: [&[u8]; 3] = [b"select", b"values", b"table"];
+    let Some(w) = first_word(sql) else { return false };
+    if !READ.iter().any(|k| w.eq_ignore_ascii_case(k)) || !is_plain_dml(sql) {
+        return false;
+    }
+    let words: Vec<&[u8]> = sql.split(|c| !c.is_ascii_alphabetic()).filter(|w| !w.is_empty()).collect();
+    !words.windows(2).any(|p| {
+        p[0].eq_ignore_ascii_case(b"for")
+            && [&b"update"[..], b"share", b"no", b"key"].iter().any(|k| p[1].eq_ignore_ascii_case(k))
+    })
+}
+
 /// The statement of a `PREPARE` definition ("(types) AS statement" or "AS statement").
 pub fn prepare_body(def: &[u8]) -> Option<&[u8]> {
     let mut i = skip_ws(def, 0, def.len());
@@ -358,6 +376,31 @@ mod tests {
         }
         for sql in ["ALTER TABLE t ADD c int", "select 1; drop table t", "SET x = 1", "", "CALL p()", "EXECUTE q"] {
             assert!(!is_plain_dml(sql.as_bytes()), "{sql}");
+        }
+    }
+
+    #[test]
+    fn plain_read() {
+        for sql in [
+            "SELECT 1",
+            "select abalance from pgbench_accounts where aid = $1",
+            "VALUES (1)",
+            "table t",
+            "select 1 as forx",
+        ] {
+            assert!(is_plain_read(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "insert into t values (1)",
+            "UPDATE t SET a = 1",
+            "select * from t for update",
+            "SELECT * FROM t FOR NO KEY UPDATE SKIP LOCKED",
+            "select * from t for share",
+            "select * from t FOR KEY SHARE",
+            "WITH x AS (UPDATE t SET a = 1 RETURNING *) SELECT * FROM x",
+            "select 1; select 2",
+        ] {
+            assert!(!is_plain_read(sql.as_bytes()), "{sql}");
         }
     }
 
