@@ -36,7 +36,7 @@ ALL_MODES = ("simple", "extended", "prepared")
 DB = "bench"
 DB_USER = "postgres"
 # "tcp" (127.0.0.1) or "unix" (sockets in each system's own directory); set from --unix.
-TRANSPORT = {"unix": False}
+TRANSPORT = {"unix": False, "server_unix": False}
 
 # The two tables the issues ask for: (pool size, modes, client counts).
 TABLES = {
@@ -442,12 +442,11 @@ class Parsnip(Pooler):
         cfg = self.tmp / "parsnip.toml"
         cfg.write_text('log_level = "warn"\nauth_type = "trust"\n' + "".join(f"{l}\n" for l in self.extra_config))
         env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
-        if self.sockdir:
+        if self.sockdir or TRANSPORT["server_unix"]:
             url = f"postgres://{DB_USER}@:{self.pg.port}/{DB}?host={self.pg.sock}"
-            listen = f"{self.sockdir}/.s.PGSQL.{self.port}"
         else:
             url = f"postgres://{DB_USER}@127.0.0.1:{self.pg.port}/{DB}"
-            listen = f"127.0.0.1:{self.port}"
+        listen = f"{self.sockdir}/.s.PGSQL.{self.port}" if self.sockdir else f"127.0.0.1:{self.port}"
         return (
             [str(self.binary), url, "--listen", listen, "--pool-size", str(self.pool_size),
              "--pool-mode", "transaction", "--max-client-conn", "2000", "-c", str(cfg)],
@@ -469,7 +468,8 @@ class PgBouncer(Pooler):
         ini = self.tmp / "pgbouncer.ini"
         ini.write_text(
             "[databases]\n"
-            f"{DB} = host={self.pg.sock if self.sockdir else '127.0.0.1'} port={self.pg.port} dbname={DB} "
+            f"{DB} = host={self.pg.sock if self.sockdir or TRANSPORT['server_unix'] else '127.0.0.1'} "
+            f"port={self.pg.port} dbname={DB} "
             f"user={DB_USER}\n"
             "[pgbouncer]\n"
             f"listen_addr = {'' if self.sockdir else '127.0.0.1'}\n"
@@ -962,6 +962,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
     ap.add_argument("--rounds", type=int, help="rounds per case, systems alternated within each (default 2)")
     ap.add_argument("--jobs", "-j", type=int, default=2, help="pgbench -j (default 2)")
+    ap.add_argument("--server-unix", action="store_true", help="the poolers reach PostgreSQL over its unix "
+                    "socket (as a pooler on the database host usually does); pgbench stays on TCP 127.0.0.1")
     ap.add_argument("--unix", action="store_true", help="unix sockets instead of TCP on 127.0.0.1 for every "
                     "hop: pgbench to PostgreSQL or pooler, and pooler to PostgreSQL")
     ap.add_argument("--scale", type=int, default=10, help="pgbench -i -s (default 10)")
@@ -988,6 +990,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tmpdir", help="where to create the throwaway cluster (default: system temp dir)")
     args = ap.parse_args(argv)
     TRANSPORT["unix"] = args.unix
+    TRANSPORT["server_unix"] = args.server_unix
 
     if args.quick:
         args.duration = args.duration or 3
@@ -1110,7 +1113,9 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         f"- pgbench -S -j {args.jobs} -T {args.duration}, {args.rounds} round(s), systems alternated "
         f"({', '.join(s for s in systems if s not in skipped)}) within each case"
         + (f", niceness {args.nice}" if args.nice else "")
-        + (", unix sockets on every hop" if args.unix else ", TCP on 127.0.0.1 on every hop"),
+        + (", unix sockets on every hop" if args.unix
+           else ", pgbench on TCP 127.0.0.1, poolers to PostgreSQL over its unix socket" if args.server_unix
+           else ", TCP on 127.0.0.1 on every hop"),
     ]
     if parsnip_version and "parsnip" not in skipped:
         extra = "".join(f", `{l}`" for l in args.parsnip_config)
