@@ -556,7 +556,8 @@ impl Proxy {
             Some(Linked::Shared(pipe, t)) => pipe.lock().time_ticket(*t, p.first, now.into_std()),
             None => return,
         }
-        if p.fast && cfg.pipeline_depth > 1 && self.pool.ticket_waiter() {
+        // A client that has already sent more (a pipelining client) keeps its server for it.
+        if p.fast && cfg.pipeline_depth > 1 && self.cbuf.is_empty() && self.pool.ticket_waiter() {
             self.lend();
         }
     }

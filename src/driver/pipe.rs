@@ -209,11 +209,12 @@ impl PipeInner {
             return self.take_if_done();
         }
         let now = Instant::now();
-        if self.timed.front().is_some_and(|(w, _)| *w == t)
-            && let Some((_, s)) = self.timed.pop_front()
-        {
+        if let Some((_, s)) = self.timed.iter().find(|(w, _)| *w == t) {
             s.note_run(now.saturating_duration_since(self.head_since).as_micros() as u64);
         }
+        // Its entries (a client may have sent several batches), and any left by a ticket
+        // that never finished in order.
+        self.timed.retain(|(w, _)| w.wrapping_sub(t) as i32 > 0);
         self.head_since = now;
         self.head = self.head.wrapping_add(1);
         self.in_flight -= 1;
