@@ -224,3 +224,50 @@ async fn a_cancel_behind_another_batch_reaches_its_own_query_only() {
     })
     .await;
 }
+
+/// Simple-protocol queries: one plain read has the next client's batch queued behind it; a
+/// write never does.
+#[tokio::test]
+async fn a_simple_read_is_pipelined_and_a_simple_write_is_not() {
+    const DB: &str = "pipesimpledb";
+    create_db(DB);
+    psql(DB, "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10);");
+    let p = Parsnip::trust(POOL);
+    bounded(60, "a_simple_read_is_pipelined_and_a_simple_write_is_not", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        // The pool's simple reads timed once: fast.
+        assert_eq!(a.scalar("select v from t where id = 1").await.unwrap(), "10");
+        let (d, e, ta, tb) = queue_a_then_b(
+            &p,
+            &console,
+            DB,
+            async move { (a.scalar("select v + 1 from t where id = 1").await, a) },
+            async move { (b.scalar("select v + 2 from t where id = 1").await, b) },
+        )
+        .await;
+        e.batch_execute("COMMIT").await.unwrap();
+        let (rb, b) = tb.await.unwrap();
+        let (ra, a) = ta.await.unwrap();
+        assert_eq!((ra.unwrap(), rb.unwrap()), ("11".to_string(), "12".to_string()));
+        assert_eq!(pool_stat(&console, DB, "pipelined").await, "1", "B was queued behind A's read");
+        d.batch_execute("COMMIT").await.unwrap();
+
+        // The same with A writing: B waits for a free server instead.
+        let (d, e, ta, tb) = queue_a_then_b(
+            &p,
+            &console,
+            DB,
+            async move { a.batch_execute("update t set v = v + 100 where id = 1").await },
+            async move { b.scalar("select v from t where id = 1").await },
+        )
+        .await;
+        e.batch_execute("COMMIT").await.unwrap();
+        ta.await.unwrap().unwrap();
+        assert_eq!(tb.await.unwrap().unwrap(), "110");
+        assert_eq!(pool_stat(&console, DB, "pipelined").await, "1", "nobody was queued behind the write");
+        d.batch_execute("COMMIT").await.unwrap();
+    })
+    .await;
+}

@@ -412,7 +412,7 @@ impl Proxy {
         match self.server.take() {
             Some(Linked::Own(mut s)) => {
                 if let Some((t0, stmt)) = s.timing.take() {
-                    stmt.note_run(t0.elapsed().as_micros() as u64);
+                    stmt.note(t0.elapsed().as_micros() as u64);
                 }
                 // Bytes left unread would belong to nobody: never reuse such a connection.
                 let clean = reusable && s.rbuf.is_empty() && self.session.to_server.is_empty();
@@ -552,8 +552,8 @@ impl Proxy {
         let Some(p) = self.session.pipelinable(cfg.pipeline_max_statement_us()) else { return };
         let now = Instant::now();
         match &mut self.server {
-            Some(Linked::Own(s)) => s.timing = Some((now.into_std(), p.first)),
-            Some(Linked::Shared(pipe, t)) => pipe.lock().time_ticket(*t, p.first, now.into_std()),
+            Some(Linked::Own(s)) => s.timing = Some((now.into_std(), p.timed)),
+            Some(Linked::Shared(pipe, t)) => pipe.lock().time_ticket(*t, p.timed, now.into_std()),
             None => return,
         }
         // A client that has already sent more (a pipelining client) keeps its server for it.

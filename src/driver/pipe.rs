@@ -19,7 +19,7 @@
 
 use super::cancel::CancelSlot;
 use super::server_conn::ServerConn;
-use crate::stmt::Statement;
+use crate::session::Timed;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
@@ -52,8 +52,8 @@ pub struct PipeInner {
     waiting: Vec<(u32, Waker)>,
     /// The connection broke (or was found in an unknown state): every ticket fails.
     pub dead: bool,
-    /// Tickets whose batch is timed, with the statement its duration is recorded for.
-    timed: VecDeque<(u32, Arc<Statement>)>,
+    /// Tickets whose batch is timed, with what its duration is recorded on.
+    timed: VecDeque<(u32, Timed)>,
     /// Since when the head's batch has had the server to itself.
     head_since: Instant,
     /// Cancel slots of tickets behind the head, told when their batch reaches it.
@@ -127,7 +127,7 @@ impl PipeInner {
     }
 
     /// Ticket `t`'s batch, just written, is timed for `s` (from when it is head).
-    pub fn time_ticket(&mut self, t: u32, s: Arc<Statement>, now: Instant) {
+    pub fn time_ticket(&mut self, t: u32, s: Timed, now: Instant) {
         if self.head == t {
             self.head_since = now;
         }
@@ -210,7 +210,7 @@ impl PipeInner {
         }
         let now = Instant::now();
         if let Some((_, s)) = self.timed.iter().find(|(w, _)| *w == t) {
-            s.note_run(now.saturating_duration_since(self.head_since).as_micros() as u64);
+            s.note(now.saturating_duration_since(self.head_since).as_micros() as u64);
         }
         // Its entries (a client may have sent several batches), and any left by a ticket
         // that never finished in order.

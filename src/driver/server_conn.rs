@@ -97,9 +97,9 @@ pub struct ServerConn {
     pub created: Instant,
     /// When it last went back to the pool.
     pub last_used: Instant,
-    /// The batch in flight that may be pipelined behind: when it was written, and the
-    /// statement its duration is recorded for (`Statement::note_run`).
-    pub timing: Option<(Instant, Arc<crate::stmt::Statement>)>,
+    /// The batch in flight that may be pipelined behind: when it was written, and what
+    /// its duration is recorded on.
+    pub timing: Option<(Instant, crate::session::Timed)>,
 }
 
 /// Why a server connection could not be opened.

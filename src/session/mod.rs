@@ -10,7 +10,7 @@
 
 mod guard;
 mod pipeline;
-pub use pipeline::Pipelinable;
+pub use pipeline::{Pipelinable, Timed};
 pub mod reply_queue;
 pub mod settings;
 mod statements;
@@ -500,6 +500,11 @@ impl Session {
                 p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
             }
             self.server_dirty |= settings::may_set_session_config(text);
+            // Outside transactions, with the cache on: may others be queued behind it?
+            p.plain_read = self.tx_status == b'I'
+                && self.registry.is_some()
+                && p.tracked_sql.is_none()
+                && crate::stmt::sql::is_plain_read(text);
         }
         self.to_server.extend_from_slice(frame);
         self.replies.push(p);

@@ -4,26 +4,46 @@
 //!
 //! A batch qualifies only when it is sure to leave the server idle, outside a transaction
 //! and unchanged for whoever writes behind it: an autocommit batch ended by Sync, made of
-//! Bind/Describe/Execute/Close-portal of statements already prepared on that server, each
-//! of them one plain read that takes no row locks (`stmt::sql::is_plain_read`). An error inside such a
+//! Bind/Describe/Execute/Close-portal of statements already prepared on that server, or a
+//! simple Query, each of them one plain read that takes no row locks
+//! (`stmt::sql::is_plain_read`). An error inside such a
 //! batch ends at its own Sync and leaves the server idle too, so it cannot leak into the
 //! next batch. Everything else keeps the server to itself, as without pipelining.
 
 use super::reply_queue::{ClientFx, OnReply, Purpose, Req};
 use super::{Link, Session};
 use crate::config::PoolMode;
-use crate::stmt::Statement;
 use crate::stmt::registry::StmtKind;
+use crate::stmt::{Registry, Statement};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 /// What `Session::pipelinable` found.
 #[derive(Debug)]
 pub struct Pipelinable {
-    /// The first statement the batch binds.
-    pub first: Arc<Statement>,
-    /// Every statement it binds recently ran fast enough to have batches queued behind.
+    /// What the batch's run time is recorded on.
+    pub timed: Timed,
+    /// Everything it runs recently ran fast enough to have batches queued behind it.
     pub fast: bool,
+}
+
+/// What a batch's run time is recorded on.
+#[derive(Debug, Clone)]
+pub enum Timed {
+    /// The first statement it binds.
+    Stmt(Arc<Statement>),
+    /// The pool's simple-protocol plain reads (one figure for all of them).
+    SimpleReads(Arc<Registry>),
+}
+
+impl Timed {
+    /// The batch took `us` µs on the server.
+    pub fn note(&self, us: u64) {
+        match self {
+            Timed::Stmt(s) => s.runs.note(us),
+            Timed::SimpleReads(r) => r.simple_reads.note(us),
+        }
+    }
 }
 
 impl Session {
@@ -51,11 +71,12 @@ impl Session {
         {
             return None;
         }
-        let mut last_sync = false;
-        let mut first: Option<&Arc<Statement>> = None;
+        let registry = self.registry.as_ref()?;
+        let mut ends_batch = false;
+        let mut first: Option<Timed> = None;
         let mut fast = true;
         for p in self.replies.iter() {
-            last_sync = p.req == Req::Sync;
+            ends_batch = matches!(p.req, Req::Sync | Req::Query);
             if p.purpose != Purpose::Client
                 || p.tracked_sql.is_some()
                 || p.fx.server_parse.is_some()
@@ -70,17 +91,22 @@ impl Session {
                 (OnReply::Synth(_), _) => {}
                 (OnReply::Forward, Req::Bind) => match &p.fx.uses {
                     Some(s) if s.kind == StmtKind::Protocol && plain(s) => {
-                        fast &= s.known_fast(limit_us);
-                        first.get_or_insert(s);
+                        fast &= s.runs.known_fast(limit_us);
+                        first.get_or_insert_with(|| Timed::Stmt(s.clone()));
                     }
                     _ => return None,
                 },
+                // A simple Query of one plain read (`forward_query` marks it).
+                (OnReply::Forward, Req::Query) if p.plain_read => {
+                    fast &= registry.simple_reads.known_fast(limit_us);
+                    first.get_or_insert_with(|| Timed::SimpleReads(registry.clone()));
+                }
                 (OnReply::Forward, Req::Describe | Req::Execute | Req::Close | Req::Sync) => {}
                 _ => return None,
             }
         }
         match first {
-            Some(s) if last_sync => Some(Pipelinable { first: s.clone(), fast }),
+            Some(timed) if ends_batch => Some(Pipelinable { timed, fast }),
             _ => None,
         }
     }

@@ -222,6 +222,9 @@ pub struct Pending {
     pub tracked_sql: Option<Box<str>>,
     /// An ErrorResponse answered this request.
     pub failed: bool,
+    /// A simple Query of one plain read (`stmt::sql::is_plain_read`): others may be queued
+    /// behind it (`session::pipeline`).
+    pub plain_read: bool,
     /// Side effects.
     pub fx: Fx,
 }
@@ -235,11 +238,19 @@ impl Pending {
     /// A request with explicit reply handling and effects.
     #[inline]
     pub fn with(req: Req, on_reply: OnReply, fx: Fx) -> Pending {
-        Pending { req, on_reply, purpose: Purpose::Client, tracked_sql: None, failed: false, fx }
+        Pending { req, on_reply, purpose: Purpose::Client, tracked_sql: None, failed: false, plain_read: false, fx }
     }
     /// A request of the pooler's own.
     pub fn internal(req: Req, purpose: Purpose) -> Pending {
-        Pending { req, on_reply: OnReply::Skip, purpose, tracked_sql: None, failed: false, fx: Fx::default() }
+        Pending {
+            req,
+            on_reply: OnReply::Skip,
+            purpose,
+            tracked_sql: None,
+            failed: false,
+            plain_read: false,
+            fx: Fx::default(),
+        }
     }
     /// True for an entry the pooler answers itself.
     #[inline]

@@ -1005,12 +1005,13 @@ fn autocommit_batch_of_a_prepared_statement_is_pipelinable_once_timed_fast() {
     }
     assert_eq!(h.server_out().len(), 3, "Bind, Execute, Sync sent");
     let p = h.s.pipelinable(2000).expect("a plain autocommit batch");
+    assert!(matches!(p.timed, Timed::Stmt(_)));
     assert!(!p.fast, "never timed: nothing may queue behind it yet");
-    p.first.note_run(150);
+    p.timed.note(150);
     assert!(h.s.pipelinable(2000).expect("still").fast);
     assert!(!h.s.pipelinable(100).expect("still").fast, "over the limit");
     // One slow run counts at once.
-    p.first.note_run(50_000);
+    p.timed.note(50_000);
     assert!(!h.s.pipelinable(2000).expect("still").fast);
     for m in [msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
         h.server(m);
@@ -1052,10 +1053,34 @@ fn batches_that_change_the_server_are_not_pipelinable() {
     }
     assert!(h.s.pipelinable(u32::MAX).is_none(), "in a transaction");
 
-    // A simple Query.
-    let mut h = with_prepared("select 1");
+    // Simple Queries that are not one plain read.
+    for sql in ["update t set a = 1", "select 1; select 2", "select * from t for update", "begin"] {
+        let mut h = with_prepared("select 1");
+        h.client(query(sql));
+        h.server_out();
+        assert!(h.s.pipelinable(u32::MAX).is_none(), "{sql}");
+    }
+}
+
+#[test]
+fn a_simple_query_of_one_plain_read_is_pipelinable_once_reads_are_timed_fast() {
+    let mut h = H::cached();
+    h.client(query("select abalance from pgbench_accounts where aid = 1"));
+    assert!(h.s.pipelinable(2000).is_none(), "not written out yet");
+    h.server_out();
+    let p = h.s.pipelinable(2000).expect("one plain read");
+    assert!(matches!(p.timed, Timed::SimpleReads(_)));
+    assert!(!p.fast, "never timed");
+    p.timed.note(300);
+    assert!(h.s.pipelinable(2000).expect("still").fast, "the pool's simple reads are fast now");
+    // Inside a transaction block it is not.
+    let mut h = H::cached();
+    h.client(query("begin"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
     h.client(query("select 1"));
-    assert!(h.s.pipelinable(u32::MAX).is_none(), "simple Query");
+    h.server_out();
+    assert!(h.s.pipelinable(u32::MAX).is_none(), "in a transaction");
 }
 
 #[test]

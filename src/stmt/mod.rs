@@ -11,8 +11,10 @@
 
 pub mod idmap;
 pub mod registry;
+pub mod runtime;
 pub mod server;
 pub mod sql;
 
 pub use registry::{Registry, Statement, StmtConfig, StmtStats};
+pub use runtime::RunTime;
 pub use server::ServerStmts;

@@ -59,9 +59,8 @@ pub struct Statement {
     /// Whether its text is one plain read (`sql::is_plain_read`), worked out on first
     /// need: 0 not yet, 1 yes, 2 no (`session::pipeline`).
     pub plain_read: std::sync::atomic::AtomicU8,
-    /// How long a batch using it recently took on a server, in µs + 1 (0: never timed):
-    /// rises at once with a slower run, decays slowly with faster ones (`note_run`).
-    recent_us: std::sync::atomic::AtomicU32,
+    /// How long batches using it recently took on a server.
+    pub runs: super::RunTime,
     /// Its registry key and parameter types, to make a new generation.
     key: Box<[u8]>,
     types: Box<[u8]>,
@@ -118,26 +117,10 @@ impl Statement {
             stale: AtomicBool::new(false),
             shape: std::sync::OnceLock::new(),
             plain_read: Default::default(),
-            recent_us: Default::default(),
+            runs: Default::default(),
             key: key.into(),
             types: types.into(),
         }
-    }
-
-    /// A batch using it took `us` µs on a server.
-    pub fn note_run(&self, us: u64) {
-        let us = us.min(u32::MAX as u64 - 2) as u32 + 1;
-        let old = self.recent_us.load(Ordering::Relaxed);
-        // A slow run counts at once; fast runs bring the figure down an eighth at a time.
-        let new = if old == 0 || us >= old { us } else { old - (old - us) / 8 };
-        self.recent_us.store(new, Ordering::Relaxed);
-    }
-
-    /// Batches using it have been timed and recently took at most `limit_us` µs.
-    #[inline]
-    pub fn known_fast(&self, limit_us: u32) -> bool {
-        let v = self.recent_us.load(Ordering::Relaxed);
-        v != 0 && v - 1 <= limit_us
     }
 
     /// True once a server accepted it and it is not stale.
@@ -189,6 +172,9 @@ struct Inner {
 #[derive(Debug)]
 pub struct Registry {
     inner: Mutex<Inner>,
+    /// How long simple-protocol plain reads of this pool recently took (one figure for all:
+    /// their texts differ with every literal).
+    pub simple_reads: super::RunTime,
     /// Limits.
     pub cfg: StmtConfig,
     /// Counters.
@@ -209,7 +195,12 @@ pub fn make_key(out: &mut Vec<u8>, kind: &StmtKind, search_path: &[u8], query: &
 impl Registry {
     /// An empty registry.
     pub fn new(cfg: StmtConfig) -> Registry {
-        Registry { inner: Mutex::new(Inner::default()), cfg, stats: StmtStats::default() }
+        Registry {
+            inner: Mutex::new(Inner::default()),
+            simple_reads: Default::default(),
+            cfg,
+            stats: StmtStats::default(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

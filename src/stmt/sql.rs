@@ -111,11 +111,15 @@ pub fn is_plain_read(sql: &[u8]) -> bool {
     if !READ.iter().any(|k| w.eq_ignore_ascii_case(k)) || !is_plain_dml(sql) {
         return false;
     }
-    let words: Vec<&[u8]> = sql.split(|c| !c.is_ascii_alphabetic()).filter(|w| !w.is_empty()).collect();
-    !words.windows(2).any(|p| {
-        p[0].eq_ignore_ascii_case(b"for")
-            && [&b"update"[..], b"share", b"no", b"key"].iter().any(|k| p[1].eq_ignore_ascii_case(k))
-    })
+    // Runs on every simple Query outside a transaction: no allocation.
+    let mut after_for = false;
+    for w in sql.split(|c| !c.is_ascii_alphabetic()).filter(|w| !w.is_empty()) {
+        if after_for && [&b"update"[..], b"share", b"no", b"key"].iter().any(|k| w.eq_ignore_ascii_case(k)) {
+            return false;
+        }
+        after_for = w.eq_ignore_ascii_case(b"for");
+    }
+    true
 }
 
 /// The statement of a `PREPARE` definition ("(types) AS statement" or "AS statement").
