@@ -549,6 +549,9 @@ impl Proxy {
     /// lent to a waiting client when its statements are known to be fast.
     fn batch_written(&mut self) {
         let cfg = &self.shared.cfg;
+        if cfg.pipeline_depth <= 1 {
+            return;
+        }
         let Some(p) = self.session.pipelinable(cfg.pipeline_max_statement_us()) else { return };
         let now = Instant::now();
         match &mut self.server {
@@ -557,7 +560,7 @@ impl Proxy {
             None => return,
         }
         // A client that has already sent more (a pipelining client) keeps its server for it.
-        if p.fast && cfg.pipeline_depth > 1 && self.cbuf.is_empty() && self.pool.ticket_waiter() {
+        if p.fast && self.cbuf.is_empty() && self.pool.ticket_waiter() {
             self.lend();
         }
     }

@@ -62,27 +62,8 @@ pub struct PipeInner {
 
 impl Pipe {
     /// Shares `conn`, whose current user becomes ticket 0 (the head and the writer).
-    pub fn new(mut conn: Box<ServerConn>) -> Arc<Pipe> {
-        let (head_since, timed) = match conn.timing.take() {
-            Some((t0, s)) => (t0, VecDeque::from([(0, s)])),
-            None => (Instant::now(), VecDeque::new()),
-        };
-        Arc::new(Pipe {
-            inner: Mutex::new(PipeInner {
-                conn: Some(conn),
-                head: 0,
-                next: 1,
-                in_flight: 1,
-                writer: Some(0),
-                wrote: true,
-                handed_over: false,
-                waiting: Vec::new(),
-                dead: false,
-                timed,
-                head_since,
-                slots: VecDeque::new(),
-            }),
-        })
+    pub fn new(conn: Box<ServerConn>) -> Arc<Pipe> {
+        Arc::new(Pipe { inner: Mutex::new(PipeInner::with(Some(conn))) })
     }
 
     /// Locks the pipe.
@@ -92,6 +73,28 @@ impl Pipe {
 }
 
 impl PipeInner {
+    /// Ticket 0, the head and writer, on `conn` (its batch's timing carried over).
+    fn with(mut conn: Option<Box<ServerConn>>) -> PipeInner {
+        let (head_since, timed) = match conn.as_mut().and_then(|c| c.timing.take()) {
+            Some((t0, s)) => (t0, VecDeque::from([(0, s)])),
+            None => (Instant::now(), VecDeque::new()),
+        };
+        PipeInner {
+            conn,
+            head: 0,
+            next: 1,
+            in_flight: 1,
+            writer: Some(0),
+            wrote: true,
+            handed_over: false,
+            waiting: Vec::new(),
+            dead: false,
+            timed,
+            head_since,
+            slots: VecDeque::new(),
+        }
+    }
+
     /// `t` reads replies now.
     #[inline]
     pub fn is_head(&self, t: u32) -> bool {
@@ -251,20 +254,7 @@ mod tests {
 
     /// The ticket bookkeeping alone (no connection).
     fn inner() -> PipeInner {
-        PipeInner {
-            conn: None,
-            head: 0,
-            next: 1,
-            in_flight: 1,
-            writer: Some(0),
-            wrote: true,
-            handed_over: false,
-            waiting: Vec::new(),
-            dead: false,
-            timed: VecDeque::new(),
-            head_since: Instant::now(),
-            slots: VecDeque::new(),
-        }
+        PipeInner::with(None)
     }
 
     struct Count(AtomicUsize);
