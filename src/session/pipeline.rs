@@ -6,9 +6,9 @@
 //! and unchanged for whoever writes behind it: an autocommit batch ended by Sync, made of
 //! Bind/Describe/Execute/Close-portal of statements already prepared on that server, or a
 //! simple Query, each of them one plain read that takes no row locks
-//! (`stmt::sql::is_plain_read`). An error inside such a
-//! batch ends at its own Sync and leaves the server idle too, so it cannot leak into the
-//! next batch. Everything else keeps the server to itself, as without pipelining.
+//! (`stmt::sql::is_plain_read`). An error inside such a batch ends at its own Sync and
+//! leaves the server idle too, so it cannot leak into the next batch. Everything else keeps
+//! the server to itself, as without pipelining.
 
 use super::reply_queue::{ClientFx, OnReply, Purpose, Req};
 use super::{Link, Session};
@@ -48,14 +48,13 @@ impl Timed {
 
 impl Session {
     /// When everything written to the server is one or more whole batches of the kind
-    /// described in the module doc: the first statement they bind (what the driver times
-    /// the batch for), and whether every statement they bind recently ran within
-    /// `limit_us` (a batch behind a slow one would wait for it). Call only once
-    /// `to_server` has been written out.
+    /// described in the module doc (and the statement cache is on): what the driver times
+    /// them for, and whether everything they run recently ran within `limit_us` (a batch
+    /// behind a slow one would wait for it). Call only once `to_server` has been written
+    /// out.
     pub fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         if self.link != Link::Linked
             || self.mode == PoolMode::Session
-            || self.registry.is_none()
             || self.tx_status != b'I'
             || self.tx_opening
             || self.copy_in
