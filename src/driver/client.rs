@@ -693,20 +693,14 @@ fn leave(pool: &Arc<Pool>, mut g: std::sync::MutexGuard<'_, super::pipe::PipeInn
     let dead = g.dead;
     if let Some(c) = g.finish(t) {
         drop(g);
-        let clean = !dead && c.rbuf.is_empty();
-        pool.release(c, clean);
+        pool.release_from_pipe(c, dead);
     }
 }
 
 /// Reads what the server sent and drops whole frames up to the `owed`-th ReadyForQuery
 /// (counted down), leaving what follows for the next ticket. True at end of stream.
 fn drop_replies(c: &mut ServerConn, owed: &mut usize) -> bool {
-    c.rbuf.reserve(READ_CHUNK);
-    let eof = match c.stream.try_read_buf(&mut c.rbuf) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-    };
+    let eof = read_available(c);
     let mut at = 0;
     while *owed > 0
         && let Ok(Some(n)) = split_frame(&c.rbuf[at..], 1 << 30)
@@ -760,27 +754,8 @@ fn feed_frames(session: &mut Session, cbuf: &mut BytesMut, mut state: Option<&mu
 /// session gives the server back (what follows is the next ticket's). True at end of
 /// stream or on a read error.
 fn pump(session: &mut Session, s: &mut ServerConn) -> bool {
-    let mut eof = false;
     bufpool::ensure(&mut session.to_client);
-    loop {
-        s.rbuf.reserve(READ_CHUNK);
-        match s.stream.try_read_buf(&mut s.rbuf) {
-            Ok(0) => {
-                eof = true;
-                break;
-            }
-            Ok(_) => {
-                if s.rbuf.capacity() - s.rbuf.len() > 0 {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(_) => {
-                eof = true;
-                break;
-            }
-        }
-    }
+    let eof = read_available(s);
     let mut at = 0;
     while let Ok(Some(n)) = split_frame(&s.rbuf[at..], 1 << 30) {
         session.handle_server(&s.rbuf[at..at + n], &mut s.state);
@@ -791,6 +766,21 @@ fn pump(session: &mut Session, s: &mut ServerConn) -> bool {
     }
     s.consume(at);
     eof
+}
+
+/// Reads all the server has sent into `rbuf`, without blocking. True at end of stream or
+/// on a read error.
+fn read_available(s: &mut ServerConn) -> bool {
+    loop {
+        s.rbuf.reserve(READ_CHUNK);
+        match s.stream.try_read_buf(&mut s.rbuf) {
+            Ok(0) => return true,
+            // A read that did not fill the buffer took all there was.
+            Ok(_) if s.rbuf.capacity() > s.rbuf.len() => return false,
+            Ok(_) => {}
+            Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    }
 }
 
 fn canceled_by_user() -> Error {

@@ -286,8 +286,15 @@ impl Pool {
         let dead = g.dead;
         if let Some(c) = g.retract(t, back) {
             drop(g);
-            self.release(c, !dead);
+            self.release_from_pipe(c, dead);
         }
+    }
+
+    /// Returns a connection no ticket holds any more: closed if its pipe broke or bytes
+    /// are left unread in it (they would belong to nobody).
+    pub fn release_from_pipe(self: &Arc<Self>, c: Box<ServerConn>, dead: bool) {
+        let clean = !dead && c.rbuf.is_empty();
+        self.release(c, clean);
     }
 
     /// True when the client first in the queue could take a ticket on a shared connection.
