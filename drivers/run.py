@@ -733,6 +733,7 @@ def main() -> int:
     work = tmp / "work"
     work.mkdir()
     passed = failed = known = 0
+    failures: list[str] = []
     rows: dict[str, list[str]] = {}
     pg = None
     t_setup = t_run = 0.0
@@ -758,6 +759,7 @@ def main() -> int:
                 failed += 1
                 out(f"driver-matrix: {s.name} direct=SKIP parsnip=SKIP tx=0 errors=0 expected=0 server_parses=0")
                 out(f"  setup failed: {setup_failed[s.dir]}")
+                failures.append(f"{s.name}: setup failed: {setup_failed[s.dir]}"[:1000])
                 continue
             version = driver_version(s)
             log(f"{s.name} ({version}): direct")
@@ -775,6 +777,12 @@ def main() -> int:
             else:
                 passed += ok
                 failed += not ok
+                if not ok:
+                    failures.append(f"{s.name}: direct={direct.status} parsnip={px.status}")
+                    for mr in (direct, px):
+                        if not mr.passed:
+                            failures.append(f"  {mr.mode}: {mr.result.get('detail', '')}"[:1000])
+                            failures.extend(f"  {mr.mode}: {p}"[:1000] for p in mr.problems)
             sp = px.counters.get("server_parses", 0)
             out(f"driver-matrix: {s.name} direct={direct.status} parsnip={px.status} tx={px.get('transactions')}"
                 f" errors={px.get('errors')} expected={px.get('expected_errors')} server_parses={sp}")
@@ -828,6 +836,11 @@ def main() -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     log(f"setup {t_setup:.1f}s, scenario runs {t_run:.1f}s, total {time.monotonic() - _T0:.1f}s")
+    if failures:
+        # Again at the end, so a log cut to its tail still names what failed and why.
+        out("driver-matrix: failed scenarios:")
+        for line in failures:
+            out(f"  {line}")
     out(f"driver-matrix: {passed} passed, {failed} failed" + (f", {known} known issues" if known else ""))
     return 0 if failed == 0 else 1
 
