@@ -185,6 +185,36 @@ async fn a_client_leaving_with_a_batch_in_flight_does_not_disturb_the_one_behind
     .await;
 }
 
+/// A's statement `a_sql`, timed fast (`pg_sleep(0)`), runs for `a_secs` with B's `b_sql`
+/// (argument `b_arg`) written behind it on the server A got; D still holds the other one.
+struct SleeperAhead {
+    d: Pg,
+    a_cancel: tokio_postgres::CancelToken,
+    b_cancel: tokio_postgres::CancelToken,
+    ta: JoinHandle<Result<String, tokio_postgres::Error>>,
+    tb: JoinHandle<Result<String, tokio_postgres::Error>>,
+}
+
+async fn sleeper_ahead(p: &Parsnip, console: &Pg, db: &str, a_secs: f64, b_sql: &str, b_arg: f64) -> SleeperAhead {
+    let a = p.connect("postgres", SUPER_PW, db).await;
+    let b = p.connect("postgres", SUPER_PW, db).await;
+    let sa = a.prepare("select pg_sleep($1::float8)::text || 'a'").await.unwrap();
+    let sb = b.prepare(b_sql).await.unwrap();
+    a.query_one(&sa, &[&0.0f64]).await.unwrap();
+    let (a_cancel, b_cancel) = (a.cancel_token(), b.cancel_token());
+    let (d, e, ta, tb) = queue_a_then_b(
+        p,
+        console,
+        db,
+        async move { a.query_one(&sa, &[&a_secs]).await.map(|r| r.get::<_, String>(0)) },
+        async move { b.query_one(&sb, &[&b_arg]).await.map(|r| r.get::<_, String>(0)) },
+    )
+    .await;
+    e.batch_execute("COMMIT").await.unwrap();
+    wait_stat(p, console, db, "pipelined", "1").await;
+    SleeperAhead { d, a_cancel, b_cancel, ta, tb }
+}
+
 /// B's batch waits behind A's on one connection and B cancels: the cancel must reach B's
 /// query (held until B's batch runs), never A's.
 #[tokio::test]
@@ -194,32 +224,44 @@ async fn a_cancel_behind_another_batch_reaches_its_own_query_only() {
     let p = Parsnip::trust(POOL);
     bounded(60, "a_cancel_behind_another_batch_reaches_its_own_query_only", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
-        let a = p.connect("postgres", SUPER_PW, DB).await;
-        let b = p.connect("postgres", SUPER_PW, DB).await;
-        let sa = a.prepare("select pg_sleep($1::float8)::text || 'a'").await.unwrap();
-        let sb = b.prepare("select pg_sleep($1::float8)::text || 'b'").await.unwrap();
-        // Fast when timed; A's real run takes a second, B's would take ten.
-        a.query_one(&sa, &[&0.0f64]).await.unwrap();
-        let token = b.cancel_token();
-        let (d, e, ta, tb) = queue_a_then_b(
-            &p,
-            &console,
-            DB,
-            async move { a.query_one(&sa, &[&1.0f64]).await.map(|r| r.get::<_, String>(0)) },
-            async move { b.query_one(&sb, &[&10.0f64]).await.map(|_| ()) },
-        )
-        .await;
-        e.batch_execute("COMMIT").await.unwrap();
-        wait_stat(&p, &console, DB, "pipelined", "1").await;
-        // A's statement is running; B's batch is written behind it.
+        // A's real run takes a second, B's would take ten.
+        let s = sleeper_ahead(&p, &console, DB, 1.0, "select pg_sleep($1::float8)::text || 'b'", 10.0).await;
         let t0 = Instant::now();
-        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-        assert_eq!(ta.await.unwrap().unwrap(), "a", "A's query was not the one cancelled");
-        let r = within(Duration::from_secs(8), tb).await.expect("B's query ended long before its 10 s").unwrap();
+        s.b_cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        assert_eq!(s.ta.await.unwrap().unwrap(), "a", "A's query was not the one cancelled");
+        let r = within(Duration::from_secs(8), s.tb).await.expect("B's query ended long before its 10 s").unwrap();
         let err = expect_code(r, "57014", "B's own query cancelled");
         assert_eq!(err.message(), "canceling statement due to user request");
         assert!(t0.elapsed() < Duration::from_secs(8));
-        d.batch_execute("COMMIT").await.unwrap();
+        s.d.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(pool_stat(&console, DB, "sv_open").await, "2", "no connection was closed");
+        // Nothing was queued behind B when its held cancel went out: a CancelRequest.
+        assert_eq!(pool_stat(&console, DB, "pipelined_cancels").await, "0");
+    })
+    .await;
+}
+
+/// A's statement, known to be fast, runs long with B's batch queued behind it, and A
+/// cancels. PostgreSQL (up to 17) signals the backend twice for a CancelRequest; the second
+/// signal can arrive after the first has ended A's query, and would cancel B's. So the
+/// cancel goes out as one `pg_cancel_backend` (the console's `pipelined_cancels`), and B
+/// gets its own answer.
+#[tokio::test]
+async fn a_cancel_with_a_batch_behind_signals_once_and_spares_it() {
+    const DB: &str = "pipecancelheaddb";
+    create_db(DB);
+    let p = Parsnip::trust(POOL);
+    bounded(60, "a_cancel_with_a_batch_behind_signals_once_and_spares_it", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let s = sleeper_ahead(&p, &console, DB, 10.0, "select ($1::float8 + 1)::text", 99.0).await;
+        let t0 = Instant::now();
+        s.a_cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        let r = within(Duration::from_secs(8), s.ta).await.expect("A's query ended long before its 10 s").unwrap();
+        expect_code(r, "57014", "A's query cancelled");
+        assert_eq!(s.tb.await.unwrap().unwrap(), "100", "B's own answer, not a cancel");
+        assert!(t0.elapsed() < Duration::from_secs(8));
+        assert_eq!(pool_stat(&console, DB, "pipelined_cancels").await, "1", "one signal, through pg_cancel_backend");
+        s.d.batch_execute("COMMIT").await.unwrap();
         assert_eq!(pool_stat(&console, DB, "sv_open").await, "2", "no connection was closed");
     })
     .await;

@@ -63,6 +63,7 @@ fn show_pools(pools: &[Arc<Pool>]) -> Table {
                 s.waits.load(Ordering::Relaxed).to_string(),
                 s.wait_timeouts.load(Ordering::Relaxed).to_string(),
                 s.pipelined.load(Ordering::Relaxed).to_string(),
+                s.pipelined_cancels.load(Ordering::Relaxed).to_string(),
             ]
         })
         .collect();
@@ -82,6 +83,7 @@ fn show_pools(pools: &[Arc<Pool>]) -> Table {
             "waits",
             "wait_timeouts",
             "pipelined",
+            "pipelined_cancels",
         ],
         rows,
     }

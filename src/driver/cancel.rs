@@ -3,10 +3,11 @@
 
 use super::server_conn::CancelTarget;
 use super::stream::Stream;
+use crate::pool::Pool;
 use crate::protocol::startup;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 /// Where one client's queries currently run.
@@ -15,6 +16,8 @@ pub struct CancelSlot {
     target: Mutex<Target>,
     /// Woken by a cancel that arrives while the client waits for a server.
     queued: tokio::sync::Notify,
+    /// The client's pool: the way to cancel with a single signal (`send`).
+    pool: OnceLock<Weak<Pool>>,
 }
 
 /// Where a cancel request of one client goes.
@@ -32,6 +35,13 @@ enum Target {
 }
 
 impl CancelSlot {
+    /// The pool whose servers this client's queries run on.
+    pub fn bind_pool(&self, pool: &Arc<Pool>) {
+        let _ = self.pool.set(Arc::downgrade(pool));
+    }
+    fn pool(&self) -> Option<Arc<Pool>> {
+        self.pool.get().and_then(Weak::upgrade)
+    }
     /// The client was linked to a server (its batch is the one the backend runs next).
     pub fn set(&self, t: &Arc<CancelTarget>) {
         *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Now(t.clone());
@@ -47,12 +57,16 @@ impl CancelSlot {
         if let Target::Later { target, requested } = &*g {
             let (t, fire) = (target.clone(), *requested);
             if fire {
-                t.in_flight.fetch_add(1, Ordering::AcqRel);
+                t.in_flight.fetch_add(1, Ordering::SeqCst);
             }
             *g = Target::Now(t.clone());
             drop(g);
+            if fire {
+                tracing::debug!(server_pid = t.pid, "held cancel request forwarded: its batch reached the head");
+            }
             if fire && let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { send(&t).await });
+                let pool = self.pool();
+                rt.spawn(async move { send(&t, pool).await });
             } else if fire {
                 settle(&t);
             }
@@ -74,7 +88,7 @@ impl CancelSlot {
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         match &mut *g {
             Target::Now(t) => {
-                t.in_flight.fetch_add(1, Ordering::AcqRel);
+                t.in_flight.fetch_add(1, Ordering::SeqCst);
                 (Some(t.clone()), false)
             }
             Target::Later { requested, .. } => {
@@ -124,6 +138,7 @@ impl CancelRegistry {
         let t = match slot.begin_cancel() {
             (Some(t), _) => t,
             (None, queued) => {
+                tracing::debug!(pid, queued, "cancel request held for later, or answered in the queue");
                 if queued {
                     // Not linked: its request (if any) is still waiting for a server.
                     slot.queued.notify_waiters();
@@ -131,15 +146,29 @@ impl CancelRegistry {
                 return;
             }
         };
-        send(&t).await;
+        send(&t, slot.pool()).await;
         tracing::debug!(pid, server_pid = t.pid, "cancel request forwarded");
     }
 }
 
 /// Forwards a cancel counted in flight on `t`, then counts it done. Bounded: a cancel that
 /// cannot reach the server must not keep the connection out of the pool for long.
-async fn send(t: &CancelTarget) {
-    let _ = tokio::time::timeout(Duration::from_secs(5), forward(t)).await;
+///
+/// With other clients' batches queued behind the query (`CancelTarget::behind`, read after
+/// the cancel was counted in flight: a batch queued later is refused by `Pool::lend`), the
+/// backend is signalled through `pg_cancel_backend` (once) instead of a CancelRequest
+/// (twice, up to PostgreSQL 17: the second signal may cancel the next batch).
+async fn send(t: &CancelTarget, pool: Option<Arc<Pool>>) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        if t.behind.load(Ordering::SeqCst)
+            && let Some(pool) = pool
+            && pool.cancel_backend(t.pid).await
+        {
+            return;
+        }
+        forward(t).await
+    })
+    .await;
     settle(t);
 }
 

@@ -57,6 +57,7 @@ pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     // Only what the proxy needs lives on in the task (names and strings are dropped here).
     let login::LoggedIn { pool, settings, pid, .. } = client;
     let slot = shared.cancels.slot(pid);
+    slot.bind_pool(&pool);
     let registry = (pool.mode != PoolMode::Session && shared.cfg.prepared_statements).then(|| pool.stmts.clone());
     let session = Session::new(pool.mode, settings, pid as u64, registry);
     let mut p = Proxy { client: stream, cbuf: buf, session, server: None, pool, slot, shared };
@@ -447,9 +448,9 @@ impl Proxy {
             Some(Linked::Shared(pipe, t)) => (pipe, t),
             None => return,
         };
-        // A cancel on its way now could land on the batch written behind this one.
-        let cancelling = pipe.lock().conn.as_ref().is_some_and(|c| c.cancel.in_flight.load(Ordering::Acquire) > 0);
-        if !cancelling && self.pool.lend(&pipe, t, depth) {
+        // (`Pool::lend` refuses while a cancel is on its way: it could land on the batch
+        // written behind this one.)
+        if self.pool.lend(&pipe, t, depth) {
             self.session.set_lent();
         }
         self.server = Some(Linked::Shared(pipe, t));

@@ -126,6 +126,7 @@ impl PipeInner {
         self.in_flight += 1;
         self.writer = Some(t);
         self.wrote = false;
+        self.publish_depth();
         t
     }
 
@@ -243,7 +244,15 @@ impl PipeInner {
     }
 
     fn take_if_done(&mut self) -> Option<Box<ServerConn>> {
+        self.publish_depth();
         if self.in_flight == 0 && self.writer.is_none() { self.conn.take() } else { None }
+    }
+
+    /// Tells the cancel path whether batches are queued behind the head (`CancelTarget::behind`).
+    fn publish_depth(&self) {
+        if let Some(c) = &self.conn {
+            c.cancel.behind.store(self.in_flight > 1, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 }
 

@@ -61,6 +61,9 @@ pub struct CancelTarget {
     pub in_flight: std::sync::atomic::AtomicU32,
     /// Woken when `in_flight` drops to zero.
     pub settled: tokio::sync::Notify,
+    /// Other clients' batches are queued behind the one running (`driver::pipe`): a
+    /// cancel must then signal the backend once only (`cancel::send`).
+    pub behind: std::sync::atomic::AtomicBool,
 }
 
 impl CancelTarget {
@@ -223,6 +226,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
             key: cancel.1,
             in_flight: Default::default(),
             settled: Default::default(),
+            behind: Default::default(),
         }),
         created: now,
         last_used: now,
@@ -313,6 +317,13 @@ impl ServerConn {
         }
         self.rbuf.reserve(64);
         matches!(self.stream.try_read_buf(&mut self.rbuf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// Says goodbye (Terminate) and closes the connection, without waiting long.
+    pub async fn terminate(mut self: Box<Self>) {
+        let mut out = BytesMut::with_capacity(5);
+        frontend::terminate(&mut out);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
     }
 
     /// Runs `sql` with the simple protocol and waits for ReadyForQuery, dropping all replies.

@@ -107,6 +107,8 @@ pub struct PoolStats {
     pub wait_timeouts: AtomicU64,
     /// Checkouts served with a ticket on a connection busy with other batches.
     pub pipelined: AtomicU64,
+    /// Cancels sent with `pg_cancel_backend` because batches were queued behind the query.
+    pub pipelined_cancels: AtomicU64,
 }
 
 /// One pool.
@@ -320,7 +322,15 @@ impl Pool {
             if p.dead || p.depth() >= depth || !p.is_writer(from) || p.conn.as_ref().is_none_or(|c| self.expired(c)) {
                 return false;
             }
-            p.add_ticket()
+            let t = p.add_ticket();
+            // A cancel on its way now could land on the batch written behind. Checked after
+            // `add_ticket` published that batches are queued (`CancelTarget::behind`): a
+            // cancel counted in flight later sees it and signals the backend only once.
+            if p.conn.as_ref().is_some_and(|c| c.cancel.in_flight.load(Ordering::SeqCst) > 0) {
+                p.retract(t, Some(from));
+                return false;
+            }
+            t
         };
         let Some(w) = g.waiters.pop_front() else { return false };
         match w.tx.send(Handoff::Ticket(pipe.clone(), t)) {
@@ -441,6 +451,24 @@ impl Pool {
                 Err(e)
             }
         }
+    }
+
+    /// Cancels what backend `pid` of this pool runs, with `pg_cancel_backend` over a
+    /// short-lived connection of its own (outside the pool's count). Used when other
+    /// clients' batches are queued behind that query on its connection: for a
+    /// CancelRequest, PostgreSQL up to version 17 signals the backend twice (the process
+    /// and its group), and the second signal can land on the next batch once the first
+    /// has ended the query. `pg_cancel_backend` signals once. False when it could not be
+    /// sent this way (the caller falls back to a CancelRequest).
+    pub async fn cancel_backend(&self, pid: i32) -> bool {
+        let Ok(mut c) = self.connect().await else { return false };
+        let sent =
+            c.run_checked(&format!("SELECT pg_cancel_backend({pid})"), self.cfg.server_connect_timeout()).await.is_ok();
+        c.terminate().await;
+        if sent {
+            self.stats.pipelined_cancels.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
     }
 
     async fn connect(&self) -> Result<Box<ServerConn>, Error> {
