@@ -155,12 +155,13 @@ impl CancelRegistry {
 /// cannot reach the server must not keep the connection out of the pool for long.
 ///
 /// With other clients' batches queued behind the query (`CancelTarget::behind`, read after
-/// the cancel was counted in flight: a batch queued later is refused by `Pool::lend`), the
-/// backend is signalled through `pg_cancel_backend` (once) instead of a CancelRequest
-/// (twice, up to PostgreSQL 17: the second signal may cancel the next batch).
+/// the cancel was counted in flight: a batch queued later is refused by `Pool::lend`), a
+/// server before PostgreSQL 18 is signalled through `pg_cancel_backend` (once) instead of a
+/// CancelRequest (twice: the second signal may cancel the next batch).
 async fn send(t: &CancelTarget, pool: Option<Arc<Pool>>) {
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         if t.behind.load(Ordering::SeqCst)
+            && !t.signals_once
             && let Some(pool) = pool
             && pool.cancel_backend(t.pid).await
         {

@@ -64,6 +64,9 @@ pub struct CancelTarget {
     /// Other clients' batches are queued behind the one running (`driver::pipe`): a
     /// cancel must then signal the backend once only (`cancel::send`).
     pub behind: std::sync::atomic::AtomicBool,
+    /// The server signals a backend once per CancelRequest (PostgreSQL 18 on; before, it
+    /// signals the process and then its process group).
+    pub signals_once: bool,
 }
 
 impl CancelTarget {
@@ -213,6 +216,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         }
     }
     state.tx_status = b'I';
+    let major = params.iter().find(|(k, _)| k == "server_version").map_or(0, |(_, v)| major_version(v));
     let now = Instant::now();
     Ok(ServerConn {
         stream,
@@ -227,11 +231,18 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
             in_flight: Default::default(),
             settled: Default::default(),
             behind: Default::default(),
+            signals_once: major >= 18,
         }),
         created: now,
         last_used: now,
         timing: None,
     })
+}
+
+/// The major version in a `server_version` value ("15.4 (Debian …)", "18.6"); 0 if none.
+fn major_version(v: &str) -> u32 {
+    let digits = v.bytes().take_while(u8::is_ascii_digit).count();
+    v[..digits].parse().unwrap_or(0)
 }
 
 fn auth_reply(
@@ -423,4 +434,16 @@ fn data_row_text(b: &[u8]) -> Option<Vec<Option<String>>> {
         }
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn major_version_of_server_version_values() {
+        assert_eq!(super::major_version("15.14 (Debian 15.14-0+deb12u1)"), 15);
+        assert_eq!(super::major_version("18.6"), 18);
+        assert_eq!(super::major_version("9.6.24"), 9);
+        assert_eq!(super::major_version("devel"), 0);
+        assert_eq!(super::major_version(""), 0);
+    }
 }

@@ -464,10 +464,10 @@ impl Pool {
         let Ok(mut c) = self.connect().await else { return false };
         let sent =
             c.run_checked(&format!("SELECT pg_cancel_backend({pid})"), self.cfg.server_connect_timeout()).await.is_ok();
-        c.terminate().await;
         if sent {
             self.stats.pipelined_cancels.fetch_add(1, Ordering::Relaxed);
         }
+        c.terminate().await;
         sent
     }
 
