@@ -710,6 +710,9 @@ def main() -> int:
                          " output) and the scenario databases")
     ap.add_argument("--no-build", action="store_true", help="use target/release/parsnip as it is")
     ap.add_argument("--no-readme", action="store_true", help="don't rewrite the table in README.md")
+    ap.add_argument("--pg-bin", metavar="DIR",
+                    help="the PostgreSQL bin dir of the cluster (default: Debian's PostgreSQL 15, else the"
+                         " newest installed)")
     args = ap.parse_args()
     only = [p for o in args.only for p in o.split(",") if p]
 
@@ -750,7 +753,7 @@ def main() -> int:
             log(f"setup drivers/{d.name}: {'ok' if ok else 'FAILED'}, {note} ({secs:.1f}s)")
             if not ok:
                 setup_failed[d] = note
-        pg = Postgres(find_pg_bindir(), tmp, user)
+        pg = Postgres(Path(args.pg_bin) if args.pg_bin else find_pg_bindir(), tmp, user)
         pg.start()
         rev = git_rev()
         today = datetime.date.today().isoformat()
