@@ -1,4 +1,5 @@
-//! Limits and timeouts: max clients, pool wait timeout, idle timeouts, server restarts.
+//! Limits and timeouts: max clients, pool wait timeout, idle timeouts, server restarts, and
+//! the memory a large row takes in the pooler.
 
 mod support;
 
@@ -190,4 +191,35 @@ async fn reconnects_after_postgres_restart() {
     if let Some(c) = cluster {
         tokio::task::spawn_blocking(move || drop(c)).await.unwrap();
     }
+}
+
+/// A 48 MiB value fetched through parsnip, with the extended and the simple protocol: the
+/// client gets it intact, and its bytes pass through as they arrive, so parsnip's peak memory
+/// grows by far less than the row (held whole, it would grow by twice the row: read, then
+/// copied for the client).
+#[tokio::test]
+async fn a_large_row_passes_through_without_being_held_whole() {
+    const MIB: usize = 1 << 20;
+    let p = Parsnip::trust("");
+    bounded(120, "a_large_row_passes_through_without_being_held_whole", async {
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(c.scalar("select 1").await.unwrap(), "1");
+        let before = p.peak_rss_kib();
+        let v: String = c.query_one("select repeat('x', $1)", &[&(48 * MIB as i32)]).await.unwrap().get(0);
+        assert!(v.len() == 48 * MIB && v.bytes().all(|b| b == b'x'), "the value arrived damaged");
+        let rows = c.simple_query("select repeat('y', 48 * 1024 * 1024), 'after'").await.unwrap();
+        let row = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        });
+        let row = row.expect("a row");
+        assert_eq!(row.get(0).map(str::len), Some(48 * MIB));
+        assert_eq!(row.get(1), Some("after"), "the column after the large one");
+        // The connection is in step after both.
+        assert_eq!(c.scalar("select 'next'").await.unwrap(), "next");
+        if let (Some(b), Some(a)) = (before, p.peak_rss_kib()) {
+            assert!(a - b < 16 * 1024, "parsnip's peak RSS grew by {} KiB for a 48 MiB row\n{}", a - b, p.log_tail());
+        }
+    })
+    .await;
 }

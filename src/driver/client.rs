@@ -416,7 +416,7 @@ impl Proxy {
                     stmt.note(t0.elapsed().as_micros() as u64);
                 }
                 // Bytes left unread would belong to nobody: never reuse such a connection.
-                let clean = reusable && s.rbuf.is_empty() && self.session.to_server.is_empty();
+                let clean = reusable && s.rbuf.is_empty() && s.streaming == 0 && self.session.to_server.is_empty();
                 self.pool.release(s, clean);
             }
             Some(Linked::Shared(pipe, t)) => {
@@ -703,16 +703,55 @@ fn leave(pool: &Arc<Pool>, mut g: std::sync::MutexGuard<'_, super::pipe::PipeInn
 fn drop_replies(c: &mut ServerConn, owed: &mut usize) -> bool {
     let eof = read_available(c);
     let mut at = 0;
-    while *owed > 0
-        && let Ok(Some(n)) = split_frame(&c.rbuf[at..], 1 << 30)
-    {
-        if c.rbuf[at] == crate::protocol::tags::READY_FOR_QUERY {
-            *owed -= 1;
+    while *owed > 0 {
+        if c.streaming > 0 {
+            at = pass_streamed(c, at, None);
+            if c.streaming > 0 {
+                break;
+            }
         }
-        at += n;
+        match split_frame(&c.rbuf[at..], 1 << 30) {
+            Ok(Some(n)) => {
+                if c.rbuf[at] == crate::protocol::tags::READY_FOR_QUERY {
+                    *owed -= 1;
+                }
+                at += n;
+            }
+            Ok(None) => match large_frame(&c.rbuf[at..]) {
+                // Not a ReadyForQuery (that is small): dropped as it comes.
+                Some(total) => {
+                    c.streaming = total - 5;
+                    at += 5;
+                }
+                None => break,
+            },
+            Err(_) => break,
+        }
     }
     c.consume(at);
     eof && *owed > 0
+}
+
+/// Server frames at least this large are not held whole: their bytes go on as they arrive.
+const STREAM_FROM: usize = 64 * 1024;
+
+/// The size of the frame that starts `buf` when it is at least `STREAM_FROM` and not all
+/// read yet (its header is).
+fn large_frame(buf: &[u8]) -> Option<usize> {
+    let h = buf.get(..5)?;
+    let total = usize::try_from(i32::from_be_bytes([h[1], h[2], h[3], h[4]])).ok()? + 1;
+    (total >= STREAM_FROM && buf.len() < total).then_some(total)
+}
+
+/// Passes on (to `out`, or nowhere) what `rbuf` holds from `at` of the frame being
+/// streamed; returns where the bytes after it start.
+fn pass_streamed(s: &mut ServerConn, at: usize, out: Option<&mut BytesMut>) -> usize {
+    let n = (s.rbuf.len() - at).min(s.streaming);
+    if let Some(out) = out {
+        out.extend_from_slice(&s.rbuf[at..at + n]);
+    }
+    s.streaming -= n;
+    at + n
 }
 
 /// Feeds the whole frames in `cbuf` to the session, until one needs a server (or a
@@ -758,21 +797,47 @@ fn pump(session: &mut Session, s: &mut ServerConn) -> bool {
     bufpool::ensure(&mut session.to_client);
     let eof = read_available(s);
     let mut at = 0;
-    while let Ok(Some(n)) = split_frame(&s.rbuf[at..], 1 << 30) {
-        session.handle_server(&s.rbuf[at..at + n], &mut s.state);
-        at += n;
-        if !session.is_linked() {
-            break;
+    loop {
+        if s.streaming > 0 {
+            at = pass_streamed(s, at, Some(&mut session.to_client));
+            if s.streaming > 0 {
+                break;
+            }
+        }
+        match split_frame(&s.rbuf[at..], 1 << 30) {
+            Ok(Some(n)) => {
+                session.handle_server(&s.rbuf[at..at + n], &mut s.state);
+                at += n;
+                if !session.is_linked() {
+                    break;
+                }
+            }
+            // A large row (or COPY chunk) on its way: its bytes go to the client as they
+            // come instead of being held whole here and again in `to_client`.
+            Ok(None) => match large_frame(&s.rbuf[at..]) {
+                Some(total) if session.stream_server_frame(&s.rbuf[at..at + 5]) => {
+                    s.streaming = total - 5;
+                    at += 5;
+                }
+                _ => break,
+            },
+            Err(_) => break,
         }
     }
     s.consume(at);
     eof
 }
 
-/// Reads all the server has sent into `rbuf`, without blocking. True at end of stream or
-/// on a read error.
+/// Reads what the server has sent into `rbuf`, without blocking, up to `HIGH_WATER` bytes
+/// held (more waits in the socket: a server sending a large result faster than its client
+/// reads it fills the socket, not parsnip). True at end of stream or on a read error.
 fn read_available(s: &mut ServerConn) -> bool {
-    loop {
+    // A frame that is held whole (one that does not stream) is read whole, whatever its size.
+    let first = match s.rbuf.get(..5) {
+        Some(h) if s.streaming == 0 => usize::try_from(i32::from_be_bytes([h[1], h[2], h[3], h[4]])).unwrap_or(0) + 1,
+        _ => 0,
+    };
+    while s.rbuf.len() < HIGH_WATER.max(first) {
         s.rbuf.reserve(READ_CHUNK);
         match s.stream.try_read_buf(&mut s.rbuf) {
             Ok(0) => return true,
@@ -782,6 +847,7 @@ fn read_available(s: &mut ServerConn) -> bool {
             Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
         }
     }
+    false
 }
 
 fn canceled_by_user() -> Error {

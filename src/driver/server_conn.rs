@@ -106,6 +106,9 @@ pub struct ServerConn {
     /// The batch in flight that may be pipelined behind: when it was written, and what
     /// its duration is recorded on.
     pub timing: Option<(Instant, crate::session::Timed)>,
+    /// Bytes of a large frame still to come that go straight to the client (or are
+    /// dropped) as they arrive, not buffered whole (`Session::stream_server_frame`).
+    pub streaming: usize,
 }
 
 /// Why a server connection could not be opened.
@@ -236,6 +239,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         created: now,
         last_used: now,
         timing: None,
+        streaming: 0,
     })
 }
 
@@ -323,7 +327,7 @@ impl ServerConn {
     /// False if the server closed the connection or sent something while idle (e.g. a
     /// FATAL on shutdown), as far as can be told without blocking.
     pub fn is_healthy(&mut self) -> bool {
-        if !self.rbuf.is_empty() {
+        if !self.rbuf.is_empty() || self.streaming != 0 {
             return false;
         }
         self.rbuf.reserve(64);

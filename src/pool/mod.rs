@@ -295,7 +295,7 @@ impl Pool {
     /// Returns a connection no ticket holds any more: closed if its pipe broke or bytes
     /// are left unread in it (they would belong to nobody).
     pub fn release_from_pipe(self: &Arc<Self>, c: Box<ServerConn>, dead: bool) {
-        let clean = !dead && c.rbuf.is_empty();
+        let clean = !dead && c.rbuf.is_empty() && c.streaming == 0;
         self.release(c, clean);
     }
 

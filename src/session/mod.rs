@@ -584,6 +584,23 @@ impl Session {
         self.fail(Error::fatal(SqlState::CONNECTION_FAILURE, "server closed the connection unexpectedly"));
     }
 
+    /// The start (`header`: tag and length) of a server frame too large to hold whole. True
+    /// when it is one the session forwards untouched, a DataRow or CopyData answering a
+    /// request whose replies go to the client: the header is written to `to_client`, and
+    /// the driver appends the frame's body as it arrives (the session sees nothing of it,
+    /// as it would do nothing with it but copy it).
+    pub fn stream_server_frame(&mut self, header: &[u8]) -> bool {
+        if !matches!(header.first(), Some(&tags::DATA_ROW | &tags::COPY_DATA))
+            || self.param_desc.is_some()
+            || wire_trace::on()
+            || self.replies.head().is_none_or(|h| h.is_synth() || !matches!(h.on_reply, OnReply::Forward))
+        {
+            return false;
+        }
+        self.to_client.extend_from_slice(header);
+        true
+    }
+
     /// One whole frame from the linked server.
     pub fn handle_server(&mut self, frame: &[u8], server: &mut ServerState) {
         if !wire_trace::on() {

@@ -1112,3 +1112,34 @@ fn a_lent_session_retries_a_stale_plan_on_its_next_server_and_writes_nothing_her
     assert_eq!(h.client_out(), "2CZ", "no error, one ReadyForQuery");
     assert_eq!(reg.stats.retries.load(Ordering::Relaxed), 1);
 }
+
+/// A large DataRow the driver passes through as it arrives: only when its reply goes to
+/// the client; the session's bookkeeping is as if it had copied the row itself.
+#[test]
+fn large_rows_stream_only_when_forwarded() {
+    let header = |tag: u8| {
+        let mut h = vec![tag];
+        h.extend_from_slice(&(1_000_000i32).to_be_bytes());
+        h
+    };
+    let mut h = H::new(PoolMode::Transaction, None);
+    assert!(!h.s.stream_server_frame(&header(b'D')), "no request waits for a reply");
+    h.client(query("select big"));
+    h.server(msg(b'T', b"\0\0"));
+    assert!(!h.s.stream_server_frame(&header(b'T')), "only DataRow and CopyData stream");
+    assert!(h.s.stream_server_frame(&header(b'D')));
+    // The driver appended the body; the row's end arrives as whole frames.
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    assert!(h.client_out().starts_with('T'));
+    // Replies the client never sees (the settings replayed at link) are not streamed.
+    let mut client = Settings::default();
+    client.set_reported("application_name", "app");
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.s.settings = Arc::new(client);
+    h.srv.settings.set_reported("application_name", "");
+    h.client(query("select 1"));
+    assert_eq!(h.server_out().len(), 2, "settings replay, then the client's query");
+    assert!(!h.s.stream_server_frame(&header(b'D')), "the settings' reply is the pooler's");
+}

@@ -435,6 +435,13 @@ impl Parsnip {
         )
     }
 
+    /// The pooler's peak resident memory so far (VmHWM), in KiB; None without a process.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
     /// Sends a signal to the pooler.
     pub fn signal(&self, sig: i32) {
         let pid = self.pid().expect("signal: no parsnip process (direct mode?)");
