@@ -218,6 +218,7 @@ async fn a_large_row_passes_through_without_being_held_whole() {
         // The connection is in step after both.
         assert_eq!(c.scalar("select 'next'").await.unwrap(), "next");
         if let (Some(b), Some(a)) = (before, p.peak_rss_kib()) {
+            eprintln!("parsnip's peak RSS: {b} KiB before, {a} KiB after");
             assert!(a - b < 16 * 1024, "parsnip's peak RSS grew by {} KiB for a 48 MiB row\n{}", a - b, p.log_tail());
         }
     })
