@@ -92,20 +92,40 @@ echo "cargo: $total_passed passed, $total_failed failed"
 # The driver matrix (issue 4): real drivers from their registries, through parsnip and
 # directly (drivers/README.md). PARSNIP_SKIP_DRIVERS=1 skips it (e.g. a quick local run).
 drivers_status=0
+matrix_logs=()
+# Runs drivers/run.py with ARGS, its output also kept for the summary at the end.
+matrix_pass() {
+    local log status
+    log=$(mktemp)
+    matrix_logs+=("$log")
+    set +e
+    python3 drivers/run.py "$@" 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    set -e
+    [ "$status" = 0 ] || drivers_status=$status
+}
 if [ "${PARSNIP_SKIP_DRIVERS:-0}" != 1 ]; then
     echo "== driver matrix (python3 drivers/run.py)"
-    python3 drivers/run.py || drivers_status=$?
+    matrix_pass
     if [ -n "$pg2_bin" ]; then
         # One scenario of each driver again against the second major version (PostgreSQL 18
         # signals a cancelled backend once, 15 twice; its log and catalog differ too). Not
         # written to README's table, which is the PostgreSQL 15 run's.
         echo "== driver matrix, one scenario per driver (PostgreSQL $(pg_major "$pg2_bin"))"
-        python3 drivers/run.py --pg-bin "$pg2_bin" --skip-setup --no-build --no-readme \
+        matrix_pass --pg-bin "$pg2_bin" --skip-setup --no-build --no-readme \
             --only pgx-cache-statement --only pgjdbc-threshold5 --only node-pg-named \
             --only node-postgresjs --only pgbench-prepared --only psycopg-default \
-            --only asyncpg-default --only tokio-postgres-prepare --only sqlx-persistent \
-            || drivers_status=$?
+            --only asyncpg-default --only tokio-postgres-prepare --only sqlx-persistent
     fi
 fi
+
+# The verdict last, where a log cut to its tail still shows it.
+echo "== summary"
+echo "cargo: $total_passed passed, $total_failed failed"
+for log in "${matrix_logs[@]}"; do
+    grep -E "^driver-matrix: ([0-9]+ passed|error)" "$log" | tail -n 1 || echo "driver-matrix: no result line"
+    sed -n '/^driver-matrix: failed scenarios:/,/^driver-matrix: [0-9]* passed/p' "$log" | sed '$d'
+    rm -f "$log"
+done
 [ "$cargo_status" = 0 ] || exit "$cargo_status"
 exit "$drivers_status"
