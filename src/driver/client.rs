@@ -738,9 +738,8 @@ const STREAM_FROM: usize = 64 * 1024;
 /// The size of the frame that starts `buf` when it is at least `STREAM_FROM` and not all
 /// read yet (its header is).
 fn large_frame(buf: &[u8]) -> Option<usize> {
-    let h = buf.get(..5)?;
-    let total = usize::try_from(i32::from_be_bytes([h[1], h[2], h[3], h[4]])).ok()? + 1;
-    (total >= STREAM_FROM && buf.len() < total).then_some(total)
+    let missing = crate::protocol::frame::missing(buf);
+    (buf.len() >= 5 && missing > 0 && buf.len() + missing >= STREAM_FROM).then_some(buf.len() + missing)
 }
 
 /// Passes on (to `out`, or nowhere) what `rbuf` holds from `at` of the frame being
@@ -833,10 +832,7 @@ fn pump(session: &mut Session, s: &mut ServerConn) -> bool {
 /// reads it fills the socket, not parsnip). True at end of stream or on a read error.
 fn read_available(s: &mut ServerConn) -> bool {
     // A frame that is held whole (one that does not stream) is read whole, whatever its size.
-    let first = match s.rbuf.get(..5) {
-        Some(h) if s.streaming == 0 => usize::try_from(i32::from_be_bytes([h[1], h[2], h[3], h[4]])).unwrap_or(0) + 1,
-        _ => 0,
-    };
+    let first = if s.streaming == 0 { s.rbuf.len() + crate::protocol::frame::missing(&s.rbuf) } else { 0 };
     while s.rbuf.len() < HIGH_WATER.max(first) {
         s.rbuf.reserve(READ_CHUNK);
         match s.stream.try_read_buf(&mut s.rbuf) {
