@@ -1,7 +1,7 @@
 fn main() {
     use parsnip::session::Session;
     println!("Session {}", std::mem::size_of::<Session>());
-    println!("Settings {}", std::mem::size_of::<parsnip::session::settings::Settings>());
+    println!("Settings {}", std::mem::size_of::<parsnip::state::Settings>());
     println!("ServerConn {}", std::mem::size_of::<parsnip::driver::server_conn::ServerConn>());
     println!("Stream {}", std::mem::size_of::<parsnip::driver::stream::Stream>());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -21,4 +21,5 @@ pub mod error;
 pub mod pool;
 pub mod protocol;
 pub mod session;
+pub mod state;
 pub mod stmt;

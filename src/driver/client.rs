@@ -15,7 +15,8 @@ use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
 use crate::pool::{Checkout, Lease, Pool};
 use crate::protocol::{FrameError, split_frame};
-use crate::session::{Action, ServerState, Session};
+use crate::session::{Action, Session};
+use crate::state::{ServerState, TxStatus};
 use bytes::{Buf, BytesMut};
 use std::future::Future;
 use std::pin::Pin;
@@ -614,7 +615,7 @@ impl Proxy {
         };
         let t = self.shared.cfg.server_connect_timeout();
         let mut ok = self.session.outstanding() == 0 && s.rbuf.is_empty() && self.session.to_server.is_empty();
-        if ok && s.state.tx_status != b'I' {
+        if ok && s.state.tx_status != TxStatus::Idle {
             ok = s.run_internal("ROLLBACK", t).await;
         }
         if ok && self.pool.mode == PoolMode::Session && !self.shared.cfg.server_reset_query.is_empty() {

@@ -12,7 +12,7 @@ use crate::error::{Error, SqlState};
 use crate::pool::{Pool, PoolKey};
 use crate::protocol::startup::{StartupError, StartupPacket, parse_startup};
 use crate::protocol::{backend, body, frontend, split_frame, tags};
-use crate::session::settings::{self, Settings};
+use crate::state::settings::{self, Settings};
 use bytes::BytesMut;
 use std::sync::Arc;
 

@@ -6,8 +6,8 @@ use super::stream::Stream;
 use crate::auth::{self, ScramClient};
 use crate::error::{Error, SqlState};
 use crate::protocol::{backend, body, frontend, split_frame, startup, tags};
-use crate::session::ServerState;
-use crate::session::settings::tracked_name;
+use crate::state::settings::tracked_name;
+use crate::state::{ServerState, TxStatus};
 use bytes::{Buf, BytesMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -218,7 +218,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
             }
         }
     }
-    state.tx_status = b'I';
+    state.tx_status = TxStatus::Idle;
     let major = params.iter().find(|(k, _)| k == "server_version").map_or(0, |(_, v)| major_version(v));
     let now = Instant::now();
     Ok(ServerConn {
@@ -344,7 +344,7 @@ impl ServerConn {
     /// Runs `sql` with the simple protocol and waits for ReadyForQuery, dropping all replies.
     /// True when it succeeded and left the server idle outside a transaction.
     pub async fn run_internal(&mut self, sql: &str, timeout: Duration) -> bool {
-        self.run_checked(sql, timeout).await.is_ok() && self.state.tx_status == b'I'
+        self.run_checked(sql, timeout).await.is_ok() && self.state.tx_status == TxStatus::Idle
     }
 
     /// Runs `sql` (simple protocol); Err with the first ErrorResponse frame (None: the
@@ -367,7 +367,7 @@ impl ServerConn {
                         }
                     }
                     tags::READY_FOR_QUERY => {
-                        self.state.tx_status = f.get(5).copied().unwrap_or(b'E');
+                        self.state.tx_status = TxStatus::from_byte(f.get(5).copied().unwrap_or(b'E'));
                         return match err {
                             Some(e) => Err(Some(e)),
                             None => Ok(()),
@@ -408,7 +408,7 @@ impl ServerConn {
                         )
                     }
                     tags::READY_FOR_QUERY => {
-                        self.state.tx_status = f.get(5).copied().unwrap_or(b'E');
+                        self.state.tx_status = TxStatus::from_byte(f.get(5).copied().unwrap_or(b'E'));
                         return match err {
                             Some(e) => Err(e),
                             None => Ok(rows),

@@ -9,7 +9,7 @@ use crate::config::{Config, PoolMode};
 use crate::driver::pipe::Pipe;
 use crate::driver::server_conn::{self, ConnectError, Credentials, ServerConn, ServerTarget};
 use crate::error::{Error, SqlState};
-use crate::session::settings::{Settings, TRACKED};
+use crate::state::settings::{Settings, TRACKED};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

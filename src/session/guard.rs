@@ -24,6 +24,7 @@ use super::statements::Unnamed;
 use super::{ServerState, Session};
 use crate::protocol::backend::write_msg;
 use crate::protocol::tags;
+use crate::state::TxStatus;
 use crate::stmt::Statement;
 use bytes::BufMut;
 
@@ -58,14 +59,14 @@ impl GuardCmd {
 impl Session {
     /// Inside a transaction block, as far as the requests sent so far tell.
     fn in_tx_block(&self) -> bool {
-        self.tx_status == b'T' || (self.tx_status == b'I' && self.tx_opening)
+        self.tx_status == TxStatus::InBlock || (self.tx_status == TxStatus::Idle && self.tx_opening)
     }
 
     /// The client sent `sql` (a simple Query, or the statement of a portal it executes):
     /// a transaction block starts there if it succeeds (pgjdbc sends its BEGIN in the same
     /// batch as the transaction's first statements).
     pub(super) fn note_tx_start(&mut self, sql: &[u8]) {
-        if self.tx_status == b'I' && super::settings::maybe_tx_start(sql) {
+        if self.tx_status == TxStatus::Idle && super::settings::maybe_tx_start(sql) {
             self.tx_opening = true;
         }
     }

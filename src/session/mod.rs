@@ -22,11 +22,13 @@ mod tests;
 use crate::config::PoolMode;
 use crate::error::{Error, Severity, SqlState};
 use crate::protocol::{backend, body, frontend, tags};
+use crate::state::settings::{Settings, tracked_name};
+use crate::state::{ServerState, TxStatus};
 use crate::stmt::registry::StmtKind;
-use crate::stmt::{Registry, ServerStmts, Statement};
+use crate::stmt::{Registry, Statement};
 use bytes::BytesMut;
 use reply_queue::{OnReply, Pending, Purpose, ReplyQueue, Req, Synth};
-use settings::{SettingStmt, Settings, TxStmt};
+use settings::{SettingStmt, TxStmt};
 use statements::Unnamed;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -45,17 +47,6 @@ pub enum Action {
     },
     /// Write out `to_client`, then close the client connection.
     Close,
-}
-
-/// What the session keeps about the server it is linked to; lives with the server connection.
-#[derive(Debug, Default)]
-pub struct ServerState {
-    /// The settings currently in effect on the server.
-    pub settings: Settings,
-    /// Last transaction status the server reported.
-    pub tx_status: u8,
-    /// Statements prepared on it.
-    pub stmts: ServerStmts,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +70,7 @@ pub struct Session {
     /// Bytes to write to the linked server.
     pub to_server: BytesMut,
     actions: VecDeque<Action>,
-    tx_status: u8,
+    tx_status: TxStatus,
     copy_in: bool,
     skip_until_sync: bool,
     /// The server hit an error in an extended-protocol batch the client has not ended
@@ -174,7 +165,7 @@ impl Session {
             to_client: BytesMut::new(),
             to_server: BytesMut::new(),
             actions: VecDeque::new(),
-            tx_status: b'I',
+            tx_status: TxStatus::Idle,
             copy_in: false,
             skip_until_sync: false,
             server_skipping: false,
@@ -236,7 +227,7 @@ impl Session {
     }
     /// Linked, inside a transaction, with nothing outstanding: the client is idle in a transaction.
     pub fn is_idle_in_transaction(&self) -> bool {
-        self.link == Link::Linked && self.replies.is_empty() && self.tx_status != b'I'
+        self.link == Link::Linked && self.replies.is_empty() && self.tx_status != TxStatus::Idle
     }
     /// Requests outstanding on the linked server.
     pub fn outstanding(&self) -> usize {
@@ -334,7 +325,7 @@ impl Session {
         if self.skip_until_sync {
             if tag == tags::SYNC {
                 self.skip_until_sync = false;
-                backend::ready_for_query(&mut self.to_client, self.tx_status);
+                backend::ready_for_query(&mut self.to_client, self.tx_status.as_byte());
             } else if tag == tags::TERMINATE {
                 self.close();
             }
@@ -397,8 +388,8 @@ impl Session {
         if self.registry.is_some() {
             // Keep the batch for a transparent retry: outside transactions, and inside one
             // from where a savepoint guard may be needed (`guard`).
-            let record = (self.tx_status == b'I'
-                || (self.tx_status == b'T' && (self.fresh_in_tx.is_some() || !self.batch.is_empty())))
+            let record = (self.tx_status == TxStatus::Idle
+                || (self.tx_status == TxStatus::InBlock && (self.fresh_in_tx.is_some() || !self.batch.is_empty())))
                 && matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
             if record {
                 self.frame_at = self.batch.len() as u32;
@@ -501,7 +492,7 @@ impl Session {
             }
             self.server_dirty |= settings::may_set_session_config(text);
             // Outside transactions, with the cache on: may others be queued behind it?
-            p.plain_read = self.tx_status == b'I'
+            p.plain_read = self.tx_status == TxStatus::Idle
                 && self.registry.is_some()
                 && p.tracked_sql.is_none()
                 && crate::stmt::sql::is_plain_read(text);
@@ -539,7 +530,7 @@ impl Session {
                 Synth::Tag(t) => backend::command_complete(&mut self.to_client, t),
                 Synth::TagAndReady(t) => {
                     backend::command_complete(&mut self.to_client, t);
-                    backend::ready_for_query(&mut self.to_client, self.tx_status);
+                    backend::ready_for_query(&mut self.to_client, self.tx_status.as_byte());
                 }
             }
             self.replies.pop();
@@ -551,7 +542,7 @@ impl Session {
     pub fn handle_server_linked(&mut self, server: &mut ServerState) {
         self.link = Link::Linked;
         self.lent = false;
-        server.tx_status = b'I';
+        server.tx_status = TxStatus::Idle;
         server.stmts.begin_link();
         self.trim_server_statements(server);
         if self.settings.key() != server.settings.key() {
@@ -774,7 +765,7 @@ impl Session {
         if p.req.is_extended() {
             return self.desync(tags::READY_FOR_QUERY);
         }
-        let status = frame.get(5).copied().unwrap_or(b'I');
+        let status = TxStatus::from_byte(frame.get(5).copied().unwrap_or(b'I'));
         self.replies.mark_synced();
         self.tx_opening = false;
         if p.purpose == Purpose::Retried {
@@ -790,7 +781,7 @@ impl Session {
         let before = self.tx_status;
         self.tx_status = status;
         server.tx_status = status;
-        if status != b'T' {
+        if status != TxStatus::InBlock {
             self.end_guards();
         }
         self.copy_in = false;
@@ -798,20 +789,20 @@ impl Session {
             // SET/RESET/DISCARD and transaction control run through the extended protocol.
             let sql = std::mem::take(&mut self.ext_done).join(";\n");
             let failed = self.ext_failed;
-            self.track_settings(&sql, failed, before != b'I', status, server);
+            self.track_settings(&sql, failed, before != TxStatus::Idle, status, server);
         } else if let Some(sql) = &p.tracked_sql {
-            self.track_settings(sql, p.failed, before != b'I', status, server);
-        } else if status == b'I' {
+            self.track_settings(sql, p.failed, before != TxStatus::Idle, status, server);
+        } else if status == TxStatus::Idle {
             self.tx_settings.clear();
         }
         self.ext_failed = false;
         let done = self.replies.is_empty();
-        if self.mode == PoolMode::Statement && status != b'I' && p.purpose == Purpose::Client && done {
+        if self.mode == PoolMode::Statement && status != TxStatus::Idle && p.purpose == Purpose::Client && done {
             // A transaction block was opened: refuse it, roll it back on the server.
             Error::new(SqlState::FEATURE_NOT_SUPPORTED, "transaction blocks are not allowed in statement pooling mode")
                 .write_to(&mut self.to_client);
             backend::ready_for_query(&mut self.to_client, b'I');
-            self.tx_status = b'I';
+            self.tx_status = TxStatus::Idle;
             frontend::query(&mut self.to_server, "ROLLBACK");
             self.replies.push(Pending::internal(Req::Query, Purpose::Rollback));
             return;
@@ -826,7 +817,7 @@ impl Session {
     fn maybe_release(&mut self) {
         if self.link == Link::Linked
             && self.replies.is_empty()
-            && self.tx_status == b'I'
+            && self.tx_status == TxStatus::Idle
             && !self.copy_in
             && !self.server_skipping
             && !self.replies.is_unsynced()
@@ -845,7 +836,7 @@ impl Session {
         let Some((name, value)) = backend::parameter_status_fields(body(frame)) else {
             return self.desync(tags::PARAMETER_STATUS);
         };
-        let Some(name) = settings::tracked_name(name) else {
+        let Some(name) = tracked_name(name) else {
             self.to_client.extend_from_slice(frame);
             return;
         };
@@ -894,7 +885,7 @@ impl Session {
 impl Session {
     /// A Query with SET/RESET/transaction statements finished: keep the settings that
     /// persist as PostgreSQL would (outside a transaction, or in one that committed).
-    fn track_settings(&mut self, sql: &str, failed: bool, was_in_tx: bool, status: u8, server: &mut ServerState) {
+    fn track_settings(&mut self, sql: &str, failed: bool, was_in_tx: bool, status: TxStatus, server: &mut ServerState) {
         let mut in_tx = was_in_tx;
         let mut apply = Vec::new();
         for t in settings::session_stmts(sql.as_bytes()) {
@@ -912,12 +903,12 @@ impl Session {
                 TxStmt::Setting(s) => apply.push(s),
             }
         }
-        if failed && status == b'I' {
+        if failed && status == TxStatus::Idle {
             // The implicit transaction of this Query failed: nothing of it persists.
             apply.clear();
             self.tx_settings.clear();
         }
-        if status == b'I' {
+        if status == TxStatus::Idle {
             // Ended by something not seen here (e.g. an extended-protocol COMMIT): unknown.
             self.tx_settings.clear();
         }
@@ -929,7 +920,7 @@ impl Session {
 
 fn apply_setting(client: &mut Settings, server: &mut Settings, stmt: SettingStmt) {
     match stmt {
-        SettingStmt::Set(name, stmt) if settings::tracked_name(&name).is_none() => {
+        SettingStmt::Set(name, stmt) if tracked_name(&name).is_none() => {
             client.set_extra(name.clone(), stmt.clone());
             server.set_extra(name, stmt);
         }

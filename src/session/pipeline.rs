@@ -13,6 +13,7 @@
 use super::reply_queue::{ClientFx, OnReply, Purpose, Req};
 use super::{Link, Session};
 use crate::config::PoolMode;
+use crate::state::TxStatus;
 use crate::stmt::registry::StmtKind;
 use crate::stmt::{Registry, Statement};
 use std::sync::Arc;
@@ -55,7 +56,7 @@ impl Session {
     pub fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         if self.link != Link::Linked
             || self.mode == PoolMode::Session
-            || self.tx_status != b'I'
+            || self.tx_status != TxStatus::Idle
             || self.tx_opening
             || self.copy_in
             || self.hold

@@ -10,6 +10,7 @@ use super::{ServerState, Session};
 use crate::error::{Error, SqlState};
 use crate::protocol::backend::write_msg;
 use crate::protocol::{body, frontend, tags};
+use crate::state::TxStatus;
 use crate::stmt::registry::{StmtKind, make_key};
 use crate::stmt::sql::{Classified, SqlStmt, classify, is_plain_dml, prepare_body, starts_with_deallocate};
 use crate::stmt::{Registry, Statement};
@@ -144,7 +145,7 @@ impl Session {
                 frontend::query(&mut self.to_server, "DEALLOCATE parsnip_probe");
                 self.replies.push(Pending::with(Req::Query, OnReply::ReplaceError(Box::new(err)), Fx::default()));
             }
-            Some(srv) if self.tx_status == b'E' => {
+            Some(srv) if self.tx_status == TxStatus::Failed => {
                 // In a failed transaction PostgreSQL checks that before names: a Parse gets
                 // the 25P02 it would give (a Describe would get 26000 first).
                 crate::stmt::registry::write_parse(&mut self.to_server, b"", b"SELECT 1", &[]);
@@ -382,7 +383,7 @@ impl Session {
                 return true;
             }
         }
-        let in_failed_tx = self.tx_status == b'E';
+        let in_failed_tx = self.tx_status == TxStatus::Failed;
         let key = {
             let mut k = std::mem::take(&mut self.key_buf);
             make_key(&mut k, &StmtKind::Protocol, self.search_path(), p.query, p.param_types);
@@ -394,7 +395,7 @@ impl Session {
                 Unnamed::Cached(s)
                     if s.has_key(&key)
                         && !s.stale.load(Ordering::Relaxed)
-                        && self.tx_status == b'I'
+                        && self.tx_status == TxStatus::Idle
                         && !self.earlier_batch_in_flight() =>
                 {
                     Some(s.clone())
@@ -411,7 +412,10 @@ impl Session {
                 // Promoted only outside transactions, with no earlier batch in flight: a promoted
                 // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and
                 // only there can that be retried transparently.
-                None if self.tx_status == b'I' && !self.earlier_batch_in_flight() && registry.see_unnamed(&key) => {
+                None if self.tx_status == TxStatus::Idle
+                    && !self.earlier_batch_in_flight()
+                    && registry.see_unnamed(&key) =>
+                {
                     Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
                 }
                 None => None,
@@ -696,7 +700,7 @@ impl Session {
             self.note_statement_run(dml);
         }
         // In a failed transaction PostgreSQL rejects every command with 25P02: let it.
-        if self.tx_status == b'E' {
+        if self.tx_status == TxStatus::Failed {
             self.forward_query(frame);
             return true;
         }
@@ -721,7 +725,7 @@ impl Session {
                 None => self.statement_error(missing(&name), Some(srv), true),
             },
             Classified::Single(SqlStmt::DiscardAll) => {
-                if self.tx_status != b'I' {
+                if self.tx_status != TxStatus::Idle {
                     // PostgreSQL: DISCARD ALL cannot run inside a transaction block.
                     self.forward_query(frame);
                     return true;
@@ -799,7 +803,7 @@ impl Session {
                 // statement PREPAREd in it, `guard`).
                 let alone = !self.retried && !self.replies.is_unsynced() && !self.earlier_batch_in_flight();
                 let guarded = alone && srv.stmts.has(&stmt) && self.guard_wanted(&name, srv) == Some(stmt.id);
-                let retry = alone && ((fresh && self.tx_status == b'I') || guarded);
+                let retry = alone && ((fresh && self.tx_status == TxStatus::Idle) || guarded);
                 if guarded {
                     self.forget_fresh(&stmt);
                     self.guard_query(GuardCmd::Savepoint, Purpose::Guard);
@@ -891,7 +895,7 @@ impl Session {
             return self.retry_sql_execute(stmt, code, srv);
         }
         let guarded = self.replies.head().is_some_and(|p| p.fx.guarded);
-        if self.retried || !(self.tx_status == b'I' || guarded) || !self.batch.is_empty() {
+        if self.retried || !(self.tx_status == TxStatus::Idle || guarded) || !self.batch.is_empty() {
             return false;
         }
         let last_sync = self.replies.iter().position(|p| p.req == Req::Sync && !p.is_synth());
@@ -1024,7 +1028,7 @@ impl Session {
     /// outside a transaction, not twice, and only while nothing in this batch has executed
     /// (an earlier BEGIN or write would be aborted or rolled back by the error).
     fn retry_point(&self) -> Option<u32> {
-        (self.tx_status == b'I' && !self.retried && !self.batch_executed).then_some(self.frame_at)
+        (self.tx_status == TxStatus::Idle && !self.retried && !self.batch_executed).then_some(self.frame_at)
     }
 
     /// Closes a server statement on the pooler's behalf (its CloseComplete is hidden);

@@ -1,0 +1,12 @@
+//! What a connection carries that the session, the pool and the driver all read: the
+//! settings in effect on it (`settings`), and what is known about a server connection
+//! (`server`: its transaction status and the statements prepared on it).
+//!
+//! Pure data with no IO and no protocol decisions: it must not import `session`, `pool` or
+//! `driver`, which all build on it.
+
+pub mod server;
+pub mod settings;
+
+pub use server::{ServerState, TxStatus};
+pub use settings::Settings;
