@@ -1,7 +1,7 @@
 //! Errors a client can see: every one carries a SQLSTATE and becomes a PostgreSQL
 //! ErrorResponse. Owns the SQLSTATE table; knows nothing of sockets or sessions.
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use std::borrow::Cow;
 use std::fmt;
 
@@ -121,9 +121,3 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
-
-/// Writes a NUL-terminated string.
-pub(crate) fn put_cstr(buf: &mut BytesMut, s: &[u8]) {
-    buf.put_slice(s);
-    buf.put_u8(0);
-}

@@ -1,20 +1,8 @@
 //! Messages a server sends: builders for the ones the pooler synthesizes towards clients,
 //! and readers for the ones it inspects on server connections.
 
-use super::{read_cstr, tags};
-use crate::error::put_cstr;
+use super::{put_cstr, read_cstr, tags, write_msg};
 use bytes::{BufMut, BytesMut};
-
-/// Writes `tag`, a length placeholder, the body written by `f`, then fixes the length.
-#[inline]
-pub fn write_msg(buf: &mut BytesMut, tag: u8, f: impl FnOnce(&mut BytesMut)) {
-    buf.put_u8(tag);
-    let at = buf.len();
-    buf.put_i32(0);
-    f(buf);
-    let len = (buf.len() - at) as i32;
-    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
-}
 
 /// AuthenticationOk.
 pub fn auth_ok(buf: &mut BytesMut) {

@@ -1,5 +1,6 @@
-//! Splitting a byte stream into `tag + u32 length + body` frames.
+//! The `tag + u32 length + body` frame: splitting a byte stream into frames, and writing one.
 
+use bytes::{BufMut, BytesMut};
 use std::fmt;
 
 /// Why a frame header is unacceptable.
@@ -48,6 +49,24 @@ pub fn missing(buf: &[u8]) -> usize {
     }
     let len = i32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]).max(4) as usize + 1;
     len.saturating_sub(buf.len())
+}
+
+/// Writes `tag`, a length placeholder, the body written by `f`, then fixes the length.
+#[inline]
+pub fn write_msg(buf: &mut BytesMut, tag: u8, f: impl FnOnce(&mut BytesMut)) {
+    buf.put_u8(tag);
+    let at = buf.len();
+    buf.put_i32(0);
+    f(buf);
+    let len = (buf.len() - at) as i32;
+    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Writes a NUL-terminated string.
+#[inline]
+pub fn put_cstr(buf: &mut BytesMut, s: &[u8]) {
+    buf.put_slice(s);
+    buf.put_u8(0);
 }
 
 #[cfg(test)]

@@ -1,11 +1,8 @@
 //! Messages a client sends: readers for the ones the pooler inspects, and builders for the
 //! ones it sends to servers on its own behalf.
 
-use super::{read_cstr, tags};
-use crate::error::put_cstr;
+use super::{put_cstr, read_cstr, tags, write_msg};
 use bytes::{BufMut, BytesMut};
-
-pub use super::backend::write_msg;
 
 /// Query.
 pub fn query(buf: &mut BytesMut, sql: &str) {
@@ -27,6 +24,65 @@ pub fn sasl_initial_response(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
         b.put_i32(data.len() as i32);
         b.put_slice(data);
     });
+}
+/// Query with SQL given as bytes.
+pub fn query_bytes(buf: &mut BytesMut, sql: &[u8]) {
+    write_msg(buf, tags::QUERY, |b| put_cstr(b, sql));
+}
+/// Parse of `query` as statement `name`, with parameter type OIDs `types` (4 bytes each,
+/// as they stand in a client's Parse).
+pub fn parse(buf: &mut BytesMut, name: &[u8], query: &[u8], types: &[u8]) {
+    write_msg(buf, tags::PARSE, |b| {
+        put_cstr(b, name);
+        put_cstr(b, query);
+        b.put_i16((types.len() / 4) as i16);
+        b.put_slice(types);
+    });
+}
+/// Bind of `portal` to `statement`, with the rest of the message (parameter formats and
+/// values, result formats) copied from a client's Bind.
+pub fn bind_with_tail(buf: &mut BytesMut, portal: &[u8], statement: &[u8], tail: &[u8]) {
+    write_msg(buf, tags::BIND, |b| {
+        put_cstr(b, portal);
+        put_cstr(b, statement);
+        b.put_slice(tail);
+    });
+}
+/// Bind of `portal` to a `statement` without parameters, results in text.
+pub fn bind_no_params(buf: &mut BytesMut, portal: &[u8], statement: &[u8]) {
+    bind_with_tail(buf, portal, statement, &[0, 0, 0, 0, 0, 0]);
+}
+/// Describe of a prepared statement.
+pub fn describe_statement(buf: &mut BytesMut, name: &[u8]) {
+    write_msg(buf, tags::DESCRIBE, |b| {
+        b.put_u8(b'S');
+        put_cstr(b, name);
+    });
+}
+/// Execute of `portal`, all rows.
+pub fn execute(buf: &mut BytesMut, portal: &[u8]) {
+    write_msg(buf, tags::EXECUTE, |b| {
+        put_cstr(b, portal);
+        b.put_i32(0);
+    });
+}
+/// Close of a prepared statement.
+pub fn close_statement(buf: &mut BytesMut, name: &[u8]) {
+    write_msg(buf, tags::CLOSE, |b| {
+        b.put_u8(b'S');
+        put_cstr(b, name);
+    });
+}
+/// Close of a portal.
+pub fn close_portal(buf: &mut BytesMut, name: &[u8]) {
+    write_msg(buf, tags::CLOSE, |b| {
+        b.put_u8(b'P');
+        put_cstr(b, name);
+    });
+}
+/// Flush.
+pub fn flush(buf: &mut BytesMut) {
+    write_msg(buf, tags::FLUSH, |_| {});
 }
 /// Sync.
 pub fn sync(buf: &mut BytesMut) {

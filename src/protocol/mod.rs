@@ -11,7 +11,7 @@ pub mod frame;
 pub mod frontend;
 pub mod startup;
 
-pub use frame::{FrameError, split_frame};
+pub use frame::{FrameError, put_cstr, split_frame, write_msg};
 
 /// Message tags (first byte of a frame), named as in PostgreSQL's protocol docs.
 pub mod tags {

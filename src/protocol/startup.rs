@@ -96,8 +96,8 @@ pub fn startup_message(buf: &mut BytesMut, params: &[(&str, &str)]) {
     buf.put_i32(0);
     buf.put_i32(PROTOCOL_3_0);
     for (k, v) in params {
-        crate::error::put_cstr(buf, k.as_bytes());
-        crate::error::put_cstr(buf, v.as_bytes());
+        super::put_cstr(buf, k.as_bytes());
+        super::put_cstr(buf, v.as_bytes());
     }
     buf.put_u8(0);
     let len = (buf.len() - start) as i32;

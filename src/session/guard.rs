@@ -22,11 +22,9 @@
 use super::reply_queue::{Fx, OnReply, Pending, Req};
 use super::statements::Unnamed;
 use super::{ServerState, Session};
-use crate::protocol::backend::write_msg;
-use crate::protocol::tags;
+use crate::protocol::frontend;
 use crate::state::TxStatus;
 use crate::stmt::Statement;
-use bytes::BufMut;
 
 /// The pooler's portal for its savepoint commands (closed after each).
 const PORTAL: &[u8] = b"parsnip_guard";
@@ -166,29 +164,13 @@ impl Session {
         let name = cmd.statement();
         if srv.stmts.guard & cmd as u8 == 0 {
             srv.stmts.guard |= cmd as u8;
-            crate::stmt::registry::write_parse(&mut self.to_server, name, cmd.sql().as_bytes(), &[]);
+            frontend::parse(&mut self.to_server, name, cmd.sql().as_bytes(), &[]);
             let fx = Fx { guard_parse: cmd as u8, ..Fx::default() };
             self.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
         }
-        write_msg(&mut self.to_server, tags::BIND, |b| {
-            b.put_slice(PORTAL);
-            b.put_u8(0);
-            b.put_slice(name);
-            b.put_u8(0);
-            b.put_i16(0);
-            b.put_i16(0);
-            b.put_i16(0);
-        });
-        write_msg(&mut self.to_server, tags::EXECUTE, |b| {
-            b.put_slice(PORTAL);
-            b.put_u8(0);
-            b.put_i32(0);
-        });
-        write_msg(&mut self.to_server, tags::CLOSE, |b| {
-            b.put_u8(b'P');
-            b.put_slice(PORTAL);
-            b.put_u8(0);
-        });
+        frontend::bind_no_params(&mut self.to_server, PORTAL, name);
+        frontend::execute(&mut self.to_server, PORTAL);
+        frontend::close_portal(&mut self.to_server, PORTAL);
         for req in [Req::Bind, Req::Execute, Req::Close] {
             self.replies.push(Pending::with(req, OnReply::Inject, Fx::default()));
         }

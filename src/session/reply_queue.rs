@@ -186,7 +186,7 @@ impl Rename {
     pub fn rewrite_error(&self, frame: &[u8], out: &mut bytes::BytesMut) {
         use bytes::BufMut;
         let body = frame.get(5..).unwrap_or_default();
-        crate::protocol::backend::write_msg(out, crate::protocol::tags::ERROR_RESPONSE, |b| {
+        crate::protocol::write_msg(out, crate::protocol::tags::ERROR_RESPONSE, |b| {
             for (t, v) in crate::protocol::backend::error_fields(body) {
                 b.put_u8(t);
                 let text = String::from_utf8_lossy(v);

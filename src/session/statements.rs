@@ -8,13 +8,11 @@ use super::guard::GuardCmd;
 use super::reply_queue::{ClientFx, Fx, OnReply, Pending, Purpose, Rename, Req, Synth};
 use super::{ServerState, Session};
 use crate::error::{Error, SqlState};
-use crate::protocol::backend::write_msg;
 use crate::protocol::{body, frontend, tags};
 use crate::state::TxStatus;
 use crate::stmt::registry::{StmtKind, make_key};
 use crate::stmt::sql::{Classified, SqlStmt, classify, is_plain_dml, prepare_body, starts_with_deallocate};
 use crate::stmt::{Registry, Statement};
-use bytes::BufMut;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -148,16 +146,12 @@ impl Session {
             Some(srv) if self.tx_status == TxStatus::Failed => {
                 // In a failed transaction PostgreSQL checks that before names: a Parse gets
                 // the 25P02 it would give (a Describe would get 26000 first).
-                crate::stmt::registry::write_parse(&mut self.to_server, b"", b"SELECT 1", &[]);
+                frontend::parse(&mut self.to_server, b"", b"SELECT 1", &[]);
                 srv.stmts.unnamed_owner = None;
                 self.replies.push(Pending::with(Req::Parse, OnReply::ReplaceError(Box::new(err)), Fx::default()));
             }
             Some(_) => {
-                write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
-                    b.put_u8(b'S');
-                    b.put_slice(PROBE);
-                    b.put_u8(0);
-                });
+                frontend::describe_statement(&mut self.to_server, PROBE);
                 self.replies.push(Pending::with(Req::Describe, OnReply::ReplaceError(Box::new(err)), Fx::default()));
             }
             None => {
@@ -285,12 +279,8 @@ impl Session {
         if on_reply_is_inject && stmt.shape.get().is_some() && self.described.contains(&stmt.id) {
             // Clients decode this statement's rows by a description they already hold: make
             // sure this server's fresh parse describes the same shape before any row flows.
-            write_msg(&mut self.to_server, tags::DESCRIBE, |b| {
-                b.put_u8(b'S');
-                b.put_slice(stmt.server_name.as_bytes());
-                b.put_u8(0);
-            });
-            write_msg(&mut self.to_server, tags::FLUSH, |_| {});
+            frontend::describe_statement(&mut self.to_server, stmt.server_name.as_bytes());
+            frontend::flush(&mut self.to_server);
             self.replies.push(Pending::with(Req::Describe, OnReply::ShapeCheck(stmt.clone()), Fx::default()));
             self.hold = true;
         }
@@ -364,7 +354,7 @@ impl Session {
             // runs a no-op stand-in with the same replies and errors, and the client's own
             // statements are dropped here when it executes (`on_execute`).
             let mut standin = bytes::BytesMut::new();
-            crate::stmt::registry::write_parse(&mut standin, p.name, DEALLOCATE_ALL_STANDIN, &[]);
+            frontend::parse(&mut standin, p.name, DEALLOCATE_ALL_STANDIN, &[]);
             return self.on_parse(&standin, srv);
         }
         let registry = self.registry().clone();
@@ -474,7 +464,7 @@ impl Session {
             // PostgreSQL answers this Parse in that state, 25P02, or ParseComplete for a
             // transaction-ending statement (ROLLBACK, COMMIT...). Under the unnamed name:
             // the client's own name must never reach the server (it would stay there).
-            crate::stmt::registry::write_parse(&mut self.to_server, b"", p.query, p.param_types);
+            frontend::parse(&mut self.to_server, b"", p.query, p.param_types);
             srv.stmts.unnamed_owner = None;
             let fx = Fx { client: client_fx, ..Fx::default() };
             self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
@@ -588,13 +578,7 @@ impl Session {
                 self.last_bind = Some((portal.into(), s.clone()));
                 let tail = &body(frame)[rest..];
                 self.send_use(Req::Bind, s, guard, srv, |out, server_name| {
-                    write_msg(out, tags::BIND, |b| {
-                        b.put_slice(portal);
-                        b.put_u8(0);
-                        b.put_slice(server_name);
-                        b.put_u8(0);
-                        b.put_slice(tail);
-                    })
+                    frontend::bind_with_tail(out, portal, server_name, tail)
                 });
             }
         }
@@ -620,13 +604,7 @@ impl Session {
             Resolved::Failed => {}
             Resolved::Plain => self.forward(frame, Req::Describe),
             Resolved::Cached(s) => {
-                self.send_use(Req::Describe, s, guard, srv, |out, server_name| {
-                    write_msg(out, tags::DESCRIBE, |b| {
-                        b.put_u8(b'S');
-                        b.put_slice(server_name);
-                        b.put_u8(0);
-                    })
-                });
+                self.send_use(Req::Describe, s, guard, srv, frontend::describe_statement);
             }
         }
         true
@@ -825,10 +803,7 @@ impl Session {
                 sql.extend_from_slice(&text[..span.start]);
                 sql.extend_from_slice(stmt.server_name.as_bytes());
                 sql.extend_from_slice(&text[span.end..]);
-                write_msg(&mut self.to_server, tags::QUERY, |b| {
-                    b.put_slice(&sql);
-                    b.put_u8(0);
-                });
+                frontend::query_bytes(&mut self.to_server, &sql);
                 let rename = Rename {
                     server_name: stmt.server_name.clone(),
                     client_name: String::from_utf8_lossy(&name).into(),
@@ -1034,11 +1009,7 @@ impl Session {
     /// Closes a server statement on the pooler's behalf (its CloseComplete is hidden);
     /// `fx` says what to undo if the server skips the Close.
     fn close_quietly(&mut self, server_name: &str, fx: Fx) {
-        write_msg(&mut self.to_server, tags::CLOSE, |b| {
-            b.put_u8(b'S');
-            b.put_slice(server_name.as_bytes());
-            b.put_u8(0);
-        });
+        frontend::close_statement(&mut self.to_server, server_name.as_bytes());
         self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
     }
 

@@ -2,7 +2,7 @@
 //! driver: it links a server when asked and feeds frames again as the driver does.
 
 use super::*;
-use crate::protocol::backend::write_msg;
+use crate::protocol::write_msg;
 use crate::stmt::StmtConfig;
 use bytes::BufMut;
 

@@ -1,7 +1,7 @@
 //! The per-pool statement registry: key → statement with a unique server name.
 
-use crate::protocol::{backend::write_msg, tags};
-use bytes::{BufMut, Bytes, BytesMut};
+use crate::protocol::frontend;
+use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -86,7 +86,7 @@ impl Statement {
         let server_name: Box<str> = format!("pn_{id}").into();
         let mut create = BytesMut::with_capacity(query.len() + types.len() + 32);
         match kind {
-            StmtKind::Protocol => write_parse(&mut create, server_name.as_bytes(), query, types),
+            StmtKind::Protocol => frontend::parse(&mut create, server_name.as_bytes(), query, types),
             StmtKind::Sql => {
                 // `query` is "(types) AS statement" or "AS statement": PREPARE it under our name.
                 let mut sql = Vec::with_capacity(query.len() + 32);
@@ -94,17 +94,9 @@ impl Statement {
                 sql.extend_from_slice(server_name.as_bytes());
                 sql.push(b' ');
                 sql.extend_from_slice(query);
-                write_parse(&mut create, b"", &sql, &[]);
-                write_msg(&mut create, tags::BIND, |b| {
-                    b.put_slice(b"\0\0");
-                    b.put_i16(0);
-                    b.put_i16(0);
-                    b.put_i16(0);
-                });
-                write_msg(&mut create, tags::EXECUTE, |b| {
-                    b.put_u8(0);
-                    b.put_i32(0);
-                });
+                frontend::parse(&mut create, b"", &sql, &[]);
+                frontend::bind_no_params(&mut create, b"", b"");
+                frontend::execute(&mut create, b"");
             }
         }
         Statement {
@@ -128,18 +120,6 @@ impl Statement {
     pub fn is_valid(&self) -> bool {
         self.validated.load(Ordering::Relaxed) && !self.stale.load(Ordering::Relaxed)
     }
-}
-
-/// Writes a Parse message.
-pub fn write_parse(buf: &mut BytesMut, name: &[u8], query: &[u8], types: &[u8]) {
-    write_msg(buf, tags::PARSE, |b| {
-        b.put_slice(name);
-        b.put_u8(0);
-        b.put_slice(query);
-        b.put_u8(0);
-        b.put_i16((types.len() / 4) as i16);
-        b.put_slice(types);
-    });
 }
 
 /// Cache counters (per pool), readable without locks.
