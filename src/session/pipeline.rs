@@ -11,7 +11,7 @@
 //! the server to itself, as without pipelining.
 
 use super::reply_queue::{ClientFx, OnReply, Purpose, Req};
-use super::{Link, Session};
+use super::{Link, Phase, Session};
 use crate::config::PoolMode;
 use crate::state::TxStatus;
 use crate::stmt::registry::StmtKind;
@@ -56,22 +56,20 @@ impl Session {
     pub fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         if self.link != Link::Linked
             || self.mode == PoolMode::Session
-            || self.tx_status != TxStatus::Idle
-            || self.tx_opening
-            || self.copy_in
-            || self.hold
-            || self.server_skipping
+            || self.tx.status != TxStatus::Idle
+            || self.tx.opening
+            || matches!(self.phase, Phase::CopyIn | Phase::Held | Phase::ServerSkipping)
             || self.server_dirty
             || self.lent
             || self.replies.is_unsynced()
-            || self.dealloc_portal.is_some()
-            || self.tracked_portal.is_some()
-            || self.fresh_in_tx.is_some()
+            || self.stmts.dealloc_portal.is_some()
+            || self.tx.tracked_portal.is_some()
+            || self.stmts.fresh_in_tx.is_some()
             || !self.to_server.is_empty()
         {
             return None;
         }
-        let registry = self.registry.as_ref()?;
+        let registry = self.stmts.registry.as_ref()?;
         let mut ends_batch = false;
         let mut first: Option<Timed> = None;
         let mut fast = true;

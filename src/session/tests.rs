@@ -2,9 +2,13 @@
 //! driver: it links a server when asked and feeds frames again as the driver does.
 
 use super::*;
+use crate::error::SqlState;
+use crate::protocol::frontend;
 use crate::protocol::write_msg;
+use crate::state::ServerState;
 use crate::stmt::StmtConfig;
 use bytes::BufMut;
+use std::sync::atomic::Ordering;
 
 fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut b = BytesMut::new();
@@ -404,7 +408,7 @@ fn skipped_messages_roll_back_their_effects() {
     h.server(rfq(b'I'));
     assert_eq!(h.client_out(), "EZ");
     assert_eq!(h.s.prepared_count(), 1, "s2 rolled back, s1's close rolled back");
-    assert!(h.s.named.contains_key(&b"s1"[..]));
+    assert!(h.s.stmts.named.contains_key(&b"s1"[..]));
 }
 
 #[test]
@@ -535,7 +539,7 @@ fn failed_prepare_ahead_of_execute_answers_it() {
     for in_tx in [false, true] {
         h.srv = ServerState::default(); // another server, which lacks the statement
         let status = if in_tx { b'T' } else { b'I' };
-        h.s.tx_status = TxStatus::from_byte(status);
+        h.s.tx.status = TxStatus::from_byte(status);
         h.client(query("EXECUTE q"));
         let sent = h.server_out();
         assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
@@ -556,7 +560,7 @@ fn failed_prepare_ahead_of_execute_answers_it() {
         assert!(text(&reply[0]).contains(&format!("P{}\0", at(client_text))), "{}", text(&reply[0]));
         assert_eq!(reply[1][5], failed);
         // Not prepared there: the next EXECUTE prepares it again.
-        h.s.tx_status = TxStatus::from_byte(status);
+        h.s.tx.status = TxStatus::from_byte(status);
         h.client(query("EXECUTE q"));
         assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
         for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(status), msg(b'C', b"SELECT 1\0")] {

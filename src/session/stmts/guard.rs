@@ -19,10 +19,11 @@
 //! Owns: which statements await a guard in this transaction. Must not decide retries: that
 //! is `statements`.
 
-use super::reply_queue::{Fx, OnReply, Pending, Req};
-use super::statements::Unnamed;
-use super::{ServerState, Session};
+use super::Unnamed;
 use crate::protocol::frontend;
+use crate::session::Session;
+use crate::session::reply_queue::{Fx, OnReply, Pending, Req};
+use crate::state::ServerState;
 use crate::state::TxStatus;
 use crate::stmt::Statement;
 
@@ -31,7 +32,7 @@ const PORTAL: &[u8] = b"parsnip_guard";
 
 /// One savepoint command; its statement stays prepared on the server once parsed there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum GuardCmd {
+pub(in crate::session) enum GuardCmd {
     Savepoint = 1,
     Release = 2,
     RollbackTo = 4,
@@ -57,22 +58,22 @@ impl GuardCmd {
 impl Session {
     /// Inside a transaction block, as far as the requests sent so far tell.
     fn in_tx_block(&self) -> bool {
-        self.tx_status == TxStatus::InBlock || (self.tx_status == TxStatus::Idle && self.tx_opening)
+        self.tx.status == TxStatus::InBlock || (self.tx.status == TxStatus::Idle && self.tx.opening)
     }
 
     /// The client sent `sql` (a simple Query, or the statement of a portal it executes):
     /// a transaction block starts there if it succeeds (pgjdbc sends its BEGIN in the same
     /// batch as the transaction's first statements).
     pub(super) fn note_tx_start(&mut self, sql: &[u8]) {
-        if self.tx_status == TxStatus::Idle && super::settings::maybe_tx_start(sql) {
-            self.tx_opening = true;
+        if self.tx.status == TxStatus::Idle && crate::session::settings::maybe_tx_start(sql) {
+            self.tx.opening = true;
         }
     }
 
     /// A Parse inside a transaction block was answered from the cache with `stmt`.
     pub(super) fn note_fresh_parse(&mut self, stmt: &Statement) {
         if self.in_tx_block() {
-            let ids = self.fresh_in_tx.get_or_insert_with(Default::default);
+            let ids = self.stmts.fresh_in_tx.get_or_insert_with(Default::default);
             if !ids.contains(&stmt.id) {
                 ids.push(stmt.id);
             }
@@ -82,7 +83,7 @@ impl Session {
     /// A SQL `PREPARE` was answered from the cache with `stmt` (kept for the first
     /// EXECUTE; at most a few dozen, the oldest forgotten).
     pub(super) fn note_fresh_sql(&mut self, stmt: &Statement) {
-        let ids = self.fresh_sql.get_or_insert_with(Default::default);
+        let ids = self.stmts.fresh_sql.get_or_insert_with(Default::default);
         if !ids.contains(&stmt.id) {
             if ids.len() >= 64 {
                 ids.remove(0);
@@ -94,11 +95,11 @@ impl Session {
     /// The client EXECUTEs `stmt`: whether it is its first EXECUTE since a PREPARE the
     /// cache answered.
     pub(super) fn take_fresh_sql(&mut self, stmt: &Statement) -> bool {
-        let Some(ids) = self.fresh_sql.as_mut() else { return false };
+        let Some(ids) = self.stmts.fresh_sql.as_mut() else { return false };
         let Some(i) = ids.iter().position(|&id| id == stmt.id) else { return false };
         ids.remove(i);
         if ids.is_empty() {
-            self.fresh_sql = None;
+            self.stmts.fresh_sql = None;
         }
         true
     }
@@ -108,37 +109,37 @@ impl Session {
     /// backend would answer their next use with 0A000 too: no guard for them.
     pub(super) fn note_statement_run(&mut self, plain_dml: bool) {
         if !plain_dml {
-            self.fresh_in_tx = None;
+            self.stmts.fresh_in_tx = None;
         }
     }
 
     /// The transaction ended (or never began): nothing awaits a guard.
-    pub(super) fn end_guards(&mut self) {
-        self.fresh_in_tx = None;
+    pub(in crate::session) fn end_guards(&mut self) {
+        self.stmts.fresh_in_tx = None;
     }
 
     /// If a Bind or Describe of the client's statement `name` is the first use of a
     /// statement it parsed in this transaction, already prepared on the server (one the
     /// server has to parse now is fresh anyway): that statement's id.
     pub(super) fn guard_wanted(&self, name: &[u8], srv: &ServerState) -> Option<u64> {
-        let ids = self.fresh_in_tx.as_ref().filter(|_| self.in_tx_block() && !self.retried)?;
+        let ids = self.stmts.fresh_in_tx.as_ref().filter(|_| self.in_tx_block() && !self.retry.retried)?;
         let stmt = if name.is_empty() {
-            match &self.unnamed {
+            match &self.stmts.unnamed {
                 Unnamed::Cached(s) => s,
                 _ => return None,
             }
         } else {
-            self.named.get(name)?
+            self.stmts.named.get(name)?
         };
         (ids.contains(&stmt.id) && srv.stmts.has(stmt)).then_some(stmt.id)
     }
 
     /// `stmt` is used now: no later use in this transaction needs a guard.
     pub(super) fn forget_fresh(&mut self, stmt: &Statement) {
-        if let Some(ids) = self.fresh_in_tx.as_mut() {
+        if let Some(ids) = self.stmts.fresh_in_tx.as_mut() {
             ids.retain(|&id| id != stmt.id);
             if ids.is_empty() {
-                self.fresh_in_tx = None;
+                self.stmts.fresh_in_tx = None;
             }
         }
     }
@@ -152,7 +153,7 @@ impl Session {
     /// Runs a savepoint command as a simple Query of the pooler's (around a client's SQL
     /// `EXECUTE`, itself a simple Query: no unnamed statement or portal of the client's is
     /// lost that its own Query would not drop anyway). Every reply is hidden.
-    pub(super) fn guard_query(&mut self, cmd: GuardCmd, purpose: super::reply_queue::Purpose) {
+    pub(in crate::session) fn guard_query(&mut self, cmd: GuardCmd, purpose: crate::session::reply_queue::Purpose) {
         crate::protocol::frontend::query(&mut self.to_server, cmd.sql());
         self.replies.push(Pending::internal(Req::Query, purpose));
     }
@@ -160,7 +161,7 @@ impl Session {
     /// Runs one savepoint command on the server on the pooler's behalf (parsing its
     /// statement there first if needed); an error in it is forwarded (the server then
     /// skips the client's requests up to its Sync), every other reply is dropped.
-    pub(super) fn guard_command(&mut self, cmd: GuardCmd, srv: &mut ServerState) {
+    pub(in crate::session) fn guard_command(&mut self, cmd: GuardCmd, srv: &mut ServerState) {
         let name = cmd.statement();
         if srv.stmts.guard & cmd as u8 == 0 {
             srv.stmts.guard |= cmd as u8;

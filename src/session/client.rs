@@ -1,0 +1,236 @@
+//! Frames from the client: what each message does to the session, which of them the
+//! session answers itself, and which go to the linked server (asking for one first).
+//! Statement messages with the cache on go through `stmts`.
+
+use super::reply_queue::{Pending, Req};
+use super::settings;
+use super::stmts::Unnamed;
+use super::{Action, Link, Phase, Session, wire_trace};
+use crate::error::Error;
+use crate::protocol::{backend, body, frontend, tags};
+use crate::state::{ServerState, TxStatus};
+
+impl Session {
+    /// One whole frame from the client (length already checked by the driver), with the
+    /// linked server's state if a server is linked. Returns false when the frame needs a
+    /// server first: an `AcquireServer` action is queued and the driver must feed the same
+    /// frame again once linked.
+    pub fn handle_client(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
+        if !wire_trace::on() {
+            return self.on_client_frame(frame, server);
+        }
+        let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
+        wire_trace::frames(self.uid, "client>", true, frame);
+        let consumed = self.on_client_frame(frame, server);
+        if !consumed {
+            wire_trace::frames(self.uid, "  (held)", true, frame);
+        }
+        self.trace_output(to_s, to_c);
+        consumed
+    }
+
+    pub(super) fn on_client_frame(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
+        if self.phase == Phase::Closing {
+            return true;
+        }
+        let tag = frame[0];
+        if let Some(err) = self.acquire_error.take() {
+            // The pool could not serve this request: fail it as PostgreSQL fails a request.
+            err.write_to(&mut self.to_client);
+            if tag == tags::QUERY || tag == tags::SYNC {
+                backend::ready_for_query(&mut self.to_client, b'I');
+            } else {
+                self.enter(Phase::ClientSkipping);
+            }
+            return true;
+        }
+        if self.phase == Phase::Held {
+            // Waiting for a shape check on the server: feed this frame again later.
+            return false;
+        }
+        if self.phase == Phase::ClientSkipping {
+            if tag == tags::SYNC {
+                self.phase = Phase::Ready;
+                backend::ready_for_query(&mut self.to_client, self.tx.status.as_byte());
+            } else if tag == tags::TERMINATE {
+                self.close();
+            }
+            return true;
+        }
+        // A server the session has already given back (a release queued, not yet carried
+        // out) must not be used.
+        match server.filter(|_| self.link == Link::Linked) {
+            Some(srv) => self.on_client_linked(frame, srv),
+            None => self.on_client_unlinked(frame),
+        }
+    }
+
+    pub(super) fn on_client_unlinked(&mut self, frame: &[u8]) -> bool {
+        match frame[0] {
+            // Nothing outstanding and no transaction open: answer without a server.
+            tags::SYNC => backend::ready_for_query(&mut self.to_client, b'I'),
+            tags::FLUSH => {}
+            tags::TERMINATE => self.close(),
+            // PostgreSQL ignores copy messages outside COPY.
+            tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {}
+            tags::CLOSE if self.stmts.registry.is_some() => self.on_close(frame, None),
+            tags::PARSE if self.stmts.registry.is_some() => return self.on_parse(frame, None),
+            tags::QUERY
+            | tags::PARSE
+            | tags::BIND
+            | tags::DESCRIBE
+            | tags::EXECUTE
+            | tags::CLOSE
+            | tags::FUNCTION_CALL => {
+                return self.need_server();
+            }
+            t => self.fail(Error::protocol(format!("invalid frontend message type {t}"))),
+        }
+        true
+    }
+
+    pub(super) fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
+        let tag = frame[0];
+        if self.phase == Phase::ServerSkipping {
+            // The server discards everything up to Sync, as PostgreSQL does after an error:
+            // pass it along untouched, expect no reply, and register nothing.
+            self.to_server.extend_from_slice(frame);
+            match tag {
+                tags::SYNC => {
+                    self.phase = Phase::Ready;
+                    self.replies.push(Pending::client(Req::Sync));
+                }
+                tags::TERMINATE => self.close(),
+                _ => {}
+            }
+            return true;
+        }
+        let unnamed_owner = srv.stmts.unnamed_owner;
+        if tag == tags::QUERY {
+            // PostgreSQL drops the unnamed statement at every simple Query.
+            srv.stmts.unnamed_owner = None;
+            self.stmts.unnamed = Unnamed::None;
+        }
+        if self.stmts.registry.is_some() {
+            // Keep the batch for a transparent retry: outside transactions, and inside one
+            // from where a savepoint guard may be needed (`guard`).
+            let record = (self.tx.status == TxStatus::Idle
+                || (self.tx.status == TxStatus::InBlock
+                    && (self.stmts.fresh_in_tx.is_some() || !self.retry.batch.is_empty())))
+                && matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
+            if record {
+                self.retry.frame_at = self.retry.batch.len() as u32;
+                self.retry.batch.extend_from_slice(frame);
+            }
+            let consumed = match tag {
+                tags::PARSE => self.on_parse(frame, Some(srv)),
+                tags::BIND => self.on_bind(frame, srv),
+                tags::DESCRIBE => self.on_describe(frame, srv),
+                _ => true,
+            };
+            if record && !consumed {
+                self.retry.batch.truncate(self.retry.frame_at as usize);
+            }
+            if tag == tags::SYNC && record {
+                std::mem::swap(&mut self.retry.batch, &mut self.retry.last_batch);
+                self.retry.batch.clear();
+            }
+            match tag {
+                tags::EXECUTE => self.retry.batch_executed = true,
+                // These end with their own ReadyForQuery, like a Sync.
+                tags::SYNC | tags::QUERY | tags::FUNCTION_CALL => self.retry.batch_executed = false,
+                _ => {}
+            }
+            if matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE) {
+                return consumed;
+            }
+            match tag {
+                tags::CLOSE => {
+                    self.on_close(frame, Some(srv));
+                    return true;
+                }
+                tags::QUERY => {
+                    let sent = self.to_server.len();
+                    if !self.on_query_cached(frame, srv) {
+                        // Fed again once the replies it waits for are in (nothing was sent).
+                        srv.stmts.unnamed_owner = unnamed_owner;
+                        return false;
+                    }
+                    if self.to_server.len() == sent {
+                        // Answered here: the server's unnamed statement is untouched (and no
+                        // longer the client's).
+                        srv.stmts.unnamed_owner = unnamed_owner;
+                    }
+                    return true;
+                }
+                _ => {}
+            }
+        }
+        if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) {
+            self.retry.batch.clear();
+        }
+        match tag {
+            tags::QUERY => self.forward_query(frame),
+            tags::PARSE => self.forward(frame, Req::Parse),
+            tags::BIND => self.forward(frame, Req::Bind),
+            tags::DESCRIBE => self.forward(frame, Req::Describe),
+            tags::EXECUTE => {
+                self.forward(frame, Req::Execute);
+                if self.stmts.registry.is_some() {
+                    self.on_execute(frame);
+                    self.track_execute(frame);
+                }
+            }
+            tags::CLOSE => self.forward(frame, Req::Close),
+            tags::FUNCTION_CALL => self.forward(frame, Req::FunctionCall),
+            tags::SYNC => {
+                self.to_server.extend_from_slice(frame);
+                // Ignored by the server in COPY FROM STDIN: no reply to wait for.
+                if self.phase != Phase::CopyIn {
+                    self.replies.push(Pending::client(Req::Sync));
+                }
+            }
+            tags::FLUSH => self.to_server.extend_from_slice(frame),
+            tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {
+                self.to_server.extend_from_slice(frame);
+                if tag != tags::COPY_DATA {
+                    self.leave(Phase::CopyIn);
+                }
+            }
+            tags::TERMINATE => self.close(),
+            t => self.fail(Error::protocol(format!("invalid frontend message type {t}"))),
+        }
+        true
+    }
+
+    pub(super) fn need_server(&mut self) -> bool {
+        if self.link == Link::Unlinked {
+            self.link = Link::Acquiring;
+            self.actions.push_back(Action::AcquireServer);
+        }
+        false
+    }
+
+    pub(super) fn forward_query(&mut self, frame: &[u8]) {
+        let mut p = Pending::client(Req::Query);
+        if let Some(text) = frontend::query_text(body(frame)) {
+            if settings::maybe_setting_stmt(text) || (!self.tx.settings.is_empty() && settings::maybe_tx_end(text)) {
+                p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
+            }
+            self.server_dirty |= settings::may_set_session_config(text);
+            // Outside transactions, with the cache on: may others be queued behind it?
+            p.plain_read = self.tx.status == TxStatus::Idle
+                && self.stmts.registry.is_some()
+                && p.tracked_sql.is_none()
+                && crate::stmt::sql::is_plain_read(text);
+        }
+        self.to_server.extend_from_slice(frame);
+        self.replies.push(p);
+    }
+
+    #[inline]
+    pub(super) fn forward(&mut self, frame: &[u8], req: Req) {
+        self.to_server.extend_from_slice(frame);
+        self.replies.push(Pending::client(req));
+    }
+}

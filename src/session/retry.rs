@@ -1,0 +1,142 @@
+//! Transparent retry: the client's batch is kept while it is sent, so that when a cached
+//! statement turns out stale (0A000) or lost (26000) where PostgreSQL would not have
+//! failed, the statement is prepared afresh and the batch replayed, hiding the error.
+
+use super::Session;
+use super::reply_queue::{Fx, OnReply, Purpose, Req};
+use super::stmts::describes_portal;
+use super::stmts::guard::GuardCmd;
+use crate::state::{ServerState, TxStatus};
+use crate::stmt::Statement;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// The client's batch as kept for a retry, and whether one is under way.
+#[derive(Debug, Default)]
+pub(super) struct Retry {
+    /// The client's frames of the batch being sent (outside transactions), and of the last
+    /// batch ended by Sync: replayed after a transparent re-prepare.
+    pub(super) batch: Vec<u8>,
+    pub(super) last_batch: Vec<u8>,
+    /// Where the frame being handled starts in `batch`.
+    pub(super) frame_at: u32,
+    /// An Execute was sent since the last Sync: the batch has had effects (a BEGIN, a write
+    /// in its implicit transaction) that an error rolls back or aborts, so replaying only
+    /// its failed tail would be wrong. No transparent retry then.
+    pub(super) batch_executed: bool,
+    /// A transparent retry is in flight: never retry it again.
+    pub(super) retried: bool,
+    /// Client frames to feed again (a retried batch), before any newer ones.
+    pub(super) replay: Option<Box<[u8]>>,
+}
+
+impl Session {
+    /// 0A000 or 26000 answered a Bind or Describe of a cached statement outside a
+    /// transaction, or inside one under a savepoint guard (`guard`): when PostgreSQL would
+    /// not have failed (the client was never told the old row shape, or its batch describes
+    /// the portal; or the server merely lost the statement), prepare the statement afresh
+    /// and replay the client's batch from that request, hiding the error (under a guard,
+    /// after rolling back to the savepoint). Only when that batch is the last thing sent,
+    /// so nothing is reordered.
+    pub(super) fn try_retry(&mut self, stmt: &Arc<Statement>, code: &[u8], from: u32, srv: &mut ServerState) -> bool {
+        if self.replies.head().is_some_and(|p| p.req == Req::Query) {
+            return self.retry_sql_execute(stmt, code, srv);
+        }
+        let guarded = self.replies.head().is_some_and(|p| p.fx.guarded);
+        if self.retry.retried || !(self.tx.status == TxStatus::Idle || guarded) || !self.retry.batch.is_empty() {
+            return false;
+        }
+        let last_sync = self.replies.iter().position(|p| p.req == Req::Sync && !p.is_synth());
+        if last_sync != Some(self.replies.len() - 1) {
+            return false;
+        }
+        let Some(tail) = self.retry.last_batch.get(from as usize..) else { return false };
+        if code == b"0A000" && self.stmts.described.contains(&stmt.id) && !describes_portal(tail) {
+            return false;
+        }
+        // The failed Bind and what the server skips after it.
+        if let Some(p) = self.replies.pop() {
+            self.rollback(p, srv);
+        }
+        while let Some(p) = self.replies.pop_unless_sync() {
+            self.rollback(p, srv);
+        }
+        // The Sync already sent: its ReadyForQuery is not the client's any more.
+        if let Some(p) = self.replies.head_mut() {
+            p.on_reply = OnReply::Skip;
+            p.purpose = super::reply_queue::Purpose::Retried;
+        }
+        if guarded {
+            // Back to before the failed use: the transaction goes on as if it never ran.
+            self.guard_command(GuardCmd::RollbackTo, srv);
+            self.guard_command(GuardCmd::Release, srv);
+        }
+        let registry = self.registry().clone();
+        let fresh = if code == b"0A000" {
+            registry.mark_stale(stmt);
+            if !self.lent {
+                srv.stmts.remove(stmt);
+                self.close_quietly(&stmt.server_name, Fx::default());
+            }
+            // Lent (`pipeline`): another client's batch is behind this one on the server, so
+            // nothing may be written here; the stale statement stays listed there and is
+            // the first to be evicted, and the replay re-prepares on the next server.
+            registry.current(stmt)
+        } else {
+            registry.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+            srv.stmts.clear();
+            stmt.clone()
+        };
+        self.remap(stmt, &fresh);
+        registry.stats.retries.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(statement = %stmt.server_name, code = %String::from_utf8_lossy(code), "re-prepared and retried transparently");
+        self.retry.retried = true;
+        // The driver feeds these frames again before anything else the client sent, through
+        // the normal path (so a frame that must wait, waits).
+        let frames = std::mem::take(&mut self.retry.last_batch);
+        self.retry.replay = frames.get(from as usize..).map(Box::from);
+        true
+    }
+
+    /// 0A000 answered a client's first SQL `EXECUTE` (a simple Query, sent alone) after a
+    /// PREPARE the cache answered with an older plan: PostgreSQL would have prepared afresh
+    /// and answered rows of the new shape (each EXECUTE result carries its own row
+    /// description). The error and its ReadyForQuery are hidden (under a guard,
+    /// the transaction is rolled back to the savepoint), the statement goes stale, and the
+    /// client's Query is fed again against the current generation.
+    pub(super) fn retry_sql_execute(&mut self, stmt: &Arc<Statement>, code: &[u8], srv: &mut ServerState) -> bool {
+        let Some(head) = self.replies.head() else { return false };
+        let guarded = head.fx.guarded;
+        // Nothing was sent after it but its guard's RELEASE.
+        if code != b"0A000" || self.retry.retried || self.replies.len() != 1 + usize::from(guarded) {
+            return false;
+        }
+        for p in self.replies.iter_mut() {
+            p.on_reply = OnReply::Skip;
+            p.purpose = Purpose::Retried;
+        }
+        if guarded {
+            self.guard_query(GuardCmd::RollbackTo, Purpose::Retried);
+            self.guard_query(GuardCmd::Release, Purpose::Retried);
+        }
+        let registry = self.registry().clone();
+        registry.mark_stale(stmt);
+        srv.stmts.remove(stmt);
+        self.close_quietly(&stmt.server_name, Fx::default());
+        let fresh = registry.current(stmt);
+        self.remap(stmt, &fresh);
+        registry.stats.retries.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(statement = %stmt.server_name, "SQL EXECUTE re-prepared and retried transparently");
+        self.retry.retried = true;
+        self.retry.replay = Some(std::mem::take(&mut self.retry.last_batch).into_boxed_slice());
+        true
+    }
+
+    /// Where a transparent retry of the frame being handled would start, if one is allowed:
+    /// outside a transaction, not twice, and only while nothing in this batch has executed
+    /// (an earlier BEGIN or write would be aborted or rolled back by the error).
+    pub(super) fn retry_point(&self) -> Option<u32> {
+        (self.tx.status == TxStatus::Idle && !self.retry.retried && !self.retry.batch_executed)
+            .then_some(self.retry.frame_at)
+    }
+}

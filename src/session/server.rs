@@ -1,0 +1,392 @@
+//! Frames from the linked server, and the link's life: linking (settings replayed),
+//! replies matched to the reply queue and forwarded, skipped or synthesized, transaction
+//! status from ReadyForQuery, release, failures.
+
+use super::reply_queue::{self, OnReply, Pending, Purpose, Req, Synth};
+use super::stmts::same_shape;
+use super::{Action, Link, Phase, Session, wire_trace};
+use crate::config::PoolMode;
+use crate::error::{Error, Severity, SqlState};
+use crate::protocol::{backend, body, frontend, tags};
+use crate::state::settings::tracked_name;
+use crate::state::{ServerState, TxStatus};
+use crate::stmt::registry::StmtKind;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl Session {
+    /// The pool gave us `server`: replay settings if they differ.
+    pub fn handle_server_linked(&mut self, server: &mut ServerState) {
+        self.link = Link::Linked;
+        self.lent = false;
+        server.tx_status = TxStatus::Idle;
+        server.stmts.begin_link();
+        self.trim_server_statements(server);
+        if self.settings.key() != server.settings.key() {
+            let sql = self.settings.diff_sql(&server.settings);
+            server.settings.copy_extra_from(&self.settings);
+            if !sql.is_empty() {
+                frontend::query(&mut self.to_server, &sql);
+                self.replies.push(Pending::internal(Req::Query, Purpose::SyncSettings));
+            }
+        }
+    }
+
+    /// The pool could not give a server. A FATAL error closes the client; an ERROR fails
+    /// the request that needed the server as PostgreSQL would (error, then skip to Sync).
+    pub fn handle_acquire_failed(&mut self, err: Error) {
+        self.link = Link::Unlinked;
+        if err.severity == Severity::Fatal {
+            return self.fail(err);
+        }
+        self.acquire_error = Some(Box::new(err));
+    }
+
+    /// The linked server's connection broke.
+    pub fn handle_server_lost(&mut self) {
+        self.replies.clear();
+        if self.link == Link::Linked {
+            self.link = Link::Unlinked;
+            self.actions.push_back(Action::ReleaseServer { reusable: false });
+        }
+        self.fail(Error::fatal(SqlState::CONNECTION_FAILURE, "server closed the connection unexpectedly"));
+    }
+
+    /// The start (`header`: tag and length) of a server frame too large to hold whole. True
+    /// when it is one the session forwards untouched, a DataRow or CopyData answering a
+    /// request whose replies go to the client: the header is written to `to_client`, and
+    /// the driver appends the frame's body as it arrives (the session sees nothing of it,
+    /// as it would do nothing with it but copy it).
+    pub fn stream_server_frame(&mut self, header: &[u8]) -> bool {
+        if !matches!(header.first(), Some(&tags::DATA_ROW | &tags::COPY_DATA))
+            || self.param_desc.is_some()
+            || wire_trace::on()
+            || self.replies.head().is_none_or(|h| h.is_synth() || !matches!(h.on_reply, OnReply::Forward))
+        {
+            return false;
+        }
+        self.to_client.extend_from_slice(header);
+        true
+    }
+
+    /// One whole frame from the linked server.
+    pub fn handle_server(&mut self, frame: &[u8], server: &mut ServerState) {
+        if !wire_trace::on() {
+            return self.on_server_frame(frame, server);
+        }
+        let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
+        wire_trace::frames(self.uid, "server>", false, frame);
+        self.on_server_frame(frame, server);
+        self.trace_output(to_s, to_c);
+    }
+
+    pub(super) fn on_server_frame(&mut self, frame: &[u8], server: &mut ServerState) {
+        let tag = frame[0];
+        match tag {
+            tags::PARAMETER_STATUS => return self.on_parameter_status(frame, server),
+            tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE => {
+                if tag == tags::NOTIFICATION_RESPONSE
+                    || self.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward))
+                {
+                    self.to_client.extend_from_slice(frame);
+                }
+                return;
+            }
+            _ => {}
+        }
+        let Some(head) = self.replies.head_mut() else {
+            return self.desync(tag);
+        };
+        if head.is_synth() {
+            // A local answer should have been drained already; the server is ahead of us.
+            return self.desync(tag);
+        }
+        let req = head.req;
+        if tag == tags::READY_FOR_QUERY {
+            return self.on_ready(frame, server);
+        }
+        if tag == tags::ERROR_RESPONSE {
+            return self.on_error(frame, server);
+        }
+        if matches!(tag, tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::CLOSE_COMPLETE) && !req.completed_by(tag) {
+            return self.desync(tag);
+        }
+        let forwarded = matches!(head.on_reply, OnReply::Forward);
+        if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
+            if matches!(head.on_reply, OnReply::Forward) {
+                self.param_desc = Some(frame.into());
+            }
+            return;
+        }
+        if matches!(head.on_reply, OnReply::Forward) {
+            if let Some(pd) = self.param_desc.take() {
+                self.to_client.extend_from_slice(&pd);
+            }
+            if tag == tags::COMMAND_COMPLETE && matches!(head.fx.client, reply_queue::ClientFx::ClearedAll { .. }) {
+                // The server ran the stand-in; the client ran DEALLOCATE ALL.
+                backend::command_complete(&mut self.to_client, "DEALLOCATE ALL");
+            } else {
+                self.to_client.extend_from_slice(frame);
+            }
+        }
+        if req == Req::Describe && (tag == tags::ROW_DESCRIPTION || tag == tags::NO_DATA) {
+            if let OnReply::ShapeCheck(s) = &head.on_reply {
+                let s = s.clone();
+                self.on_shape_checked(&s, frame, server);
+            } else if let Some(s) = head.fx.uses.as_ref().or(head.fx.portal_of.as_ref())
+                && matches!(head.on_reply, OnReply::Forward)
+            {
+                // What this client is told the statement returns.
+                let s = s.clone();
+                if same_shape(s.shape.get_or_init(|| frame.into()), frame) {
+                    self.stmts.described.insert(s.id);
+                } else {
+                    self.on_new_shape(&s, frame);
+                }
+            }
+        }
+        if tag == tags::COMMAND_COMPLETE && forwarded {
+            let cmd = body(frame);
+            if cmd.starts_with(b"DEALLOCATE ALL") || cmd.starts_with(b"DISCARD ALL") {
+                // Run on the server itself (e.g. through Parse/Bind/Execute): every statement
+                // there is gone, and so are the client's.
+                server.stmts.clear();
+                if self.stmts.registry.is_some() {
+                    self.stmts.named.clear();
+                }
+            }
+        }
+        if tag == tags::COPY_IN_RESPONSE {
+            self.enter(Phase::CopyIn);
+            if req == Req::Execute {
+                self.replies.drop_syncs_after_head();
+            }
+        } else if req.completed_by(tag)
+            && let Some(p) = self.replies.pop()
+        {
+            if p.req == Req::Execute
+                && tag == tags::COMMAND_COMPLETE
+                && let Some(sql) = p.tracked_sql
+            {
+                self.tx.ext_done.push(sql);
+            }
+            // A SQL-level statement exists once its PREPARE has run, not when that is parsed.
+            if let Some(s) = &p.fx.server_parse
+                && (p.req != Req::Parse || s.kind != StmtKind::Sql)
+            {
+                s.validated.store(true, Ordering::Relaxed);
+                // Counted when done: a Parse the server skipped after an error never ran.
+                if let Some(r) = &self.stmts.registry {
+                    r.stats.server_parses.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            self.drain_synth();
+        }
+    }
+
+    pub(super) fn on_error(&mut self, frame: &[u8], server: &mut ServerState) {
+        self.leave(Phase::CopyIn);
+        self.param_desc = None;
+        let Some(head) = self.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
+        head.failed = true;
+        let req = head.req;
+        let code = backend::error_field(body(frame), b'C').unwrap_or_default();
+        let retry_from = head.fx.replay_from;
+        match &head.fx.uses {
+            Some(s) if retry_from.is_some() && (code == b"0A000" || code == b"26000") => {
+                let s = s.clone();
+                if self.try_retry(&s, code, retry_from.unwrap_or(0), server) {
+                    return;
+                }
+            }
+            _ => {}
+        }
+        let Some(head) = self.replies.head_mut() else { return };
+        match &head.on_reply {
+            OnReply::Forward | OnReply::Inject => match &head.fx.rename {
+                Some(r) => r.rewrite_error(frame, &mut self.to_client),
+                None => self.to_client.extend_from_slice(frame),
+            },
+            OnReply::ReplaceError(e) if code == b"26000" => e.write_to(&mut self.to_client),
+            OnReply::ReplaceError(_) => self.to_client.extend_from_slice(frame),
+            OnReply::Skip if head.purpose == Purpose::SyncSettings => {
+                // The client's settings cannot be applied: PostgreSQL would have refused
+                // them at startup.
+                self.to_client.extend_from_slice(frame);
+                return self.fail_quiet();
+            }
+            OnReply::Skip | OnReply::Synth(_) | OnReply::ShapeCheck(_) | OnReply::Answered => {}
+        }
+        if let Some(s) = head.fx.uses.clone() {
+            self.on_statement_error(&s, code, server);
+        }
+        if req.is_extended() {
+            self.tx.ext_failed = true;
+            // The server now skips to the next Sync: those requests get no reply.
+            if let Some(p) = self.replies.pop() {
+                self.rollback(p, server);
+            }
+            while let Some(p) = self.replies.pop_unless_sync() {
+                self.rollback(p, server);
+            }
+            // A PREPARE run ahead of the client's EXECUTE failed: that error is the answer.
+            self.replies.answer_after_prepare_sync();
+            // No Sync sent yet (the batch ended with Flush): the server ignores what the
+            // client sends until its Sync.
+            if self.replies.is_empty() {
+                self.enter(Phase::ServerSkipping);
+            }
+        }
+    }
+
+    pub(super) fn on_ready(&mut self, frame: &[u8], server: &mut ServerState) {
+        let Some(p) = self.replies.pop() else { return self.desync(tags::READY_FOR_QUERY) };
+        if p.req.is_extended() {
+            return self.desync(tags::READY_FOR_QUERY);
+        }
+        let status = TxStatus::from_byte(frame.get(5).copied().unwrap_or(b'I'));
+        self.replies.mark_synced();
+        self.tx.opening = false;
+        if p.purpose == Purpose::Retried {
+            // The hidden end of a failed batch being retried: the client's transaction
+            // status is the retried batch's.
+            server.tx_status = status;
+            self.tx.ext_failed = false;
+            return self.drain_synth();
+        }
+        if matches!(p.on_reply, OnReply::Forward) {
+            self.retry.retried = false;
+        }
+        let before = self.tx.status;
+        self.tx.status = status;
+        server.tx_status = status;
+        if status != TxStatus::InBlock {
+            self.end_guards();
+        }
+        self.leave(Phase::CopyIn);
+        if !self.tx.ext_done.is_empty() {
+            // SET/RESET/DISCARD and transaction control run through the extended protocol.
+            let sql = std::mem::take(&mut self.tx.ext_done).join(";\n");
+            let failed = self.tx.ext_failed;
+            self.track_settings(&sql, failed, before != TxStatus::Idle, status, server);
+        } else if let Some(sql) = &p.tracked_sql {
+            self.track_settings(sql, p.failed, before != TxStatus::Idle, status, server);
+        } else if status == TxStatus::Idle {
+            self.tx.settings.clear();
+        }
+        self.tx.ext_failed = false;
+        let done = self.replies.is_empty();
+        if self.mode == PoolMode::Statement && status != TxStatus::Idle && p.purpose == Purpose::Client && done {
+            // A transaction block was opened: refuse it, roll it back on the server.
+            Error::new(SqlState::FEATURE_NOT_SUPPORTED, "transaction blocks are not allowed in statement pooling mode")
+                .write_to(&mut self.to_client);
+            backend::ready_for_query(&mut self.to_client, b'I');
+            self.tx.status = TxStatus::Idle;
+            frontend::query(&mut self.to_server, "ROLLBACK");
+            self.replies.push(Pending::internal(Req::Query, Purpose::Rollback));
+            return;
+        }
+        if matches!(p.on_reply, OnReply::Forward | OnReply::ReplaceError(_) | OnReply::Answered) {
+            self.to_client.extend_from_slice(frame);
+        }
+        self.drain_synth();
+    }
+
+    /// Releases the server when nothing is outstanding and no transaction is open.
+    pub(super) fn maybe_release(&mut self) {
+        if self.link == Link::Linked
+            && self.replies.is_empty()
+            && self.tx.status == TxStatus::Idle
+            && !matches!(self.phase, Phase::CopyIn | Phase::ServerSkipping)
+            && !self.replies.is_unsynced()
+            && self.mode != PoolMode::Session
+        {
+            self.link = Link::Unlinked;
+            let reusable = !std::mem::take(&mut self.server_dirty);
+            if !reusable {
+                tracing::debug!("server connection closed: set_config() may have changed its session settings");
+            }
+            self.actions.push_back(Action::ReleaseServer { reusable });
+        }
+    }
+
+    pub(super) fn on_parameter_status(&mut self, frame: &[u8], server: &mut ServerState) {
+        let Some((name, value)) = backend::parameter_status_fields(body(frame)) else {
+            return self.desync(tags::PARAMETER_STATUS);
+        };
+        let Some(name) = tracked_name(name) else {
+            self.to_client.extend_from_slice(frame);
+            return;
+        };
+        server.settings.set_reported(name, value);
+        // Forward when the client asked for the change, or when it changes what the client
+        // believes (a replayed setting normalized by the server, e.g. DateStyle).
+        let changed =
+            self.settings.reported(name) != Some(value) && Arc::make_mut(&mut self.settings).set_reported(name, value);
+        if changed || self.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward)) {
+            self.to_client.extend_from_slice(frame);
+        }
+    }
+
+    /// Queues a reply the pooler makes itself, in pipeline order.
+    pub(super) fn push_synth(&mut self, s: Synth, fx: reply_queue::Fx) {
+        // The request kind it stands for, so that skip-to-Sync treats it like the real one.
+        let req = match s {
+            Synth::ParseComplete => Req::Parse,
+            Synth::CloseComplete => Req::Close,
+            Synth::Tag(_) => Req::Execute,
+            Synth::TagAndReady(_) => Req::Query,
+        };
+        self.replies.push(Pending::with(req, OnReply::Synth(s), fx));
+        self.drain_synth();
+    }
+
+    /// Emits the synthesized replies now at the head of the queue.
+    pub(super) fn drain_synth(&mut self) {
+        while let Some(p) = self.replies.head() {
+            let OnReply::Synth(s) = &p.on_reply else { break };
+            match s {
+                Synth::ParseComplete => backend::empty(&mut self.to_client, tags::PARSE_COMPLETE),
+                Synth::CloseComplete => backend::empty(&mut self.to_client, tags::CLOSE_COMPLETE),
+                Synth::Tag(t) => backend::command_complete(&mut self.to_client, t),
+                Synth::TagAndReady(t) => {
+                    backend::command_complete(&mut self.to_client, t);
+                    backend::ready_for_query(&mut self.to_client, self.tx.status.as_byte());
+                }
+            }
+            self.replies.pop();
+        }
+        self.maybe_release();
+    }
+
+    pub(super) fn desync(&mut self, tag: u8) {
+        tracing::warn!(tag = %(tag as char), "server reply does not match any outstanding request");
+        self.replies.clear();
+        if self.link == Link::Linked {
+            self.link = Link::Unlinked;
+            self.actions.push_back(Action::ReleaseServer { reusable: false });
+        }
+        self.fail(Error::protocol("server sent an unexpected message"));
+    }
+
+    /// Sends `err` and closes the client (and the server, if it is in an unknown state).
+    pub fn fail(&mut self, err: Error) {
+        err.write_to(&mut self.to_client);
+        self.fail_quiet();
+    }
+
+    pub(super) fn fail_quiet(&mut self) {
+        if self.link == Link::Linked {
+            self.link = Link::Unlinked;
+            self.actions.push_back(Action::ReleaseServer { reusable: false });
+        }
+        self.close();
+    }
+
+    pub(super) fn close(&mut self) {
+        if self.phase != Phase::Closing {
+            self.phase = Phase::Closing;
+            self.actions.push_back(Action::Close);
+        }
+    }
+}

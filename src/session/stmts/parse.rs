@@ -1,0 +1,237 @@
+//! Parse from the client: answered from the cache (a statement this server already has,
+//! or one prepared on it now), promoted (an unnamed statement seen often enough), or
+//! passed through; `resolve` finds what a name in Bind or Describe refers to.
+
+use super::{DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many};
+use crate::error::Error;
+use crate::protocol::{body, frontend};
+use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Rename, Req, Synth};
+use crate::session::{Phase, Session};
+use crate::state::{ServerState, TxStatus};
+use crate::stmt::Statement;
+use crate::stmt::registry::{StmtKind, make_key};
+use crate::stmt::sql::{Classified, SqlStmt, classify, starts_with_deallocate};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl Session {
+    /// Client Parse. Returns false when a server is needed first.
+    pub(in crate::session) fn on_parse(&mut self, frame: &[u8], srv: Option<&mut ServerState>) -> bool {
+        let Some(p) = frontend::parse_fields(body(frame)) else {
+            self.fail(Error::protocol("invalid Parse message"));
+            return true;
+        };
+        if starts_with_deallocate(p.query) && classify(p.query) == Classified::Single(SqlStmt::Deallocate(None)) {
+            // DEALLOCATE ALL would drop every statement of the shared server: the server
+            // runs a no-op stand-in with the same replies and errors, and the client's own
+            // statements are dropped here when it executes (`on_execute`).
+            let mut standin = bytes::BytesMut::new();
+            frontend::parse(&mut standin, p.name, DEALLOCATE_ALL_STANDIN, &[]);
+            return self.on_parse(&standin, srv);
+        }
+        let registry = self.registry().clone();
+        if !p.name.is_empty() && self.pending_across_sync(p.name) {
+            // Whether the name exists depends on an earlier batch still in flight.
+            return false;
+        }
+        if !p.name.is_empty() {
+            if self.stmts.named.contains_key(p.name) {
+                registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+                self.statement_error(duplicate(p.name), srv, false);
+                return true;
+            }
+            if self.stmts.named.len() >= registry.cfg.client_cap {
+                self.statement_error(too_many(registry.cfg.client_cap), srv, false);
+                return true;
+            }
+        }
+        let in_failed_tx = self.tx.status == TxStatus::Failed;
+        let key = {
+            let mut k = std::mem::take(&mut self.stmts.key_buf);
+            make_key(&mut k, &StmtKind::Protocol, self.search_path(), p.query, p.param_types);
+            k
+        };
+        let cached = if p.name.is_empty() {
+            // Unnamed: promoted to a cached statement once seen often enough.
+            let reuse = match &self.stmts.unnamed {
+                Unnamed::Cached(s)
+                    if s.has_key(&key)
+                        && !s.stale.load(Ordering::Relaxed)
+                        && self.tx.status == TxStatus::Idle
+                        && !self.earlier_batch_in_flight() =>
+                {
+                    Some(s.clone())
+                }
+                _ => None,
+            };
+            match reuse {
+                Some(s) => Some(s),
+                // Decided once, with a server: sightings must not be counted twice.
+                None if srv.is_none() => {
+                    self.stmts.key_buf = key;
+                    return self.need_server();
+                }
+                // Promoted only outside transactions, with no earlier batch in flight: a promoted
+                // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and
+                // only there can that be retried transparently.
+                None if self.tx.status == TxStatus::Idle
+                    && !self.earlier_batch_in_flight()
+                    && registry.see_unnamed(&key) =>
+                {
+                    Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
+                }
+                None => None,
+            }
+        } else {
+            Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
+        };
+        self.stmts.key_buf = key;
+        if srv.is_none() && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx) {
+            return self.need_server();
+        }
+        if srv.is_some() && cached.as_ref().is_some_and(|s| self.stmt_pending_across_sync(s)) {
+            // Whether the server has it depends on an earlier batch still in flight.
+            return false;
+        }
+        registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+        let Some(stmt) = cached else {
+            // A plain unnamed statement: the server parses it; remember it for replay.
+            let Some(srv) = srv else { return self.need_server() };
+            self.stmts.unnamed_seq += 1;
+            self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.stmts.unnamed_seq };
+            srv.stmts.unnamed_owner = Some((self.uid, self.stmts.unnamed_seq));
+            self.to_server.extend_from_slice(frame);
+            let fx = Fx { client: ClientFx::Unnamed, ..Fx::default() };
+            self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
+            return true;
+        };
+        let on_server = srv.as_ref().is_some_and(|s| s.stmts.has(&stmt));
+        let local = !in_failed_tx && (on_server || stmt.is_valid());
+        if !local && srv.is_none() {
+            return self.need_server();
+        }
+        if local && self.earlier_batch_in_flight() {
+            // An earlier batch may still fail and abort the transaction, and then PostgreSQL
+            // answers this Parse with 25P02: wait for it before answering here.
+            return false;
+        }
+        // A fresh Parse is a new statement for the client: any description it had of an
+        // earlier one no longer applies.
+        self.stmts.described.remove(&stmt.id);
+        let client_fx = if p.name.is_empty() {
+            self.stmts.unnamed = Unnamed::Cached(stmt.clone());
+            ClientFx::Unnamed
+        } else {
+            self.stmts.named.insert(p.name.into(), stmt.clone());
+            ClientFx::Named { name: p.name.into() }
+        };
+        if local {
+            registry.stats.hits.fetch_add(1, Ordering::Relaxed);
+            self.note_fresh_parse(&stmt);
+            self.push_synth(Synth::ParseComplete, Fx { client: client_fx, ..Fx::default() });
+        } else if let Some(srv) = srv
+            && !self.ensure_on_server(srv, &stmt, OnReply::Forward, client_fx.clone(), p.name)
+        {
+            // Prepared here already (in a failed transaction): let the server answer as
+            // PostgreSQL answers this Parse in that state, 25P02, or ParseComplete for a
+            // transaction-ending statement (ROLLBACK, COMMIT...). Under the unnamed name:
+            // the client's own name must never reach the server (it would stay there).
+            frontend::parse(&mut self.to_server, b"", p.query, p.param_types);
+            srv.stmts.unnamed_owner = None;
+            let fx = Fx { client: client_fx, ..Fx::default() };
+            self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
+        }
+        true
+    }
+
+    /// The statement a client name refers to, prepared on `srv`.
+    pub(super) fn resolve(&mut self, name: &[u8], srv: &mut ServerState) -> Resolved {
+        let cached = if name.is_empty() {
+            match &self.stmts.unnamed {
+                Unnamed::Cached(s) => s.clone(),
+                Unnamed::Plain { frame, seq } => {
+                    if srv.stmts.unnamed_owner != Some((self.uid, *seq)) {
+                        // Parsed on another server (or replaced since): parse it again here.
+                        self.to_server.extend_from_slice(frame);
+                        srv.stmts.unnamed_owner = Some((self.uid, *seq));
+                        self.replies.push(Pending::with(Req::Parse, OnReply::Inject, Fx::default()));
+                    }
+                    return Resolved::Plain;
+                }
+                Unnamed::None if srv.stmts.unnamed_owner.is_some() => {
+                    // The server's unnamed statement is somebody else's.
+                    self.statement_error(missing(b""), Some(srv), false);
+                    return Resolved::Failed;
+                }
+                Unnamed::None => return Resolved::Plain,
+            }
+        } else {
+            if self.pending_across_sync(name) {
+                return Resolved::Held;
+            }
+            match self.stmts.named.get(name) {
+                Some(s) => s.clone(),
+                None => {
+                    self.statement_error(missing(name), Some(srv), false);
+                    return Resolved::Failed;
+                }
+            }
+        };
+        if self.stmt_pending_across_sync(&cached) {
+            return Resolved::Held;
+        }
+        let cached = if cached.stale.load(Ordering::Relaxed) && self.stmts.shape_mismatch.is_none() {
+            if self.stmts.described.contains(&cached.id) {
+                // Known stale and the client holds its old description: PostgreSQL's answer,
+                // without parsing it again anywhere.
+                self.statement_error(stale_plan(), Some(srv), false);
+                return Resolved::Failed;
+            }
+            // The client never saw the old shape: use the current generation.
+            let fresh = self.registry().current(&cached);
+            self.remap(&cached, &fresh);
+            fresh
+        } else {
+            cached
+        };
+        if self.stmts.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &cached)) {
+            self.stmts.shape_mismatch = None;
+            self.statement_error(stale_plan(), Some(srv), false);
+            return Resolved::Failed;
+        }
+        self.ensure_on_server(srv, &cached, OnReply::Inject, ClientFx::None, name);
+        if self.phase == Phase::Held {
+            return Resolved::Held;
+        }
+        Resolved::Cached(cached)
+    }
+
+    /// How an error of the server's `PREPARE pn_<k> …` for `stmt` reads as PostgreSQL
+    /// would word it for the client's own PREPARE of `name`: the client's name, and
+    /// positions in the client's text (PostgreSQL points into the PREPARE text also when
+    /// the error comes later, from re-planning it for an EXECUTE).
+    pub(super) fn prepare_rename(&self, stmt: &Statement, name: &[u8]) -> Rename {
+        let ours = ("PREPARE ".len() + stmt.server_name.len() + 1) as i64;
+        let theirs = self
+            .stmts
+            .sql_prefix
+            .get(name)
+            .map_or_else(|| char_len(b"PREPARE ") + char_len(name) + 1, |&n| i64::from(n));
+        Rename {
+            server_name: stmt.server_name.clone(),
+            client_name: String::from_utf8_lossy(name).into(),
+            from: ours + 1,
+            shift: theirs - ours,
+        }
+    }
+
+    /// Remembers where the definition starts in the client's `PREPARE name …` text.
+    pub(super) fn note_sql_prefix(&mut self, name: &[u8], prefix: &[u8]) {
+        if self.stmts.sql_prefix.len() > 2 * self.stmts.named.len() + 16 {
+            let named = &self.stmts.named;
+            self.stmts.sql_prefix.retain(|n, _| named.contains_key(n));
+        }
+        let chars = u32::try_from(char_len(prefix)).unwrap_or(u32::MAX);
+        self.stmts.sql_prefix.insert(name.into(), chars);
+    }
+}

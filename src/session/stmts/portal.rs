@@ -1,0 +1,170 @@
+//! Bind, Describe, Close and Execute from the client, for statements of the cache: the
+//! client's names become server names, a first use inside a transaction gets its savepoint
+//! guard, and portals running SET/RESET or transaction control are tracked.
+
+use super::guard::GuardCmd;
+use super::{DEALLOCATE_ALL_STANDIN, Resolved, Unnamed};
+use crate::error::Error;
+use crate::protocol::{body, frontend};
+use crate::session::Session;
+use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Req, Synth};
+use crate::session::settings;
+use crate::state::ServerState;
+use crate::stmt::Statement;
+use std::sync::Arc;
+
+impl Session {
+    pub(in crate::session) fn on_bind(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
+        let Some((portal, stmt_name, rest)) = frontend::bind_names(body(frame)) else {
+            self.fail(Error::protocol("invalid Bind message"));
+            return true;
+        };
+        if self.stmts.fresh_in_tx.is_some() {
+            let dml = self.statement_text(stmt_name).is_some_and(crate::stmt::sql::is_plain_dml);
+            self.note_statement_run(dml);
+        }
+        let guard = self.guard_wanted(stmt_name, srv);
+        let resolved = self.resolve(stmt_name, srv);
+        if !matches!(resolved, Resolved::Held) {
+            if self.stmts.last_bind.as_ref().is_some_and(|(p, _)| **p == *portal) {
+                // The portal is re-bound: a Describe of it no longer describes that statement.
+                self.stmts.last_bind = None;
+            }
+            let text = self.statement_text(stmt_name);
+            let sets_config = text.is_some_and(settings::may_set_session_config);
+            let standin = text == Some(DEALLOCATE_ALL_STANDIN);
+            let tracked = text
+                .filter(|t| settings::maybe_session_stmt(t))
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .map(Box::<str>::from);
+            let bound = !matches!(resolved, Resolved::Failed);
+            self.server_dirty |= sets_config;
+            if standin && bound {
+                self.stmts.dealloc_portal = Some(portal.into());
+            } else if self.stmts.dealloc_portal.as_deref() == Some(portal) {
+                self.stmts.dealloc_portal = None;
+            }
+            match tracked {
+                Some(sql) if bound => self.tx.tracked_portal = Some(Box::new((portal.into(), sql))),
+                _ if self.tx.tracked_portal.as_deref().is_some_and(|(p, _)| **p == *portal) => {
+                    self.tx.tracked_portal = None
+                }
+                _ => {}
+            }
+        }
+        match resolved {
+            Resolved::Held => return false,
+            Resolved::Failed => {}
+            Resolved::Plain => self.forward(frame, Req::Bind),
+            Resolved::Cached(s) => {
+                self.stmts.last_bind = Some((portal.into(), s.clone()));
+                let tail = &body(frame)[rest..];
+                self.send_use(Req::Bind, s, guard, srv, |out, server_name| {
+                    frontend::bind_with_tail(out, portal, server_name, tail)
+                });
+            }
+        }
+        true
+    }
+
+    pub(in crate::session) fn on_describe(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
+        let Some((kind, name)) = frontend::describe_or_close(body(frame)) else {
+            self.fail(Error::protocol("invalid DESCRIBE message subtype"));
+            return true;
+        };
+        if kind == b'P' {
+            // A portal of a cached statement: its description tells the client the
+            // statement's row shape as well.
+            let portal_of = self.stmts.last_bind.as_ref().filter(|(p, _)| **p == *name).map(|(_, s)| s.clone());
+            self.to_server.extend_from_slice(frame);
+            self.replies.push(Pending::with(Req::Describe, OnReply::Forward, Fx { portal_of, ..Fx::default() }));
+            return true;
+        }
+        let guard = self.guard_wanted(name, srv);
+        match self.resolve(name, srv) {
+            Resolved::Held => return false,
+            Resolved::Failed => {}
+            Resolved::Plain => self.forward(frame, Req::Describe),
+            Resolved::Cached(s) => {
+                self.send_use(Req::Describe, s, guard, srv, frontend::describe_statement);
+            }
+        }
+        true
+    }
+
+    /// Sends a Bind or Describe of the cached statement `s` (`write` writes it under the
+    /// server name), inside a savepoint guard when it is the first use `guard` names, and
+    /// queues its reply with what a transparent retry needs.
+    fn send_use(
+        &mut self,
+        req: Req,
+        s: Arc<Statement>,
+        guard: Option<u64>,
+        srv: &mut ServerState,
+        write: impl FnOnce(&mut bytes::BytesMut, &[u8]),
+    ) {
+        let guarded = guard == Some(s.id);
+        if guarded {
+            self.open_guard(&s, srv);
+        }
+        write(&mut self.to_server, s.server_name.as_bytes());
+        let replay_from = if guarded { Some(self.retry.frame_at) } else { self.retry_point() };
+        let fx = Fx { uses: Some(s), replay_from, guarded, ..Fx::default() };
+        self.replies.push(Pending::with(req, OnReply::Forward, fx));
+        if guarded {
+            self.guard_command(GuardCmd::Release, srv);
+        }
+    }
+
+    /// Close: statements are answered locally (closing a name that does not exist is not
+    /// an error); portals belong to the server.
+    pub(in crate::session) fn on_close(&mut self, frame: &[u8], srv: Option<&mut ServerState>) {
+        let Some((kind, name)) = frontend::describe_or_close(body(frame)) else {
+            return self.fail(Error::protocol("invalid CLOSE message subtype"));
+        };
+        if kind == b'P' {
+            match srv {
+                Some(_) => self.forward(frame, Req::Close),
+                None => self.push_synth(Synth::CloseComplete, Fx::default()),
+            }
+            return;
+        }
+        let client = if name.is_empty() {
+            self.stmts.unnamed = Unnamed::None;
+            ClientFx::None
+        } else {
+            match self.stmts.named.remove(name) {
+                Some(stmt) => ClientFx::Closed { name: name.into(), stmt },
+                None => ClientFx::None,
+            }
+        };
+        self.push_synth(Synth::CloseComplete, Fx { client, ..Fx::default() });
+    }
+
+    /// An Execute just queued: if its portal runs a SET/RESET/DISCARD or a transaction
+    /// control statement, its text goes with it, to be tracked once the server completes it.
+    pub(in crate::session) fn track_execute(&mut self, frame: &[u8]) {
+        let Some((portal, sql)) = self.tx.tracked_portal.as_deref() else { return };
+        if crate::protocol::read_cstr(body(frame)).map(|(p, _)| p) != Some(&portal[..]) {
+            return;
+        }
+        let sql = sql.clone();
+        self.note_tx_start(sql.as_bytes());
+        if let Some(p) = self.replies.last_mut() {
+            p.tracked_sql = Some(sql);
+        }
+    }
+
+    /// An Execute just queued: if it runs the client's `DEALLOCATE ALL` stand-in, the
+    /// client's statements go now (in pipeline order), and come back if the server skips it.
+    pub(in crate::session) fn on_execute(&mut self, frame: &[u8]) {
+        let Some(dealloc) = self.stmts.dealloc_portal.as_deref() else { return };
+        if crate::protocol::read_cstr(body(frame)).map(|(portal, _)| portal) != Some(dealloc) {
+            return;
+        }
+        let saved = std::mem::take(&mut self.stmts.named);
+        if let Some(p) = self.replies.last_mut() {
+            p.fx.client = ClientFx::ClearedAll { saved };
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The client's transaction as the session follows it: the status ReadyForQuery reports,
+//! and the settings made inside it, applied when it commits and dropped when it rolls back.
+
+use super::Session;
+use super::settings::{self, SettingStmt, TxStmt};
+use crate::state::settings::{Settings, tracked_name};
+use crate::state::{ServerState, TxStatus};
+use std::sync::Arc;
+
+/// A portal bound to a tracked statement: (portal name, statement text).
+pub(super) type TrackedPortal = (Box<[u8]>, Box<str>);
+
+/// What the session knows of the client's transaction.
+#[derive(Debug, Default)]
+pub(super) struct TxState {
+    /// The status the last ReadyForQuery reported to the client.
+    pub(super) status: TxStatus,
+    /// A BEGIN (or START TRANSACTION) was sent since the last ReadyForQuery: what follows
+    /// it runs in a transaction block although no ReadyForQuery has said so yet.
+    pub(super) opening: bool,
+    /// Settings made inside the open transaction: kept if it commits.
+    pub(super) settings: Vec<SettingStmt>,
+    /// The portal bound to a SET/RESET/DISCARD or transaction-control statement, and its
+    /// text: its Execute is tracked like a simple Query's (see `ext_done`).
+    pub(super) tracked_portal: Option<Box<TrackedPortal>>,
+    /// Tracked statements the server completed through the extended protocol since the last
+    /// ReadyForQuery, in order; applied or dropped there, as the transaction ends.
+    pub(super) ext_done: Vec<Box<str>>,
+    /// An extended-protocol request failed since the last ReadyForQuery.
+    pub(super) ext_failed: bool,
+}
+
+impl Session {
+    /// A Query with SET/RESET/transaction statements finished: keep the settings that
+    /// persist as PostgreSQL would (outside a transaction, or in one that committed).
+    pub(super) fn track_settings(
+        &mut self,
+        sql: &str,
+        failed: bool,
+        was_in_tx: bool,
+        status: TxStatus,
+        server: &mut ServerState,
+    ) {
+        let mut in_tx = was_in_tx;
+        let mut apply = Vec::new();
+        for t in settings::session_stmts(sql.as_bytes()) {
+            match t {
+                TxStmt::Begin => in_tx = true,
+                TxStmt::Commit => {
+                    apply.append(&mut self.tx.settings);
+                    in_tx = false;
+                }
+                TxStmt::Rollback => {
+                    self.tx.settings.clear();
+                    in_tx = false;
+                }
+                TxStmt::Setting(s) if in_tx => self.tx.settings.push(s),
+                TxStmt::Setting(s) => apply.push(s),
+            }
+        }
+        if failed && status == TxStatus::Idle {
+            // The implicit transaction of this Query failed: nothing of it persists.
+            apply.clear();
+            self.tx.settings.clear();
+        }
+        if status == TxStatus::Idle {
+            // Ended by something not seen here (e.g. an extended-protocol COMMIT): unknown.
+            self.tx.settings.clear();
+        }
+        for s in apply {
+            apply_setting(Arc::make_mut(&mut self.settings), &mut server.settings, s);
+        }
+    }
+}
+
+fn apply_setting(client: &mut Settings, server: &mut Settings, stmt: SettingStmt) {
+    match stmt {
+        SettingStmt::Set(name, stmt) if tracked_name(&name).is_none() => {
+            client.set_extra(name.clone(), stmt.clone());
+            server.set_extra(name, stmt);
+        }
+        SettingStmt::Reset(name) => {
+            client.reset_extra(&name);
+            server.reset_extra(&name);
+        }
+        SettingStmt::ResetAll => {
+            client.reset_all_extra();
+            server.reset_all_extra();
+        }
+        _ => {}
+    }
+}
