@@ -15,7 +15,7 @@ use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
 use crate::pool::{Checkout, Lease, Pool};
 use crate::protocol::{FrameError, split_frame};
-use crate::session::{Action, Session};
+use crate::session::{Action, Fed, Session};
 use crate::state::{ServerState, TxStatus};
 use bytes::{Buf, BytesMut};
 use std::future::Future;
@@ -762,9 +762,13 @@ fn feed_frames(session: &mut Session, cbuf: &mut BytesMut, mut state: Option<&mu
     loop {
         match split_frame(&cbuf[at..], max) {
             Ok(Some(n)) => {
-                if !session.handle_client(&cbuf[at..at + n], state.as_deref_mut()) {
-                    stalled = true;
-                    break;
+                match session.handle_client(&cbuf[at..at + n], state.as_deref_mut()) {
+                    Fed::Consumed => {}
+                    // Fed again from `at` once linked, or after the server's next frames.
+                    Fed::NeedsServer | Fed::AwaitsReplies => {
+                        stalled = true;
+                        break;
+                    }
                 }
                 at += n;
                 // Carry out releases and closes before the next frame.

@@ -5,28 +5,36 @@
 use super::reply_queue::{Pending, Req};
 use super::settings;
 use super::stmts::Unnamed;
-use super::{Action, Link, Phase, Session, wire_trace};
+use super::{Action, Fed, Link, Phase, Session, wire_trace};
 use crate::error::Error;
 use crate::protocol::{backend, body, frontend, tags};
 use crate::state::{ServerState, TxStatus};
 
 impl Session {
     /// One whole frame from the client (length already checked by the driver), with the
-    /// linked server's state if a server is linked. Returns false when the frame needs a
-    /// server first: an `AcquireServer` action is queued and the driver must feed the same
-    /// frame again once linked.
-    pub fn handle_client(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
-        if !wire_trace::on() {
-            return self.on_client_frame(frame, server);
-        }
+    /// linked server's state if a server is linked. Every message is translated knowing
+    /// which server it goes to, so a frame that needs a server, or replies still on their
+    /// way, is not consumed: see [`Fed`] for when to feed it again.
+    pub fn handle_client(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> Fed {
+        let traced = wire_trace::on();
         let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
-        wire_trace::frames(self.uid, "client>", true, frame);
-        let consumed = self.on_client_frame(frame, server);
-        if !consumed {
-            wire_trace::frames(self.uid, "  (held)", true, frame);
+        if traced {
+            wire_trace::frames(self.uid, "client>", true, frame);
         }
-        self.trace_output(to_s, to_c);
-        consumed
+        let fed = if self.on_client_frame(frame, server) {
+            Fed::Consumed
+        } else if self.link == Link::Linked {
+            Fed::AwaitsReplies
+        } else {
+            Fed::NeedsServer
+        };
+        if traced {
+            if fed != Fed::Consumed {
+                wire_trace::frames(self.uid, "  (held)", true, frame);
+            }
+            self.trace_output(to_s, to_c);
+        }
+        fed
     }
 
     pub(super) fn on_client_frame(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
@@ -92,17 +100,7 @@ impl Session {
     pub(super) fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
         let tag = frame[0];
         if self.phase == Phase::ServerSkipping {
-            // The server discards everything up to Sync, as PostgreSQL does after an error:
-            // pass it along untouched, expect no reply, and register nothing.
-            self.to_server.extend_from_slice(frame);
-            match tag {
-                tags::SYNC => {
-                    self.phase = Phase::Ready;
-                    self.replies.push(Pending::client(Req::Sync));
-                }
-                tags::TERMINATE => self.close(),
-                _ => {}
-            }
+            self.pass_while_server_skips(frame);
             return true;
         }
         let unnamed_owner = srv.stmts.unnamed_owner;
@@ -111,64 +109,102 @@ impl Session {
             srv.stmts.unnamed_owner = None;
             self.stmts.unnamed = Unnamed::None;
         }
-        if self.stmts.registry.is_some() {
-            // Keep the batch for a transparent retry: outside transactions, and inside one
-            // from where a savepoint guard may be needed (`guard`).
-            let record = (self.tx.status == TxStatus::Idle
-                || (self.tx.status == TxStatus::InBlock
-                    && (self.stmts.fresh_in_tx.is_some() || !self.retry.batch.is_empty())))
-                && matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
-            if record {
-                self.retry.frame_at = self.retry.batch.len() as u32;
-                self.retry.batch.extend_from_slice(frame);
-            }
-            let consumed = match tag {
-                tags::PARSE => self.on_parse(frame, Some(srv)),
-                tags::BIND => self.on_bind(frame, srv),
-                tags::DESCRIBE => self.on_describe(frame, srv),
-                _ => true,
-            };
-            if record && !consumed {
-                self.retry.batch.truncate(self.retry.frame_at as usize);
-            }
-            if tag == tags::SYNC && record {
-                std::mem::swap(&mut self.retry.batch, &mut self.retry.last_batch);
-                self.retry.batch.clear();
-            }
-            match tag {
-                tags::EXECUTE => self.retry.batch_executed = true,
-                // These end with their own ReadyForQuery, like a Sync.
-                tags::SYNC | tags::QUERY | tags::FUNCTION_CALL => self.retry.batch_executed = false,
-                _ => {}
-            }
-            if matches!(tag, tags::PARSE | tags::BIND | tags::DESCRIBE) {
-                return consumed;
-            }
-            match tag {
-                tags::CLOSE => {
-                    self.on_close(frame, Some(srv));
-                    return true;
-                }
-                tags::QUERY => {
-                    let sent = self.to_server.len();
-                    if !self.on_query_cached(frame, srv) {
-                        // Fed again once the replies it waits for are in (nothing was sent).
-                        srv.stmts.unnamed_owner = unnamed_owner;
-                        return false;
-                    }
-                    if self.to_server.len() == sent {
-                        // Answered here: the server's unnamed statement is untouched (and no
-                        // longer the client's).
-                        srv.stmts.unnamed_owner = unnamed_owner;
-                    }
-                    return true;
-                }
-                _ => {}
-            }
+        if self.stmts.registry.is_some()
+            && let Some(consumed) = self.on_client_cached(frame, srv, unnamed_owner)
+        {
+            return consumed;
         }
         if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) {
             self.retry.batch.clear();
         }
+        self.forward_client(frame);
+        true
+    }
+
+    /// The server discards everything up to Sync, as PostgreSQL does after an error: pass
+    /// it along untouched, expect no reply, and register nothing.
+    fn pass_while_server_skips(&mut self, frame: &[u8]) {
+        self.to_server.extend_from_slice(frame);
+        match frame[0] {
+            tags::SYNC => {
+                self.phase = Phase::Ready;
+                self.replies.push(Pending::client(Req::Sync));
+            }
+            tags::TERMINATE => self.close(),
+            _ => {}
+        }
+    }
+
+    /// A frame on a linked server with the statement cache on: kept for a transparent retry,
+    /// and statement messages handled by `stmts`. None: forward it as without the cache.
+    fn on_client_cached(
+        &mut self,
+        frame: &[u8],
+        srv: &mut ServerState,
+        unnamed_owner: Option<(u64, u64)>,
+    ) -> Option<bool> {
+        let tag = frame[0];
+        let record = self.record_for_retry(frame);
+        let consumed = match tag {
+            tags::PARSE => self.on_parse(frame, Some(srv)),
+            tags::BIND => self.on_bind(frame, srv),
+            tags::DESCRIBE => self.on_describe(frame, srv),
+            _ => true,
+        };
+        if record && !consumed {
+            self.retry.batch.truncate(self.retry.frame_at as usize);
+        }
+        if tag == tags::SYNC && record {
+            std::mem::swap(&mut self.retry.batch, &mut self.retry.last_batch);
+            self.retry.batch.clear();
+        }
+        match tag {
+            tags::EXECUTE => self.retry.batch_executed = true,
+            // These end with their own ReadyForQuery, like a Sync.
+            tags::SYNC | tags::QUERY | tags::FUNCTION_CALL => self.retry.batch_executed = false,
+            _ => {}
+        }
+        match tag {
+            tags::PARSE | tags::BIND | tags::DESCRIBE => Some(consumed),
+            tags::CLOSE => {
+                self.on_close(frame, Some(srv));
+                Some(true)
+            }
+            tags::QUERY => {
+                let sent = self.to_server.len();
+                if !self.on_query_cached(frame, srv) {
+                    // Fed again once the replies it waits for are in (nothing was sent).
+                    srv.stmts.unnamed_owner = unnamed_owner;
+                    return Some(false);
+                }
+                if self.to_server.len() == sent {
+                    // Answered here: the server's unnamed statement is untouched (and no
+                    // longer the client's).
+                    srv.stmts.unnamed_owner = unnamed_owner;
+                }
+                Some(true)
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps the frame in the batch a transparent retry replays: outside transactions, and
+    /// inside one from where a savepoint guard may be needed (`stmts::guard`). True if kept.
+    fn record_for_retry(&mut self, frame: &[u8]) -> bool {
+        let record = (self.tx.status == TxStatus::Idle
+            || (self.tx.status == TxStatus::InBlock
+                && (self.stmts.fresh_in_tx.is_some() || !self.retry.batch.is_empty())))
+            && matches!(frame[0], tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
+        if record {
+            self.retry.frame_at = self.retry.batch.len() as u32;
+            self.retry.batch.extend_from_slice(frame);
+        }
+        record
+    }
+
+    /// Sends the frame to the linked server as it is, expecting its reply.
+    fn forward_client(&mut self, frame: &[u8]) {
+        let tag = frame[0];
         match tag {
             tags::QUERY => self.forward_query(frame),
             tags::PARSE => self.forward(frame, Req::Parse),
@@ -200,7 +236,6 @@ impl Session {
             tags::TERMINATE => self.close(),
             t => self.fail(Error::protocol(format!("invalid frontend message type {t}"))),
         }
-        true
     }
 
     pub(super) fn need_server(&mut self) -> bool {

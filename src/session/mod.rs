@@ -64,6 +64,19 @@ enum Link {
     Linked,
 }
 
+/// What became of a client frame given to [`Session::handle_client`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fed {
+    /// Handled: its bytes and actions are queued.
+    Consumed,
+    /// Not consumed: it needs a server. `AcquireServer` is queued (or under way); feed the
+    /// same frame again after `handle_server_linked` (or `handle_acquire_failed`).
+    NeedsServer,
+    /// Not consumed: what it means depends on replies of the linked server still on their
+    /// way (a shape check, an earlier batch). Feed it again after the next server frames.
+    AwaitsReplies,
+}
+
 /// Where the conversation stands, beyond the request/reply flow of the reply queue. The
 /// phases exclude each other; `Closing` is final.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

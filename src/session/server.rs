@@ -84,41 +84,50 @@ impl Session {
         let tag = frame[0];
         match tag {
             tags::PARAMETER_STATUS => return self.on_parameter_status(frame, server),
-            tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE => {
-                if tag == tags::NOTIFICATION_RESPONSE
-                    || self.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward))
-                {
-                    self.to_client.extend_from_slice(frame);
-                }
-                return;
-            }
+            tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE => return self.on_notice(frame),
             _ => {}
         }
-        let Some(head) = self.replies.head_mut() else {
+        let Some(head) = self.replies.head() else {
             return self.desync(tag);
         };
         if head.is_synth() {
             // A local answer should have been drained already; the server is ahead of us.
             return self.desync(tag);
         }
+        match tag {
+            tags::READY_FOR_QUERY => self.on_ready(frame, server),
+            tags::ERROR_RESPONSE => self.on_error(frame, server),
+            tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::CLOSE_COMPLETE if !head.req.completed_by(tag) => {
+                self.desync(tag)
+            }
+            _ => self.on_reply(frame, server),
+        }
+    }
+
+    /// NoticeResponse and NotificationResponse: the client gets notifications always, and
+    /// notices unless they answer a request of the pooler's own.
+    fn on_notice(&mut self, frame: &[u8]) {
+        if frame[0] == tags::NOTIFICATION_RESPONSE
+            || self.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward))
+        {
+            self.to_client.extend_from_slice(frame);
+        }
+    }
+
+    /// Any other reply to the request at the head of the queue.
+    fn on_reply(&mut self, frame: &[u8], server: &mut ServerState) {
+        let tag = frame[0];
+        let Some(head) = self.replies.head() else { return };
         let req = head.req;
-        if tag == tags::READY_FOR_QUERY {
-            return self.on_ready(frame, server);
-        }
-        if tag == tags::ERROR_RESPONSE {
-            return self.on_error(frame, server);
-        }
-        if matches!(tag, tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::CLOSE_COMPLETE) && !req.completed_by(tag) {
-            return self.desync(tag);
-        }
         let forwarded = matches!(head.on_reply, OnReply::Forward);
         if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
-            if matches!(head.on_reply, OnReply::Forward) {
+            // Held until the row description: a stale statement errors in between.
+            if forwarded {
                 self.param_desc = Some(frame.into());
             }
             return;
         }
-        if matches!(head.on_reply, OnReply::Forward) {
+        if forwarded {
             if let Some(pd) = self.param_desc.take() {
                 self.to_client.extend_from_slice(&pd);
             }
@@ -130,20 +139,7 @@ impl Session {
             }
         }
         if req == Req::Describe && (tag == tags::ROW_DESCRIPTION || tag == tags::NO_DATA) {
-            if let OnReply::ShapeCheck(s) = &head.on_reply {
-                let s = s.clone();
-                self.on_shape_checked(&s, frame, server);
-            } else if let Some(s) = head.fx.uses.as_ref().or(head.fx.portal_of.as_ref())
-                && matches!(head.on_reply, OnReply::Forward)
-            {
-                // What this client is told the statement returns.
-                let s = s.clone();
-                if same_shape(s.shape.get_or_init(|| frame.into()), frame) {
-                    self.stmts.described.insert(s.id);
-                } else {
-                    self.on_new_shape(&s, frame);
-                }
-            }
+            self.on_row_shape(frame, server);
         }
         if tag == tags::COMMAND_COMPLETE && forwarded {
             let cmd = body(frame);
@@ -161,27 +157,51 @@ impl Session {
             if req == Req::Execute {
                 self.replies.drop_syncs_after_head();
             }
-        } else if req.completed_by(tag)
-            && let Some(p) = self.replies.pop()
-        {
-            if p.req == Req::Execute
-                && tag == tags::COMMAND_COMPLETE
-                && let Some(sql) = p.tracked_sql
-            {
-                self.tx.ext_done.push(sql);
-            }
-            // A SQL-level statement exists once its PREPARE has run, not when that is parsed.
-            if let Some(s) = &p.fx.server_parse
-                && (p.req != Req::Parse || s.kind != StmtKind::Sql)
-            {
-                s.validated.store(true, Ordering::Relaxed);
-                // Counted when done: a Parse the server skipped after an error never ran.
-                if let Some(r) = &self.stmts.registry {
-                    r.stats.server_parses.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            self.drain_synth();
+        } else if req.completed_by(tag) {
+            self.complete_head(tag);
         }
+    }
+
+    /// A RowDescription or NoData answering a Describe: a shape check's answer, or what a
+    /// client is told a cached statement returns.
+    fn on_row_shape(&mut self, frame: &[u8], server: &mut ServerState) {
+        let Some(head) = self.replies.head() else { return };
+        if let OnReply::ShapeCheck(s) = &head.on_reply {
+            let s = s.clone();
+            self.on_shape_checked(&s, frame, server);
+        } else if let Some(s) = head.fx.uses.as_ref().or(head.fx.portal_of.as_ref())
+            && matches!(head.on_reply, OnReply::Forward)
+        {
+            // What this client is told the statement returns.
+            let s = s.clone();
+            if same_shape(s.shape.get_or_init(|| frame.into()), frame) {
+                self.stmts.described.insert(s.id);
+            } else {
+                self.on_new_shape(&s, frame);
+            }
+        }
+    }
+
+    /// The request at the head of the queue is done (`tag` completed it).
+    fn complete_head(&mut self, tag: u8) {
+        let Some(p) = self.replies.pop() else { return };
+        if p.req == Req::Execute
+            && tag == tags::COMMAND_COMPLETE
+            && let Some(sql) = p.tracked_sql
+        {
+            self.tx.ext_done.push(sql);
+        }
+        // A SQL-level statement exists once its PREPARE has run, not when that is parsed.
+        if let Some(s) = &p.fx.server_parse
+            && (p.req != Req::Parse || s.kind != StmtKind::Sql)
+        {
+            s.validated.store(true, Ordering::Relaxed);
+            // Counted when done: a Parse the server skipped after an error never ran.
+            if let Some(r) = &self.stmts.registry {
+                r.stats.server_parses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.drain_synth();
     }
 
     pub(super) fn on_error(&mut self, frame: &[u8], server: &mut ServerState) {
