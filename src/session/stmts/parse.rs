@@ -4,18 +4,30 @@
 
 use super::{DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many};
 use crate::error::Error;
+use crate::protocol::frontend::ParseFields;
 use crate::protocol::{body, frontend};
 use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Rename, Req, Synth};
 use crate::session::{Phase, Session};
 use crate::state::{ServerState, TxStatus};
-use crate::stmt::Statement;
 use crate::stmt::registry::{StmtKind, make_key};
 use crate::stmt::sql::{Classified, SqlStmt, classify, starts_with_deallocate};
+use crate::stmt::{Registry, Statement};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+/// What serves an unnamed Parse.
+enum Lookup {
+    /// A cached statement (promoted).
+    Cached(Arc<Statement>),
+    /// The server's own unnamed statement.
+    Plain,
+    /// Decided only with a server linked.
+    NeedServer,
+}
+
 impl Session {
-    /// Client Parse. Returns false when a server is needed first.
+    /// Client Parse. Returns false when a server is needed first (or the outcome of an
+    /// earlier batch still in flight).
     pub(in crate::session) fn on_parse(&mut self, frame: &[u8], srv: Option<&mut ServerState>) -> bool {
         let Some(p) = frontend::parse_fields(body(frame)) else {
             self.fail(Error::protocol("invalid Parse message"));
@@ -30,18 +42,13 @@ impl Session {
             return self.on_parse(&standin, srv);
         }
         let registry = self.registry().clone();
-        if !p.name.is_empty() && self.pending_across_sync(p.name) {
-            // Whether the name exists depends on an earlier batch still in flight.
-            return false;
-        }
         if !p.name.is_empty() {
-            if self.stmts.named.contains_key(p.name) {
-                registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
-                self.statement_error(duplicate(p.name), srv, false);
-                return true;
+            if self.pending_across_sync(p.name) {
+                // Whether the name exists depends on an earlier batch still in flight.
+                return false;
             }
-            if self.stmts.named.len() >= registry.cfg.client_cap {
-                self.statement_error(too_many(registry.cfg.client_cap), srv, false);
+            if let Some(err) = self.refuse_name(p.name, &registry) {
+                self.statement_error(err, srv, false);
                 return true;
             }
         }
@@ -52,35 +59,13 @@ impl Session {
             k
         };
         let cached = if p.name.is_empty() {
-            // Unnamed: promoted to a cached statement once seen often enough.
-            let reuse = match &self.stmts.unnamed {
-                Unnamed::Cached(s)
-                    if s.has_key(&key)
-                        && !s.stale.load(Ordering::Relaxed)
-                        && self.tx.status == TxStatus::Idle
-                        && !self.earlier_batch_in_flight() =>
-                {
-                    Some(s.clone())
-                }
-                _ => None,
-            };
-            match reuse {
-                Some(s) => Some(s),
-                // Decided once, with a server: sightings must not be counted twice.
-                None if srv.is_none() => {
+            match self.lookup_unnamed(&key, &registry, &p, srv.is_some()) {
+                Lookup::Cached(s) => Some(s),
+                Lookup::Plain => None,
+                Lookup::NeedServer => {
                     self.stmts.key_buf = key;
                     return self.need_server();
                 }
-                // Promoted only outside transactions, with no earlier batch in flight: a promoted
-                // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and
-                // only there can that be retried transparently.
-                None if self.tx.status == TxStatus::Idle
-                    && !self.earlier_batch_in_flight()
-                    && registry.see_unnamed(&key) =>
-                {
-                    Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
-                }
-                None => None,
             }
         } else {
             Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
@@ -94,17 +79,68 @@ impl Session {
             return false;
         }
         registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
-        let Some(stmt) = cached else {
-            // A plain unnamed statement: the server parses it; remember it for replay.
-            let Some(srv) = srv else { return self.need_server() };
-            self.stmts.unnamed_seq += 1;
-            self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.stmts.unnamed_seq };
-            srv.stmts.unnamed_owner = Some((self.uid, self.stmts.unnamed_seq));
-            self.to_server.extend_from_slice(frame);
-            let fx = Fx { client: ClientFx::Unnamed, ..Fx::default() };
-            self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
-            return true;
-        };
+        match cached {
+            Some(stmt) => self.parse_cached(&p, stmt, srv, in_failed_tx, &registry),
+            None => self.parse_plain(frame, srv),
+        }
+    }
+
+    /// Why a Parse may not define the name `name`, if it may not: 42P05 for a name in use,
+    /// 54000 past the per-client cap.
+    fn refuse_name(&self, name: &[u8], registry: &Registry) -> Option<Error> {
+        if self.stmts.named.contains_key(name) {
+            registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+            return Some(duplicate(name));
+        }
+        let cap = registry.cfg.client_cap;
+        (self.stmts.named.len() >= cap).then(|| too_many(cap))
+    }
+
+    /// What serves an unnamed Parse of the statement `key`: the client's promoted statement,
+    /// a promotion now (seen often enough), or the server's own unnamed statement.
+    fn lookup_unnamed(&self, key: &[u8], registry: &Registry, p: &ParseFields<'_>, linked: bool) -> Lookup {
+        let idle = self.tx.status == TxStatus::Idle && !self.earlier_batch_in_flight();
+        match &self.stmts.unnamed {
+            Unnamed::Cached(s) if s.has_key(key) && !s.stale.load(Ordering::Relaxed) && idle => {
+                return Lookup::Cached(s.clone());
+            }
+            _ => {}
+        }
+        if !linked {
+            // Decided once, with a server: sightings must not be counted twice.
+            return Lookup::NeedServer;
+        }
+        // Promoted only outside transactions, with no earlier batch in flight: a promoted
+        // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and only
+        // there can that be retried transparently.
+        if idle && registry.see_unnamed(key) {
+            return Lookup::Cached(registry.get_or_insert(key, StmtKind::Protocol, p.query, p.param_types));
+        }
+        Lookup::Plain
+    }
+
+    /// A plain unnamed statement: the server parses it; it is remembered for replay.
+    fn parse_plain(&mut self, frame: &[u8], srv: Option<&mut ServerState>) -> bool {
+        let Some(srv) = srv else { return self.need_server() };
+        self.stmts.unnamed_seq += 1;
+        self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.stmts.unnamed_seq };
+        srv.stmts.unnamed_owner = Some((self.uid, self.stmts.unnamed_seq));
+        self.to_server.extend_from_slice(frame);
+        let fx = Fx { client: ClientFx::Unnamed, ..Fx::default() };
+        self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
+        true
+    }
+
+    /// A Parse served by the cached statement `stmt`: answered here when the server has it
+    /// (or any server has run it), otherwise prepared on the server.
+    fn parse_cached(
+        &mut self,
+        p: &ParseFields<'_>,
+        stmt: Arc<Statement>,
+        srv: Option<&mut ServerState>,
+        in_failed_tx: bool,
+        registry: &Registry,
+    ) -> bool {
         let on_server = srv.as_ref().is_some_and(|s| s.stmts.has(&stmt));
         let local = !in_failed_tx && (on_server || stmt.is_valid());
         if !local && srv.is_none() {
