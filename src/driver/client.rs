@@ -15,7 +15,7 @@ use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
 use crate::pool::{Checkout, Lease, Pool};
 use crate::protocol::{FrameError, split_frame};
-use crate::session::{Action, Fed, Session};
+use crate::session::{Action, Fed, Session, Timeouts};
 use crate::state::{ServerState, TxStatus};
 use bytes::{Buf, BytesMut};
 use std::future::Future;
@@ -204,10 +204,9 @@ impl Proxy {
                 std::future::pending::<()>().await;
             }
         });
-        let mut idle_since = Instant::now();
+        let mut idle_since = std::time::Instant::now();
         // The clock is read per batch only when a timeout needs it.
-        let timed =
-            self.shared.cfg.client_idle_timeout().is_some() || self.shared.cfg.idle_transaction_timeout().is_some();
+        let timed = self.timeouts().any();
         // Only with an idle timeout configured.
         let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
@@ -243,7 +242,8 @@ impl Proxy {
                 bufpool::release(&mut self.session.to_server);
                 bufpool::release_queue(&mut self.session);
             }
-            let deadline = self.deadline(idle_since, unlinked_idle);
+            let deadline =
+                self.session.poll_timeout(&self.timeouts(), idle_since, !self.cbuf.is_empty()).map(Instant::from_std);
             match (deadline, timer.as_mut()) {
                 (Some(d), Some(t)) if t.deadline() != d => t.as_mut().reset(d),
                 (Some(d), None) => timer = Some(Box::pin(tokio::time::sleep_until(d))),
@@ -303,39 +303,24 @@ impl Proxy {
                         return Box::pin(self.client_gone()).await;
                     }
                     if timed {
-                        idle_since = Instant::now();
+                        idle_since = std::time::Instant::now();
                     }
                 }
                 Event::Server => self.read_server(),
                 Event::Writable | Event::Shutdown => {}
-                Event::Timer => self.on_timer(),
+                Event::Timer => {
+                    let now = std::time::Instant::now();
+                    self.session.handle_timeout(&self.timeouts(), idle_since, !self.cbuf.is_empty(), now);
+                }
             }
         }
     }
 
-    fn deadline(&self, idle_since: Instant, unlinked_idle: bool) -> Option<Instant> {
+    /// The session's timeouts, from the configuration (not kept in the loop's state: every
+    /// idle client's task would carry them).
+    fn timeouts(&self) -> Timeouts {
         let cfg = &self.shared.cfg;
-        if unlinked_idle {
-            cfg.client_idle_timeout().map(|t| idle_since + t)
-        } else if self.session.is_idle_in_transaction() && self.session.to_server.is_empty() {
-            cfg.idle_transaction_timeout().map(|t| idle_since + t)
-        } else {
-            None
-        }
-    }
-
-    fn on_timer(&mut self) {
-        if self.session.is_idle_in_transaction() {
-            self.session.fail(Error::fatal(
-                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-                "terminating connection due to idle-in-transaction timeout",
-            ));
-        } else if !self.session.is_linked() {
-            self.session.fail(Error::fatal(
-                SqlState::IDLE_SESSION_TIMEOUT,
-                "terminating connection due to idle-session timeout",
-            ));
-        }
+        Timeouts { client_idle: cfg.client_idle_timeout(), idle_in_transaction: cfg.idle_transaction_timeout() }
     }
 
     async fn acquire(&mut self) {

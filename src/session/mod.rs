@@ -13,7 +13,7 @@
 //! it), `stmts` (the client's prepared statements), `retry` (replaying a batch after a
 //! stale plan), `pipeline` (lending the server to other clients' fast reads),
 //! `reply_queue` (what each reply in flight is for), `settings` (recognizing SQL that
-//! changes settings). `Session` holds each part's state in a field of its own.
+//! changes settings), `timeout` (which idle timeout applies, and its error). `Session` holds each part's state in a field of its own.
 
 mod client;
 mod pipeline;
@@ -23,6 +23,8 @@ mod retry;
 mod server;
 pub mod settings;
 mod stmts;
+mod timeout;
+pub use timeout::Timeouts;
 mod tx;
 mod wire_trace;
 

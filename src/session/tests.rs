@@ -1147,3 +1147,39 @@ fn large_rows_stream_only_when_forwarded() {
     assert_eq!(h.server_out().len(), 2, "settings replay, then the client's query");
     assert!(!h.s.stream_server_frame(&header(b'D')), "the settings' reply is the pooler's");
 }
+
+#[test]
+fn timeouts_are_decided_by_the_session_from_the_time_the_driver_reports() {
+    use std::time::{Duration, Instant};
+    let t = Timeouts { client_idle: Some(Duration::from_secs(10)), idle_in_transaction: Some(Duration::from_secs(3)) };
+    let t0 = Instant::now();
+    // Idle without a server: the idle-session timeout applies, not before it is due.
+    let mut h = H::new(PoolMode::Transaction, None);
+    assert_eq!(h.s.poll_timeout(&t, t0, false), Some(t0 + Duration::from_secs(10)));
+    assert_eq!(h.s.poll_timeout(&t, t0, true), None, "unread client bytes: not idle");
+    h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(9));
+    assert!(!h.s.is_closing() && h.s.to_client.is_empty());
+    h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(10));
+    assert!(h.s.is_closing());
+    assert!(text(&h.s.to_client).contains("C57P05"), "{}", text(&h.s.to_client));
+    // Idle inside a transaction: the idle-in-transaction timeout applies.
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("BEGIN"));
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T')] {
+        h.server(m);
+    }
+    h.client_out();
+    assert_eq!(h.s.poll_timeout(&t, t0, false), None, "BEGIN not written to the server yet");
+    h.server_out();
+    assert_eq!(h.s.poll_timeout(&t, t0, false), Some(t0 + Duration::from_secs(3)));
+    h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(2));
+    assert!(!h.s.is_closing());
+    h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(3));
+    assert!(text(&h.s.to_client).contains("C25P03"), "{}", text(&h.s.to_client));
+    let actions: Vec<_> = std::iter::from_fn(|| h.s.poll_action()).collect();
+    assert_eq!(actions, vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+    // A request in flight: no timeout applies.
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("SELECT pg_sleep(60)"));
+    assert_eq!(h.s.poll_timeout(&t, t0, false), None);
+}

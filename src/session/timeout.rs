@@ -1,0 +1,80 @@
+//! The session's timeouts: which one applies in the state the session is in, when it is
+//! due, and the error PostgreSQL gives when it expires. The session holds no clock: the
+//! driver reports the time (`now`, and when the client last sent something) and keeps the
+//! one timer.
+
+use super::Session;
+use crate::error::{Error, SqlState};
+use std::time::{Duration, Instant};
+
+/// The timeouts a session enforces (from the configuration).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `client_idle_timeout_ms`: a client with no server, nothing in flight and nothing
+    /// unread is closed once it has been silent this long.
+    pub client_idle: Option<Duration>,
+    /// `idle_transaction_timeout_ms`: a client idle inside a transaction (its server held)
+    /// is closed once it has been silent this long.
+    pub idle_in_transaction: Option<Duration>,
+}
+
+impl Timeouts {
+    /// Whether any timeout is set (else the driver need not read the clock at all).
+    pub fn any(&self) -> bool {
+        self.client_idle.is_some() || self.idle_in_transaction.is_some()
+    }
+}
+
+/// Which timeout applies now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Idle {
+    /// No server, nothing in flight, nothing unread.
+    Session,
+    /// Inside a transaction with nothing outstanding.
+    InTransaction,
+}
+
+impl Session {
+    /// Which timeout applies in the session's state; `client_buffered`: the driver holds
+    /// client bytes not fed yet.
+    fn idle_kind(&self, client_buffered: bool) -> Option<Idle> {
+        if !self.is_linked() && !self.is_acquiring() && !client_buffered {
+            Some(Idle::Session)
+        } else if self.is_idle_in_transaction() && self.to_server.is_empty() {
+            Some(Idle::InTransaction)
+        } else {
+            None
+        }
+    }
+
+    /// When [`Session::handle_timeout`] is due, given when the client last sent something
+    /// (`idle_since`); None when no timeout applies in the session's state.
+    #[must_use]
+    pub fn poll_timeout(&self, t: &Timeouts, idle_since: Instant, client_buffered: bool) -> Option<Instant> {
+        let limit = match self.idle_kind(client_buffered)? {
+            Idle::Session => t.client_idle?,
+            Idle::InTransaction => t.idle_in_transaction?,
+        };
+        Some(idle_since + limit)
+    }
+
+    /// The time is `now`: if the timeout that applies has expired, the session ends with
+    /// PostgreSQL's error for it (57P05 idle session, 25P03 idle in transaction). Does
+    /// nothing otherwise.
+    pub fn handle_timeout(&mut self, t: &Timeouts, idle_since: Instant, client_buffered: bool, now: Instant) {
+        if self.poll_timeout(t, idle_since, client_buffered).is_none_or(|due| now < due) {
+            return;
+        }
+        match self.idle_kind(client_buffered) {
+            Some(Idle::InTransaction) => self.fail(Error::fatal(
+                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                "terminating connection due to idle-in-transaction timeout",
+            )),
+            Some(Idle::Session) => self.fail(Error::fatal(
+                SqlState::IDLE_SESSION_TIMEOUT,
+                "terminating connection due to idle-session timeout",
+            )),
+            None => {}
+        }
+    }
+}
