@@ -1,6 +1,9 @@
 //! Recognizes, in client SQL, the statements that change session settings or transaction
 //! boundaries (SET, RESET, DISCARD ALL, BEGIN, COMMIT, ROLLBACK, `set_config`), so the
-//! session can keep `state::Settings` in step. What the settings are is `state::settings`.
+//! session can keep `state::Settings` in step. What the settings are is `state::settings`;
+//! the words are read with the statement lexer (`stmt::sql`).
+
+use crate::stmt::sql;
 
 /// A session-state statement seen in a simple Query.
 #[derive(Debug, PartialEq, Eq)]
@@ -14,23 +17,24 @@ pub enum SettingStmt {
 }
 
 /// Recognizes one SET/RESET/DISCARD ALL statement. Returns None for anything else, for
-/// `SET LOCAL`, and for strings holding more than one statement.
+/// `SET LOCAL`, for strings holding more than one statement, and for text with comments
+/// (the text is replayed as written, and a `--` comment would swallow what follows it).
 pub fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
     let text = std::str::from_utf8(sql).ok()?.trim();
     let text = text.trim_end_matches(|c: char| c == ';' || c.is_whitespace());
-    if text.contains(';') || text.contains("--") || text.contains("/*") {
+    if text.contains("--") || text.contains("/*") || sql::split(text.as_bytes()).len() > 1 {
         return None;
     }
-    let mut words = text.split_whitespace();
-    let first = words.next()?.to_ascii_lowercase();
+    let mut words = sql::words(text.as_bytes()).map(|w| String::from_utf8_lossy(w).to_ascii_lowercase());
+    let first = words.next()?;
     match first.as_str() {
         "set" => {
-            let mut name = words.next()?.to_ascii_lowercase();
+            let mut name = words.next()?;
             if name == "local" {
                 return None;
             }
             if name == "session" {
-                name = words.next()?.to_ascii_lowercase();
+                name = words.next()?;
                 match name.as_str() {
                     "authorization" => {
                         return Some(SettingStmt::Set("session_authorization".into(), text.into()));
@@ -44,14 +48,14 @@ pub fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
             if name == "transaction" {
                 return None;
             }
-            let name = name.split('=').next()?.trim_matches('"').to_owned();
-            if name.is_empty() {
+            let name = name.trim_matches('"').to_owned();
+            if name.is_empty() || name == "=" {
                 return None;
             }
             Some(SettingStmt::Set(name, text.into()))
         }
         "reset" => {
-            let name = words.next()?.to_ascii_lowercase();
+            let name = words.next()?;
             if name == "all" {
                 return Some(SettingStmt::ResetAll);
             }
@@ -60,10 +64,7 @@ pub fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
             }
             Some(SettingStmt::Reset(name.trim_matches('"').to_owned()))
         }
-        "discard" => {
-            let what = words.next()?.to_ascii_lowercase();
-            (what == "all").then_some(SettingStmt::ResetAll)
-        }
+        "discard" => (words.next()? == "all").then_some(SettingStmt::ResetAll),
         _ => None,
     }
 }
@@ -89,21 +90,25 @@ pub enum TxStmt {
 /// The transaction-control and setting statements of a Query text, in order.
 pub fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
     let mut out = Vec::new();
-    for r in crate::stmt::sql::split(sql) {
+    for r in sql::split(sql) {
         let stmt = &sql[r];
         if let Some(s) = parse_setting_stmt(stmt) {
             out.push(TxStmt::Setting(s));
             continue;
         }
-        let text = String::from_utf8_lossy(stmt).to_ascii_lowercase();
-        let mut words = text.split_whitespace();
-        match (words.next(), words.next()) {
-            (Some("begin"), _) | (Some("start"), Some("transaction")) => out.push(TxStmt::Begin),
-            (Some("commit" | "end"), w) if w != Some("prepared") => out.push(TxStmt::Commit),
-            (Some("rollback" | "abort"), w) if !matches!(w, Some("to" | "prepared")) && !text.contains(" to ") => {
-                out.push(TxStmt::Rollback)
-            }
-            _ => {}
+        let mut words = sql::words(stmt);
+        let is = |w: Option<&[u8]>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k.as_bytes()));
+        let (first, second) = (words.next(), words.next());
+        if is(first, "begin") || (is(first, "start") && is(second, "transaction")) {
+            out.push(TxStmt::Begin);
+        } else if (is(first, "commit") || is(first, "end")) && !is(second, "prepared") {
+            out.push(TxStmt::Commit);
+        } else if (is(first, "rollback") || is(first, "abort"))
+            && !is(second, "prepared")
+            && !is(second, "to")
+            && !words.any(|w| w.eq_ignore_ascii_case(b"to"))
+        {
+            out.push(TxStmt::Rollback);
         }
     }
     out
@@ -158,9 +163,10 @@ pub fn may_set_session_config(sql: &[u8]) -> bool {
     false
 }
 
-/// Whether the text (after leading whitespace) starts with one of `keywords` (lower case).
+/// Whether the text (after leading whitespace and comments) starts with one of `keywords`
+/// (lower case).
 fn starts_with_any(sql: &[u8], keywords: &[&[u8]]) -> bool {
-    let s = sql.trim_ascii_start();
+    let s = &sql[sql::skip_space(sql)..];
     keywords.iter().any(|k| s.len() >= k.len() && s[..k.len()].eq_ignore_ascii_case(k))
 }
 
@@ -245,6 +251,27 @@ mod tests {
         ] {
             assert!(!may_set_session_config(sql.as_bytes()), "{sql}");
         }
+    }
+
+    #[test]
+    fn words_are_read_with_the_statement_lexer() {
+        // A ';' inside a literal is not a second statement.
+        assert_eq!(
+            parse_setting_stmt(b"SET search_path = 'a;b'"),
+            Some(SettingStmt::Set("search_path".into(), "SET search_path = 'a;b'".into()))
+        );
+        assert_eq!(
+            parse_setting_stmt(b"set myapp.user_id=42"),
+            Some(SettingStmt::Set("myapp.user_id".into(), "set myapp.user_id=42".into()))
+        );
+        assert_eq!(parse_setting_stmt(b"SET x = 1 -- note"), None);
+        assert_eq!(parse_setting_stmt(b"RESET\n\"Work_Mem\""), Some(SettingStmt::Reset("work_mem".into())));
+        // Keywords behind comments and line breaks.
+        assert_eq!(session_stmts(b"/* tx */ BEGIN"), vec![TxStmt::Begin]);
+        assert_eq!(session_stmts(b"ROLLBACK\tTO SAVEPOINT a"), vec![]);
+        assert_eq!(session_stmts(b"rollback work to\nsp"), vec![]);
+        assert_eq!(session_stmts(b"ROLLBACK; COMMIT PREPARED 'x'"), vec![TxStmt::Rollback]);
+        assert!(maybe_tx_start(b"-- c\nbegin") && maybe_setting_stmt(b"/* a */ SET x = 1"));
     }
 
     #[test]

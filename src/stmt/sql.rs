@@ -246,6 +246,56 @@ pub fn split(sql: &[u8]) -> Vec<Range<usize>> {
     out
 }
 
+/// Where the first token of `sql` starts: whitespace and comments skipped.
+pub fn skip_space(sql: &[u8]) -> usize {
+    skip_ws(sql, 0, sql.len())
+}
+
+/// The tokens of one statement, as written: whitespace and comments are skipped; a word
+/// (letters, digits, `_`, `$`, `.` and non-ASCII bytes: keywords, names, dotted setting
+/// names, numbers), a quoted identifier or a string literal (quotes included) is one
+/// token, and any other byte is a token of its own. Keywords compare with
+/// `eq_ignore_ascii_case`. The one lexer for what the pooler reads of SQL: the session's
+/// SET/BEGIN/COMMIT recognizer uses it too.
+pub fn words(stmt: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let end = stmt.len();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        i = skip_ws(stmt, i, end);
+        if i >= end {
+            return None;
+        }
+        let start = i;
+        let c = stmt[i];
+        if c == b'"' || c == b'\'' {
+            // Up to the closing quote; a doubled quote stands for one.
+            i += 1;
+            while i < end {
+                if stmt[i] == c {
+                    if stmt.get(i + 1) == Some(&c) {
+                        i += 2;
+                        continue;
+                    }
+                    i += 1;
+                    break;
+                }
+                i += 1;
+            }
+        } else if is_word_byte(c) {
+            while i < end && is_word_byte(stmt[i]) {
+                i += 1;
+            }
+        } else {
+            i += 1;
+        }
+        Some(&stmt[start..i])
+    })
+}
+
+fn is_word_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'_' | b'$' | b'.') || c >= 0x80
+}
+
 fn skip_ws(sql: &[u8], mut i: usize, end: usize) -> usize {
     loop {
         while i < end && sql[i].is_ascii_whitespace() {
