@@ -2,14 +2,24 @@
 //!
 //! # Layout
 //!
-//! * `error`: the SQLSTATE table and the error type every client-visible failure becomes.
-//! * `protocol`: pure framing and typed views of v3 messages, and builders for the few the
-//!   pooler synthesizes. No IO.
-//! * `auth`: SCRAM-SHA-256 (both sides), md5 and cleartext checks, stored secrets. No IO.
-//! * `config`: the TOML file and command line, validated into one typed `Config`.
-//! * `session`: the per-client sans-IO state machine and its per-server reply queue.
+//! Dependencies point one way, from the top of this list down; no module imports one
+//! above it, and only `driver` does IO.
+//!
+//! * `driver`: the only code that touches sockets, timers and signals (tokio): listeners,
+//!   the per-client proxy loop, server connections, pipelining, cancel routing.
+//! * `admin`: the console (`SHOW ...`): commands in, result sets out. No IO.
 //! * `pool`: server connections per (database, user): checkout, wait queue, limits, lifetime.
-//! * `driver`: the only code that touches sockets, timers and signals (tokio).
+//! * `session`: the per-client sans-IO state machine: client and server frames in, bytes
+//!   and actions out; its reply queue, transaction, statements and retry state.
+//! * `stmt`: the prepared-statement cache's books: the registry, per-server statements, and
+//!   the SQL lexer that recognizes PREPARE/EXECUTE/DEALLOCATE and SET/BEGIN/COMMIT.
+//! * `config`: the TOML file and command line, validated into one typed `Config`.
+//! * `state`: what a connection carries that session, pool and driver all read: settings,
+//!   transaction status, statements prepared on a server.
+//! * `auth`: SCRAM-SHA-256 (both sides), md5 and cleartext checks, stored secrets. No IO.
+//! * `protocol`: pure framing, typed views of v3 messages, and builders for every message
+//!   the pooler writes. Imports nothing of the crate.
+//! * `error`: the SQLSTATE table and the error type every client-visible failure becomes.
 //! * `embedded`: a throwaway local PostgreSQL cluster, for the zero-config default and tests.
 
 pub mod admin;
