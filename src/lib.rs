@@ -11,11 +11,11 @@
 //! * `pool`: server connections per (database, user): checkout, wait queue, limits, lifetime.
 //! * `session`: the per-client sans-IO state machine: client and server frames in, bytes
 //!   and actions out; its reply queue, transaction, statements and retry state.
-//! * `stmt`: the prepared-statement cache's books: the registry, per-server statements, and
-//!   the SQL lexer that recognizes PREPARE/EXECUTE/DEALLOCATE and SET/BEGIN/COMMIT.
 //! * `config`: the TOML file and command line, validated into one typed `Config`.
 //! * `state`: what a connection carries that session, pool and driver all read: settings,
 //!   transaction status, statements prepared on a server.
+//! * `stmt`: the prepared-statement cache's books: the registry, per-server statements, and
+//!   the SQL lexer that recognizes PREPARE/EXECUTE/DEALLOCATE and SET/BEGIN/COMMIT.
 //! * `auth`: SCRAM-SHA-256 (both sides), md5 and cleartext checks, stored secrets. No IO.
 //! * `protocol`: pure framing, typed views of v3 messages, and builders for every message
 //!   the pooler writes. Imports nothing of the crate.
