@@ -3,6 +3,7 @@
 
 use super::{put_cstr, read_cstr, tags, write_msg};
 use bytes::{BufMut, BytesMut};
+use std::borrow::Cow;
 
 /// AuthenticationOk.
 pub fn auth_ok(buf: &mut BytesMut) {
@@ -76,6 +77,16 @@ pub fn error_response(buf: &mut BytesMut, severity: &str, code: &str, message: &
 /// ErrorResponse with an optional routine field.
 pub fn error_response_routine(buf: &mut BytesMut, severity: &str, code: &str, message: &str, routine: Option<&str>) {
     notice_like(buf, tags::ERROR_RESPONSE, severity, code, message, routine);
+}
+/// ErrorResponse made of `fields` (type byte, value), e.g. a server's error rewritten.
+pub fn error_response_fields<'a>(buf: &mut BytesMut, fields: impl IntoIterator<Item = (u8, Cow<'a, [u8]>)>) {
+    write_msg(buf, tags::ERROR_RESPONSE, |b| {
+        for (field, value) in fields {
+            b.put_u8(field);
+            put_cstr(b, &value);
+        }
+        b.put_u8(0);
+    });
 }
 /// NoticeResponse.
 pub fn notice_response(buf: &mut BytesMut, severity: &str, code: &str, message: &str) {

@@ -5,7 +5,7 @@
 //! (`OnReply::Synth`) sit in the same queue so local answers keep pipeline order.
 
 use crate::error::Error;
-use crate::protocol::tags;
+use crate::protocol::{backend, tags};
 use crate::stmt::Statement;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -184,27 +184,24 @@ pub struct Rename {
 impl Rename {
     /// The ErrorResponse `frame` as the client would have received it.
     pub fn rewrite_error(&self, frame: &[u8], out: &mut bytes::BytesMut) {
-        use bytes::BufMut;
+        use std::borrow::Cow;
         let body = frame.get(5..).unwrap_or_default();
-        crate::protocol::write_msg(out, crate::protocol::tags::ERROR_RESPONSE, |b| {
-            for (t, v) in crate::protocol::backend::error_fields(body) {
-                b.put_u8(t);
-                let text = String::from_utf8_lossy(v);
-                match t {
-                    b'M' | b'D' | b'H' => {
-                        let quoted = format!("\"{}\"", self.server_name);
-                        b.put_slice(text.replace(&quoted, &format!("\"{}\"", self.client_name)).as_bytes())
-                    }
-                    b'P' => match text.parse::<i64>() {
-                        Ok(p) if p >= self.from => b.put_slice((p + self.shift).max(1).to_string().as_bytes()),
-                        _ => b.put_slice(v),
-                    },
-                    _ => b.put_slice(v),
+        let fields = backend::error_fields(body).map(|(t, v)| {
+            let text = String::from_utf8_lossy(v);
+            let value = match t {
+                b'M' | b'D' | b'H' => {
+                    let quoted = format!("\"{}\"", self.server_name);
+                    Cow::Owned(text.replace(&quoted, &format!("\"{}\"", self.client_name)).into_bytes())
                 }
-                b.put_u8(0);
-            }
-            b.put_u8(0);
+                b'P' => match text.parse::<i64>() {
+                    Ok(p) if p >= self.from => Cow::Owned((p + self.shift).max(1).to_string().into_bytes()),
+                    _ => Cow::Borrowed(v),
+                },
+                _ => Cow::Borrowed(v),
+            };
+            (t, value)
         });
+        backend::error_response_fields(out, fields);
     }
 }
 
