@@ -17,9 +17,9 @@
 //! * `stmt`: the prepared-statement cache's books: the registry, per-server statements, and
 //!   the SQL lexer that recognizes PREPARE/EXECUTE/DEALLOCATE and SET/BEGIN/COMMIT.
 //! * `auth`: SCRAM-SHA-256 (both sides), md5 and cleartext checks, stored secrets. No IO.
+//! * `error`: the SQLSTATE table and the error type every client-visible failure becomes.
 //! * `protocol`: pure framing, typed views of v3 messages, and builders for every message
 //!   the pooler writes. Imports nothing of the crate.
-//! * `error`: the SQLSTATE table and the error type every client-visible failure becomes.
 //! * `embedded`: a throwaway local PostgreSQL cluster, for the zero-config default and tests.
 
 pub mod admin;
