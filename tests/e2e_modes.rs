@@ -270,6 +270,7 @@ async fn cancel_reaches_a_query_waiting_for_a_server() {
 #[tokio::test]
 async fn server_with_cancel_in_flight_is_not_handed_on() {
     use parsnip::driver::server_conn::{Credentials, ServerTarget};
+    use parsnip::driver::servers::{self, ServerConnector};
     use parsnip::pool::{Pool, PoolKey};
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
@@ -277,20 +278,14 @@ async fn server_with_cancel_in_flight_is_not_handed_on() {
     let c = cluster();
     let target =
         ServerTarget { host: "127.0.0.1".into(), port: c.port(), dbname: "postgres".into(), user: "app".into() };
-    let key = PoolKey { db: "postgres".into(), user: "app".into() };
+    let key = PoolKey::clients("postgres", "app");
     let cfg = Arc::new(parsnip::config::Config::default());
-    let pool = Arc::new(Pool::new(
-        key,
-        target,
-        parsnip::config::PoolMode::Transaction,
-        1,
-        Credentials::Password(APP_PW.into()),
-        cfg,
-    ));
+    let connector = ServerConnector::new(key.clone(), target, Credentials::Password(APP_PW.into()), cfg.clone());
+    let pool = Arc::new(Pool::new(key, parsnip::config::PoolMode::Transaction, 1, connector, cfg));
     let conn = pool.acquire().await.expect("a server connection");
     let cancel = conn.cancel.clone();
     cancel.in_flight.fetch_add(1, Ordering::AcqRel);
-    pool.release(conn, true);
+    servers::release(&pool, conn, true);
     assert!(pool.try_acquire().is_none(), "handed on while a cancel was in flight");
     let waiter = tokio::spawn({
         let pool = pool.clone();

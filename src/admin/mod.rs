@@ -1,13 +1,13 @@
 //! The admin console: a client connecting to the database `parsnip` gets SHOW commands
 //! answered by the pooler itself (simple protocol), in the spirit of PgBouncer's console.
-//! Pure: takes the command text and the pools, writes the reply messages. The driver
-//! owns the connection. Must not touch sockets or change pool state.
+//! Pure: takes the command text and a snapshot of the pools (`pool::PoolSnapshot`, taken
+//! by the driver), writes the reply messages. The driver owns the connection. Must not
+//! touch sockets or pools.
 
 use crate::error::{Error, SqlState};
-use crate::pool::Pool;
+use crate::pool::PoolSnapshot;
 use crate::protocol::backend;
 use bytes::BytesMut;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 /// The database name that reaches the console.
@@ -30,7 +30,7 @@ impl Table {
     }
 }
 
-type Show = fn(&[Arc<Pool>]) -> Table;
+type Show = fn(&[PoolSnapshot]) -> Table;
 
 /// `SHOW <name>` commands, one function each.
 const COMMANDS: &[(&str, Show)] = &[
@@ -42,12 +42,11 @@ const COMMANDS: &[(&str, Show)] = &[
     ("help", show_help),
 ];
 
-fn show_pools(pools: &[Arc<Pool>]) -> Table {
+fn show_pools(pools: &[PoolSnapshot]) -> Table {
     let rows = pools
         .iter()
         .map(|p| {
-            let (idle, open, waiting) = p.counts();
-            let s = &p.stats;
+            let (idle, open) = (p.idle, p.open);
             vec![
                 p.key.db.clone(),
                 p.key.user.clone(),
@@ -56,14 +55,14 @@ fn show_pools(pools: &[Arc<Pool>]) -> Table {
                 open.to_string(),
                 idle.to_string(),
                 (open - idle.min(open)).to_string(),
-                waiting.to_string(),
-                s.connects.load(Ordering::Relaxed).to_string(),
-                s.connect_failures.load(Ordering::Relaxed).to_string(),
-                s.checkouts.load(Ordering::Relaxed).to_string(),
-                s.waits.load(Ordering::Relaxed).to_string(),
-                s.wait_timeouts.load(Ordering::Relaxed).to_string(),
-                s.pipelined.load(Ordering::Relaxed).to_string(),
-                s.pipelined_cancels.load(Ordering::Relaxed).to_string(),
+                p.waiting.to_string(),
+                p.connects.to_string(),
+                p.connect_failures.to_string(),
+                p.checkouts.to_string(),
+                p.waits.to_string(),
+                p.wait_timeouts.to_string(),
+                p.pipelined.to_string(),
+                p.pipelined_cancels.to_string(),
             ]
         })
         .collect();
@@ -89,7 +88,7 @@ fn show_pools(pools: &[Arc<Pool>]) -> Table {
     }
 }
 
-fn show_prepared_statements(pools: &[Arc<Pool>]) -> Table {
+fn show_prepared_statements(pools: &[PoolSnapshot]) -> Table {
     let rows = pools
         .iter()
         .map(|p| {
@@ -126,7 +125,7 @@ fn show_prepared_statements(pools: &[Arc<Pool>]) -> Table {
     }
 }
 
-fn show_statements(pools: &[Arc<Pool>]) -> Table {
+fn show_statements(pools: &[PoolSnapshot]) -> Table {
     let mut rows = Vec::new();
     for p in pools {
         for (name, query, refs) in p.stmts.snapshot() {
@@ -136,17 +135,17 @@ fn show_statements(pools: &[Arc<Pool>]) -> Table {
     Table { columns: &["database", "user", "server_name", "refs", "query"], rows }
 }
 
-fn show_version(_: &[Arc<Pool>]) -> Table {
+fn show_version(_: &[PoolSnapshot]) -> Table {
     Table { columns: &["version"], rows: vec![vec![format!("parsnip {}", env!("CARGO_PKG_VERSION"))]] }
 }
 
-fn show_help(_: &[Arc<Pool>]) -> Table {
+fn show_help(_: &[PoolSnapshot]) -> Table {
     let rows = COMMANDS.iter().map(|(n, _)| vec![format!("SHOW {}", n.to_uppercase())]).collect();
     Table { columns: &["command"], rows }
 }
 
 /// Answers one console query (without the ReadyForQuery).
-pub fn respond(sql: &str, pools: &[Arc<Pool>], out: &mut BytesMut) {
+pub fn respond(sql: &str, pools: &[PoolSnapshot], out: &mut BytesMut) {
     let words: Vec<String> =
         sql.trim().trim_end_matches(';').split_whitespace().map(|w| w.to_ascii_lowercase()).collect();
     match words.as_slice() {

@@ -2,8 +2,8 @@
 //! them is forwarded to the server connection that client is linked to at that moment.
 
 use super::server_conn::CancelTarget;
+use super::servers::ServerPool;
 use super::stream::Stream;
-use crate::pool::Pool;
 use crate::protocol::startup;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -17,7 +17,7 @@ pub struct CancelSlot {
     /// Woken by a cancel that arrives while the client waits for a server.
     queued: tokio::sync::Notify,
     /// The client's pool: the way to cancel with a single signal (`send`).
-    pool: OnceLock<Weak<Pool>>,
+    pool: OnceLock<Weak<ServerPool>>,
 }
 
 /// Where a cancel request of one client goes.
@@ -36,10 +36,10 @@ enum Target {
 
 impl CancelSlot {
     /// The pool whose servers this client's queries run on.
-    pub fn bind_pool(&self, pool: &Arc<Pool>) {
+    pub fn bind_pool(&self, pool: &Arc<ServerPool>) {
         let _ = self.pool.set(Arc::downgrade(pool));
     }
-    fn pool(&self) -> Option<Arc<Pool>> {
+    fn pool(&self) -> Option<Arc<ServerPool>> {
         self.pool.get().and_then(Weak::upgrade)
     }
     /// The client was linked to a server (its batch is the one the backend runs next).
@@ -155,15 +155,15 @@ impl CancelRegistry {
 /// cannot reach the server must not keep the connection out of the pool for long.
 ///
 /// With other clients' batches queued behind the query (`CancelTarget::behind`, read after
-/// the cancel was counted in flight: a batch queued later is refused by `Pool::lend`), a
+/// the cancel was counted in flight: a batch queued later is refused by `servers::lend`), a
 /// server before PostgreSQL 18 is signalled through `pg_cancel_backend` (once) instead of a
 /// CancelRequest (twice: the second signal may cancel the next batch).
-async fn send(t: &CancelTarget, pool: Option<Arc<Pool>>) {
+async fn send(t: &CancelTarget, pool: Option<Arc<ServerPool>>) {
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         if t.behind.load(Ordering::SeqCst)
             && !t.signals_once
             && let Some(pool) = pool
-            && pool.cancel_backend(t.pid).await
+            && cancel_backend(&pool, t.pid).await
         {
             return;
         }
@@ -195,4 +195,21 @@ async fn forward(t: &CancelTarget) {
         }
         Err(e) => tracing::warn!(error = %e, "could not forward cancel request"),
     }
+}
+
+/// Cancels what backend `pid` of `pool` runs, with `pg_cancel_backend` over a short-lived
+/// connection of its own (outside the pool's count). Used when other clients' batches are
+/// queued behind that query on its connection: for a CancelRequest, PostgreSQL up to
+/// version 17 signals the backend twice (the process and its group), and the second signal
+/// can land on the next batch once the first has ended the query. `pg_cancel_backend`
+/// signals once. False when it could not be sent this way (the caller falls back to a
+/// CancelRequest).
+pub async fn cancel_backend(pool: &ServerPool, pid: i32) -> bool {
+    let Ok(mut c) = crate::pool::Connector::connect(pool.connector(), &pool.stats).await else { return false };
+    let sent = c.run_checked(&format!("SELECT pg_cancel_backend({pid})"), pool.connect_timeout()).await.is_ok();
+    if sent {
+        pool.stats.pipelined_cancels.fetch_add(1, Ordering::Relaxed);
+    }
+    c.terminate().await;
+    sent
 }

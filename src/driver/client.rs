@@ -10,10 +10,11 @@ use super::cancel::CancelSlot;
 use super::login::{self, LoginEnd};
 use super::pipe::Pipe;
 use super::server_conn::ServerConn;
+use super::servers::{self, ServerPool};
 use super::stream::Stream;
 use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
-use crate::pool::{Checkout, Lease, Pool};
+use crate::pool::{Checkout, Lease, PoolPurpose};
 use crate::protocol::{FrameError, split_frame};
 use crate::session::{Action, Fed, Session, Timeouts};
 use crate::state::{ServerState, TxStatus};
@@ -88,12 +89,14 @@ async fn serve_admin(mut stream: Stream, mut buf: BytesMut, shared: &Shared) {
         match frame[0] {
             crate::protocol::tags::QUERY => {
                 let sql = crate::protocol::frontend::query_text(crate::protocol::body(&frame)).unwrap_or_default();
-                let pools: Vec<Arc<Pool>> = {
+                let pools: Vec<Arc<ServerPool>> = {
                     let map = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
-                    let mut v: Vec<_> = map.values().filter(|p| !p.key.db.contains('\0')).cloned().collect();
+                    let mut v: Vec<_> =
+                        map.values().filter(|p| p.key.purpose == PoolPurpose::Clients).cloned().collect();
                     v.sort_by(|a, b| a.key.cmp(&b.key));
                     v
                 };
+                let pools: Vec<_> = pools.iter().map(|p| p.snapshot()).collect();
                 crate::admin::respond(&String::from_utf8_lossy(sql), &pools, &mut out);
                 crate::protocol::backend::ready_for_query(&mut out, b'I');
             }
@@ -119,7 +122,7 @@ struct Proxy {
     cbuf: BytesMut,
     session: Session,
     server: Option<Linked>,
-    pool: Arc<Pool>,
+    pool: Arc<ServerPool>,
     slot: Arc<CancelSlot>,
     shared: Arc<Shared>,
 }
@@ -341,7 +344,7 @@ impl Proxy {
                     self.slot.set(&s.cancel);
                     self.server = Some(Linked::Own(s));
                 }
-                Ok(Lease::Ticket(pipe, t)) => {
+                Ok(Lease::Ticket((pipe, t))) => {
                     let mut g = pipe.lock();
                     let head = g.is_head(t);
                     let dead = g.dead;
@@ -370,14 +373,17 @@ impl Proxy {
         }
     }
 
-    async fn wait_in_queue(&self, mut q: crate::pool::Queued) -> Result<Lease, Error> {
+    async fn wait_in_queue(
+        &self,
+        mut q: crate::pool::Queued<servers::ServerConnector>,
+    ) -> Result<Lease<servers::ServerConnector>, Error> {
         let r = tokio::select! {
             biased;
             r = self.pool.wait_queued(&mut q) => r,
             _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
         };
         if r.is_err() {
-            self.pool.abandon(q);
+            servers::abandon(&self.pool, q);
         }
         match r {
             Ok(Some(c)) => Ok(c),
@@ -403,7 +409,7 @@ impl Proxy {
                 }
                 // Bytes left unread would belong to nobody: never reuse such a connection.
                 let clean = reusable && s.rbuf.is_empty() && s.streaming == 0 && self.session.to_server.is_empty();
-                self.pool.release(s, clean);
+                servers::release(&self.pool, s, clean);
             }
             Some(Linked::Shared(pipe, t)) => {
                 let mut g = pipe.lock();
@@ -436,7 +442,7 @@ impl Proxy {
         };
         // (`Pool::lend` refuses while a cancel is on its way: it could land on the batch
         // written behind this one.)
-        if self.pool.lend(&pipe, t, depth) {
+        if servers::lend(&self.pool, &pipe, t, depth) {
             self.session.set_lent();
         }
         self.server = Some(Linked::Shared(pipe, t));
@@ -609,7 +615,7 @@ impl Proxy {
                 s.state.settings.reset_all_extra();
             }
         }
-        self.pool.release(s, ok);
+        servers::release(&self.pool, s, ok);
     }
 
     /// The client left with a ticket on a shared connection. With tickets behind it (its
@@ -676,11 +682,11 @@ impl Proxy {
 
 /// Ticket `t` leaves the pipe whose lock `g` is; the connection goes back to the pool (or
 /// is closed, if broken or left with unread bytes) when no ticket is left.
-fn leave(pool: &Arc<Pool>, mut g: std::sync::MutexGuard<'_, super::pipe::PipeInner>, t: u32) {
+fn leave(pool: &Arc<ServerPool>, mut g: std::sync::MutexGuard<'_, super::pipe::PipeInner>, t: u32) {
     let dead = g.dead;
     if let Some(c) = g.finish(t) {
         drop(g);
-        pool.release_from_pipe(c, dead);
+        servers::release_from_pipe(pool, c, dead);
     }
 }
 

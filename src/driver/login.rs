@@ -4,12 +4,13 @@
 //! AuthenticationOk, ParameterStatus, BackendKeyData and ReadyForQuery.
 
 use super::Shared;
+use super::servers::{self, ServerConnector, ServerPool};
 use super::stream::Stream;
 use crate::auth::{self, ScramServer, Secret};
 use crate::config::{AuthType, DatabaseConfig};
 use crate::driver::server_conn::{self, Credentials, ServerTarget};
 use crate::error::{Error, SqlState};
-use crate::pool::{Pool, PoolKey};
+use crate::pool::{Pool, PoolKey, PoolPurpose};
 use crate::protocol::startup::{StartupError, StartupPacket, parse_startup};
 use crate::protocol::{backend, body, frontend, split_frame, tags};
 use crate::state::settings::{self, Settings};
@@ -19,7 +20,7 @@ use std::sync::Arc;
 /// A logged-in client, ready for its session.
 pub struct LoggedIn {
     /// The pool serving it.
-    pub pool: Arc<Pool>,
+    pub pool: Arc<ServerPool>,
     /// Settings it expects on every server.
     pub settings: std::sync::Arc<Settings>,
     /// The pid it was given in BackendKeyData (its cancel key).
@@ -144,7 +145,7 @@ pub async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> 
     };
     let creds = authenticate(stream, shared, buf, &mut out, &user, db_cfg, &server_db).await?;
     backend::auth_ok(&mut out);
-    let pool = shared.pool(&db, &user, db_cfg, &server_db, creds);
+    let pool = shared.pool(&db, &user, db_cfg, &server_db, creds, PoolPurpose::Clients);
     let defaults = match pool.defaults().await {
         Ok(d) => d,
         Err(mut e) => {
@@ -212,7 +213,7 @@ async fn admin_login(
 
 /// Applies the client's reported startup parameters on a server to learn their normalized
 /// values (and to refuse invalid ones as PostgreSQL does at startup).
-async fn normalize(pool: &Pool, settings: &mut Settings) -> Result<(), LoginEnd> {
+async fn normalize(pool: &ServerPool, settings: &mut Settings) -> Result<(), LoginEnd> {
     let mut conn = pool.acquire().await.map_err(|mut e| {
         e.severity = crate::error::Severity::Fatal;
         e
@@ -246,7 +247,7 @@ async fn normalize(pool: &Pool, settings: &mut Settings) -> Result<(), LoginEnd>
     }
 }
 
-fn pool_timeout(pool: &Pool) -> std::time::Duration {
+fn pool_timeout(pool: &ServerPool) -> std::time::Duration {
     pool.connect_timeout()
 }
 
@@ -367,11 +368,12 @@ impl Shared {
         db_cfg: &DatabaseConfig,
         server_db: &str,
         creds: Credentials,
-    ) -> Arc<Pool> {
-        let key = PoolKey { db: db.to_owned(), user: user.to_owned() };
+        purpose: PoolPurpose,
+    ) -> Arc<ServerPool> {
+        let key = PoolKey { db: db.to_owned(), user: user.to_owned(), purpose };
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pools.get(&key) {
-            p.offer_credentials(&creds);
+            p.connector().offer_credentials(&creds);
             return p.clone();
         }
         let server_user = db_cfg.user.clone().unwrap_or_else(|| user.to_owned());
@@ -391,12 +393,12 @@ impl Shared {
             dbname: server_db.to_owned(),
             user: server_user,
         };
+        let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone());
         let pool = Arc::new(Pool::new(
             key.clone(),
-            target,
             self.cfg.pool_mode_for(db_cfg, user),
             self.cfg.pool_size_for(db_cfg, user),
-            creds,
+            connector,
             self.cfg.clone(),
         ));
         pools.insert(key, pool.clone());
@@ -419,14 +421,14 @@ impl Shared {
             Some(Secret::Md5(m)) => Credentials::Md5Secret(m),
             _ => db_cfg.password.clone().map(Credentials::Password).unwrap_or_default(),
         };
-        let pool = self.pool(&format!("{auth_db}\0auth"), auth_user, db_cfg, &auth_db, creds);
+        let pool = self.pool(&auth_db, auth_user, db_cfg, &auth_db, creds, PoolPurpose::AuthQuery);
         let mut conn = pool.acquire().await.map_err(|mut e| {
             e.severity = crate::error::Severity::Fatal;
             e
         })?;
         let sql = query.replace("$1", &settings::quote_literal(user));
         let rows = conn.query_rows(&sql, self.cfg.server_connect_timeout()).await;
-        pool.release(conn, rows.is_ok());
+        servers::release(&pool, conn, rows.is_ok());
         let rows = rows.map_err(|m| {
             Error::fatal(SqlState::INVALID_AUTHORIZATION_SPECIFICATION, format!("auth_query failed: {m}"))
         })?;

@@ -9,12 +9,14 @@ pub mod client;
 pub mod login;
 pub mod pipe;
 pub mod server_conn;
+pub mod servers;
 pub mod stream;
 
 use crate::config::Config;
 use crate::error::{Error, SqlState};
-use crate::pool::{Pool, PoolKey};
+use crate::pool::PoolKey;
 use cancel::CancelRegistry;
+use servers::ServerPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +31,7 @@ pub struct Shared {
     /// The configuration.
     pub cfg: Arc<Config>,
     /// Pools by (database, user).
-    pub pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    pub pools: Mutex<HashMap<PoolKey, Arc<ServerPool>>>,
     /// Cancel keys.
     pub cancels: CancelRegistry,
     /// One permit per client connection.
@@ -178,7 +180,8 @@ async fn janitor(shared: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let pools: Vec<Arc<Pool>> = shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let pools: Vec<Arc<ServerPool>> =
+            shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         for p in pools {
             p.expire_waiters();
             p.prune();

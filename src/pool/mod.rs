@@ -1,29 +1,37 @@
 //! Server connections per (database, user): checkout with a FIFO wait queue and a wait
-//! timeout, a size limit, connect retries, lifetime and idle limits, and direct hand-off
-//! of a returned connection to the longest-waiting client. One small mutex per pool, held
-//! only to move a connection in or out; never across IO.
+//! timeout, a size limit, lifetime and idle limits, and direct hand-off of a returned
+//! connection (or a pipelining ticket) to the longest-waiting client. One small mutex per
+//! pool, held only to move a connection in or out; never across IO.
 //!
-//! Must not know about client sessions or protocol state beyond "reusable or not".
+//! Generic over what it holds (`conn::Pooled`) and over who opens it
+//! (`conn::Connector`): the driver supplies both for its server connections, and the unit
+//! tests a connection of their own. So the pool does no IO, spawns no task and never
+//! sleeps; opening a connection (with its retries) is the connector's, and the periodic
+//! `prune` / `expire_waiters` calls are the driver's janitor.
+//!
+//! Must not know about sockets, client sessions or protocol state beyond "reusable or not".
+
+mod conn;
+mod key;
+mod queue;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+pub use conn::{Connecting, Connector, Pooled};
+pub use key::{PoolKey, PoolPurpose};
+pub use queue::{Checkout, Lease, Queued};
+pub use stats::{PoolSnapshot, PoolStats};
 
 use crate::config::{Config, PoolMode};
-use crate::driver::pipe::Pipe;
-use crate::driver::server_conn::{self, ConnectError, Credentials, ServerConn, ServerTarget};
 use crate::error::{Error, SqlState};
 use crate::state::settings::{Settings, TRACKED};
+use queue::{Handoff, Waiter};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
-
-/// Identifies a pool: the database name clients use and the client user name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PoolKey {
-    /// Database name as the client gave it.
-    pub db: String,
-    /// Client user name.
-    pub user: String,
-}
 
 /// What a new client is told about the server at login, learnt from the first connection.
 #[derive(Debug)]
@@ -34,96 +42,25 @@ pub struct ServerDefaults {
     pub settings: Settings,
 }
 
-/// What a waiting checkout is woken with.
-enum Handoff {
-    /// A connection handed over directly.
-    Conn(Box<ServerConn>),
-    /// A ticket on a connection still busy with other clients' batches (`driver::pipe`).
-    Ticket(Arc<Pipe>, u32),
-    /// A slot was freed: try again (the waiter may open a connection).
-    SlotFreed,
-    /// `query_wait_timeout` passed (found by `expire_waiters`).
-    TimedOut,
-}
-
-/// What `Pool::checkout` found.
-pub enum Checkout {
-    /// An idle connection.
-    Ready(Box<ServerConn>),
-    /// A place in the wait queue: `Pool::wait_queued`.
-    Queued(Queued),
-    /// A connection must be opened: `Pool::acquire`.
-    Slow,
-}
-
-/// A place in a pool's wait queue.
-pub struct Queued(oneshot::Receiver<Handoff>);
-
-/// What a queued client is given.
-pub enum Lease {
-    /// A connection of its own.
-    Own(Box<ServerConn>),
-    /// A ticket on a shared connection (`driver::pipe`): its batch goes behind others'.
-    Ticket(Arc<Pipe>, u32),
-}
-
-/// A queued checkout. Its deadline is enforced by `expire_waiters` (the janitor), not by
-/// a timer per wait: arming and cancelling a timer cost more than the rest of a hand-off.
-struct Waiter {
-    tx: oneshot::Sender<Handoff>,
-    deadline: Option<Instant>,
-    /// A client's checkout (`checkout`), which can take a ticket on a shared connection.
-    takes_ticket: bool,
-}
-
-impl std::fmt::Debug for Waiter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Waiter").field("deadline", &self.deadline).finish()
-    }
-}
-
-#[derive(Debug, Default)]
-struct Inner {
+struct Inner<K: Connector> {
     // Boxed so a checkout moves a pointer, and a client holding one stays small.
     #[allow(clippy::vec_box)]
-    idle: Vec<Box<ServerConn>>,
+    idle: Vec<Box<K::Conn>>,
     /// Connections open or being opened (idle + in use + connecting).
     open: usize,
-    waiters: VecDeque<Waiter>,
-}
-
-/// Counters, readable without the lock.
-#[derive(Debug, Default)]
-pub struct PoolStats {
-    /// Server connections opened.
-    pub connects: AtomicU64,
-    /// Failed connect attempts.
-    pub connect_failures: AtomicU64,
-    /// Checkouts served.
-    pub checkouts: AtomicU64,
-    /// Checkouts that had to wait.
-    pub waits: AtomicU64,
-    /// Checkouts that timed out.
-    pub wait_timeouts: AtomicU64,
-    /// Checkouts served with a ticket on a connection busy with other batches.
-    pub pipelined: AtomicU64,
-    /// Cancels sent with `pg_cancel_backend` because batches were queued behind the query.
-    pub pipelined_cancels: AtomicU64,
+    waiters: VecDeque<Waiter<K>>,
 }
 
 /// One pool.
-#[derive(Debug)]
-pub struct Pool {
+pub struct Pool<K: Connector> {
     /// Its key.
     pub key: PoolKey,
-    /// Where it connects.
-    pub target: ServerTarget,
     /// Pool mode of its clients.
     pub mode: PoolMode,
     /// Maximum open connections.
     pub size: usize,
-    creds: Mutex<Credentials>,
-    inner: Mutex<Inner>,
+    connector: K,
+    inner: Mutex<Inner<K>>,
     defaults: OnceLock<Arc<ServerDefaults>>,
     cfg: Arc<Config>,
     /// Counters.
@@ -134,23 +71,21 @@ pub struct Pool {
     settings: Mutex<std::collections::HashMap<u64, std::sync::Weak<Settings>>>,
 }
 
-impl Pool {
-    /// A pool with no connections yet.
-    pub fn new(
-        key: PoolKey,
-        target: ServerTarget,
-        mode: PoolMode,
-        size: usize,
-        creds: Credentials,
-        cfg: Arc<Config>,
-    ) -> Pool {
+impl<K: Connector> std::fmt::Debug for Pool<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("key", &self.key).field("mode", &self.mode).field("size", &self.size).finish()
+    }
+}
+
+impl<K: Connector> Pool<K> {
+    /// A pool with no connections yet, opening them with `connector`.
+    pub fn new(key: PoolKey, mode: PoolMode, size: usize, connector: K, cfg: Arc<Config>) -> Pool<K> {
         Pool {
             key,
-            target,
             mode,
             size,
-            creds: Mutex::new(creds),
-            inner: Mutex::new(Inner::default()),
+            connector,
+            inner: Mutex::new(Inner { idle: Vec::new(), open: 0, waiters: VecDeque::new() }),
             defaults: OnceLock::new(),
             stmts: Arc::new(crate::stmt::Registry::new(cfg.stmt_config())),
             settings: Mutex::new(std::collections::HashMap::new()),
@@ -159,16 +94,13 @@ impl Pool {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Gives the pool credentials if it has none (learnt from a client's login).
-    pub fn offer_credentials(&self, creds: &Credentials) {
-        let mut c = self.creds.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*c, Credentials::None) && !matches!(creds, Credentials::None) {
-            *c = creds.clone();
-        }
+    /// Who opens this pool's connections.
+    pub fn connector(&self) -> &K {
+        &self.connector
     }
 
     /// The server's startup parameters, connecting once if none is known yet.
@@ -182,14 +114,14 @@ impl Pool {
         Ok(d)
     }
 
-    fn learn_defaults(&self, conn: &ServerConn) -> Arc<ServerDefaults> {
+    fn learn_defaults(&self, conn: &K::Conn) -> Arc<ServerDefaults> {
         self.defaults
             .get_or_init(|| {
                 let mut settings = Settings::default();
                 for name in TRACKED {
-                    settings.set_reported(name, conn.state.settings.reported(name).unwrap_or(""));
+                    settings.set_reported(name, conn.settings().reported(name).unwrap_or(""));
                 }
-                Arc::new(ServerDefaults { params: conn.params.clone(), settings })
+                Arc::new(ServerDefaults { params: conn.startup_params().to_vec(), settings })
             })
             .clone()
     }
@@ -211,15 +143,11 @@ impl Pool {
         a
     }
 
-    /// An idle, healthy connection right now, if there is one and nobody is waiting.
-    pub fn try_acquire(&self) -> Option<Box<ServerConn>> {
-        let mut g = self.lock();
-        if !g.waiters.is_empty() {
-            return None;
-        }
+    /// An idle, healthy connection from the idle list (closing the ones that are not),
+    /// counted as a checkout.
+    fn take_idle(&self, g: &mut Inner<K>) -> Option<Box<K::Conn>> {
         while let Some(mut c) = g.idle.pop() {
             if c.is_healthy() && !self.expired(&c) {
-                drop(g);
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 return Some(c);
             }
@@ -228,18 +156,22 @@ impl Pool {
         None
     }
 
+    /// An idle, healthy connection right now, if there is one and nobody is waiting.
+    pub fn try_acquire(&self) -> Option<Box<K::Conn>> {
+        let mut g = self.lock();
+        if !g.waiters.is_empty() {
+            return None;
+        }
+        self.take_idle(&mut g)
+    }
+
     /// A checkout that awaits nothing unless it must queue: an idle connection, or a place
     /// in the wait queue (`wait_queued`), or `Slow` when a connection must be opened (then
     /// call `acquire`). What a client does per transaction, so it allocates no future.
-    pub fn checkout(&self) -> Checkout {
+    pub fn checkout(&self) -> Checkout<K> {
         let mut g = self.lock();
-        while let Some(mut c) = g.idle.pop() {
-            if c.is_healthy() && !self.expired(&c) {
-                drop(g);
-                self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-                return Checkout::Ready(c);
-            }
-            g.open -= 1;
+        if let Some(c) = self.take_idle(&mut g) {
+            return Checkout::Ready(c);
         }
         if g.open < self.size && g.waiters.is_empty() {
             return Checkout::Slow;
@@ -254,16 +186,16 @@ impl Pool {
 
     /// Waits for a queued checkout: a connection, the timeout error, or None when the
     /// pool asks the waiter to try again through `acquire_woken` (a slot was freed).
-    pub async fn wait_queued(&self, q: &mut Queued) -> Result<Option<Lease>, Error> {
+    pub async fn wait_queued(&self, q: &mut Queued<K>) -> Result<Option<Lease<K>>, Error> {
         match (&mut q.0).await {
             Ok(Handoff::Conn(c)) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 Ok(Some(Lease::Own(c)))
             }
-            Ok(Handoff::Ticket(p, t)) => {
+            Ok(Handoff::Ticket(t)) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 self.stats.pipelined.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(Lease::Ticket(p, t)))
+                Ok(Some(Lease::Ticket(t)))
             }
             Ok(Handoff::TimedOut) => Err(self.wait_timed_out()),
             Ok(Handoff::SlotFreed) | Err(_) => Ok(None),
@@ -271,32 +203,17 @@ impl Pool {
     }
 
     /// Leaves the queue (the client gave up): a connection handed over meanwhile comes
-    /// back to the pool instead of being dropped with the receiver.
-    pub fn abandon(self: &Arc<Self>, mut q: Queued) {
+    /// back to the pool instead of being dropped with the receiver; a ticket handed over
+    /// is returned for the caller to give back.
+    #[must_use]
+    pub fn abandon(&self, mut q: Queued<K>) -> Option<K::Ticket> {
         q.0.close();
         match q.0.try_recv() {
             Ok(Handoff::Conn(c)) => self.release_now(c, true),
-            Ok(Handoff::Ticket(p, t)) => self.retract_ticket(&p, t, None),
+            Ok(Handoff::Ticket(t)) => return Some(t),
             _ => {}
         }
-    }
-
-    /// Gives up ticket `t`, which never wrote: the writer is `back` again. The connection
-    /// comes back to the pool if no other ticket holds it.
-    pub fn retract_ticket(self: &Arc<Self>, p: &Pipe, t: u32, back: Option<u32>) {
-        let mut g = p.lock();
-        let dead = g.dead;
-        if let Some(c) = g.retract(t, back) {
-            drop(g);
-            self.release_from_pipe(c, dead);
-        }
-    }
-
-    /// Returns a connection no ticket holds any more: closed if its pipe broke or bytes
-    /// are left unread in it (they would belong to nobody).
-    pub fn release_from_pipe(self: &Arc<Self>, c: Box<ServerConn>, dead: bool) {
-        let clean = !dead && c.rbuf.is_empty() && c.streaming == 0;
-        self.release(c, clean);
+        None
     }
 
     /// True when the client first in the queue could take a ticket on a shared connection.
@@ -304,43 +221,24 @@ impl Pool {
         self.lock().waiters.front().is_some_and(|w| w.takes_ticket && !w.tx.is_closed())
     }
 
-    /// Lets the first queued client write its batch on `pipe` behind the batches in flight
-    /// there (at most `depth` of them), taking the writer's role from ticket `from`. False
-    /// when nobody could take it (the writer stays `from`).
-    pub fn lend(self: &Arc<Self>, pipe: &Arc<Pipe>, from: u32, depth: usize) -> bool {
+    /// Hands a ticket to the first queued client that can take one. `make` makes it (with
+    /// the pool's lock held, so no checkout slips in between) or declines (None). Ok(true):
+    /// handed over; Ok(false): nobody took one; Err(ticket): the waiter left just then, and
+    /// the caller takes its ticket back.
+    pub fn lend(&self, make: impl FnOnce() -> Option<K::Ticket>) -> Result<bool, K::Ticket> {
         let mut g = self.lock();
         while g.waiters.front().is_some_and(|w| w.tx.is_closed()) {
             g.waiters.pop_front();
         }
         if !g.waiters.front().is_some_and(|w| w.takes_ticket) {
-            return false;
+            return Ok(false);
         }
-        let t = {
-            let mut p = pipe.lock();
-            // A connection past its lifetime takes no more batches: it must come back to
-            // the pool once to be closed.
-            if p.dead || p.depth() >= depth || !p.is_writer(from) || p.conn.as_ref().is_none_or(|c| self.expired(c)) {
-                return false;
-            }
-            let t = p.add_ticket();
-            // A cancel on its way now could land on the batch written behind. Checked after
-            // `add_ticket` published that batches are queued (`CancelTarget::behind`): a
-            // cancel counted in flight later sees it and signals the backend only once.
-            if p.conn.as_ref().is_some_and(|c| c.cancel.in_flight.load(Ordering::SeqCst) > 0) {
-                p.retract(t, Some(from));
-                return false;
-            }
-            t
-        };
-        let Some(w) = g.waiters.pop_front() else { return false };
-        match w.tx.send(Handoff::Ticket(pipe.clone(), t)) {
-            Ok(()) => true,
-            Err(_) => {
-                drop(g);
-                // The waiter left meanwhile: the ticket is taken back before anyone used it.
-                self.retract_ticket(pipe, t, Some(from));
-                false
-            }
+        let Some(ticket) = make() else { return Ok(false) };
+        let Some(w) = g.waiters.pop_front() else { return Err(ticket) };
+        match w.tx.send(Handoff::Ticket(ticket)) {
+            Ok(()) => Ok(true),
+            Err(Handoff::Ticket(back)) => Err(back),
+            Err(_) => Ok(false),
         }
     }
 
@@ -358,23 +256,13 @@ impl Pool {
     /// Checks out a connection: an idle one, a new one if below size, or the next one
     /// returned, waiting at most `query_wait_timeout` (give or take the janitor's period,
     /// see `expire_waiters`).
-    pub async fn acquire(&self) -> Result<Box<ServerConn>, Error> {
+    pub async fn acquire(&self) -> Result<Box<K::Conn>, Error> {
         let deadline = self.cfg.query_wait_timeout().map(|t| Instant::now() + t);
         let mut waited = false;
         loop {
             let rx = {
                 let mut g = self.lock();
-                let mut found = None;
-                while let Some(mut c) = g.idle.pop() {
-                    if c.is_healthy() && !self.expired(&c) {
-                        found = Some(c);
-                        break;
-                    }
-                    g.open -= 1;
-                }
-                if let Some(c) = found {
-                    drop(g);
-                    self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+                if let Some(c) = self.take_idle(&mut g) {
                     return Ok(c);
                 }
                 if g.open < self.size && g.waiters.is_empty() {
@@ -387,7 +275,7 @@ impl Pool {
                 }
             };
             let Some(rx) = rx else {
-                return match self.connect().await {
+                return match self.connector.connect(&self.stats).await {
                     Ok(c) => {
                         self.learn_defaults(&c);
                         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
@@ -424,7 +312,7 @@ impl Pool {
     /// After `wait_queued` gave None (this waiter was told a slot is free): open a
     /// connection in that slot, or queue again. The freed slot is this waiter's even if
     /// others are queued (they were not told).
-    pub async fn acquire_woken(&self) -> Result<Box<ServerConn>, Error> {
+    pub async fn acquire_woken(&self) -> Result<Box<K::Conn>, Error> {
         if self.reserve_freed_slot() {
             return self.connect_reserved().await;
         }
@@ -440,8 +328,8 @@ impl Pool {
         ok
     }
 
-    async fn connect_reserved(&self) -> Result<Box<ServerConn>, Error> {
-        match self.connect().await {
+    async fn connect_reserved(&self) -> Result<Box<K::Conn>, Error> {
+        match self.connector.connect(&self.stats).await {
             Ok(c) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 Ok(c)
@@ -453,57 +341,9 @@ impl Pool {
         }
     }
 
-    /// Cancels what backend `pid` of this pool runs, with `pg_cancel_backend` over a
-    /// short-lived connection of its own (outside the pool's count). Used when other
-    /// clients' batches are queued behind that query on its connection: for a
-    /// CancelRequest, PostgreSQL up to version 17 signals the backend twice (the process
-    /// and its group), and the second signal can land on the next batch once the first
-    /// has ended the query. `pg_cancel_backend` signals once. False when it could not be
-    /// sent this way (the caller falls back to a CancelRequest).
-    pub async fn cancel_backend(&self, pid: i32) -> bool {
-        let Ok(mut c) = self.connect().await else { return false };
-        let sent =
-            c.run_checked(&format!("SELECT pg_cancel_backend({pid})"), self.cfg.server_connect_timeout()).await.is_ok();
-        if sent {
-            self.stats.pipelined_cancels.fetch_add(1, Ordering::Relaxed);
-        }
-        c.terminate().await;
-        sent
-    }
-
-    async fn connect(&self) -> Result<Box<ServerConn>, Error> {
-        let attempts = self.cfg.server_connect_attempts.max(1);
-        let mut last = None;
-        for attempt in 0..attempts {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(self.cfg.server_login_retry_ms)).await;
-            }
-            let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            match server_conn::connect(&self.target, &creds, self.cfg.server_connect_timeout()).await {
-                Ok(c) => {
-                    self.stats.connects.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(db = %self.key.db, user = %self.key.user, pid = c.cancel.pid, "server connection opened");
-                    return Ok(Box::new(c));
-                }
-                Err(e) => {
-                    self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(db = %self.key.db, user = %self.key.user, error = ?e, "server connect failed");
-                    let retry = matches!(e, ConnectError::Io(_))
-                        || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
-                    last = Some(e);
-                    if !retry {
-                        break;
-                    }
-                }
-            }
-        }
-        Err(last
-            .map(|e| e.to_error())
-            .unwrap_or_else(|| Error::fatal(SqlState::CONNECTION_FAILURE, "could not connect to server")))
-    }
-
-    fn expired(&self, c: &ServerConn) -> bool {
-        self.cfg.server_lifetime().is_some_and(|l| c.created.elapsed() >= l)
+    /// Whether `c` is past `server_lifetime`.
+    pub fn expired(&self, c: &K::Conn) -> bool {
+        self.cfg.server_lifetime().is_some_and(|l| c.created().elapsed() >= l)
     }
 
     /// A connection slot was given up: let one waiter open a new connection.
@@ -518,35 +358,22 @@ impl Pool {
     }
 
     /// Returns a connection. Not reusable or past its lifetime: it is closed.
-    pub fn release(self: &Arc<Self>, conn: Box<ServerConn>, reusable: bool) {
+    pub fn release(&self, conn: Box<K::Conn>, reusable: bool) {
         if !reusable || self.expired(&conn) {
             drop(conn);
             return self.slot_freed();
         }
-        if conn.cancel.in_flight.load(std::sync::atomic::Ordering::Acquire) > 0 {
-            // A cancel request is on its way to this backend: the next client's query would
-            // take it. Hand the connection on once it has landed.
-            let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                drop(conn);
-                return self.slot_freed();
-            };
-            let pool = self.clone();
-            rt.spawn(async move {
-                let settled = conn.cancel.wait_settled(Duration::from_secs(6)).await;
-                pool.release_now(conn, settled);
-            });
-            return;
-        }
         self.release_now(conn, true);
     }
 
-    /// Returns a connection no client's cancel key can reach (login, the pool's own use).
-    pub fn release_now(&self, mut conn: Box<ServerConn>, reusable: bool) {
+    /// Returns a connection as it is (lifetime not checked): to the first waiter, else to
+    /// the idle list. Not reusable: it is closed.
+    pub fn release_now(&self, mut conn: Box<K::Conn>, reusable: bool) {
         if !reusable {
             drop(conn);
             return self.slot_freed();
         }
-        conn.last_used = Instant::now();
+        conn.touch(Instant::now());
         let mut g = self.lock();
         while let Some(w) = g.waiters.pop_front() {
             match w.tx.send(Handoff::Conn(conn)) {
@@ -564,8 +391,8 @@ impl Pool {
         let mut g = self.lock();
         let before = g.idle.len();
         g.idle.retain(|c| {
-            !(idle_limit.is_some_and(|l| c.last_used.elapsed() >= l)
-                || self.cfg.server_lifetime().is_some_and(|l| c.created.elapsed() >= l))
+            !(idle_limit.is_some_and(|l| c.last_used().elapsed() >= l)
+                || self.cfg.server_lifetime().is_some_and(|l| c.created().elapsed() >= l))
         });
         let closed = before - g.idle.len();
         g.open -= closed;
@@ -606,6 +433,29 @@ impl Pool {
     pub fn counts(&self) -> (usize, usize, usize) {
         let g = self.lock();
         (g.idle.len(), g.open, g.waiters.len())
+    }
+
+    /// The pool as the console shows it, now.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let (idle, open, waiting) = self.counts();
+        let mut s = PoolSnapshot {
+            key: self.key.clone(),
+            mode: self.mode,
+            size: self.size,
+            idle,
+            open,
+            waiting,
+            connects: 0,
+            connect_failures: 0,
+            checkouts: 0,
+            waits: 0,
+            wait_timeouts: 0,
+            pipelined: 0,
+            pipelined_cancels: 0,
+            stmts: self.stmts.clone(),
+        };
+        self.stats.fill(&mut s);
+        s
     }
 
     /// The server connect timeout, also used for the pooler's own short queries.

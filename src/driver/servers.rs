@@ -1,0 +1,181 @@
+//! The driver's side of the pool (`crate::pool` is generic and does no IO): how server
+//! connections are opened (`ServerConnector`, with the configured retries), given back
+//! (`release`: a connection with a cancel on its way waits for it to land), and shared by
+//! pipelining (`lend`, `retract_ticket`, `release_from_pipe`).
+
+use super::pipe::Pipe;
+use super::server_conn::{self, ConnectError, Credentials, ServerConn, ServerTarget};
+use crate::config::Config;
+use crate::error::{Error, SqlState};
+use crate::pool::{Connecting, Connector, Pool, PoolKey, PoolStats, Pooled};
+use crate::state::Settings;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A pool of server connections.
+pub type ServerPool = Pool<ServerConnector>;
+
+/// A pipelining ticket: a place behind other clients' batches on a shared connection.
+pub type Ticket = (Arc<Pipe>, u32);
+
+/// Opens one pool's server connections.
+#[derive(Debug)]
+pub struct ServerConnector {
+    /// The pool's key (for logs).
+    key: PoolKey,
+    /// Where it connects.
+    pub target: ServerTarget,
+    creds: Mutex<Credentials>,
+    cfg: Arc<Config>,
+}
+
+impl ServerConnector {
+    /// Connects to `target` with `creds` (attempts, retry pause and timeout from `cfg`).
+    pub fn new(key: PoolKey, target: ServerTarget, creds: Credentials, cfg: Arc<Config>) -> ServerConnector {
+        ServerConnector { key, target, creds: Mutex::new(creds), cfg }
+    }
+
+    /// Takes `creds` if it has none (learnt from a client's login).
+    pub fn offer_credentials(&self, creds: &Credentials) {
+        let mut c = self.creds.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*c, Credentials::None) && !matches!(creds, Credentials::None) {
+            *c = creds.clone();
+        }
+    }
+
+    async fn connect_with_retries(&self, stats: &PoolStats) -> Result<Box<ServerConn>, Error> {
+        let attempts = self.cfg.server_connect_attempts.max(1);
+        let mut last = None;
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(self.cfg.server_login_retry_ms)).await;
+            }
+            let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match server_conn::connect(&self.target, &creds, self.cfg.server_connect_timeout()).await {
+                Ok(c) => {
+                    stats.connects.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(db = %self.key.db, user = %self.key.user, pid = c.cancel.pid, "server connection opened");
+                    return Ok(Box::new(c));
+                }
+                Err(e) => {
+                    stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(db = %self.key.db, user = %self.key.user, error = ?e, "server connect failed");
+                    let retry = matches!(e, ConnectError::Io(_))
+                        || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
+                    last = Some(e);
+                    if !retry {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last
+            .map(|e| e.to_error())
+            .unwrap_or_else(|| Error::fatal(SqlState::CONNECTION_FAILURE, "could not connect to server")))
+    }
+}
+
+impl Connector for ServerConnector {
+    type Conn = ServerConn;
+    type Ticket = Ticket;
+
+    fn connect<'a>(&'a self, stats: &'a PoolStats) -> Connecting<'a, ServerConn> {
+        Box::pin(self.connect_with_retries(stats))
+    }
+}
+
+impl Pooled for ServerConn {
+    fn is_healthy(&mut self) -> bool {
+        ServerConn::is_healthy(self)
+    }
+    fn created(&self) -> Instant {
+        self.created
+    }
+    fn last_used(&self) -> Instant {
+        self.last_used
+    }
+    fn touch(&mut self, now: Instant) {
+        self.last_used = now;
+    }
+    fn startup_params(&self) -> &[(String, String)] {
+        &self.params
+    }
+    fn settings(&self) -> &Settings {
+        &self.state.settings
+    }
+}
+
+/// Gives a client's connection back to `pool`. One with a cancel request on its way to its
+/// backend is handed on only once that has landed (the next client's query would take it).
+pub fn release(pool: &Arc<ServerPool>, conn: Box<ServerConn>, reusable: bool) {
+    if reusable && !pool.expired(&conn) && conn.cancel.in_flight.load(Ordering::Acquire) > 0 {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return pool.release(conn, false);
+        };
+        let pool = pool.clone();
+        rt.spawn(async move {
+            let settled = conn.cancel.wait_settled(Duration::from_secs(6)).await;
+            pool.release_now(conn, settled);
+        });
+        return;
+    }
+    pool.release(conn, reusable);
+}
+
+/// Returns a connection no ticket holds any more: closed if its pipe broke or bytes are
+/// left unread in it (they would belong to nobody).
+pub fn release_from_pipe(pool: &Arc<ServerPool>, c: Box<ServerConn>, dead: bool) {
+    let clean = !dead && c.rbuf.is_empty() && c.streaming == 0;
+    release(pool, c, clean);
+}
+
+/// Gives up ticket `t` on `p`, which never wrote: the writer is `back` again. The
+/// connection comes back to the pool if no other ticket holds it.
+pub fn retract_ticket(pool: &Arc<ServerPool>, p: &Pipe, t: u32, back: Option<u32>) {
+    let mut g = p.lock();
+    let dead = g.dead;
+    if let Some(c) = g.retract(t, back) {
+        drop(g);
+        release_from_pipe(pool, c, dead);
+    }
+}
+
+/// Leaves the pool's queue (the client gave up): a ticket handed over meanwhile is given
+/// back.
+pub fn abandon(pool: &Arc<ServerPool>, q: crate::pool::Queued<ServerConnector>) {
+    if let Some((p, t)) = pool.abandon(q) {
+        retract_ticket(pool, &p, t, None);
+    }
+}
+
+/// Lets the first queued client write its batch on `pipe` behind the batches in flight
+/// there (at most `depth` of them), taking the writer's role from ticket `from`. False
+/// when nobody could take it (the writer stays `from`).
+pub fn lend(pool: &Arc<ServerPool>, pipe: &Arc<Pipe>, from: u32, depth: usize) -> bool {
+    let offered = pool.lend(|| {
+        let mut p = pipe.lock();
+        // A connection past its lifetime takes no more batches: it must come back to the
+        // pool once to be closed.
+        if p.dead || p.depth() >= depth || !p.is_writer(from) || p.conn.as_ref().is_none_or(|c| pool.expired(c)) {
+            return None;
+        }
+        let t = p.add_ticket();
+        // A cancel on its way now could land on the batch written behind. Checked after
+        // `add_ticket` published that batches are queued (`CancelTarget::behind`): a cancel
+        // counted in flight later sees it and signals the backend only once.
+        if p.conn.as_ref().is_some_and(|c| c.cancel.in_flight.load(Ordering::SeqCst) > 0) {
+            p.retract(t, Some(from));
+            return None;
+        }
+        Some((pipe.clone(), t))
+    });
+    match offered {
+        Ok(lent) => lent,
+        Err((p, t)) => {
+            // The waiter left meanwhile: the ticket is taken back before anyone used it.
+            retract_ticket(pool, &p, t, Some(from));
+            false
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! What the pool needs of the connections it holds, and of whoever opens them: the two
+//! traits the driver implements for its server connections. The pool knows nothing else
+//! about them (no sockets, no protocol).
+
+use super::stats::PoolStats;
+use crate::error::Error;
+use crate::state::Settings;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
+/// A connection as the pool sees it.
+pub trait Pooled: Send + 'static {
+    /// Still usable: not broken, nothing unread.
+    fn is_healthy(&mut self) -> bool;
+    /// When it was opened (`server_lifetime`).
+    fn created(&self) -> Instant;
+    /// When it was last given back (`server_idle_timeout`).
+    fn last_used(&self) -> Instant;
+    /// Records that it was given back now.
+    fn touch(&mut self, now: Instant);
+    /// The parameters the server reported at startup (ParameterStatus), for new clients.
+    fn startup_params(&self) -> &[(String, String)];
+    /// The settings in effect on it.
+    fn settings(&self) -> &Settings;
+}
+
+/// A future a connector returns (boxed: connecting is the rare, slow path).
+pub type Connecting<'a, C> = Pin<Box<dyn Future<Output = Result<Box<C>, Error>> + Send + 'a>>;
+
+/// Opens the connections of one pool, and names what a queued client may be handed
+/// besides a connection of its own.
+pub trait Connector: Send + Sync + 'static {
+    /// The connection.
+    type Conn: Pooled;
+    /// A share of a connection busy with other clients' batches (the driver's pipelining
+    /// ticket); the pool only passes it on.
+    type Ticket: Send + 'static;
+    /// Opens a connection, with the retries the configuration asks for, counting
+    /// connects and failures in `stats`.
+    fn connect<'a>(&'a self, stats: &'a PoolStats) -> Connecting<'a, Self::Conn>;
+}

@@ -1,0 +1,54 @@
+//! The wait queue: what a checkout finds, what a queued client is woken with, and the
+//! waiter entries.
+
+use super::conn::Connector;
+use std::time::Instant;
+use tokio::sync::oneshot;
+
+/// What a waiting checkout is woken with.
+pub(super) enum Handoff<K: Connector> {
+    /// A connection handed over directly.
+    Conn(Box<K::Conn>),
+    /// A ticket on a connection still busy with other clients' batches.
+    Ticket(K::Ticket),
+    /// A slot was freed: try again (the waiter may open a connection).
+    SlotFreed,
+    /// `query_wait_timeout` passed (found by `expire_waiters`).
+    TimedOut,
+}
+
+/// What `Pool::checkout` found.
+pub enum Checkout<K: Connector> {
+    /// An idle connection.
+    Ready(Box<K::Conn>),
+    /// A place in the wait queue: `Pool::wait_queued`.
+    Queued(Queued<K>),
+    /// A connection must be opened: `Pool::acquire`.
+    Slow,
+}
+
+/// A place in a pool's wait queue.
+pub struct Queued<K: Connector>(pub(super) oneshot::Receiver<Handoff<K>>);
+
+/// What a queued client is given.
+pub enum Lease<K: Connector> {
+    /// A connection of its own.
+    Own(Box<K::Conn>),
+    /// A ticket on a shared connection: its batch goes behind others'.
+    Ticket(K::Ticket),
+}
+
+/// A queued checkout. Its deadline is enforced by `expire_waiters` (the janitor), not by
+/// a timer per wait: arming and cancelling a timer cost more than the rest of a hand-off.
+pub(super) struct Waiter<K: Connector> {
+    pub(super) tx: oneshot::Sender<Handoff<K>>,
+    pub(super) deadline: Option<Instant>,
+    /// A client's checkout (`checkout`), which can take a ticket on a shared connection.
+    pub(super) takes_ticket: bool,
+}
+
+impl<K: Connector> std::fmt::Debug for Waiter<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiter").field("deadline", &self.deadline).finish()
+    }
+}

@@ -1,0 +1,179 @@
+//! The pool's bookkeeping with a connection type of the tests' own: no sockets, no server.
+
+use super::*;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+/// A connection that is healthy unless told otherwise.
+struct Dummy {
+    id: usize,
+    healthy: bool,
+    created: Instant,
+    last_used: Instant,
+    settings: Settings,
+}
+
+impl Pooled for Dummy {
+    fn is_healthy(&mut self) -> bool {
+        self.healthy
+    }
+    fn created(&self) -> Instant {
+        self.created
+    }
+    fn last_used(&self) -> Instant {
+        self.last_used
+    }
+    fn touch(&mut self, now: Instant) {
+        self.last_used = now;
+    }
+    fn startup_params(&self) -> &[(String, String)] {
+        &[]
+    }
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+/// Opens numbered connections; fails while `fail` is set; `age` makes them look old.
+#[derive(Default)]
+struct Opener {
+    opened: AtomicUsize,
+    fail: std::sync::atomic::AtomicBool,
+    age: Duration,
+}
+
+impl Connector for Opener {
+    type Conn = Dummy;
+    type Ticket = u32;
+    fn connect<'a>(&'a self, stats: &'a PoolStats) -> Connecting<'a, Dummy> {
+        Box::pin(async move {
+            if self.fail.load(Ordering::Relaxed) {
+                stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::fatal(SqlState::CONNECTION_FAILURE, "no server"));
+            }
+            stats.connects.fetch_add(1, Ordering::Relaxed);
+            let now = Instant::now();
+            let created = now.checked_sub(self.age).unwrap_or(now);
+            let id = self.opened.fetch_add(1, Ordering::Relaxed);
+            Ok(Box::new(Dummy { id, healthy: true, created, last_used: now, settings: Settings::default() }))
+        })
+    }
+}
+
+fn pool_with(size: usize, opener: Opener, cfg: Config) -> Arc<Pool<Opener>> {
+    Arc::new(Pool::new(PoolKey::clients("db", "u"), PoolMode::Transaction, size, opener, Arc::new(cfg)))
+}
+
+fn pool(size: usize) -> Arc<Pool<Opener>> {
+    pool_with(size, Opener::default(), Config::default())
+}
+
+#[tokio::test]
+async fn a_returned_connection_is_reused_and_the_size_is_a_limit() {
+    let p = pool(2);
+    assert!(matches!(p.checkout(), Checkout::Slow));
+    let a = p.acquire().await.expect("first");
+    let b = p.acquire().await.expect("second");
+    assert_eq!(p.counts(), (0, 2, 0));
+    // Full: the next checkout queues.
+    let Checkout::Queued(mut q) = p.checkout() else { panic!("a full pool queues") };
+    assert_eq!(p.counts(), (0, 2, 1));
+    // A connection given back goes straight to the waiter, not to the idle list.
+    let a_id = a.id;
+    p.release(a, true);
+    match p.wait_queued(&mut q).await {
+        Ok(Some(Lease::Own(c))) => assert_eq!(c.id, a_id),
+        _ => panic!("the waiter gets the returned connection"),
+    }
+    assert_eq!(p.counts(), (0, 2, 0));
+    p.release(b, true);
+    assert_eq!(p.counts(), (1, 2, 0));
+    let Checkout::Ready(c) = p.checkout() else { panic!("an idle connection is ready") };
+    assert_eq!(p.connector().opened.load(Ordering::Relaxed), 2, "no third connection opened");
+    p.release(c, false);
+    assert_eq!(p.counts(), (0, 1, 0), "not reusable: closed");
+}
+
+#[tokio::test]
+async fn waiters_are_served_first_come_first_served() {
+    let p = pool(1);
+    let c = p.acquire().await.expect("one");
+    let Checkout::Queued(mut first) = p.checkout() else { panic!("queued") };
+    let Checkout::Queued(mut second) = p.checkout() else { panic!("queued") };
+    p.release(c, true);
+    let Ok(Some(Lease::Own(c))) = p.wait_queued(&mut first).await else { panic!("first waiter served") };
+    assert_eq!(p.counts(), (0, 1, 1), "the second still waits");
+    p.release(c, true);
+    assert!(matches!(p.wait_queued(&mut second).await, Ok(Some(Lease::Own(_)))));
+}
+
+#[tokio::test]
+async fn broken_and_old_connections_are_closed_not_handed_out() {
+    let p = pool(2);
+    let mut c = p.acquire().await.expect("one");
+    c.healthy = false;
+    p.release(c, true);
+    assert_eq!(p.counts(), (1, 1, 0));
+    // The checkout finds it broken, closes it and asks for a new one.
+    assert!(matches!(p.checkout(), Checkout::Slow));
+    assert_eq!(p.counts(), (0, 0, 0));
+
+    let cfg = Config { server_lifetime_ms: 60_000, ..Config::default() };
+    let p = pool_with(2, Opener { age: Duration::from_secs(3600), ..Opener::default() }, cfg);
+    let c = p.acquire().await.expect("an old one");
+    assert!(p.expired(&c));
+    p.release(c, true);
+    assert_eq!(p.counts(), (0, 0, 0), "past its lifetime: closed at release");
+    let c = p.acquire().await.expect("another old one");
+    p.release_now(c, true);
+    assert_eq!(p.counts(), (1, 1, 0));
+    p.prune();
+    assert_eq!(p.counts(), (0, 0, 0), "pruned");
+}
+
+#[tokio::test]
+async fn a_failed_connect_gives_its_slot_to_a_waiter() {
+    let p = pool(1);
+    p.connector().fail.store(true, Ordering::Relaxed);
+    assert!(p.acquire().await.is_err());
+    assert_eq!(p.counts(), (0, 0, 0), "the slot was given back");
+    assert_eq!(p.stats.connect_failures.load(Ordering::Relaxed), 1);
+    p.connector().fail.store(false, Ordering::Relaxed);
+    // A waiter told a slot is free opens a connection in it.
+    let c = p.acquire().await.expect("connects now");
+    let Checkout::Queued(mut q) = p.checkout() else { panic!("queued") };
+    p.release(c, false);
+    assert!(matches!(p.wait_queued(&mut q).await, Ok(None)), "told to try again");
+    assert!(p.acquire_woken().await.is_ok());
+}
+
+#[tokio::test]
+async fn tickets_go_to_client_waiters_and_come_back_when_they_left() {
+    let p = pool(1);
+    let c = p.acquire().await.expect("one");
+    assert_eq!(p.lend(|| Some(7)), Ok(false), "nobody waits");
+    let Checkout::Queued(mut q) = p.checkout() else { panic!("queued") };
+    assert!(p.ticket_waiter());
+    assert_eq!(p.lend(|| None), Ok(false), "declined by the maker");
+    assert_eq!(p.lend(|| Some(7)), Ok(true));
+    assert!(matches!(p.wait_queued(&mut q).await, Ok(Some(Lease::Ticket(7)))));
+    assert_eq!(p.stats.pipelined.load(Ordering::Relaxed), 1);
+    // A waiter that left: its ticket comes back to the lender.
+    let Checkout::Queued(q) = p.checkout() else { panic!("queued") };
+    assert_eq!(p.abandon(q), None);
+    assert_eq!(p.lend(|| Some(8)), Ok(false), "a closed waiter is skipped");
+    let Checkout::Queued(q) = p.checkout() else { panic!("queued") };
+    assert_eq!(p.lend(|| Some(9)), Ok(true));
+    assert_eq!(p.abandon(q), Some(9), "handed over, then abandoned: given back");
+    p.release(c, true);
+}
+
+#[test]
+fn a_waiter_whose_client_left_is_forgotten() {
+    let p = pool(0);
+    let Checkout::Queued(q) = p.checkout() else { panic!("a pool of size 0 queues") };
+    assert_eq!(p.counts(), (0, 0, 1));
+    drop(q);
+    p.expire_waiters();
+    assert_eq!(p.counts(), (0, 0, 0));
+}
