@@ -8,6 +8,8 @@
 //! * `driver`: the only code that touches sockets, timers and signals (tokio): listeners,
 //!   the per-client proxy loop, server connections, pipelining, cancel routing.
 //! * `admin`: the console (`SHOW ...`): commands in, result sets out. No IO.
+//! * `login`: the login phase as a sans-IO state machine: startup packet, protocol
+//!   negotiation, authentication, welcome. No IO.
 //! * `pool`: server connections per (database, user): checkout, wait queue, limits, lifetime.
 //! * `session`: the per-client sans-IO state machine: client and server frames in, bytes
 //!   and actions out; its reply queue, transaction, statements and retry state.
@@ -28,6 +30,7 @@ pub mod config;
 pub mod driver;
 pub mod embedded;
 pub mod error;
+pub mod login;
 pub mod pool;
 pub mod protocol;
 pub mod session;

@@ -269,7 +269,8 @@ async fn cancel_reaches_a_query_waiting_for_a_server() {
 /// arrives, and that must not be another client's query.
 #[tokio::test]
 async fn server_with_cancel_in_flight_is_not_handed_on() {
-    use parsnip::driver::server_conn::{Credentials, ServerTarget};
+    use parsnip::auth::Credentials;
+    use parsnip::driver::server_conn::ServerTarget;
     use parsnip::driver::servers::{self, ServerConnector};
     use parsnip::pool::{Pool, PoolKey};
     use std::sync::Arc;

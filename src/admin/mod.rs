@@ -10,9 +10,6 @@ use crate::protocol::backend;
 use bytes::BytesMut;
 use std::sync::atomic::Ordering;
 
-/// The database name that reaches the console.
-pub const ADMIN_DB: &str = "parsnip";
-
 /// One result set: column names and text rows.
 struct Table {
     columns: &'static [&'static str],

@@ -251,3 +251,22 @@ mod tests {
         }
     }
 }
+
+/// What the pooler can log in to a server with.
+#[derive(Clone, Debug, Default)]
+pub enum Credentials {
+    /// Nothing: the server must trust us.
+    #[default]
+    None,
+    /// A plain password (any method).
+    Password(String),
+    /// A stored md5 secret ("md5…"): answers md5 challenges.
+    Md5Secret(String),
+    /// SCRAM keys recovered from a client's SCRAM exchange.
+    ScramKeys {
+        /// ClientKey.
+        client_key: [u8; 32],
+        /// ServerKey, to check the server's signature.
+        server_key: [u8; 32],
+    },
+}

@@ -3,7 +3,7 @@
 //! collect the ParameterStatus and BackendKeyData the server sends before ReadyForQuery.
 
 use super::stream::Stream;
-use crate::auth::{self, ScramClient};
+use crate::auth::{self, Credentials, ScramClient};
 use crate::error::{Error, SqlState};
 use crate::protocol::{backend, body, frontend, split_frame, startup, tags};
 use crate::state::settings::tracked_name;
@@ -11,25 +11,6 @@ use crate::state::{ServerState, TxStatus};
 use bytes::{Buf, BytesMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What the pooler can log in to a server with.
-#[derive(Clone, Debug, Default)]
-pub enum Credentials {
-    /// Nothing: the server must trust us.
-    #[default]
-    None,
-    /// A plain password (any method).
-    Password(String),
-    /// A stored md5 secret ("md5…"): answers md5 challenges.
-    Md5Secret(String),
-    /// SCRAM keys recovered from a client's SCRAM exchange.
-    ScramKeys {
-        /// ClientKey.
-        client_key: [u8; 32],
-        /// ServerKey, to check the server's signature.
-        server_key: [u8; 32],
-    },
-}
 
 /// Where and as whom a pool connects.
 #[derive(Clone, Debug)]

@@ -4,7 +4,8 @@
 //! pipelining (`lend`, `retract_ticket`, `release_from_pipe`).
 
 use super::pipe::Pipe;
-use super::server_conn::{self, ConnectError, Credentials, ServerConn, ServerTarget};
+use super::server_conn::{self, ConnectError, ServerConn, ServerTarget};
+use crate::auth::Credentials;
 use crate::config::Config;
 use crate::error::{Error, SqlState};
 use crate::pool::{Connecting, Connector, Pool, PoolKey, PoolStats, Pooled};

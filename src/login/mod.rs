@@ -1,0 +1,302 @@
+//! The login phase of a client connection as a sans-IO state machine: the startup packet
+//! (SSLRequest and GSSENCRequest answered 'N', CancelRequest handed to the driver),
+//! protocol version negotiation, the database lookup, password authentication (trust,
+//! cleartext, md5, SCRAM-SHA-256) and the welcome (AuthenticationOk, ParameterStatus,
+//! BackendKeyData, ReadyForQuery).
+//!
+//! The driver feeds it the client's bytes (`handle_bytes`) and the answers to what it asks
+//! for (`Step::NeedSecret` → `handle_secret`; `Step::Authenticated` → the pool's server
+//! defaults and a cancel key → `welcome`), and writes `to_client`. Randomness (the md5
+//! salt, the SCRAM nonce) is injected (`Entropy`), so tests run without sockets or luck.
+//!
+//! Owns: what is said to a client before its session starts. Must not touch sockets,
+//! pools or the clock: the driver does the IO, the timeout and the secret lookups.
+
+mod auth;
+#[cfg(test)]
+mod tests;
+
+use crate::auth::{Credentials, Secret};
+use crate::config::{AuthType, Config, DatabaseConfig};
+use crate::error::{Error, SqlState};
+use crate::protocol::startup::{StartupError, StartupPacket, parse_startup};
+use crate::protocol::{backend, split_frame};
+use crate::state::Settings;
+use crate::state::settings::{startup_settings, tracked_name};
+use bytes::{BufMut, BytesMut};
+use std::sync::Arc;
+
+/// The database name that reaches the admin console (unless a database of that name is
+/// configured).
+pub const ADMIN_DB: &str = "parsnip";
+
+/// What the driver must do next.
+#[derive(Debug)]
+pub enum Step {
+    /// Write `to_client`, read more from the client, and call `handle_bytes`.
+    NeedBytes,
+    /// The connection is a CancelRequest: forward it; the connection then ends.
+    Cancel {
+        /// The pid the client was given.
+        pid: i32,
+        /// Its secret key.
+        key: Vec<u8>,
+    },
+    /// Look up the secret of `Login::user` with auth_query (`Login::target`), then call
+    /// `handle_secret`.
+    NeedSecret,
+    /// The client is authenticated (AuthenticationOk is in `to_client`): with `creds`, get
+    /// the pool and its server defaults, then call `welcome` and write `to_client`.
+    Authenticated(Credentials),
+    /// An admin console user is logged in: write `to_client` and serve the console.
+    Console,
+    /// Close the connection, after writing the error if there is one (`to_client` is
+    /// dropped: PostgreSQL sends nothing else either).
+    Close(Option<Error>),
+}
+
+/// The randomness one login draws.
+#[derive(Clone, Debug)]
+pub struct Entropy {
+    /// The salt of an md5 challenge.
+    pub md5_salt: [u8; 4],
+    /// The server part of a SCRAM nonce (printable ASCII, no ',').
+    pub scram_nonce: String,
+}
+
+impl Entropy {
+    /// Fresh random values.
+    pub fn random() -> Entropy {
+        Entropy { md5_salt: rand::random(), scram_nonce: crate::auth::ScramClient::random_nonce() }
+    }
+}
+
+/// Where a login goes once authenticated.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The database's configuration entry.
+    pub db_cfg: DatabaseConfig,
+    /// The database name on the server.
+    pub server_db: String,
+    /// The admin console rather than a database.
+    pub console: bool,
+}
+
+/// Where the exchange stands.
+enum Phase {
+    /// Waiting for the startup packet.
+    Startup,
+    /// Waiting for `handle_secret`.
+    AwaitSecret,
+    /// Waiting for a password message (the method and secret it is checked with).
+    Password(auth::Pending),
+    /// Done: nothing more is fed.
+    Done,
+}
+
+/// One client's login. See the module doc.
+pub struct Login {
+    cfg: Arc<Config>,
+    shutting_down: bool,
+    entropy: Entropy,
+    phase: Phase,
+    /// Bytes to write to the client.
+    pub to_client: BytesMut,
+    /// The user name of the startup packet.
+    pub user: String,
+    /// The database name the client asked for.
+    pub db: String,
+    /// The startup packet's parameters, in order.
+    pub params: Vec<(String, String)>,
+    /// Where the login goes (known once the startup packet is read).
+    pub target: Option<Target>,
+}
+
+impl Login {
+    /// A login under `cfg`; `shutting_down` refuses it as PostgreSQL does (57P03).
+    pub fn new(cfg: Arc<Config>, shutting_down: bool, entropy: Entropy) -> Login {
+        Login {
+            cfg,
+            shutting_down,
+            entropy,
+            phase: Phase::Startup,
+            to_client: BytesMut::with_capacity(512),
+            user: String::new(),
+            db: String::new(),
+            params: Vec::new(),
+            target: None,
+        }
+    }
+
+    /// The client's bytes so far (`buf`, consumed as far as they are used).
+    pub fn handle_bytes(&mut self, buf: &mut BytesMut) -> Step {
+        match self.phase {
+            Phase::Startup => self.on_startup_bytes(buf),
+            Phase::Password(_) => match split_frame(buf, 10_000) {
+                Ok(Some(n)) => {
+                    let frame = buf.split_to(n);
+                    self.on_password(&frame)
+                }
+                Ok(None) => Step::NeedBytes,
+                Err(e) => self.close(Error::protocol(e.to_string())),
+            },
+            // Nothing is read meanwhile.
+            Phase::AwaitSecret | Phase::Done => Step::NeedBytes,
+        }
+    }
+
+    fn on_startup_bytes(&mut self, buf: &mut BytesMut) -> Step {
+        loop {
+            let packet = match parse_startup(buf) {
+                Ok(Some((p, n))) => {
+                    let _ = buf.split_to(n);
+                    p
+                }
+                Ok(None) => return Step::NeedBytes,
+                Err(e) => return self.close(protocol_err(e)),
+            };
+            match packet {
+                // No encryption (yet): the client goes on in plaintext or gives up.
+                StartupPacket::Ssl | StartupPacket::GssEnc => self.to_client.put_u8(b'N'),
+                StartupPacket::Cancel { pid, key } => {
+                    self.phase = Phase::Done;
+                    return Step::Cancel { pid, key };
+                }
+                StartupPacket::Startup { minor, params } => return self.on_startup(minor, params),
+            }
+        }
+    }
+
+    fn on_startup(&mut self, minor: u16, params: Vec<(String, String)>) -> Step {
+        let unknown: Vec<&str> =
+            params.iter().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k.as_str()).collect();
+        if minor > 0 || !unknown.is_empty() {
+            backend::negotiate_protocol_version(&mut self.to_client, 0, &unknown);
+        }
+        let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let Some(user) = get("user").filter(|u| !u.is_empty()) else {
+            return self.close(Error::fatal(
+                SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                "no PostgreSQL user name specified in startup packet",
+            ));
+        };
+        let db = get("database").filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
+        if get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
+            return self.close(Error::fatal(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "replication connections are not supported by parsnip",
+            ));
+        }
+        if self.shutting_down {
+            return self.close(Error::fatal(SqlState::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
+        }
+        let cfg = self.cfg.clone();
+        let target = if db == ADMIN_DB && !cfg.databases.contains_key(&db) {
+            let db_cfg = cfg.database("postgres").map(|(d, _)| d.clone()).unwrap_or_default();
+            Target { db_cfg, server_db: "postgres".into(), console: true }
+        } else {
+            let Some((db_cfg, server_db)) = cfg.database(&db) else {
+                return self
+                    .close(Error::fatal(SqlState::UNDEFINED_DATABASE, format!("database \"{db}\" does not exist")));
+            };
+            Target { db_cfg: db_cfg.clone(), server_db, console: false }
+        };
+        self.user = user;
+        self.db = db;
+        self.params = params;
+        self.target = Some(target);
+        self.start_auth()
+    }
+
+    /// The answer to `Step::NeedSecret`: the user's secret, or None for an unknown user.
+    pub fn handle_secret(&mut self, secret: Option<Secret>) -> Step {
+        if !matches!(self.phase, Phase::AwaitSecret) {
+            return Step::NeedBytes;
+        }
+        self.begin_password(secret)
+    }
+
+    /// The client's settings for its session: the server's defaults (`defaults`), then
+    /// what its startup packet set. True when the server must normalize them (PostgreSQL
+    /// reports normalized values, e.g. DateStyle "ISO" as "ISO, MDY"): the driver applies
+    /// them on a server connection and reads the values back.
+    pub fn client_settings(&self, defaults: &Settings) -> (Settings, bool) {
+        let mut settings = defaults.clone();
+        let (reported, extras) = startup_settings(&self.params);
+        for (name, value) in &reported {
+            settings.set_reported(name, value);
+        }
+        for (name, sql) in extras {
+            settings.set_extra(name, sql);
+        }
+        let normalize =
+            reported.iter().any(|(n, v)| *n != "application_name" && defaults.reported(n) != Some(v.as_str()));
+        (settings, normalize)
+    }
+
+    /// The end of a client login: the server's parameters (`server_params`, with the
+    /// client's own values for the tracked ones in `settings`), the cancel key, and
+    /// ReadyForQuery.
+    pub fn welcome(&mut self, server_params: &[(String, String)], settings: &Settings, pid: i32, key: i32) {
+        for (k, v) in server_params {
+            let v = tracked_name(k).and_then(|n| settings.reported(n)).unwrap_or(v);
+            backend::parameter_status(&mut self.to_client, k, v);
+        }
+        backend::backend_key_data(&mut self.to_client, pid, key);
+        backend::ready_for_query(&mut self.to_client, b'I');
+        self.phase = Phase::Done;
+    }
+
+    /// Authentication succeeded with `creds`.
+    fn authenticated(&mut self, creds: Credentials) -> Step {
+        self.phase = Phase::Done;
+        if self.target.as_ref().is_some_and(|t| t.console) {
+            return self.console_welcome();
+        }
+        backend::auth_ok(&mut self.to_client);
+        Step::Authenticated(creds)
+    }
+
+    /// The console: the user must be an admin (any user under trust with no admin_users).
+    fn console_welcome(&mut self) -> Step {
+        let cfg = &self.cfg;
+        let allowed =
+            cfg.admin_users.contains(&self.user) || (cfg.admin_users.is_empty() && cfg.auth_type == AuthType::Trust);
+        if !allowed {
+            let user = self.user.clone();
+            return self.close(Error::fatal(
+                SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                format!("user \"{user}\" is not allowed to use the parsnip console (admin_users)"),
+            ));
+        }
+        let out = &mut self.to_client;
+        backend::auth_ok(out);
+        backend::parameter_status(out, "server_version", "15.0 (parsnip console)");
+        backend::parameter_status(out, "client_encoding", "UTF8");
+        backend::parameter_status(out, "server_encoding", "UTF8");
+        backend::parameter_status(out, "DateStyle", "ISO, MDY");
+        backend::parameter_status(out, "integer_datetimes", "on");
+        backend::parameter_status(out, "standard_conforming_strings", "on");
+        backend::backend_key_data(out, 0, 0);
+        backend::ready_for_query(out, b'I');
+        Step::Console
+    }
+
+    /// Ends the login with `err` (what was queued for the client is dropped).
+    fn close(&mut self, err: Error) -> Step {
+        self.phase = Phase::Done;
+        self.to_client.clear();
+        Step::Close(Some(err))
+    }
+}
+
+fn protocol_err(e: StartupError) -> Error {
+    match e {
+        StartupError::BadLength(n) => Error::protocol(format!("invalid length of startup packet: {n}")),
+        StartupError::UnsupportedProtocol(v) => Error::fatal(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            format!("unsupported frontend protocol {}.{}: server supports 3.0 to 3.0", v >> 16, v & 0xffff),
+        ),
+        StartupError::Malformed(m) => Error::protocol(m),
+    }
+}

@@ -1,0 +1,254 @@
+//! Logins driven with bytes, without sockets: every startup packet kind and every
+//! authentication method, with the randomness fixed.
+
+use super::*;
+use crate::auth::{ScramClient, ScramSecret};
+use crate::config::UserConfig;
+use crate::protocol::startup::{cancel_request, startup_message};
+use crate::protocol::{frontend, tags};
+
+const NONCE: &str = "fixed+server+nonce";
+
+fn config(auth: AuthType, users: &[(&str, &str)]) -> Arc<Config> {
+    let mut cfg = Config { auth_type: auth, ..Config::default() };
+    cfg.databases.insert("*".into(), DatabaseConfig::default());
+    for (u, p) in users {
+        cfg.users.insert((*u).into(), UserConfig { password: Some((*p).into()), ..UserConfig::default() });
+    }
+    Arc::new(cfg)
+}
+
+fn login(cfg: Arc<Config>) -> Login {
+    Login::new(cfg, false, Entropy { md5_salt: [1, 2, 3, 4], scram_nonce: NONCE.into() })
+}
+
+fn startup(params: &[(&str, &str)]) -> BytesMut {
+    let mut b = BytesMut::new();
+    startup_message(&mut b, params);
+    b
+}
+
+/// A 4-byte request code packet (SSLRequest 80877103, GSSENCRequest 80877104).
+fn request(code: i32) -> BytesMut {
+    let mut b = BytesMut::new();
+    b.put_i32(8);
+    b.put_i32(code);
+    b
+}
+
+fn tags_of(b: &[u8]) -> String {
+    let mut out = String::new();
+    let mut rest = b;
+    while let Ok(Some(n)) = split_frame(rest, usize::MAX) {
+        out.push(rest[0] as char);
+        rest = &rest[n..];
+    }
+    out
+}
+
+fn password_msg(data: &[u8], nul: bool) -> BytesMut {
+    let mut b = BytesMut::new();
+    frontend::password(&mut b, data, nul);
+    b
+}
+
+fn closed_with(step: Step, code: &str) {
+    match step {
+        Step::Close(Some(e)) => assert_eq!(e.code.0, code, "{e}"),
+        other => panic!("expected a close with {code}, got {other:?}"),
+    }
+}
+
+/// The AuthenticationRequest code of the last frame in `out`.
+fn auth_code(out: &[u8]) -> i32 {
+    assert_eq!(out[0], tags::AUTHENTICATION, "{out:?}");
+    i32::from_be_bytes(out[5..9].try_into().unwrap())
+}
+
+#[test]
+fn trust_login_ends_with_the_welcome() {
+    let mut m = login(config(AuthType::Trust, &[]));
+    let mut buf = startup(&[("user", "alice"), ("database", "app"), ("application_name", "x")]);
+    let Step::Authenticated(creds) = m.handle_bytes(&mut buf) else { panic!("trust authenticates at once") };
+    assert!(matches!(creds, Credentials::None));
+    assert!(buf.is_empty());
+    assert_eq!((m.user.as_str(), m.db.as_str()), ("alice", "app"));
+    let mut defaults = Settings::default();
+    defaults.set_reported("application_name", "");
+    let (settings, normalize) = m.client_settings(&defaults);
+    assert!(!normalize, "application_name needs no normalizing");
+    assert_eq!(settings.reported("application_name"), Some("x"));
+    m.welcome(&[("application_name".into(), "".into()), ("server_version".into(), "18".into())], &settings, 9, 7);
+    assert_eq!(tags_of(&m.to_client), "RSSKZ");
+}
+
+#[test]
+fn ssl_and_gssenc_requests_are_answered_n_then_the_startup_goes_on() {
+    for code in [80877103, 80877104] {
+        let mut m = login(config(AuthType::Trust, &[]));
+        let mut buf = request(code);
+        assert!(matches!(m.handle_bytes(&mut buf), Step::NeedBytes));
+        assert_eq!(&m.to_client[..], b"N");
+        m.to_client.clear();
+        buf.extend_from_slice(&startup(&[("user", "u")]));
+        assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)));
+    }
+    // Both in one read: one 'N', then the login.
+    let mut m = login(config(AuthType::Trust, &[]));
+    let mut buf = request(80877103);
+    buf.extend_from_slice(&startup(&[("user", "u")]));
+    assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)));
+    assert_eq!(m.to_client[0], b'N');
+}
+
+#[test]
+fn a_partial_packet_waits_for_more_bytes() {
+    let mut m = login(config(AuthType::Trust, &[]));
+    let full = startup(&[("user", "u")]);
+    let mut buf = BytesMut::from(&full[..5]);
+    assert!(matches!(m.handle_bytes(&mut buf), Step::NeedBytes));
+    buf.extend_from_slice(&full[5..]);
+    assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)));
+}
+
+#[test]
+fn a_cancel_request_is_handed_to_the_driver() {
+    let mut m = login(config(AuthType::Trust, &[]));
+    let mut buf = cancel_request(42, &7i32.to_be_bytes());
+    match m.handle_bytes(&mut buf) {
+        Step::Cancel { pid, key } => assert_eq!((pid, key), (42, 7i32.to_be_bytes().to_vec())),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_startup_packets_get_postgres_errors() {
+    // Protocol 2.0.
+    let mut buf = BytesMut::new();
+    buf.put_i32(8);
+    buf.put_i32(2 << 16);
+    closed_with(login(config(AuthType::Trust, &[])).handle_bytes(&mut buf), "0A000");
+    // An impossible length.
+    let mut buf = BytesMut::new();
+    buf.put_i32(3);
+    buf.put_i32(0);
+    closed_with(login(config(AuthType::Trust, &[])).handle_bytes(&mut buf), "08P01");
+    // No user, an unknown database (no "*" entry), a replication connection, shutting down.
+    closed_with(login(config(AuthType::Trust, &[])).handle_bytes(&mut startup(&[("database", "x")])), "28000");
+    let strict = Arc::new(Config { auth_type: AuthType::Trust, ..Config::default() });
+    closed_with(login(strict).handle_bytes(&mut startup(&[("user", "u"), ("database", "nope")])), "3D000");
+    closed_with(
+        login(config(AuthType::Trust, &[])).handle_bytes(&mut startup(&[("user", "u"), ("replication", "true")])),
+        "0A000",
+    );
+    let mut m = Login::new(config(AuthType::Trust, &[]), true, Entropy::random());
+    closed_with(m.handle_bytes(&mut startup(&[("user", "u")])), "57P03");
+}
+
+#[test]
+fn a_newer_minor_version_and_unknown_options_are_negotiated_down() {
+    let mut m = login(config(AuthType::Trust, &[]));
+    let mut buf = startup(&[("user", "u"), ("_pq_.x", "1")]);
+    assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)));
+    assert_eq!(tags_of(&m.to_client), "vR", "NegotiateProtocolVersion, then AuthenticationOk");
+}
+
+#[test]
+fn cleartext_password_right_and_wrong() {
+    for (given, ok) in [("secret", true), ("nope", false)] {
+        let mut m = login(config(AuthType::Password, &[("u", "secret")]));
+        assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
+        assert_eq!(auth_code(&m.to_client), 3);
+        m.to_client.clear();
+        let step = m.handle_bytes(&mut password_msg(given.as_bytes(), true));
+        match (step, ok) {
+            (Step::Authenticated(Credentials::Password(p)), true) => assert_eq!(p, "secret"),
+            (step, false) => closed_with(step, "28P01"),
+            (other, _) => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn md5_challenge_uses_the_injected_salt() {
+    let stored = crate::auth::md5_secret("u", "pw");
+    for (given, ok) in [("pw", true), ("other", false)] {
+        let mut m = login(config(AuthType::Md5, &[("u", &stored)]));
+        assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
+        assert_eq!(auth_code(&m.to_client), 5);
+        assert_eq!(&m.to_client[9..13], &[1, 2, 3, 4]);
+        let answer = crate::auth::md5_response(&crate::auth::md5_secret("u", given), [1, 2, 3, 4]);
+        let step = m.handle_bytes(&mut password_msg(answer.as_bytes(), true));
+        match (step, ok) {
+            (Step::Authenticated(Credentials::Md5Secret(s)), true) => assert_eq!(s, stored),
+            (step, false) => closed_with(step, "28P01"),
+            (other, _) => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Runs a SCRAM exchange against the login with `password`; the step after client-final.
+fn scram(m: &mut Login, password: &str) -> Step {
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
+    assert_eq!(auth_code(&m.to_client), 10, "AuthenticationSASL");
+    m.to_client.clear();
+    let mut client = ScramClient::with_password(password, "client+nonce".into());
+    let mut b = BytesMut::new();
+    frontend::sasl_initial_response(&mut b, crate::auth::SCRAM_SHA_256, &client.client_first());
+    assert!(matches!(m.handle_bytes(&mut b), Step::NeedBytes));
+    assert_eq!(auth_code(&m.to_client), 11, "AuthenticationSASLContinue");
+    let server_first = m.to_client[9..].to_vec();
+    assert!(String::from_utf8_lossy(&server_first).contains(NONCE), "the injected nonce is used");
+    m.to_client.clear();
+    let client_final = client.handle_server_first(&server_first).expect("server-first");
+    m.handle_bytes(&mut password_msg(&client_final, false))
+}
+
+#[test]
+fn scram_right_and_wrong_password() {
+    let secret = ScramSecret::from_password("pw", b"0123456789abcdef", 4096).to_pg_string();
+    let mut m = login(config(AuthType::ScramSha256, &[("u", &secret)]));
+    match scram(&mut m, "pw") {
+        Step::Authenticated(Credentials::ScramKeys { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(tags_of(&m.to_client), "RR", "SASLFinal, then AuthenticationOk");
+    let mut m = login(config(AuthType::ScramSha256, &[("u", &secret)]));
+    closed_with(scram(&mut m, "wrong"), "28P01");
+}
+
+#[test]
+fn a_non_password_message_during_authentication_is_a_protocol_violation() {
+    let mut m = login(config(AuthType::Password, &[("u", "secret")]));
+    let _ = m.handle_bytes(&mut startup(&[("user", "u")]));
+    let mut q = BytesMut::new();
+    frontend::query(&mut q, "SELECT 1");
+    closed_with(m.handle_bytes(&mut q), "08P01");
+}
+
+#[test]
+fn auth_query_users_are_looked_up_and_unknown_ones_refused_as_postgres_does() {
+    let mut cfg = (*config(AuthType::ScramSha256, &[])).clone();
+    cfg.auth_query = Some("SELECT usename, passwd FROM pg_shadow WHERE usename = $1".into());
+    cfg.auth_user = Some("auth".into());
+    let mut m = login(Arc::new(cfg));
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "ghost")])), Step::NeedSecret));
+    assert!(m.to_client.is_empty(), "nothing said until the secret is known");
+    assert!(matches!(m.handle_secret(None), Step::NeedBytes));
+    assert_eq!(auth_code(&m.to_client), 3, "asked for a password, as for an unknown role");
+    closed_with(m.handle_bytes(&mut password_msg(b"anything", true)), "28P01");
+}
+
+#[test]
+fn the_console_needs_an_admin_user() {
+    // Trust with no admin_users: anyone.
+    let mut m = login(config(AuthType::Trust, &[]));
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u"), ("database", ADMIN_DB)])), Step::Console));
+    assert_eq!(tags_of(&m.to_client), "RSSSSSSKZ");
+    // A password user not in admin_users: refused after authenticating.
+    let mut cfg = (*config(AuthType::Password, &[("u", "pw")])).clone();
+    cfg.admin_users = vec!["boss".into()];
+    let mut m = login(Arc::new(cfg));
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u"), ("database", ADMIN_DB)])), Step::NeedBytes));
+    closed_with(m.handle_bytes(&mut password_msg(b"pw", true)), "28000");
+}
