@@ -12,6 +12,7 @@ use super::pipe::Pipe;
 use super::server_conn::ServerConn;
 use super::servers::{self, ServerPool};
 use super::stream::Stream;
+use crate::admin::ConsoleStep;
 use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
 use crate::pool::{Checkout, Lease, PoolPurpose};
@@ -67,53 +68,33 @@ pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     p.shared.cancels.unregister(pid);
 }
 
-/// The console loop: simple queries in, SHOW results out.
+/// The console: the sans-IO `admin::Console` answers; this moves the bytes.
 async fn serve_admin(mut stream: Stream, mut buf: BytesMut, shared: &Shared) {
-    let mut out = BytesMut::new();
+    let mut console = crate::admin::Console::default();
     loop {
-        let frame = loop {
-            match split_frame(&buf, 1 << 20) {
-                Ok(Some(n)) => break buf.split_to(n),
-                Ok(None) => {}
-                Err(e) => {
-                    let _ = stream.write_all(&Error::protocol(e.to_string()).to_bytes()).await;
-                    return;
-                }
+        let step = console.handle_bytes(&mut buf, || {
+            let pools: Vec<Arc<ServerPool>> = {
+                let map = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+                map.values().filter(|p| p.key.purpose == PoolPurpose::Clients).cloned().collect()
+            };
+            let mut v: Vec<_> = pools.iter().map(|p| p.snapshot()).collect();
+            v.sort_by(|a, b| a.key.cmp(&b.key));
+            v
+        });
+        if !console.to_client.is_empty() {
+            if stream.write_all(&console.to_client).await.is_err() {
+                return;
             }
-            buf.reserve(1024);
-            match stream.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        };
-        match frame[0] {
-            crate::protocol::tags::QUERY => {
-                let sql = crate::protocol::frontend::query_text(crate::protocol::body(&frame)).unwrap_or_default();
-                let pools: Vec<Arc<ServerPool>> = {
-                    let map = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
-                    let mut v: Vec<_> =
-                        map.values().filter(|p| p.key.purpose == PoolPurpose::Clients).cloned().collect();
-                    v.sort_by(|a, b| a.key.cmp(&b.key));
-                    v
-                };
-                let pools: Vec<_> = pools.iter().map(|p| p.snapshot()).collect();
-                crate::admin::respond(&String::from_utf8_lossy(sql), &pools, &mut out);
-                crate::protocol::backend::ready_for_query(&mut out, b'I');
-            }
-            crate::protocol::tags::TERMINATE => return,
-            t => {
-                Error::new(
-                    SqlState::FEATURE_NOT_SUPPORTED,
-                    format!("the parsnip console accepts simple queries only (got message type {t})"),
-                )
-                .write_to(&mut out);
-                crate::protocol::backend::ready_for_query(&mut out, b'I');
-            }
+            console.to_client.clear();
         }
-        if stream.write_all(&out).await.is_err() {
+        if step == ConsoleStep::Close {
             return;
         }
-        out.clear();
+        buf.reserve(1024);
+        match stream.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
     }
 }
 
