@@ -8,6 +8,7 @@ pub mod cancel;
 pub mod client;
 pub mod login;
 pub mod pipe;
+mod proxy;
 pub mod server_conn;
 pub mod servers;
 pub mod stream;

@@ -1,0 +1,285 @@
+//! The linked server connection: getting one from the pool (or a pipelining ticket),
+//! lending it to the next client's batch, giving it back, and settling it when the client
+//! leaves (replies drained, transaction rolled back, reset in session mode).
+
+use super::relay::{large_frame, pass_streamed, read_available};
+use super::{Linked, Proxy, ServerWait};
+use crate::config::PoolMode;
+use crate::driver::pipe::Pipe;
+use crate::driver::server_conn::ServerConn;
+use crate::driver::servers::{self, ServerPool};
+use crate::error::{Error, SqlState};
+use crate::pool::{Checkout, Lease};
+use crate::protocol::split_frame;
+use crate::state::TxStatus;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+impl Proxy {
+    pub(super) async fn acquire(&mut self) {
+        // An idle connection or a place in the queue: no future beyond a oneshot receiver.
+        // The slow path's future (connect, authenticate) is large, so it lives on the heap
+        // only while used, not in every idle client's task.
+        // The waits are boxed: their futures would otherwise be part of every client's task
+        // for its whole life (idle clients' memory), and a free connection needs none.
+        loop {
+            let got = match self.pool.checkout() {
+                Checkout::Ready(c) => Ok(Lease::Own(c)),
+                Checkout::Queued(q) => Box::pin(self.wait_in_queue(q)).await,
+                Checkout::Slow => Box::pin(self.acquire_slow(false)).await.map(Lease::Own),
+            };
+            match got {
+                Ok(Lease::Own(mut s)) => {
+                    self.session.handle_server_linked(&mut s.state);
+                    self.slot.set(&s.cancel);
+                    self.server = Some(Linked::Own(s));
+                }
+                Ok(Lease::Ticket((pipe, t))) => {
+                    let mut g = pipe.lock();
+                    let head = g.is_head(t);
+                    let dead = g.dead;
+                    match g.conn.as_mut() {
+                        Some(c) if !dead => {
+                            self.session.handle_server_linked(&mut c.state);
+                            if head {
+                                self.slot.set(&c.cancel);
+                            } else {
+                                self.slot.set_later(&c.cancel);
+                                g.watch_cancel(t, self.slot.clone());
+                            }
+                        }
+                        _ => {
+                            // It broke before this client wrote anything: ask again.
+                            leave(&self.pool, g, t);
+                            continue;
+                        }
+                    }
+                    drop(g);
+                    self.server = Some(Linked::Shared(pipe, t));
+                }
+                Err(e) => self.session.handle_acquire_failed(e),
+            }
+            return;
+        }
+    }
+
+    pub(super) async fn wait_in_queue(
+        &self,
+        mut q: crate::pool::Queued<servers::ServerConnector>,
+    ) -> Result<Lease<servers::ServerConnector>, Error> {
+        let r = tokio::select! {
+            biased;
+            r = self.pool.wait_queued(&mut q) => r,
+            _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+        };
+        if r.is_err() {
+            servers::abandon(&self.pool, q);
+        }
+        match r {
+            Ok(Some(c)) => Ok(c),
+            Ok(None) => self.acquire_slow(true).await.map(Lease::Own),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `woken`: the pool freed a slot for this client while it was queued.
+    pub(super) async fn acquire_slow(&self, woken: bool) -> Result<Box<ServerConn>, Error> {
+        tokio::select! {
+            r = Box::pin(async { if woken { self.pool.acquire_woken().await } else { self.pool.acquire().await } }) => r,
+            _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+        }
+    }
+
+    pub(super) fn release(&mut self, reusable: bool) {
+        self.slot.clear();
+        match self.server.take() {
+            Some(Linked::Own(mut s)) => {
+                if let Some((t0, stmt)) = s.timing.take() {
+                    stmt.note(t0.elapsed().as_micros() as u64);
+                }
+                // Bytes left unread would belong to nobody: never reuse such a connection.
+                let clean = reusable && s.rbuf.is_empty() && s.streaming == 0 && self.session.to_server.is_empty();
+                servers::release(&self.pool, s, clean);
+            }
+            Some(Linked::Shared(pipe, t)) => {
+                let mut g = pipe.lock();
+                if !g.dead && !g.is_head(t) && g.wrote_as(t) && self.session.is_closing() {
+                    // Given up before its turn (its client failed): its replies are still to
+                    // come, and the tickets around it must not suffer. Settled on close.
+                    drop(g);
+                    self.server = Some(Linked::Shared(pipe, t));
+                    return;
+                }
+                if !reusable || !self.session.to_server.is_empty() {
+                    // Its state is unknown: nobody behind this ticket can use it either.
+                    g.kill();
+                }
+                leave(&self.pool, g, t);
+            }
+            None => {}
+        }
+    }
+
+    /// Lets the first queued client write its batch behind this one's on the linked
+    /// server (the session has found the batch qualifies, and it is written out): this
+    /// client goes on reading its replies, and writes nothing more there.
+    pub(super) fn lend(&mut self) {
+        let depth = self.shared.cfg.pipeline_depth;
+        let (pipe, t) = match self.server.take() {
+            Some(Linked::Own(s)) => (Pipe::new(s), 0),
+            Some(Linked::Shared(pipe, t)) => (pipe, t),
+            None => return,
+        };
+        // (`Pool::lend` refuses while a cancel is on its way: it could land on the batch
+        // written behind this one.)
+        if servers::lend(&self.pool, &pipe, t, depth) {
+            self.session.set_lent();
+        }
+        self.server = Some(Linked::Shared(pipe, t));
+    }
+
+    /// The session ended normally: send what is left, settle the server, close.
+    pub(super) async fn close(&mut self) {
+        let out = std::mem::take(&mut self.session.to_client);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.write_all(&out)).await;
+        self.settle_server().await;
+    }
+
+    /// The client vanished: settle the server.
+    pub(super) async fn client_gone(&mut self) {
+        self.settle_server().await;
+    }
+
+    /// Gives the linked server back in a clean state, or closes it.
+    pub(super) async fn settle_server(&mut self) {
+        self.slot.clear();
+        if matches!(self.server, Some(Linked::Shared(..))) && !Box::pin(self.settle_shared()).await {
+            return;
+        }
+        let Some(Linked::Own(mut s)) = self.server.take() else {
+            return;
+        };
+        let t = self.shared.cfg.server_connect_timeout();
+        let mut ok = self.session.outstanding() == 0 && s.rbuf.is_empty() && self.session.to_server.is_empty();
+        if ok && s.state.tx_status != TxStatus::Idle {
+            ok = s.run_internal("ROLLBACK", t).await;
+        }
+        if ok && self.pool.mode == PoolMode::Session && !self.shared.cfg.server_reset_query.is_empty() {
+            ok = s.run_internal(&self.shared.cfg.server_reset_query, t).await;
+            if ok {
+                s.state.settings.reset_all_extra();
+            }
+        }
+        servers::release(&self.pool, s, ok);
+    }
+
+    /// The client left with a ticket on a shared connection. With tickets behind it (its
+    /// batch was a plain one, lent), its replies are read and dropped, up to the
+    /// ReadyForQuery messages it is owed, so the next ticket gets its own. Otherwise it
+    /// waits for its turn and takes the connection back (true: settle it as an own one).
+    pub(super) async fn settle_shared(&mut self) -> bool {
+        let Some(Linked::Shared(pipe, t)) = self.server.take() else { return false };
+        let limit = self.shared.cfg.server_connect_timeout();
+        let mut owed = self.session.owed_ready();
+        {
+            let mut g = pipe.lock();
+            if !self.session.to_server.is_empty() && g.is_writer(t) && g.wrote_as(t) {
+                // Part of a message is on the wire: the rest of the stream means nothing.
+                g.kill();
+            }
+            if g.dead || !g.wrote_as(t) {
+                // Broken, or a ticket that never wrote: it leaves at once.
+                leave(&self.pool, g, t);
+                return false;
+            }
+        }
+        let done = tokio::time::timeout(limit, async {
+            loop {
+                std::future::poll_fn(|cx| {
+                    if ServerWait::Shared(&pipe, t).poll_read(cx) { Poll::Ready(()) } else { Poll::Pending }
+                })
+                .await;
+                let mut g = pipe.lock();
+                if g.dead {
+                    return false;
+                }
+                let last = g.is_alone(t) || g.is_writer(t);
+                let Some(c) = g.conn.as_mut() else { return false };
+                if last {
+                    return true;
+                }
+                if drop_replies(c, &mut owed) {
+                    return false;
+                }
+                if owed == 0 {
+                    return true;
+                }
+            }
+        })
+        .await
+        .unwrap_or(false);
+        let mut g = pipe.lock();
+        if !done {
+            g.kill();
+        }
+        if !g.dead && g.is_head(t) && g.is_writer(t) && g.is_alone(t) {
+            // Nobody else holds a ticket or can get one (only the writer lends).
+            if let Some(c) = g.conn.take() {
+                drop(g);
+                self.server = Some(Linked::Own(c));
+                return true;
+            }
+        }
+        leave(&self.pool, g, t);
+        false
+    }
+}
+
+/// Ticket `t` leaves the pipe whose lock `g` is; the connection goes back to the pool (or
+/// is closed, if broken or left with unread bytes) when no ticket is left.
+fn leave(pool: &Arc<ServerPool>, mut g: std::sync::MutexGuard<'_, crate::driver::pipe::PipeInner>, t: u32) {
+    let dead = g.dead;
+    if let Some(c) = g.finish(t) {
+        drop(g);
+        servers::release_from_pipe(pool, c, dead);
+    }
+}
+
+/// Reads what the server sent and drops whole frames up to the `owed`-th ReadyForQuery
+/// (counted down), leaving what follows for the next ticket. True at end of stream.
+fn drop_replies(c: &mut ServerConn, owed: &mut usize) -> bool {
+    let eof = read_available(c);
+    let mut at = 0;
+    while *owed > 0 {
+        if c.streaming > 0 {
+            at = pass_streamed(c, at, None);
+            if c.streaming > 0 {
+                break;
+            }
+        }
+        match split_frame(&c.rbuf[at..], 1 << 30) {
+            Ok(Some(n)) => {
+                if c.rbuf[at] == crate::protocol::tags::READY_FOR_QUERY {
+                    *owed -= 1;
+                }
+                at += n;
+            }
+            Ok(None) => match large_frame(&c.rbuf[at..]) {
+                // Not a ReadyForQuery (that is small): dropped as it comes.
+                Some(total) => {
+                    c.streaming = total - 5;
+                    at += 5;
+                }
+                None => break,
+            },
+            Err(_) => break,
+        }
+    }
+    c.consume(at);
+    eof && *owed > 0
+}
+
+fn canceled_by_user() -> Error {
+    Error::new(SqlState::QUERY_CANCELED, "canceling statement due to user request")
+}
