@@ -71,9 +71,11 @@ async fn many_clients_share_a_small_pool() {
     const CLIENTS: usize = 200;
     const TXNS: i64 = 20;
     const DB: &str = "conc";
-    create_db(DB);
-    psql(DB, "CREATE TABLE t (client int, n int); GRANT ALL ON t TO PUBLIC;");
-    let p = Parsnip::trust("pool_size = 4\nquery_wait_timeout_ms = 60000");
+    let p = trust_db(
+        DB,
+        "CREATE TABLE t (client int, n int); GRANT ALL ON t TO PUBLIC;",
+        "pool_size = 4\nquery_wait_timeout_ms = 60000",
+    );
     bounded(120, "many_clients_share_a_small_pool", async {
         // Watch pg_stat_activity while the clients run.
         let done = Arc::new(AtomicBool::new(false));
@@ -151,9 +153,7 @@ async fn many_clients_share_a_small_pool() {
 #[tokio::test]
 async fn copy_in_and_copy_out() {
     const DB: &str = "copydb";
-    create_db(DB);
-    psql(DB, "CREATE TABLE c (id int4, body text); GRANT ALL ON c TO PUBLIC;");
-    let p = Parsnip::trust("");
+    let p = trust_db(DB, "CREATE TABLE c (id int4, body text); GRANT ALL ON c TO PUBLIC;", "");
     bounded(60, "copy_in_and_copy_out", async {
         let c = p.connect("postgres", SUPER_PW, DB).await;
         // COPY IN through tokio-postgres (binary format).

@@ -101,9 +101,11 @@ async fn client_idle_timeout_closes_idle_clients() {
 #[tokio::test]
 async fn idle_transaction_timeout_closes_and_cleans_up() {
     const DB: &str = "idletx";
-    create_db(DB);
-    psql(DB, "CREATE TABLE t (x int); GRANT ALL ON t TO PUBLIC;");
-    let p = Parsnip::trust("pool_size = 1\nidle_transaction_timeout_ms = 500");
+    let p = trust_db(
+        DB,
+        "CREATE TABLE t (x int); GRANT ALL ON t TO PUBLIC;",
+        "pool_size = 1\nidle_transaction_timeout_ms = 500",
+    );
     bounded(60, "idle_transaction_timeout_closes_and_cleans_up", async {
         let mut raw = p.raw_login("postgres", SUPER_PW, DB).await;
         raw.simple_query("BEGIN; INSERT INTO t VALUES (1)").await.unwrap();

@@ -51,9 +51,11 @@ async fn session_mode_keeps_the_server() {
 #[tokio::test]
 async fn transaction_mode_shares_one_server() {
     const DB: &str = "txmode";
-    create_db(DB);
-    psql(DB, "CREATE TABLE log (who text, n int); GRANT ALL ON log TO PUBLIC;");
-    let p = Parsnip::trust("pool_size = 1\npool_mode = \"transaction\"");
+    let p = trust_db(
+        DB,
+        "CREATE TABLE log (who text, n int); GRANT ALL ON log TO PUBLIC;",
+        "pool_size = 1\npool_mode = \"transaction\"",
+    );
     bounded(60, "transaction_mode_shares_one_server", async {
         let a = p.connect("postgres", SUPER_PW, DB).await;
         let b = p.connect("postgres", SUPER_PW, DB).await;
@@ -91,8 +93,7 @@ async fn transaction_mode_shares_one_server() {
 #[tokio::test]
 async fn statement_mode_refuses_transactions() {
     const DB: &str = "stmtdb";
-    create_db(DB);
-    let p = Parsnip::trust("pool_size = 2\npool_mode = \"statement\"");
+    let p = trust_db(DB, "", "pool_size = 2\npool_mode = \"statement\"");
     bounded(60, "statement_mode_refuses_transactions", async {
         let c = p.connect("postgres", SUPER_PW, DB).await;
         assert_eq!(c.scalar("select 40 + 2").await.unwrap(), "42");
@@ -122,9 +123,11 @@ async fn statement_mode_refuses_transactions() {
 #[tokio::test]
 async fn client_disconnect_mid_transaction_is_rolled_back() {
     const DB: &str = "dropdb";
-    create_db(DB);
-    psql(DB, "CREATE TABLE t (marker text); GRANT ALL ON t TO PUBLIC;");
-    let p = Parsnip::trust("pool_size = 1\nquery_wait_timeout_ms = 10000");
+    let p = trust_db(
+        DB,
+        "CREATE TABLE t (marker text); GRANT ALL ON t TO PUBLIC;",
+        "pool_size = 1\nquery_wait_timeout_ms = 10000",
+    );
     bounded(60, "client_disconnect_mid_transaction_is_rolled_back", async {
         for (round, graceful) in [(0, false), (1, true)] {
             let c = p.connect("postgres", SUPER_PW, DB).await;
@@ -167,8 +170,7 @@ async fn client_disconnect_mid_transaction_is_rolled_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_reaches_the_right_server() {
     const DB: &str = "canceldb";
-    create_db(DB);
-    let p = Parsnip::trust("pool_size = 2");
+    let p = trust_db(DB, "", "pool_size = 2");
     bounded(60, "cancel_reaches_the_right_server", async {
         let a = p.connect("postgres", SUPER_PW, DB).await;
         let b = p.connect("postgres", SUPER_PW, DB).await;
@@ -224,8 +226,7 @@ async fn cancel_reaches_the_right_server() {
 #[tokio::test]
 async fn cancel_reaches_a_query_waiting_for_a_server() {
     const DB: &str = "cancelqueueddb";
-    create_db(DB);
-    let p = Parsnip::trust("pool_size = 1");
+    let p = trust_db(DB, "", "pool_size = 1");
     bounded(60, "cancel_reaches_a_query_waiting_for_a_server", async {
         let holder = p.connect("postgres", SUPER_PW, DB).await;
         holder.batch_execute("BEGIN").await.unwrap();

@@ -78,8 +78,7 @@ where
 #[tokio::test]
 async fn a_waiting_client_is_queued_behind_a_fast_batch() {
     const DB: &str = "pipefastdb";
-    create_db(DB);
-    let p = Parsnip::trust(POOL);
+    let p = trust_db(DB, "", POOL);
     bounded(60, "a_waiting_client_is_queued_behind_a_fast_batch", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let a = p.connect("postgres", SUPER_PW, DB).await;
@@ -113,8 +112,7 @@ async fn a_waiting_client_is_queued_behind_a_fast_batch() {
 #[tokio::test]
 async fn no_client_is_queued_behind_a_slow_statement() {
     const DB: &str = "pipeslowdb";
-    create_db(DB);
-    let p = Parsnip::trust(POOL);
+    let p = trust_db(DB, "", POOL);
     bounded(60, "no_client_is_queued_behind_a_slow_statement", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let a = p.connect("postgres", SUPER_PW, DB).await;
@@ -146,8 +144,7 @@ async fn no_client_is_queued_behind_a_slow_statement() {
 #[tokio::test]
 async fn a_client_leaving_with_a_batch_in_flight_does_not_disturb_the_one_behind() {
     const DB: &str = "pipeleavedb";
-    create_db(DB);
-    let p = Parsnip::trust(POOL);
+    let p = trust_db(DB, "", POOL);
     bounded(60, "a_client_leaving_with_a_batch_in_flight_does_not_disturb_the_one_behind", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let a = p.connect("postgres", SUPER_PW, DB).await;
@@ -220,8 +217,7 @@ async fn sleeper_ahead(p: &Parsnip, console: &Pg, db: &str, a_secs: f64, b_sql: 
 #[tokio::test]
 async fn a_cancel_behind_another_batch_reaches_its_own_query_only() {
     const DB: &str = "pipecanceldb";
-    create_db(DB);
-    let p = Parsnip::trust(POOL);
+    let p = trust_db(DB, "", POOL);
     bounded(60, "a_cancel_behind_another_batch_reaches_its_own_query_only", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         // A's real run takes a second, B's would take ten.
@@ -249,8 +245,7 @@ async fn a_cancel_behind_another_batch_reaches_its_own_query_only() {
 #[tokio::test]
 async fn a_cancel_with_a_batch_behind_signals_once_and_spares_it() {
     const DB: &str = "pipecancelheaddb";
-    create_db(DB);
-    let p = Parsnip::trust(POOL);
+    let p = trust_db(DB, "", POOL);
     bounded(60, "a_cancel_with_a_batch_behind_signals_once_and_spares_it", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let version = p.connect("postgres", SUPER_PW, DB).await.scalar("show server_version_num").await.unwrap();
@@ -275,9 +270,7 @@ async fn a_cancel_with_a_batch_behind_signals_once_and_spares_it() {
 #[tokio::test]
 async fn a_simple_read_is_pipelined_and_a_simple_write_is_not() {
     const DB: &str = "pipesimpledb";
-    create_db(DB);
-    psql(DB, "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10);");
-    let p = Parsnip::trust(POOL);
+    let p = trust_db(DB, "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10);", POOL);
     bounded(60, "a_simple_read_is_pipelined_and_a_simple_write_is_not", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let a = p.connect("postgres", SUPER_PW, DB).await;

@@ -317,6 +317,17 @@ impl Drop for Parsnip {
     }
 }
 
+/// The usual setup of an end-to-end test: a fresh database `db` on the shared cluster with
+/// `schema` run in it as superuser (nothing when empty), and a parsnip with trust auth and
+/// the extra top-level config keys `top` ([`Parsnip::trust`]).
+pub fn trust_db(db: &str, schema: &str, top: &str) -> Parsnip {
+    create_db(db);
+    if !schema.is_empty() {
+        psql(db, schema);
+    }
+    Parsnip::trust(top)
+}
+
 /// The trust-auth configuration text used by [`Parsnip::trust`].
 pub fn trust_config(top: &str) -> String {
     format!(
