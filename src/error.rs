@@ -7,7 +7,7 @@ use std::fmt;
 
 /// A five-character SQLSTATE code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SqlState(pub &'static str);
+pub(crate) struct SqlState(pub &'static str);
 
 macro_rules! sqlstates {
     ($($(#[$doc:meta])* $name:ident = $code:literal;)*) => {
@@ -22,8 +22,6 @@ sqlstates! {
     PROTOCOL_VIOLATION = "08P01";
     /// 08006: a server connection failed.
     CONNECTION_FAILURE = "08006";
-    /// 08004: the server refused the connection.
-    CONNECTION_REJECTED = "08004";
     /// 53300: too many client connections.
     TOO_MANY_CONNECTIONS = "53300";
     /// 57P03: the pooler cannot accept connections now (shutting down).
@@ -42,8 +40,6 @@ sqlstates! {
     FEATURE_NOT_SUPPORTED = "0A000";
     /// 26000: unknown prepared statement.
     UNDEFINED_PSTATEMENT = "26000";
-    /// 34000: unknown portal.
-    UNDEFINED_CURSOR = "34000";
     /// 42P05: prepared statement already exists.
     DUPLICATE_PSTATEMENT = "42P05";
     /// 25P03: idle-in-transaction timeout.
@@ -54,13 +50,11 @@ sqlstates! {
     PROGRAM_LIMIT_EXCEEDED = "54000";
     /// 42601: syntax error.
     SYNTAX_ERROR = "42601";
-    /// XX000: internal error.
-    INTERNAL_ERROR = "XX000";
 }
 
 /// ErrorResponse severity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Severity {
+pub(crate) enum Severity {
     /// The statement failed; the session goes on.
     Error,
     /// The session ends after this message.
@@ -71,34 +65,34 @@ pub enum Severity {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
     /// ERROR or FATAL.
-    pub severity: Severity,
+    pub(crate) severity: Severity,
     /// SQLSTATE.
-    pub code: SqlState,
+    pub(crate) code: SqlState,
     /// Primary message, worded as PostgreSQL words it where PostgreSQL has the case.
-    pub message: Cow<'static, str>,
+    pub(crate) message: Cow<'static, str>,
     /// The routine field (`R`), for errors drivers recognize by it (0A000's
     /// RevalidateCachedQuery).
-    pub routine: Option<&'static str>,
+    pub(crate) routine: Option<&'static str>,
 }
 
 impl Error {
     /// A FATAL error: the connection is closed after it is sent.
-    pub fn fatal(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
+    pub(crate) fn fatal(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
         Error { severity: Severity::Fatal, code, message: message.into(), routine: None }
     }
 
     /// A statement-level ERROR.
-    pub fn new(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
+    pub(crate) fn new(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
         Error { severity: Severity::Error, code, message: message.into(), routine: None }
     }
 
     /// 08P01 FATAL.
-    pub fn protocol(message: impl Into<Cow<'static, str>>) -> Error {
+    pub(crate) fn protocol(message: impl Into<Cow<'static, str>>) -> Error {
         Error::fatal(SqlState::PROTOCOL_VIOLATION, message)
     }
 
     /// Appends this error as an ErrorResponse message.
-    pub fn write_to(&self, buf: &mut BytesMut) {
+    pub(crate) fn write_to(&self, buf: &mut BytesMut) {
         let sev = match self.severity {
             Severity::Error => "ERROR",
             Severity::Fatal => "FATAL",
@@ -107,7 +101,7 @@ impl Error {
     }
 
     /// This error as a standalone ErrorResponse.
-    pub fn to_bytes(&self) -> BytesMut {
+    pub(crate) fn to_bytes(&self) -> BytesMut {
         let mut b = BytesMut::with_capacity(64 + self.message.len());
         self.write_to(&mut b);
         b

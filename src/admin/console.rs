@@ -12,7 +12,7 @@ const MAX_FRAME: usize = 1 << 20;
 
 /// What the driver does next for the console.
 #[derive(Debug, PartialEq, Eq)]
-pub enum ConsoleStep {
+pub(crate) enum ConsoleStep {
     /// Write `to_client`, then read more and call `handle_bytes` again.
     NeedBytes,
     /// Write `to_client`, then close the connection.
@@ -21,15 +21,15 @@ pub enum ConsoleStep {
 
 /// One console connection after login. See the module doc.
 #[derive(Debug, Default)]
-pub struct Console {
+pub(crate) struct Console {
     /// Bytes to write to the client.
-    pub to_client: BytesMut,
+    pub(crate) to_client: BytesMut,
 }
 
 impl Console {
     /// Answers the whole frames in `buf` (consumed). `pools` gives a snapshot of the
     /// pools, sorted by key, when a command reads them.
-    pub fn handle_bytes(&mut self, buf: &mut BytesMut, pools: impl Fn() -> Vec<PoolSnapshot>) -> ConsoleStep {
+    pub(crate) fn handle_bytes(&mut self, buf: &mut BytesMut, pools: impl Fn() -> Vec<PoolSnapshot>) -> ConsoleStep {
         loop {
             let frame = match split_frame(buf, MAX_FRAME) {
                 Ok(Some(n)) => buf.split_to(n),

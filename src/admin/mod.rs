@@ -8,5 +8,4 @@
 mod console;
 mod show;
 
-pub use console::{Console, ConsoleStep};
-pub use show::respond;
+pub(crate) use console::{Console, ConsoleStep};

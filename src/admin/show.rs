@@ -139,7 +139,7 @@ fn show_help(_: &[PoolSnapshot]) -> Table {
 }
 
 /// Answers one console query (without the ReadyForQuery).
-pub fn respond(sql: &str, pools: &[PoolSnapshot], out: &mut BytesMut) {
+pub(crate) fn respond(sql: &str, pools: &[PoolSnapshot], out: &mut BytesMut) {
     let words: Vec<String> =
         sql.trim().trim_end_matches(';').split_whitespace().map(|w| w.to_ascii_lowercase()).collect();
     match words.as_slice() {

@@ -30,7 +30,7 @@ fn md5_secret_bytes(user: &[u8], password: &[u8]) -> String {
 
 /// "md5" + hex(md5(password || user)).
 #[must_use]
-pub fn md5_secret(user: &str, password: &str) -> String {
+pub(crate) fn md5_secret(user: &str, password: &str) -> String {
     md5_secret_bytes(user.as_bytes(), password.as_bytes())
 }
 
@@ -38,7 +38,7 @@ pub fn md5_secret(user: &str, password: &str) -> String {
 ///
 /// If `md5_secret` lacks the "md5" prefix it is used whole.
 #[must_use]
-pub fn md5_response(md5_secret: &str, salt: [u8; 4]) -> String {
+pub(crate) fn md5_response(md5_secret: &str, salt: [u8; 4]) -> String {
     let hex = md5_secret.strip_prefix("md5").unwrap_or(md5_secret);
     format!("md5{}", md5_hex(&[hex.as_bytes(), &salt]))
 }
@@ -46,7 +46,7 @@ pub fn md5_response(md5_secret: &str, salt: [u8; 4]) -> String {
 /// Checks a client's PasswordMessage payload (without the trailing NUL) against a secret.
 /// Works for Secret::Plain (derive md5 secret first) and Secret::Md5; Scram -> false.
 #[must_use]
-pub fn verify_md5(secret: &Secret, user: &str, salt: [u8; 4], response: &[u8]) -> bool {
+pub(crate) fn verify_md5(secret: &Secret, user: &str, salt: [u8; 4], response: &[u8]) -> bool {
     let stored = match secret {
         Secret::Plain(password) => md5_secret(user, password),
         Secret::Md5(stored) => stored.clone(),
@@ -62,7 +62,7 @@ pub fn verify_md5(secret: &Secret, user: &str, salt: [u8; 4], response: &[u8]) -
 /// shows in the timing. The Scram path applies the same limited SASLprep as the rest of this
 /// module (see `scram::saslprep`).
 #[must_use]
-pub fn verify_cleartext(secret: &Secret, user: &str, password: &[u8]) -> bool {
+pub(crate) fn verify_cleartext(secret: &Secret, user: &str, password: &[u8]) -> bool {
     match secret {
         Secret::Plain(stored) => ct_eq(&sha256(stored.as_bytes()), &sha256(password)),
         Secret::Md5(stored) => ct_eq(md5_secret_bytes(user.as_bytes(), password).as_bytes(), stored.as_bytes()),

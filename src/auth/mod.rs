@@ -3,7 +3,7 @@
 //! # What this module owns
 //!
 //! * Stored credentials: parsing PostgreSQL's `pg_authid` formats into a [`Secret`] and
-//!   formatting a [`ScramSecret`] back ([`Secret::parse`], [`ScramSecret::to_pg_string`]).
+//!   formatting a [`ScramSecret`] back ([`Secret::parse`]; `ScramSecret::to_pg_string` in tests).
 //! * Password checks for clients that log in to parsnip: cleartext ([`verify_cleartext`]) and
 //!   md5 ([`verify_md5`], [`md5_response`]).
 //! * SCRAM-SHA-256 (RFC 5802 / RFC 7677, as PostgreSQL does it, without channel binding) in
@@ -23,15 +23,15 @@ mod md5;
 mod scram;
 mod secret;
 
-pub use self::md5::*;
-pub use self::scram::*;
+pub(crate) use self::md5::*;
+pub(crate) use self::scram::*;
 pub use self::secret::*;
 
 use std::fmt;
 
 /// Why an authentication step failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AuthError {
+pub(crate) enum AuthError {
     /// The peer's message could not be parsed or violates the protocol; the string says how.
     Malformed(&'static str),
     /// The client asked for channel binding (gs2 flag `p=`), which parsnip does not offer, or
@@ -39,8 +39,6 @@ pub enum AuthError {
     ChannelBinding,
     /// The client's proof (or password) does not match the stored secret.
     WrongPassword,
-    /// The stored secret cannot be used for the requested method (e.g. md5 secret with SCRAM).
-    UnsupportedSecret,
     /// PostgreSQL answered the SCRAM exchange with a `e=...` server error; the value is its text.
     ServerRejected(String),
     /// PostgreSQL's server signature (`v=...`) does not match the expected one.
@@ -53,9 +51,6 @@ impl fmt::Display for AuthError {
             AuthError::Malformed(what) => write!(f, "malformed authentication message: {what}"),
             AuthError::ChannelBinding => f.write_str("SCRAM channel binding is not supported or does not match"),
             AuthError::WrongPassword => f.write_str("password authentication failed"),
-            AuthError::UnsupportedSecret => {
-                f.write_str("the stored secret cannot be used with this authentication method")
-            }
             AuthError::ServerRejected(msg) => {
                 write!(f, "server rejected SCRAM authentication: {msg}")
             }

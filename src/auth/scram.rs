@@ -7,8 +7,8 @@
 mod client;
 mod server;
 
-pub use self::client::ScramClient;
-pub use self::server::ScramServer;
+pub(crate) use self::client::ScramClient;
+pub(crate) use self::server::ScramServer;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use super::AuthError;
 
 /// The SASL mechanism name parsnip offers and uses.
-pub const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
+pub(crate) const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
 
 /// Iteration count for SCRAM secrets parsnip derives itself (PostgreSQL's default).
 pub(crate) const DEFAULT_ITERATIONS: u32 = 4096;

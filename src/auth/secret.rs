@@ -12,7 +12,7 @@ use super::scram::{hmac_sha256, salted_password, saslprep, sha256};
 /// `Debug` is implemented by hand so that passwords and password-equivalent hashes never end up
 /// in logs.
 #[derive(Clone, PartialEq, Eq)]
-pub enum Secret {
+pub(crate) enum Secret {
     /// A cleartext password.
     Plain(String),
     /// "md5" + hex(md5(password || username)), as stored by PostgreSQL.
@@ -25,15 +25,15 @@ pub enum Secret {
 ///
 /// `Debug` shows the iteration count and salt but not the keys.
 #[derive(Clone, PartialEq, Eq)]
-pub struct ScramSecret {
+pub(crate) struct ScramSecret {
     /// PBKDF2 iteration count.
-    pub iterations: u32,
+    pub(crate) iterations: u32,
     /// PBKDF2 salt (raw bytes, not base64).
-    pub salt: Vec<u8>,
+    pub(crate) salt: Vec<u8>,
     /// StoredKey = SHA-256(ClientKey).
-    pub stored_key: [u8; 32],
+    pub(crate) stored_key: [u8; 32],
     /// ServerKey = HMAC(SaltedPassword, "Server Key").
-    pub server_key: [u8; 32],
+    pub(crate) server_key: [u8; 32],
 }
 
 /// The prefix of PostgreSQL's SCRAM-SHA-256 verifiers.
@@ -47,7 +47,7 @@ impl Secret {
     /// A SCRAM verifier whose iteration count is not a positive decimal `u32`, or whose keys do
     /// not decode to 32 bytes, is "anything else" and thus Plain (as in PostgreSQL).
     #[must_use]
-    pub fn parse(s: &str) -> Secret {
+    pub(crate) fn parse(s: &str) -> Secret {
         if is_md5_secret(s) {
             Secret::Md5(s.to_owned())
         } else if let Some(scram) = ScramSecret::parse_pg(s) {
@@ -71,7 +71,7 @@ impl ScramSecret {
     /// The password goes through this module's limited SASLprep (see `scram::saslprep`).
     /// An iteration count of 0 is treated as 1 (and stored as 1).
     #[must_use]
-    pub fn from_password(password: &str, salt: &[u8], iterations: u32) -> ScramSecret {
+    pub(crate) fn from_password(password: &str, salt: &[u8], iterations: u32) -> ScramSecret {
         ScramSecret::from_password_bytes(password.as_bytes(), salt, iterations)
     }
 
@@ -89,8 +89,9 @@ impl ScramSecret {
     }
 
     /// Formats in PostgreSQL's pg_authid format.
+    #[cfg(test)]
     #[must_use]
-    pub fn to_pg_string(&self) -> String {
+    pub(crate) fn to_pg_string(&self) -> String {
         format!(
             "{SCRAM_PREFIX}{}:{}${}:{}",
             self.iterations,

@@ -15,32 +15,32 @@ use std::path::PathBuf;
 #[command(name = "parsnip", version, about, long_about = None)]
 pub struct Cli {
     /// postgres://USER[:PASSWORD]@HOST[:PORT]/DBNAME of the server to pool.
-    pub url: Option<String>,
+    pub(crate) url: Option<String>,
     /// TOML configuration file.
     #[arg(short = 'c', long = "config")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Address to listen on (host:port or unix socket path); repeatable.
     #[arg(long)]
-    pub listen: Vec<String>,
+    pub(crate) listen: Vec<String>,
     /// Pool mode.
     #[arg(long, value_enum)]
-    pub pool_mode: Option<PoolMode>,
+    pub(crate) pool_mode: Option<PoolMode>,
     /// Server connections per (database, user) pair.
     #[arg(long)]
-    pub pool_size: Option<usize>,
+    pub(crate) pool_size: Option<usize>,
     /// Maximum client connections.
     #[arg(long)]
-    pub max_client_conn: Option<usize>,
+    pub(crate) max_client_conn: Option<usize>,
     /// Log format.
     #[arg(long, value_enum)]
-    pub log_format: Option<LogFormat>,
+    pub(crate) log_format: Option<LogFormat>,
     /// Log filter, e.g. "info" or "parsnip=debug".
     #[arg(long)]
-    pub log_level: Option<String>,
+    pub(crate) log_level: Option<String>,
     /// Start a throwaway local PostgreSQL and pool in front of it (the default when neither
     /// a URL nor a config file is given).
     #[arg(long)]
-    pub embedded: bool,
+    pub(crate) embedded: bool,
 }
 
 impl Cli {
@@ -59,11 +59,7 @@ impl Cli {
     /// Like `to_config`, without validating (the caller adds databases, e.g. embedded).
     pub fn to_config_without_databases(&self) -> Result<Config, ConfigError> {
         let mut cfg = match &self.config {
-            Some(path) => {
-                let text =
-                    std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
-                toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?
-            }
+            Some(path) => Config::read_file(path)?,
             None => Config::default(),
         };
         if let Some(url) = &self.url {

@@ -136,19 +136,19 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// Server host name or IP, or a directory holding the server's unix socket.
-    pub host: String,
+    pub(crate) host: String,
     /// Server port.
-    pub port: u16,
+    pub(crate) port: u16,
     /// Database name on the server (default: the name clients use).
-    pub dbname: Option<String>,
+    pub(crate) dbname: Option<String>,
     /// Connect to the server as this user instead of the client's.
-    pub user: Option<String>,
+    pub(crate) user: Option<String>,
     /// Password for `user` (or for the client's user when `user` is unset).
-    pub password: Option<String>,
+    pub(crate) password: Option<String>,
     /// Pool size for this database (overrides the global one).
-    pub pool_size: Option<usize>,
+    pub(crate) pool_size: Option<usize>,
     /// Pool mode for this database (overrides the global one).
-    pub pool_mode: Option<PoolMode>,
+    pub(crate) pool_mode: Option<PoolMode>,
 }
 
 /// One `[users.NAME]` entry.
@@ -157,11 +157,11 @@ pub struct DatabaseConfig {
 pub struct UserConfig {
     /// Secret: plain text, "md5…" or PostgreSQL's "SCRAM-SHA-256$…"; also used to log in
     /// to the server as this user when it is plain text.
-    pub password: Option<String>,
+    pub(crate) password: Option<String>,
     /// Pool mode for this user (overrides database and global).
-    pub pool_mode: Option<PoolMode>,
+    pub(crate) pool_mode: Option<PoolMode>,
     /// Pool size for this user (overrides database and global).
-    pub pool_size: Option<usize>,
+    pub(crate) pool_size: Option<usize>,
 }
 
 impl Default for Config {
@@ -216,28 +216,29 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// The default auth_query: PostgreSQL's stored secret for a user.
-pub const DEFAULT_AUTH_QUERY: &str = "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1";
+pub(crate) const DEFAULT_AUTH_QUERY: &str = "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1";
 
 fn ms(v: u64) -> Option<Duration> {
     (v > 0).then(|| Duration::from_millis(v))
 }
 
 impl Config {
-    /// Reads and validates a TOML file.
-    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+    /// Reads a TOML file (not validated: flags may still change it).
+    pub(crate) fn read_file(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
-        Config::from_toml(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+        toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
     }
 
     /// Parses and validates TOML text.
-    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+    #[cfg(test)]
+    pub(crate) fn from_toml(text: &str) -> Result<Config, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Checks cross-field rules.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.listen.is_empty() {
             return Err(ConfigError("listen: at least one address is needed".into()));
         }
@@ -276,7 +277,7 @@ impl Config {
     }
 
     /// The database entry clients reach with `name`, and the server database name.
-    pub fn database(&self, name: &str) -> Option<(&DatabaseConfig, String)> {
+    pub(crate) fn database(&self, name: &str) -> Option<(&DatabaseConfig, String)> {
         if let Some(db) = self.databases.get(name) {
             return Some((db, db.dbname.clone().unwrap_or_else(|| name.to_owned())));
         }
@@ -284,46 +285,46 @@ impl Config {
     }
 
     /// Pool mode for a (database, user) pair: user, then database, then global.
-    pub fn pool_mode_for(&self, db: &DatabaseConfig, user: &str) -> PoolMode {
+    pub(crate) fn pool_mode_for(&self, db: &DatabaseConfig, user: &str) -> PoolMode {
         self.users.get(user).and_then(|u| u.pool_mode).or(db.pool_mode).unwrap_or(self.pool_mode)
     }
 
     /// Pool size for a (database, user) pair: user, then database, then global.
-    pub fn pool_size_for(&self, db: &DatabaseConfig, user: &str) -> usize {
+    pub(crate) fn pool_size_for(&self, db: &DatabaseConfig, user: &str) -> usize {
         self.users.get(user).and_then(|u| u.pool_size).or(db.pool_size).unwrap_or(self.pool_size)
     }
 
     /// Duration getters; `None` means disabled.
     /// `pipeline_max_statement_ms` in µs.
-    pub fn pipeline_max_statement_us(&self) -> u32 {
+    pub(crate) fn pipeline_max_statement_us(&self) -> u32 {
         (self.pipeline_max_statement_ms.max(0.0) * 1000.0).min(u32::MAX as f64) as u32
     }
 
-    pub fn query_wait_timeout(&self) -> Option<Duration> {
+    pub(crate) fn query_wait_timeout(&self) -> Option<Duration> {
         ms(self.query_wait_timeout_ms)
     }
     /// See `server_lifetime_ms`.
-    pub fn server_lifetime(&self) -> Option<Duration> {
+    pub(crate) fn server_lifetime(&self) -> Option<Duration> {
         ms(self.server_lifetime_ms)
     }
     /// See `server_idle_timeout_ms`.
-    pub fn server_idle_timeout(&self) -> Option<Duration> {
+    pub(crate) fn server_idle_timeout(&self) -> Option<Duration> {
         ms(self.server_idle_timeout_ms)
     }
     /// See `client_idle_timeout_ms`.
-    pub fn client_idle_timeout(&self) -> Option<Duration> {
+    pub(crate) fn client_idle_timeout(&self) -> Option<Duration> {
         ms(self.client_idle_timeout_ms)
     }
     /// See `idle_transaction_timeout_ms`.
-    pub fn idle_transaction_timeout(&self) -> Option<Duration> {
+    pub(crate) fn idle_transaction_timeout(&self) -> Option<Duration> {
         ms(self.idle_transaction_timeout_ms)
     }
     /// See `server_connect_timeout_ms` (never disabled).
-    pub fn server_connect_timeout(&self) -> Duration {
+    pub(crate) fn server_connect_timeout(&self) -> Duration {
         Duration::from_millis(self.server_connect_timeout_ms.max(1))
     }
     /// The statement cache limits.
-    pub fn stmt_config(&self) -> crate::stmt::StmtConfig {
+    pub(crate) fn stmt_config(&self) -> crate::stmt::StmtConfig {
         crate::stmt::StmtConfig {
             server_cap: self.max_prepared_statements,
             client_cap: self.max_client_prepared_statements,
@@ -332,7 +333,7 @@ impl Config {
         }
     }
     /// See `client_login_timeout_ms` (never disabled).
-    pub fn client_login_timeout(&self) -> Duration {
+    pub(crate) fn client_login_timeout(&self) -> Duration {
         Duration::from_millis(self.client_login_timeout_ms.max(1))
     }
 }

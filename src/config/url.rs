@@ -37,7 +37,7 @@ fn decode(s: &str) -> Result<String, ConfigError> {
 impl DbUrl {
     /// Parses `postgres://` or `postgresql://` URLs. A `host=/dir` query parameter selects a
     /// unix socket directory.
-    pub fn parse(url: &str) -> Result<DbUrl, ConfigError> {
+    pub(crate) fn parse(url: &str) -> Result<DbUrl, ConfigError> {
         let rest = url
             .strip_prefix("postgres://")
             .or_else(|| url.strip_prefix("postgresql://"))

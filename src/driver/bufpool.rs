@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 
 /// Size of a pooled buffer (also the read chunk).
-pub const BUF_SIZE: usize = 8192;
+pub(crate) const BUF_SIZE: usize = 8192;
 /// Larger buffers (a big result went through) are freed rather than kept.
 const MAX_KEPT: usize = 64 * 1024;
 /// Buffers kept per thread at most (256 KiB): enough for the clients a thread has in
@@ -26,12 +26,12 @@ const MAX_KEPT_ENTRIES: usize = 64;
 
 /// Lends `session` reply-queue storage from this thread's free list (none if it has its own).
 #[inline]
-pub fn ensure_queue(session: &mut Session) {
+pub(crate) fn ensure_queue(session: &mut Session) {
     session.lend_storage(|| QUEUES.try_with(|f| f.borrow_mut().pop()).ok().flatten());
 }
 
 /// Takes the empty reply-queue storage of an idle `session` back to this thread's free list.
-pub fn release_queue(session: &mut Session) {
+pub(crate) fn release_queue(session: &mut Session) {
     if let Some(q) = session.take_idle_storage() {
         give_queue(q);
     }
@@ -50,13 +50,13 @@ fn give_queue(q: VecDeque<crate::session::reply_queue::Pending>) {
 }
 
 /// An empty buffer with room for at least `BUF_SIZE` bytes.
-pub fn take() -> BytesMut {
+pub(crate) fn take() -> BytesMut {
     FREE.try_with(|f| f.borrow_mut().pop()).ok().flatten().unwrap_or_else(|| BytesMut::with_capacity(BUF_SIZE))
 }
 
 /// Makes sure `buf` has memory: an empty buffer without any borrows one.
 #[inline]
-pub fn ensure(buf: &mut BytesMut) {
+pub(crate) fn ensure(buf: &mut BytesMut) {
     if buf.capacity() == 0 {
         *buf = take();
     }
@@ -64,7 +64,7 @@ pub fn ensure(buf: &mut BytesMut) {
 
 /// Gives the memory of `buf` back if it is empty, leaving it without any.
 #[inline]
-pub fn release(buf: &mut BytesMut) {
+pub(crate) fn release(buf: &mut BytesMut) {
     if buf.is_empty() && buf.capacity() > 0 {
         give(std::mem::take(buf));
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// Where one client's queries currently run.
 #[derive(Debug, Default)]
-pub struct CancelSlot {
+pub(crate) struct CancelSlot {
     target: Mutex<Target>,
     /// Woken by a cancel that arrives while the client waits for a server.
     queued: tokio::sync::Notify,
@@ -36,23 +36,23 @@ enum Target {
 
 impl CancelSlot {
     /// The pool whose servers this client's queries run on.
-    pub fn bind_pool(&self, pool: &Arc<ServerPool>) {
+    pub(crate) fn bind_pool(&self, pool: &Arc<ServerPool>) {
         let _ = self.pool.set(Arc::downgrade(pool));
     }
     fn pool(&self) -> Option<Arc<ServerPool>> {
         self.pool.get().and_then(Weak::upgrade)
     }
     /// The client was linked to a server (its batch is the one the backend runs next).
-    pub fn set(&self, t: &Arc<CancelTarget>) {
+    pub(crate) fn set(&self, t: &Arc<CancelTarget>) {
         *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Now(t.clone());
     }
     /// The client's batch waits behind others on `t` (see `Target::Later`).
-    pub fn set_later(&self, t: &Arc<CancelTarget>) {
+    pub(crate) fn set_later(&self, t: &Arc<CancelTarget>) {
         *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Later { target: t.clone(), requested: false };
     }
     /// The client's batch reached the head of its connection: cancels go straight there
     /// from now on, and one held meanwhile is sent now.
-    pub fn reached_head(&self) {
+    pub(crate) fn reached_head(&self) {
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         if let Target::Later { target, requested } = &*g {
             let (t, fire) = (target.clone(), *requested);
@@ -73,12 +73,12 @@ impl CancelSlot {
         }
     }
     /// The client was unlinked.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::None;
     }
     /// Completes when a cancel arrives for this client while it has no server (its request
     /// is waiting in the pool's queue).
-    pub async fn cancelled_while_queued(&self) {
+    pub(crate) async fn cancelled_while_queued(&self) {
         self.queued.notified().await
     }
     /// The client's server, with a cancel counted in flight on it; or the cancel is held
@@ -102,29 +102,29 @@ impl CancelSlot {
 
 /// All clients' cancel keys.
 #[derive(Debug, Default)]
-pub struct CancelRegistry {
+pub(crate) struct CancelRegistry {
     next_pid: AtomicI32,
     map: Mutex<HashMap<i32, (i32, Arc<CancelSlot>)>>,
 }
 
 impl CancelRegistry {
     /// A new key pair for a client; `slot` is filled in by `attach`.
-    pub fn register(&self) -> (i32, i32) {
+    pub(crate) fn register(&self) -> (i32, i32) {
         let pid = self.next_pid.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0x7fff_ffff;
         let key: i32 = rand::random();
         self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(pid, (key, Arc::new(CancelSlot::default())));
         (pid, key)
     }
     /// The slot of a registered pid.
-    pub fn slot(&self, pid: i32) -> Arc<CancelSlot> {
+    pub(crate) fn slot(&self, pid: i32) -> Arc<CancelSlot> {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).get(&pid).map(|(_, s)| s.clone()).unwrap_or_default()
     }
     /// The client is gone.
-    pub fn unregister(&self, pid: i32) {
+    pub(crate) fn unregister(&self, pid: i32) {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&pid);
     }
     /// Handles a CancelRequest: if the key matches, forward it to the client's server.
-    pub async fn cancel(&self, pid: i32, key: &[u8]) {
+    pub(crate) async fn cancel(&self, pid: i32, key: &[u8]) {
         let slot = {
             let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
             match map.get(&pid) {
@@ -204,7 +204,7 @@ async fn forward(t: &CancelTarget) {
 /// can land on the next batch once the first has ended the query. `pg_cancel_backend`
 /// signals once. False when it could not be sent this way (the caller falls back to a
 /// CancelRequest).
-pub async fn cancel_backend(pool: &ServerPool, pid: i32) -> bool {
+pub(crate) async fn cancel_backend(pool: &ServerPool, pid: i32) -> bool {
     let Ok(mut c) = crate::pool::Connector::connect(pool.connector(), &pool.stats).await else { return false };
     let sent = c.run_checked(&format!("SELECT pg_cancel_backend({pid})"), pool.connect_timeout()).await.is_ok();
     if sent {

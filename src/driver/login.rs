@@ -16,21 +16,21 @@ use bytes::BytesMut;
 use std::sync::Arc;
 
 /// A logged-in client, ready for its session.
-pub struct LoggedIn {
+pub(crate) struct LoggedIn {
     /// The pool serving it.
-    pub pool: Arc<ServerPool>,
+    pub(crate) pool: Arc<ServerPool>,
     /// Settings it expects on every server.
-    pub settings: std::sync::Arc<Settings>,
+    pub(crate) settings: std::sync::Arc<Settings>,
     /// The pid it was given in BackendKeyData (its cancel key).
-    pub pid: i32,
+    pub(crate) pid: i32,
     /// Its user name.
-    pub user: String,
+    pub(crate) user: String,
     /// Its database name.
-    pub db: String,
+    pub(crate) db: String,
 }
 
 /// How login ended without a session.
-pub enum LoginEnd {
+pub(crate) enum LoginEnd {
     /// An admin console user logged in (AuthenticationOk sent); serve the console.
     Admin,
     /// The connection was a CancelRequest, now handled.
@@ -65,7 +65,7 @@ async fn send(stream: &mut Stream, out: &mut BytesMut) -> Result<(), LoginEnd> {
 
 /// Runs the login phase: the sans-IO `Login` decides, this moves its bytes and performs
 /// what it asks for. `buf` keeps bytes the client sent beyond the login.
-pub async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> Result<LoggedIn, LoginEnd> {
+pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> Result<LoggedIn, LoginEnd> {
     let mut m = Login::new(shared.cfg.clone(), *shared.shutdown.borrow(), Entropy::random());
     let mut step = m.handle_bytes(buf);
     let creds = loop {
@@ -154,7 +154,7 @@ fn pool_timeout(pool: &ServerPool) -> std::time::Duration {
 
 impl Shared {
     /// The pool for (db, user), created on first use.
-    pub fn pool(
+    pub(crate) fn pool(
         &self,
         db: &str,
         user: &str,

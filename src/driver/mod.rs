@@ -3,11 +3,11 @@
 //! forwarding, the periodic pool janitor and shutdown. Protocol decisions are made by
 //! `session`; this layer reads bytes, feeds frames in, and writes what comes out.
 
-pub mod bufpool;
-pub mod cancel;
+pub(crate) mod bufpool;
+pub(crate) mod cancel;
 pub mod client;
-pub mod login;
-pub mod pipe;
+pub(crate) mod login;
+pub(crate) mod pipe;
 mod proxy;
 pub mod server_conn;
 pub mod servers;
@@ -30,25 +30,23 @@ use tokio::sync::{Semaphore, watch};
 #[derive(Debug)]
 pub struct Shared {
     /// The configuration.
-    pub cfg: Arc<Config>,
+    pub(crate) cfg: Arc<Config>,
     /// Pools by (database, user).
-    pub pools: Mutex<HashMap<PoolKey, Arc<ServerPool>>>,
+    pub(crate) pools: Mutex<HashMap<PoolKey, Arc<ServerPool>>>,
     /// Cancel keys.
-    pub cancels: CancelRegistry,
+    pub(crate) cancels: CancelRegistry,
     /// One permit per client connection.
-    pub client_slots: Arc<Semaphore>,
+    pub(crate) client_slots: Arc<Semaphore>,
     /// Becomes true when a graceful shutdown starts.
-    pub shutdown: watch::Receiver<bool>,
+    pub(crate) shutdown: watch::Receiver<bool>,
     /// The same, read with one atomic load on every turn of a client's loop.
-    pub stopping: AtomicBool,
+    pub(crate) stopping: AtomicBool,
 }
 
 /// A running pooler.
 pub struct Handle {
-    /// TCP addresses actually bound (port 0 resolved).
-    pub tcp_addrs: Vec<std::net::SocketAddr>,
     /// Unix socket paths bound.
-    pub unix_paths: Vec<std::path::PathBuf>,
+    pub(crate) unix_paths: Vec<std::path::PathBuf>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
 }
@@ -70,7 +68,6 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         stopping: AtomicBool::new(false),
     });
     let mut listeners = Vec::new();
-    let mut tcp_addrs = Vec::new();
     let mut unix_paths = Vec::new();
     let tcp_port = cfg
         .listen
@@ -94,7 +91,6 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
                 .map_err(|e| std::io::Error::new(e.kind(), format!("{addr}: {e}")))?;
             let a = l.local_addr()?;
             tracing::info!("listening on {a}");
-            tcp_addrs.push(a);
             listeners.push(Listener::Tcp(l));
         }
     }
@@ -102,7 +98,7 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         tokio::spawn(accept_loop(l, shared.clone()));
     }
     tokio::spawn(janitor(shared.clone()));
-    Ok(Handle { tcp_addrs, unix_paths, shared, stop })
+    Ok(Handle { unix_paths, shared, stop })
 }
 
 impl Handle {
@@ -123,11 +119,6 @@ impl Handle {
         for p in self.shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values() {
             p.close_idle();
         }
-    }
-
-    /// The shared state (pools, counters), for tests and the admin console.
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
     }
 }
 

@@ -33,9 +33,9 @@ pub struct Pipe {
 
 /// The state behind a pipe's lock.
 #[derive(Debug)]
-pub struct PipeInner {
+pub(crate) struct PipeInner {
     /// The connection; None once given back to the pool.
-    pub conn: Option<Box<ServerConn>>,
+    pub(crate) conn: Option<Box<ServerConn>>,
     /// The ticket reading replies now; the tickets in flight are `head..next`.
     head: u32,
     next: u32,
@@ -51,7 +51,7 @@ pub struct PipeInner {
     /// Tickets waiting to become head.
     waiting: Vec<(u32, Waker)>,
     /// The connection broke (or was found in an unknown state): every ticket fails.
-    pub dead: bool,
+    pub(crate) dead: bool,
     /// Tickets whose batch is timed, with what its duration is recorded on.
     timed: VecDeque<(u32, Timed)>,
     /// Since when the head's batch has had the server to itself.
@@ -62,12 +62,12 @@ pub struct PipeInner {
 
 impl Pipe {
     /// Shares `conn`, whose current user becomes ticket 0 (the head and the writer).
-    pub fn new(conn: Box<ServerConn>) -> Arc<Pipe> {
+    pub(crate) fn new(conn: Box<ServerConn>) -> Arc<Pipe> {
         Arc::new(Pipe { inner: Mutex::new(PipeInner::with(Some(conn))) })
     }
 
     /// Locks the pipe.
-    pub fn lock(&self) -> MutexGuard<'_, PipeInner> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PipeInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -97,30 +97,30 @@ impl PipeInner {
 
     /// `t` reads replies now.
     #[inline]
-    pub fn is_head(&self, t: u32) -> bool {
+    pub(crate) fn is_head(&self, t: u32) -> bool {
         self.head == t
     }
 
     /// `t` may write.
     #[inline]
-    pub fn is_writer(&self, t: u32) -> bool {
+    pub(crate) fn is_writer(&self, t: u32) -> bool {
         self.writer == Some(t)
     }
 
     /// Only `t` is in flight: its cancel requests cannot reach another client's query.
     #[inline]
-    pub fn is_alone(&self, t: u32) -> bool {
+    pub(crate) fn is_alone(&self, t: u32) -> bool {
         self.head == t && self.next == t.wrapping_add(1)
     }
 
     /// Batches in flight.
     #[inline]
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         self.in_flight
     }
 
     /// A new last ticket, which becomes the writer (taken from `from`).
-    pub fn add_ticket(&mut self) -> u32 {
+    pub(crate) fn add_ticket(&mut self) -> u32 {
         let t = self.next;
         self.next = self.next.wrapping_add(1);
         self.in_flight += 1;
@@ -131,7 +131,7 @@ impl PipeInner {
     }
 
     /// Ticket `t`'s batch, just written, is timed for `s` (from when it is head).
-    pub fn time_ticket(&mut self, t: u32, s: Timed, now: Instant) {
+    pub(crate) fn time_ticket(&mut self, t: u32, s: Timed, now: Instant) {
         if self.head == t {
             self.head_since = now;
         }
@@ -140,19 +140,19 @@ impl PipeInner {
 
     /// Ticket `t` (behind the head) holds its client's cancels in `slot` until its batch
     /// reaches the head (`CancelSlot::reached_head`, called from `finish`).
-    pub fn watch_cancel(&mut self, t: u32, slot: Arc<CancelSlot>) {
+    pub(crate) fn watch_cancel(&mut self, t: u32, slot: Arc<CancelSlot>) {
         self.slots.push_back((t, slot));
     }
 
     /// `t` has written to the connection (it is not a writer that never did).
     #[inline]
-    pub fn wrote_as(&self, t: u32) -> bool {
+    pub(crate) fn wrote_as(&self, t: u32) -> bool {
         self.writer != Some(t) || self.wrote
     }
 
     /// The writer `t` wrote to the connection.
     #[inline]
-    pub fn note_write(&mut self, t: u32) {
+    pub(crate) fn note_write(&mut self, t: u32) {
         if self.writer == Some(t) {
             self.wrote = true;
         }
@@ -161,7 +161,7 @@ impl PipeInner {
     /// Takes back the last ticket `t`, which never wrote (its client left, or the handoff
     /// found nobody): the writer becomes `back` again (None: nobody). Returns the
     /// connection when no ticket is left.
-    pub fn retract(&mut self, t: u32, back: Option<u32>) -> Option<Box<ServerConn>> {
+    pub(crate) fn retract(&mut self, t: u32, back: Option<u32>) -> Option<Box<ServerConn>> {
         if t.wrapping_add(1) == self.next && self.writer == Some(t) {
             self.next = t;
             self.in_flight -= 1;
@@ -174,7 +174,7 @@ impl PipeInner {
     }
 
     /// Wakes `t` when it becomes head (or the connection breaks). True when it already is.
-    pub fn wait_head(&mut self, t: u32, waker: &Waker) -> bool {
+    pub(crate) fn wait_head(&mut self, t: u32, waker: &Waker) -> bool {
         if self.head == t || self.dead {
             return true;
         }
@@ -187,7 +187,7 @@ impl PipeInner {
 
     /// The head has unread bytes handed over from the ticket before it: returns and
     /// clears that flag (so the next wait does not report them again).
-    pub fn take_handed_over(&mut self) -> bool {
+    pub(crate) fn take_handed_over(&mut self) -> bool {
         std::mem::take(&mut self.handed_over)
     }
 
@@ -195,7 +195,7 @@ impl PipeInner {
     /// connection when no ticket is left (for the pool).
     /// A ticket that never wrote may leave before its turn (it is taken back); once the
     /// connection is dead, tickets may leave in any order.
-    pub fn finish(&mut self, t: u32) -> Option<Box<ServerConn>> {
+    pub(crate) fn finish(&mut self, t: u32) -> Option<Box<ServerConn>> {
         if self.writer == Some(t) && !self.wrote && t.wrapping_add(1) == self.next && !self.dead {
             return self.retract(t, None);
         }
@@ -236,7 +236,7 @@ impl PipeInner {
     }
 
     /// The connection broke: every ticket waiting is woken to find out.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         self.dead = true;
         for (_, w) in self.waiting.drain(..) {
             w.wake();

@@ -29,13 +29,13 @@ pub struct ServerTarget {
 #[derive(Debug)]
 pub struct CancelTarget {
     /// Host or socket directory.
-    pub host: String,
+    pub(crate) host: String,
     /// Port.
-    pub port: u16,
+    pub(crate) port: u16,
     /// Backend pid.
     pub pid: i32,
     /// Backend secret key.
-    pub key: Vec<u8>,
+    pub(crate) key: Vec<u8>,
     /// Cancel requests forwarded to this backend and not yet finished. PostgreSQL cancels
     /// whatever the backend runs when the signal lands: while one is in flight the
     /// connection must not serve another client, or that client's query is cancelled.
@@ -44,15 +44,15 @@ pub struct CancelTarget {
     pub settled: tokio::sync::Notify,
     /// Other clients' batches are queued behind the one running (`driver::pipe`): a
     /// cancel must then signal the backend once only (`cancel::send`).
-    pub behind: std::sync::atomic::AtomicBool,
+    pub(crate) behind: std::sync::atomic::AtomicBool,
     /// The server signals a backend once per CancelRequest (PostgreSQL 18 on; before, it
     /// signals the process and then its process group).
-    pub signals_once: bool,
+    pub(crate) signals_once: bool,
 }
 
 impl CancelTarget {
     /// Waits until no forwarded cancel request is in flight; false after `limit`.
-    pub async fn wait_settled(&self, limit: Duration) -> bool {
+    pub(crate) async fn wait_settled(&self, limit: Duration) -> bool {
         use std::sync::atomic::Ordering;
         let wait = async {
             loop {
@@ -71,30 +71,30 @@ impl CancelTarget {
 #[derive(Debug)]
 pub struct ServerConn {
     /// The socket.
-    pub stream: Stream,
+    pub(crate) stream: Stream,
     /// Bytes read and not yet handled.
-    pub rbuf: BytesMut,
+    pub(crate) rbuf: BytesMut,
     /// What the session layer keeps about it.
-    pub state: ServerState,
+    pub(crate) state: ServerState,
     /// Every ParameterStatus received at startup.
     pub params: Vec<(String, String)>,
     /// How to cancel its queries.
     pub cancel: Arc<CancelTarget>,
     /// When it was opened.
-    pub created: Instant,
+    pub(crate) created: Instant,
     /// When it last went back to the pool.
-    pub last_used: Instant,
+    pub(crate) last_used: Instant,
     /// The batch in flight that may be pipelined behind: when it was written, and what
     /// its duration is recorded on.
-    pub timing: Option<(Instant, crate::session::Timed)>,
+    pub(crate) timing: Option<(Instant, crate::session::Timed)>,
     /// Bytes of a large frame still to come that go straight to the client (or are
     /// dropped) as they arrive, not buffered whole (`Session::stream_server_frame`).
-    pub streaming: usize,
+    pub(crate) streaming: usize,
 }
 
 /// Why a server connection could not be opened.
 #[derive(Debug)]
-pub enum ConnectError {
+pub(crate) enum ConnectError {
     /// Network failure or timeout (a retry may help).
     Io(String),
     /// The server answered with an ErrorResponse (frame bytes); pass it to the client.
@@ -105,7 +105,7 @@ pub enum ConnectError {
 
 impl ConnectError {
     /// The error a client sees.
-    pub fn to_error(&self) -> Error {
+    pub(crate) fn to_error(&self) -> Error {
         match self {
             ConnectError::Io(m) => {
                 Error::fatal(SqlState::CONNECTION_FAILURE, format!("could not connect to server: {m}"))
@@ -144,7 +144,7 @@ async fn open(target: &ServerTarget) -> std::io::Result<Stream> {
 }
 
 /// Opens and authenticates one server connection within `timeout`.
-pub async fn connect(
+pub(crate) async fn connect(
     target: &ServerTarget,
     creds: &Credentials,
     timeout: Duration,
@@ -288,7 +288,7 @@ fn auth_reply(
 }
 
 /// Reads one whole frame (login phase only; servers are trusted up to 1 GiB).
-pub async fn read_frame(stream: &mut Stream, rbuf: &mut BytesMut) -> std::io::Result<BytesMut> {
+pub(crate) async fn read_frame(stream: &mut Stream, rbuf: &mut BytesMut) -> std::io::Result<BytesMut> {
     loop {
         match split_frame(rbuf, 1 << 30) {
             Ok(Some(n)) => return Ok(rbuf.split_to(n)),
@@ -307,7 +307,7 @@ pub async fn read_frame(stream: &mut Stream, rbuf: &mut BytesMut) -> std::io::Re
 impl ServerConn {
     /// False if the server closed the connection or sent something while idle (e.g. a
     /// FATAL on shutdown), as far as can be told without blocking.
-    pub fn is_healthy(&mut self) -> bool {
+    pub(crate) fn is_healthy(&mut self) -> bool {
         if !self.rbuf.is_empty() || self.streaming != 0 {
             return false;
         }
@@ -316,7 +316,7 @@ impl ServerConn {
     }
 
     /// Says goodbye (Terminate) and closes the connection, without waiting long.
-    pub async fn terminate(mut self: Box<Self>) {
+    pub(crate) async fn terminate(mut self: Box<Self>) {
         let mut out = BytesMut::with_capacity(5);
         frontend::terminate(&mut out);
         let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
@@ -324,13 +324,13 @@ impl ServerConn {
 
     /// Runs `sql` with the simple protocol and waits for ReadyForQuery, dropping all replies.
     /// True when it succeeded and left the server idle outside a transaction.
-    pub async fn run_internal(&mut self, sql: &str, timeout: Duration) -> bool {
+    pub(crate) async fn run_internal(&mut self, sql: &str, timeout: Duration) -> bool {
         self.run_checked(sql, timeout).await.is_ok() && self.state.tx_status == TxStatus::Idle
     }
 
     /// Runs `sql` (simple protocol); Err with the first ErrorResponse frame (None: the
     /// connection failed). ParameterStatus updates the tracked settings.
-    pub async fn run_checked(&mut self, sql: &str, timeout: Duration) -> Result<(), Option<Vec<u8>>> {
+    pub(crate) async fn run_checked(&mut self, sql: &str, timeout: Duration) -> Result<(), Option<Vec<u8>>> {
         let fut = async {
             let mut out = BytesMut::new();
             frontend::query(&mut out, sql);
@@ -362,7 +362,7 @@ impl ServerConn {
     }
 
     /// Consumes the bytes of whole frames at the start of `rbuf` (after handling).
-    pub fn consume(&mut self, n: usize) {
+    pub(crate) fn consume(&mut self, n: usize) {
         self.rbuf.advance(n);
     }
 }
@@ -370,7 +370,11 @@ impl ServerConn {
 impl ServerConn {
     /// Runs `sql` (simple protocol) and returns its rows as text; Err with the server's
     /// message on error. Used for auth_query.
-    pub async fn query_rows(&mut self, sql: &str, timeout: Duration) -> Result<Vec<Vec<Option<String>>>, String> {
+    pub(crate) async fn query_rows(
+        &mut self,
+        sql: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<Option<String>>>, String> {
         let fut = async {
             let mut out = BytesMut::new();
             frontend::query(&mut out, sql);

@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A pool of server connections.
-pub type ServerPool = Pool<ServerConnector>;
+pub(crate) type ServerPool = Pool<ServerConnector>;
 
 /// A pipelining ticket: a place behind other clients' batches on a shared connection.
-pub type Ticket = (Arc<Pipe>, u32);
+pub(crate) type Ticket = (Arc<Pipe>, u32);
 
 /// Opens one pool's server connections.
 #[derive(Debug)]
@@ -26,7 +26,7 @@ pub struct ServerConnector {
     /// The pool's key (for logs).
     key: PoolKey,
     /// Where it connects.
-    pub target: ServerTarget,
+    pub(crate) target: ServerTarget,
     creds: Mutex<Credentials>,
     cfg: Arc<Config>,
 }
@@ -38,7 +38,7 @@ impl ServerConnector {
     }
 
     /// Takes `creds` if it has none (learnt from a client's login).
-    pub fn offer_credentials(&self, creds: &Credentials) {
+    pub(crate) fn offer_credentials(&self, creds: &Credentials) {
         let mut c = self.creds.lock().unwrap_or_else(|e| e.into_inner());
         if matches!(*c, Credentials::None) && !matches!(creds, Credentials::None) {
             *c = creds.clone();
@@ -126,14 +126,14 @@ pub fn release(pool: &Arc<ServerPool>, conn: Box<ServerConn>, reusable: bool) {
 
 /// Returns a connection no ticket holds any more: closed if its pipe broke or bytes are
 /// left unread in it (they would belong to nobody).
-pub fn release_from_pipe(pool: &Arc<ServerPool>, c: Box<ServerConn>, dead: bool) {
+pub(crate) fn release_from_pipe(pool: &Arc<ServerPool>, c: Box<ServerConn>, dead: bool) {
     let clean = !dead && c.rbuf.is_empty() && c.streaming == 0;
     release(pool, c, clean);
 }
 
 /// Gives up ticket `t` on `p`, which never wrote: the writer is `back` again. The
 /// connection comes back to the pool if no other ticket holds it.
-pub fn retract_ticket(pool: &Arc<ServerPool>, p: &Pipe, t: u32, back: Option<u32>) {
+pub(crate) fn retract_ticket(pool: &Arc<ServerPool>, p: &Pipe, t: u32, back: Option<u32>) {
     let mut g = p.lock();
     let dead = g.dead;
     if let Some(c) = g.retract(t, back) {
@@ -144,7 +144,7 @@ pub fn retract_ticket(pool: &Arc<ServerPool>, p: &Pipe, t: u32, back: Option<u32
 
 /// Leaves the pool's queue (the client gave up): a ticket handed over meanwhile is given
 /// back.
-pub fn abandon(pool: &Arc<ServerPool>, q: crate::pool::Queued<ServerConnector>) {
+pub(crate) fn abandon(pool: &Arc<ServerPool>, q: crate::pool::Queued<ServerConnector>) {
     if let Some((p, t)) = pool.abandon(q) {
         retract_ticket(pool, &p, t, None);
     }
@@ -153,7 +153,7 @@ pub fn abandon(pool: &Arc<ServerPool>, q: crate::pool::Queued<ServerConnector>) 
 /// Lets the first queued client write its batch on `pipe` behind the batches in flight
 /// there (at most `depth` of them), taking the writer's role from ticket `from`. False
 /// when nobody could take it (the writer stays `from`).
-pub fn lend(pool: &Arc<ServerPool>, pipe: &Arc<Pipe>, from: u32, depth: usize) -> bool {
+pub(crate) fn lend(pool: &Arc<ServerPool>, pipe: &Arc<Pipe>, from: u32, depth: usize) -> bool {
     let offered = pool.lend(|| {
         let mut p = pipe.lock();
         // A connection past its lifetime takes no more batches: it must come back to the

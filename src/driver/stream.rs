@@ -36,11 +36,11 @@ impl Stream {
     }
     /// Polls for read readiness. Keeps one waker per socket (the owner's), so waiting costs
     /// no future and no entry in the socket's waiter list.
-    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         each!(self, s => s.poll_read_ready(cx))
     }
     /// Polls for write readiness (see `poll_read_ready`).
-    pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         each!(self, s => s.poll_write_ready(cx))
     }
     /// Reads what is available into `buf` without blocking.
@@ -50,7 +50,7 @@ impl Stream {
     /// only on `WouldBlock`). Otherwise the next `readable()` returns at once and costs a
     /// wasted wakeup and an `EAGAIN` read per batch. The tick check in tokio keeps this
     /// race-free: readiness reported after the read is not cleared.
-    pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+    pub(crate) fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let spare = buf.capacity() - buf.len();
         each!(self, s => {
             let mut got = None;
@@ -66,26 +66,26 @@ impl Stream {
         })
     }
     /// Writes what the socket takes without blocking.
-    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         each!(self, s => s.try_write(buf))
     }
     /// Reads at least one byte (0 = end of stream).
-    pub async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+    pub(crate) async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         each!(self, s => s.read_buf(buf).await)
     }
     /// Writes all of `buf`.
-    pub async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+    pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         each!(self, s => s.write_all(buf).await)
     }
     /// Disables Nagle on TCP.
-    pub fn set_nodelay(&self) {
+    pub(crate) fn set_nodelay(&self) {
         if let Stream::Tcp(s) = self {
             let _ = s.set_nodelay(true);
         }
     }
     /// Writes as much of `buf` as the socket takes now, removing it from `buf`.
     /// `Ok(true)` when `buf` is now empty.
-    pub fn flush_some(&self, buf: &mut BytesMut) -> io::Result<bool> {
+    pub(crate) fn flush_some(&self, buf: &mut BytesMut) -> io::Result<bool> {
         while !buf.is_empty() {
             match self.try_write(buf) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

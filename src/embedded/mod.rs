@@ -248,13 +248,15 @@ impl Cluster {
     }
 
     /// Stop now (pg_ctl stop -m immediate); start() again later with `start_again`.
-    pub fn stop(&mut self) -> io::Result<()> {
+    #[cfg(test)]
+    pub(crate) fn stop(&mut self) -> io::Result<()> {
         self.stop_server()
     }
 
     /// Starts the server stopped by [`Cluster::stop`] again, on the same port and data
     /// (no-op if it is running).
-    pub fn start_again(&mut self) -> io::Result<()> {
+    #[cfg(test)]
+    pub(crate) fn start_again(&mut self) -> io::Result<()> {
         if self.postmaster_pid.is_some_and(sys::process_alive) {
             return Ok(());
         }

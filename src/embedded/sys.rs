@@ -97,14 +97,14 @@ fn parse_version(s: &str) -> Option<Vec<u32>> {
 #[derive(Clone, Debug)]
 pub(super) struct RunAs {
     /// `Some((uid, gid))` when we are root and must drop privileges; None: run as ourselves.
-    pub ids: Option<(u32, u32)>,
+    pub(crate) ids: Option<(u32, u32)>,
     /// User name, for messages.
-    pub name: String,
+    pub(crate) name: String,
 }
 
 impl RunAs {
     /// The current user, or when root the "postgres" system user, else "nobody".
-    pub fn detect() -> io::Result<RunAs> {
+    pub(crate) fn detect() -> io::Result<RunAs> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Ok(RunAs { ids: None, name: "current user".to_string() });
@@ -123,7 +123,7 @@ impl RunAs {
     }
 
     /// Makes `path` owned by this identity (no-op when not root).
-    pub fn chown(&self, path: &Path) -> io::Result<()> {
+    pub(crate) fn chown(&self, path: &Path) -> io::Result<()> {
         match self.ids {
             Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid)),
             None => Ok(()),

@@ -28,11 +28,11 @@ use std::sync::Arc;
 
 /// The database name that reaches the admin console (unless a database of that name is
 /// configured).
-pub const ADMIN_DB: &str = "parsnip";
+pub(crate) const ADMIN_DB: &str = "parsnip";
 
 /// What the driver must do next.
 #[derive(Debug)]
-pub enum Step {
+pub(crate) enum Step {
     /// Write `to_client`, read more from the client, and call `handle_bytes`.
     NeedBytes,
     /// The connection is a CancelRequest: forward it; the connection then ends.
@@ -57,29 +57,29 @@ pub enum Step {
 
 /// The randomness one login draws.
 #[derive(Clone, Debug)]
-pub struct Entropy {
+pub(crate) struct Entropy {
     /// The salt of an md5 challenge.
-    pub md5_salt: [u8; 4],
+    pub(crate) md5_salt: [u8; 4],
     /// The server part of a SCRAM nonce (printable ASCII, no ',').
-    pub scram_nonce: String,
+    pub(crate) scram_nonce: String,
 }
 
 impl Entropy {
     /// Fresh random values.
-    pub fn random() -> Entropy {
+    pub(crate) fn random() -> Entropy {
         Entropy { md5_salt: rand::random(), scram_nonce: crate::auth::ScramClient::random_nonce() }
     }
 }
 
 /// Where a login goes once authenticated.
 #[derive(Clone, Debug)]
-pub struct Target {
+pub(crate) struct Target {
     /// The database's configuration entry.
-    pub db_cfg: DatabaseConfig,
+    pub(crate) db_cfg: DatabaseConfig,
     /// The database name on the server.
-    pub server_db: String,
+    pub(crate) server_db: String,
     /// The admin console rather than a database.
-    pub console: bool,
+    pub(crate) console: bool,
 }
 
 /// Where the exchange stands.
@@ -95,26 +95,26 @@ enum Phase {
 }
 
 /// One client's login. See the module doc.
-pub struct Login {
+pub(crate) struct Login {
     cfg: Arc<Config>,
     shutting_down: bool,
     entropy: Entropy,
     phase: Phase,
     /// Bytes to write to the client.
-    pub to_client: BytesMut,
+    pub(crate) to_client: BytesMut,
     /// The user name of the startup packet.
-    pub user: String,
+    pub(crate) user: String,
     /// The database name the client asked for.
-    pub db: String,
+    pub(crate) db: String,
     /// The startup packet's parameters, in order.
-    pub params: Vec<(String, String)>,
+    pub(crate) params: Vec<(String, String)>,
     /// Where the login goes (known once the startup packet is read).
-    pub target: Option<Target>,
+    pub(crate) target: Option<Target>,
 }
 
 impl Login {
     /// A login under `cfg`; `shutting_down` refuses it as PostgreSQL does (57P03).
-    pub fn new(cfg: Arc<Config>, shutting_down: bool, entropy: Entropy) -> Login {
+    pub(crate) fn new(cfg: Arc<Config>, shutting_down: bool, entropy: Entropy) -> Login {
         Login {
             cfg,
             shutting_down,
@@ -129,7 +129,7 @@ impl Login {
     }
 
     /// The client's bytes so far (`buf`, consumed as far as they are used).
-    pub fn handle_bytes(&mut self, buf: &mut BytesMut) -> Step {
+    pub(crate) fn handle_bytes(&mut self, buf: &mut BytesMut) -> Step {
         match self.phase {
             Phase::Startup => self.on_startup_bytes(buf),
             Phase::Password(_) => match split_frame(buf, 10_000) {
@@ -209,7 +209,7 @@ impl Login {
     }
 
     /// The answer to `Step::NeedSecret`: the user's secret, or None for an unknown user.
-    pub fn handle_secret(&mut self, secret: Option<Secret>) -> Step {
+    pub(crate) fn handle_secret(&mut self, secret: Option<Secret>) -> Step {
         if !matches!(self.phase, Phase::AwaitSecret) {
             return Step::NeedBytes;
         }
@@ -220,7 +220,7 @@ impl Login {
     /// what its startup packet set. True when the server must normalize them (PostgreSQL
     /// reports normalized values, e.g. DateStyle "ISO" as "ISO, MDY"): the driver applies
     /// them on a server connection and reads the values back.
-    pub fn client_settings(&self, defaults: &Settings) -> (Settings, bool) {
+    pub(crate) fn client_settings(&self, defaults: &Settings) -> (Settings, bool) {
         let mut settings = defaults.clone();
         let (reported, extras) = startup_settings(&self.params);
         for (name, value) in &reported {
@@ -237,7 +237,7 @@ impl Login {
     /// The end of a client login: the server's parameters (`server_params`, with the
     /// client's own values for the tracked ones in `settings`), the cancel key, and
     /// ReadyForQuery.
-    pub fn welcome(&mut self, server_params: &[(String, String)], settings: &Settings, pid: i32, key: i32) {
+    pub(crate) fn welcome(&mut self, server_params: &[(String, String)], settings: &Settings, pid: i32, key: i32) {
         for (k, v) in server_params {
             let v = tracked_name(k).and_then(|n| settings.reported(n)).unwrap_or(v);
             backend::parameter_status(&mut self.to_client, k, v);

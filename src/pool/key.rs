@@ -14,11 +14,11 @@ pub enum PoolPurpose {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PoolKey {
     /// Database name as the client gave it.
-    pub db: String,
+    pub(crate) db: String,
     /// Client user name.
-    pub user: String,
+    pub(crate) user: String,
     /// Clients' pool, or the auth_query pool of that database.
-    pub purpose: PoolPurpose,
+    pub(crate) purpose: PoolPurpose,
 }
 
 impl PoolKey {

@@ -18,10 +18,10 @@ mod stats;
 #[cfg(test)]
 mod tests;
 
-pub use conn::{Connecting, Connector, Pooled};
+pub(crate) use conn::{Connecting, Connector, Pooled};
 pub use key::{PoolKey, PoolPurpose};
-pub use queue::{Checkout, Lease, Queued};
-pub use stats::{PoolSnapshot, PoolStats};
+pub(crate) use queue::{Checkout, Lease, Queued};
+pub(crate) use stats::{PoolSnapshot, PoolStats};
 
 use crate::config::{Config, PoolMode};
 use crate::error::{Error, SqlState};
@@ -35,11 +35,11 @@ use tokio::sync::oneshot;
 
 /// What a new client is told about the server at login, learnt from the first connection.
 #[derive(Debug)]
-pub struct ServerDefaults {
+pub(crate) struct ServerDefaults {
     /// Every ParameterStatus the server sent at startup.
-    pub params: Vec<(String, String)>,
+    pub(crate) params: Vec<(String, String)>,
     /// The tracked subset, as session settings.
-    pub settings: Settings,
+    pub(crate) settings: Settings,
 }
 
 struct Inner<K: Connector> {
@@ -54,19 +54,19 @@ struct Inner<K: Connector> {
 /// One pool.
 pub struct Pool<K: Connector> {
     /// Its key.
-    pub key: PoolKey,
+    pub(crate) key: PoolKey,
     /// Pool mode of its clients.
-    pub mode: PoolMode,
+    pub(crate) mode: PoolMode,
     /// Maximum open connections.
-    pub size: usize,
+    pub(crate) size: usize,
     connector: K,
     inner: Mutex<Inner<K>>,
     defaults: OnceLock<Arc<ServerDefaults>>,
     cfg: Arc<Config>,
     /// Counters.
-    pub stats: PoolStats,
+    pub(crate) stats: PoolStats,
     /// The prepared-statement cache of this pool.
-    pub stmts: Arc<crate::stmt::Registry>,
+    pub(crate) stmts: Arc<crate::stmt::Registry>,
     /// Clients' settings, shared between clients that have the same (most do).
     settings: Mutex<std::collections::HashMap<u64, std::sync::Weak<Settings>>>,
 }
@@ -99,12 +99,12 @@ impl<K: Connector> Pool<K> {
     }
 
     /// Who opens this pool's connections.
-    pub fn connector(&self) -> &K {
+    pub(crate) fn connector(&self) -> &K {
         &self.connector
     }
 
     /// The server's startup parameters, connecting once if none is known yet.
-    pub async fn defaults(&self) -> Result<Arc<ServerDefaults>, Error> {
+    pub(crate) async fn defaults(&self) -> Result<Arc<ServerDefaults>, Error> {
         if let Some(d) = self.defaults.get() {
             return Ok(d.clone());
         }
@@ -128,7 +128,7 @@ impl<K: Connector> Pool<K> {
 
     /// One shared copy of `s` for every client of this pool with the same settings, so an
     /// idle client costs a pointer, not a copy.
-    pub fn intern_settings(&self, s: Settings) -> Arc<Settings> {
+    pub(crate) fn intern_settings(&self, s: Settings) -> Arc<Settings> {
         let mut map = self.settings.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(shared) = map.get(&s.key()).and_then(std::sync::Weak::upgrade)
             && *shared == s
@@ -168,7 +168,7 @@ impl<K: Connector> Pool<K> {
     /// A checkout that awaits nothing unless it must queue: an idle connection, or a place
     /// in the wait queue (`wait_queued`), or `Slow` when a connection must be opened (then
     /// call `acquire`). What a client does per transaction, so it allocates no future.
-    pub fn checkout(&self) -> Checkout<K> {
+    pub(crate) fn checkout(&self) -> Checkout<K> {
         let mut g = self.lock();
         if let Some(c) = self.take_idle(&mut g) {
             return Checkout::Ready(c);
@@ -186,7 +186,7 @@ impl<K: Connector> Pool<K> {
 
     /// Waits for a queued checkout: a connection, the timeout error, or None when the
     /// pool asks the waiter to try again through `acquire_woken` (a slot was freed).
-    pub async fn wait_queued(&self, q: &mut Queued<K>) -> Result<Option<Lease<K>>, Error> {
+    pub(crate) async fn wait_queued(&self, q: &mut Queued<K>) -> Result<Option<Lease<K>>, Error> {
         match (&mut q.0).await {
             Ok(Handoff::Conn(c)) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
@@ -206,7 +206,7 @@ impl<K: Connector> Pool<K> {
     /// back to the pool instead of being dropped with the receiver; a ticket handed over
     /// is returned for the caller to give back.
     #[must_use]
-    pub fn abandon(&self, mut q: Queued<K>) -> Option<K::Ticket> {
+    pub(crate) fn abandon(&self, mut q: Queued<K>) -> Option<K::Ticket> {
         q.0.close();
         match q.0.try_recv() {
             Ok(Handoff::Conn(c)) => self.release_now(c, true),
@@ -217,7 +217,7 @@ impl<K: Connector> Pool<K> {
     }
 
     /// True when the client first in the queue could take a ticket on a shared connection.
-    pub fn ticket_waiter(&self) -> bool {
+    pub(crate) fn ticket_waiter(&self) -> bool {
         self.lock().waiters.front().is_some_and(|w| w.takes_ticket && !w.tx.is_closed())
     }
 
@@ -225,7 +225,7 @@ impl<K: Connector> Pool<K> {
     /// the pool's lock held, so no checkout slips in between) or declines (None). Ok(true):
     /// handed over; Ok(false): nobody took one; Err(ticket): the waiter left just then, and
     /// the caller takes its ticket back.
-    pub fn lend(&self, make: impl FnOnce() -> Option<K::Ticket>) -> Result<bool, K::Ticket> {
+    pub(crate) fn lend(&self, make: impl FnOnce() -> Option<K::Ticket>) -> Result<bool, K::Ticket> {
         let mut g = self.lock();
         while g.waiters.front().is_some_and(|w| w.tx.is_closed()) {
             g.waiters.pop_front();
@@ -312,7 +312,7 @@ impl<K: Connector> Pool<K> {
     /// After `wait_queued` gave None (this waiter was told a slot is free): open a
     /// connection in that slot, or queue again. The freed slot is this waiter's even if
     /// others are queued (they were not told).
-    pub async fn acquire_woken(&self) -> Result<Box<K::Conn>, Error> {
+    pub(crate) async fn acquire_woken(&self) -> Result<Box<K::Conn>, Error> {
         if self.reserve_freed_slot() {
             return self.connect_reserved().await;
         }
@@ -342,7 +342,7 @@ impl<K: Connector> Pool<K> {
     }
 
     /// Whether `c` is past `server_lifetime`.
-    pub fn expired(&self, c: &K::Conn) -> bool {
+    pub(crate) fn expired(&self, c: &K::Conn) -> bool {
         self.cfg.server_lifetime().is_some_and(|l| c.created().elapsed() >= l)
     }
 
@@ -358,7 +358,7 @@ impl<K: Connector> Pool<K> {
     }
 
     /// Returns a connection. Not reusable or past its lifetime: it is closed.
-    pub fn release(&self, conn: Box<K::Conn>, reusable: bool) {
+    pub(crate) fn release(&self, conn: Box<K::Conn>, reusable: bool) {
         if !reusable || self.expired(&conn) {
             drop(conn);
             return self.slot_freed();
@@ -368,7 +368,7 @@ impl<K: Connector> Pool<K> {
 
     /// Returns a connection as it is (lifetime not checked): to the first waiter, else to
     /// the idle list. Not reusable: it is closed.
-    pub fn release_now(&self, mut conn: Box<K::Conn>, reusable: bool) {
+    pub(crate) fn release_now(&self, mut conn: Box<K::Conn>, reusable: bool) {
         if !reusable {
             drop(conn);
             return self.slot_freed();
@@ -386,7 +386,7 @@ impl<K: Connector> Pool<K> {
     }
 
     /// Closes idle connections past server_idle_timeout or lifetime. Called periodically.
-    pub fn prune(&self) {
+    pub(crate) fn prune(&self) {
         let idle_limit = self.cfg.server_idle_timeout();
         let mut g = self.lock();
         let before = g.idle.len();
@@ -409,7 +409,7 @@ impl<K: Connector> Pool<K> {
     /// Fails the queued checkouts whose `query_wait_timeout` has passed, and forgets the
     /// ones whose client went away. Called by the janitor, often enough for the timeout's
     /// precision (see `janitor_period`).
-    pub fn expire_waiters(&self) {
+    pub(crate) fn expire_waiters(&self) {
         let now = Instant::now();
         let mut g = self.lock();
         if g.waiters.is_empty() {
@@ -430,13 +430,13 @@ impl<K: Connector> Pool<K> {
     }
 
     /// (idle, open, waiting) counts.
-    pub fn counts(&self) -> (usize, usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize, usize) {
         let g = self.lock();
         (g.idle.len(), g.open, g.waiters.len())
     }
 
     /// The pool as the console shows it, now.
-    pub fn snapshot(&self) -> PoolSnapshot {
+    pub(crate) fn snapshot(&self) -> PoolSnapshot {
         let (idle, open, waiting) = self.counts();
         let mut s = PoolSnapshot {
             key: self.key.clone(),
@@ -459,12 +459,12 @@ impl<K: Connector> Pool<K> {
     }
 
     /// The server connect timeout, also used for the pooler's own short queries.
-    pub fn connect_timeout(&self) -> Duration {
+    pub(crate) fn connect_timeout(&self) -> Duration {
         self.cfg.server_connect_timeout()
     }
 
     /// Closes every idle connection (shutdown).
-    pub fn close_idle(&self) {
+    pub(crate) fn close_idle(&self) {
         let mut g = self.lock();
         let n = g.idle.len();
         g.idle.clear();

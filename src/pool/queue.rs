@@ -18,7 +18,7 @@ pub(super) enum Handoff<K: Connector> {
 }
 
 /// What `Pool::checkout` found.
-pub enum Checkout<K: Connector> {
+pub(crate) enum Checkout<K: Connector> {
     /// An idle connection.
     Ready(Box<K::Conn>),
     /// A place in the wait queue: `Pool::wait_queued`.
@@ -28,10 +28,10 @@ pub enum Checkout<K: Connector> {
 }
 
 /// A place in a pool's wait queue.
-pub struct Queued<K: Connector>(pub(super) oneshot::Receiver<Handoff<K>>);
+pub(crate) struct Queued<K: Connector>(pub(super) oneshot::Receiver<Handoff<K>>);
 
 /// What a queued client is given.
-pub enum Lease<K: Connector> {
+pub(crate) enum Lease<K: Connector> {
     /// A connection of its own.
     Own(Box<K::Conn>),
     /// A ticket on a shared connection: its batch goes behind others'.

@@ -10,53 +10,53 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub struct PoolStats {
     /// Server connections opened.
-    pub connects: AtomicU64,
+    pub(crate) connects: AtomicU64,
     /// Failed connect attempts.
-    pub connect_failures: AtomicU64,
+    pub(crate) connect_failures: AtomicU64,
     /// Checkouts served.
-    pub checkouts: AtomicU64,
+    pub(crate) checkouts: AtomicU64,
     /// Checkouts that had to wait.
-    pub waits: AtomicU64,
+    pub(crate) waits: AtomicU64,
     /// Checkouts that timed out.
-    pub wait_timeouts: AtomicU64,
+    pub(crate) wait_timeouts: AtomicU64,
     /// Checkouts served with a ticket on a connection busy with other batches.
-    pub pipelined: AtomicU64,
+    pub(crate) pipelined: AtomicU64,
     /// Cancels sent with `pg_cancel_backend` because batches were queued behind the query.
-    pub pipelined_cancels: AtomicU64,
+    pub(crate) pipelined_cancels: AtomicU64,
 }
 
 /// A pool as the console shows it, read at one moment.
 #[derive(Clone, Debug)]
-pub struct PoolSnapshot {
+pub(crate) struct PoolSnapshot {
     /// The pool's key.
-    pub key: PoolKey,
+    pub(crate) key: PoolKey,
     /// Pool mode of its clients.
-    pub mode: PoolMode,
+    pub(crate) mode: PoolMode,
     /// Maximum open connections.
-    pub size: usize,
+    pub(crate) size: usize,
     /// Idle connections.
-    pub idle: usize,
+    pub(crate) idle: usize,
     /// Open connections (idle, in use, being opened).
-    pub open: usize,
+    pub(crate) open: usize,
     /// Queued checkouts.
-    pub waiting: usize,
+    pub(crate) waiting: usize,
     /// Counters: connects, connect failures, checkouts, waits, wait timeouts, pipelined,
     /// pipelined cancels.
-    pub connects: u64,
+    pub(crate) connects: u64,
     /// See [`PoolStats::connect_failures`].
-    pub connect_failures: u64,
+    pub(crate) connect_failures: u64,
     /// See [`PoolStats::checkouts`].
-    pub checkouts: u64,
+    pub(crate) checkouts: u64,
     /// See [`PoolStats::waits`].
-    pub waits: u64,
+    pub(crate) waits: u64,
     /// See [`PoolStats::wait_timeouts`].
-    pub wait_timeouts: u64,
+    pub(crate) wait_timeouts: u64,
     /// See [`PoolStats::pipelined`].
-    pub pipelined: u64,
+    pub(crate) pipelined: u64,
     /// See [`PoolStats::pipelined_cancels`].
-    pub pipelined_cancels: u64,
+    pub(crate) pipelined_cancels: u64,
     /// The pool's statement cache (its counters and statements).
-    pub stmts: Arc<Registry>,
+    pub(crate) stmts: Arc<Registry>,
 }
 
 impl PoolStats {

@@ -6,22 +6,22 @@ use bytes::{BufMut, BytesMut};
 use std::borrow::Cow;
 
 /// AuthenticationOk.
-pub fn auth_ok(buf: &mut BytesMut) {
+pub(crate) fn auth_ok(buf: &mut BytesMut) {
     write_msg(buf, tags::AUTHENTICATION, |b| b.put_i32(0));
 }
 /// AuthenticationCleartextPassword.
-pub fn auth_cleartext(buf: &mut BytesMut) {
+pub(crate) fn auth_cleartext(buf: &mut BytesMut) {
     write_msg(buf, tags::AUTHENTICATION, |b| b.put_i32(3));
 }
 /// AuthenticationMD5Password.
-pub fn auth_md5(buf: &mut BytesMut, salt: [u8; 4]) {
+pub(crate) fn auth_md5(buf: &mut BytesMut, salt: [u8; 4]) {
     write_msg(buf, tags::AUTHENTICATION, |b| {
         b.put_i32(5);
         b.put_slice(&salt);
     });
 }
 /// AuthenticationSASL with one mechanism.
-pub fn auth_sasl(buf: &mut BytesMut, mechanism: &str) {
+pub(crate) fn auth_sasl(buf: &mut BytesMut, mechanism: &str) {
     write_msg(buf, tags::AUTHENTICATION, |b| {
         b.put_i32(10);
         put_cstr(b, mechanism.as_bytes());
@@ -29,28 +29,28 @@ pub fn auth_sasl(buf: &mut BytesMut, mechanism: &str) {
     });
 }
 /// AuthenticationSASLContinue.
-pub fn auth_sasl_continue(buf: &mut BytesMut, data: &[u8]) {
+pub(crate) fn auth_sasl_continue(buf: &mut BytesMut, data: &[u8]) {
     write_msg(buf, tags::AUTHENTICATION, |b| {
         b.put_i32(11);
         b.put_slice(data);
     });
 }
 /// AuthenticationSASLFinal.
-pub fn auth_sasl_final(buf: &mut BytesMut, data: &[u8]) {
+pub(crate) fn auth_sasl_final(buf: &mut BytesMut, data: &[u8]) {
     write_msg(buf, tags::AUTHENTICATION, |b| {
         b.put_i32(12);
         b.put_slice(data);
     });
 }
 /// ParameterStatus.
-pub fn parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
+pub(crate) fn parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
     write_msg(buf, tags::PARAMETER_STATUS, |b| {
         put_cstr(b, name.as_bytes());
         put_cstr(b, value.as_bytes());
     });
 }
 /// BackendKeyData.
-pub fn backend_key_data(buf: &mut BytesMut, pid: i32, key: i32) {
+pub(crate) fn backend_key_data(buf: &mut BytesMut, pid: i32, key: i32) {
     write_msg(buf, tags::BACKEND_KEY_DATA, |b| {
         b.put_i32(pid);
         b.put_i32(key);
@@ -61,7 +61,7 @@ pub fn ready_for_query(buf: &mut BytesMut, status: u8) {
     write_msg(buf, tags::READY_FOR_QUERY, |b| b.put_u8(status));
 }
 /// NegotiateProtocolVersion: newest minor supported and the unrecognized options.
-pub fn negotiate_protocol_version(buf: &mut BytesMut, minor: i32, unknown: &[&str]) {
+pub(crate) fn negotiate_protocol_version(buf: &mut BytesMut, minor: i32, unknown: &[&str]) {
     write_msg(buf, tags::NEGOTIATE_PROTOCOL_VERSION, |b| {
         b.put_i32(minor);
         b.put_i32(unknown.len() as i32);
@@ -70,16 +70,18 @@ pub fn negotiate_protocol_version(buf: &mut BytesMut, minor: i32, unknown: &[&st
         }
     });
 }
-/// ErrorResponse with severity, SQLSTATE and message.
-pub fn error_response(buf: &mut BytesMut, severity: &str, code: &str, message: &str) {
-    error_response_routine(buf, severity, code, message, None);
-}
 /// ErrorResponse with an optional routine field.
-pub fn error_response_routine(buf: &mut BytesMut, severity: &str, code: &str, message: &str, routine: Option<&str>) {
+pub(crate) fn error_response_routine(
+    buf: &mut BytesMut,
+    severity: &str,
+    code: &str,
+    message: &str,
+    routine: Option<&str>,
+) {
     notice_like(buf, tags::ERROR_RESPONSE, severity, code, message, routine);
 }
 /// ErrorResponse made of `fields` (type byte, value), e.g. a server's error rewritten.
-pub fn error_response_fields<'a>(buf: &mut BytesMut, fields: impl IntoIterator<Item = (u8, Cow<'a, [u8]>)>) {
+pub(crate) fn error_response_fields<'a>(buf: &mut BytesMut, fields: impl IntoIterator<Item = (u8, Cow<'a, [u8]>)>) {
     write_msg(buf, tags::ERROR_RESPONSE, |b| {
         for (field, value) in fields {
             b.put_u8(field);
@@ -87,10 +89,6 @@ pub fn error_response_fields<'a>(buf: &mut BytesMut, fields: impl IntoIterator<I
         }
         b.put_u8(0);
     });
-}
-/// NoticeResponse.
-pub fn notice_response(buf: &mut BytesMut, severity: &str, code: &str, message: &str) {
-    notice_like(buf, tags::NOTICE_RESPONSE, severity, code, message, None);
 }
 fn notice_like(buf: &mut BytesMut, tag: u8, severity: &str, code: &str, message: &str, routine: Option<&str>) {
     write_msg(buf, tag, |b| {
@@ -110,7 +108,7 @@ pub fn command_complete(buf: &mut BytesMut, tag: &str) {
     write_msg(buf, tags::COMMAND_COMPLETE, |b| put_cstr(b, tag.as_bytes()));
 }
 /// EmptyQueryResponse.
-pub fn empty_query_response(buf: &mut BytesMut) {
+pub(crate) fn empty_query_response(buf: &mut BytesMut) {
     write_msg(buf, tags::EMPTY_QUERY_RESPONSE, |_| {});
 }
 /// A body-less message such as ParseComplete, BindComplete, CloseComplete, NoData.
@@ -118,7 +116,7 @@ pub fn empty(buf: &mut BytesMut, tag: u8) {
     write_msg(buf, tag, |_| {});
 }
 /// RowDescription of text columns (type OID 25), for synthesized result sets.
-pub fn row_description_text(buf: &mut BytesMut, columns: &[&str]) {
+pub(crate) fn row_description_text(buf: &mut BytesMut, columns: &[&str]) {
     write_msg(buf, tags::ROW_DESCRIPTION, |b| {
         b.put_i16(columns.len() as i16);
         for c in columns {
@@ -149,7 +147,7 @@ pub fn data_row_text(buf: &mut BytesMut, values: &[Option<&str>]) {
 }
 
 /// Fields of an ErrorResponse or NoticeResponse body: (field type, value).
-pub fn error_fields(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+pub(crate) fn error_fields(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
     let mut rest = body;
     std::iter::from_fn(move || {
         let (&t, r) = rest.split_first()?;
@@ -163,19 +161,19 @@ pub fn error_fields(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
 }
 
 /// A field of an ErrorResponse body, e.g. `b'C'` for the SQLSTATE.
-pub fn error_field(body: &[u8], field: u8) -> Option<&[u8]> {
+pub(crate) fn error_field(body: &[u8], field: u8) -> Option<&[u8]> {
     error_fields(body).find(|(t, _)| *t == field).map(|(_, v)| v)
 }
 
 /// Name and value of a ParameterStatus body.
-pub fn parameter_status_fields(body: &[u8]) -> Option<(&str, &str)> {
+pub(crate) fn parameter_status_fields(body: &[u8]) -> Option<(&str, &str)> {
     let (k, rest) = read_cstr(body)?;
     let (v, _) = read_cstr(rest)?;
     Some((std::str::from_utf8(k).ok()?, std::str::from_utf8(v).ok()?))
 }
 
 /// Reads an i32 at the start of a slice.
-pub fn read_i32(b: &[u8]) -> Option<i32> {
+pub(crate) fn read_i32(b: &[u8]) -> Option<i32> {
     Some(i32::from_be_bytes(b.get(..4)?.try_into().ok()?))
 }
 
@@ -186,7 +184,7 @@ mod tests {
     #[test]
     fn error_round_trip() {
         let mut b = BytesMut::new();
-        error_response(&mut b, "FATAL", "28P01", "password authentication failed for user \"x\"");
+        error_response_routine(&mut b, "FATAL", "28P01", "password authentication failed for user \"x\"", None);
         assert_eq!(b[0], b'E');
         let body = &b[5..];
         assert_eq!(error_field(body, b'C'), Some(&b"28P01"[..]));

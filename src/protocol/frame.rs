@@ -43,7 +43,7 @@ pub fn split_frame(buf: &[u8], max_len: usize) -> Result<Option<usize>, FrameErr
 }
 
 /// Bytes still missing for the frame that starts `buf` (0 if unknown or complete).
-pub fn missing(buf: &[u8]) -> usize {
+pub(crate) fn missing(buf: &[u8]) -> usize {
     if buf.len() < 5 {
         return 5 - buf.len();
     }

@@ -9,7 +9,7 @@ pub fn query(buf: &mut BytesMut, sql: &str) {
     write_msg(buf, tags::QUERY, |b| put_cstr(b, sql.as_bytes()));
 }
 /// PasswordMessage (also used for SASL responses, which carry no NUL).
-pub fn password(buf: &mut BytesMut, data: &[u8], nul: bool) {
+pub(crate) fn password(buf: &mut BytesMut, data: &[u8], nul: bool) {
     write_msg(buf, tags::PASSWORD, |b| {
         b.put_slice(data);
         if nul {
@@ -18,7 +18,7 @@ pub fn password(buf: &mut BytesMut, data: &[u8], nul: bool) {
     });
 }
 /// SASLInitialResponse.
-pub fn sasl_initial_response(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
+pub(crate) fn sasl_initial_response(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
     write_msg(buf, tags::PASSWORD, |b| {
         put_cstr(b, mechanism.as_bytes());
         b.put_i32(data.len() as i32);
@@ -26,7 +26,7 @@ pub fn sasl_initial_response(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
     });
 }
 /// Query with SQL given as bytes.
-pub fn query_bytes(buf: &mut BytesMut, sql: &[u8]) {
+pub(crate) fn query_bytes(buf: &mut BytesMut, sql: &[u8]) {
     write_msg(buf, tags::QUERY, |b| put_cstr(b, sql));
 }
 /// Parse of `query` as statement `name`, with parameter type OIDs `types` (4 bytes each,
@@ -49,11 +49,11 @@ pub fn bind_with_tail(buf: &mut BytesMut, portal: &[u8], statement: &[u8], tail:
     });
 }
 /// Bind of `portal` to a `statement` without parameters, results in text.
-pub fn bind_no_params(buf: &mut BytesMut, portal: &[u8], statement: &[u8]) {
+pub(crate) fn bind_no_params(buf: &mut BytesMut, portal: &[u8], statement: &[u8]) {
     bind_with_tail(buf, portal, statement, &[0, 0, 0, 0, 0, 0]);
 }
 /// Describe of a prepared statement.
-pub fn describe_statement(buf: &mut BytesMut, name: &[u8]) {
+pub(crate) fn describe_statement(buf: &mut BytesMut, name: &[u8]) {
     write_msg(buf, tags::DESCRIBE, |b| {
         b.put_u8(b'S');
         put_cstr(b, name);
@@ -67,21 +67,21 @@ pub fn execute(buf: &mut BytesMut, portal: &[u8]) {
     });
 }
 /// Close of a prepared statement.
-pub fn close_statement(buf: &mut BytesMut, name: &[u8]) {
+pub(crate) fn close_statement(buf: &mut BytesMut, name: &[u8]) {
     write_msg(buf, tags::CLOSE, |b| {
         b.put_u8(b'S');
         put_cstr(b, name);
     });
 }
 /// Close of a portal.
-pub fn close_portal(buf: &mut BytesMut, name: &[u8]) {
+pub(crate) fn close_portal(buf: &mut BytesMut, name: &[u8]) {
     write_msg(buf, tags::CLOSE, |b| {
         b.put_u8(b'P');
         put_cstr(b, name);
     });
 }
 /// Flush.
-pub fn flush(buf: &mut BytesMut) {
+pub(crate) fn flush(buf: &mut BytesMut) {
     write_msg(buf, tags::FLUSH, |_| {});
 }
 /// Sync.
@@ -89,7 +89,7 @@ pub fn sync(buf: &mut BytesMut) {
     write_msg(buf, tags::SYNC, |_| {});
 }
 /// Terminate.
-pub fn terminate(buf: &mut BytesMut) {
+pub(crate) fn terminate(buf: &mut BytesMut) {
     write_msg(buf, tags::TERMINATE, |_| {});
 }
 
@@ -99,7 +99,7 @@ pub fn query_text(body: &[u8]) -> Option<&[u8]> {
 }
 
 /// Mechanism and data of a SASLInitialResponse body.
-pub fn sasl_initial_fields(body: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn sasl_initial_fields(body: &[u8]) -> Option<(&[u8], &[u8])> {
     let (mech, rest) = read_cstr(body)?;
     let len = super::backend::read_i32(rest)?;
     let data = &rest[4..];
@@ -113,9 +113,9 @@ pub fn sasl_initial_fields(body: &[u8]) -> Option<(&[u8], &[u8])> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct ParseFields<'a> {
     /// Statement name ("" = unnamed).
-    pub name: &'a [u8],
+    pub(crate) name: &'a [u8],
     /// SQL text.
-    pub query: &'a [u8],
+    pub(crate) query: &'a [u8],
     /// Parameter type OIDs, raw (count * 4 bytes).
     pub param_types: &'a [u8],
 }
@@ -140,7 +140,7 @@ pub fn bind_names(body: &[u8]) -> Option<(&[u8], &[u8], usize)> {
 }
 
 /// Kind byte (`S` or `P`) and name of a Describe or Close body.
-pub fn describe_or_close(body: &[u8]) -> Option<(u8, &[u8])> {
+pub(crate) fn describe_or_close(body: &[u8]) -> Option<(u8, &[u8])> {
     let (&kind, rest) = body.split_first()?;
     let (name, tail) = read_cstr(rest)?;
     if !tail.is_empty() || (kind != b'S' && kind != b'P') {

@@ -7,57 +7,54 @@
 //! This module must not know about sessions, pools or sockets.
 
 pub mod backend;
-pub mod frame;
+pub(crate) mod frame;
 pub mod frontend;
-pub mod startup;
+pub(crate) mod startup;
 
 pub use frame::{FrameError, put_cstr, split_frame, write_msg};
 
 /// Message tags (first byte of a frame), named as in PostgreSQL's protocol docs.
-pub mod tags {
+pub(crate) mod tags {
     // Frontend.
-    pub const QUERY: u8 = b'Q';
-    pub const PARSE: u8 = b'P';
-    pub const BIND: u8 = b'B';
-    pub const DESCRIBE: u8 = b'D';
-    pub const EXECUTE: u8 = b'E';
-    pub const CLOSE: u8 = b'C';
-    pub const SYNC: u8 = b'S';
-    pub const FLUSH: u8 = b'H';
-    pub const FUNCTION_CALL: u8 = b'F';
-    pub const TERMINATE: u8 = b'X';
-    pub const PASSWORD: u8 = b'p';
+    pub(crate) const QUERY: u8 = b'Q';
+    pub(crate) const PARSE: u8 = b'P';
+    pub(crate) const BIND: u8 = b'B';
+    pub(crate) const DESCRIBE: u8 = b'D';
+    pub(crate) const EXECUTE: u8 = b'E';
+    pub(crate) const CLOSE: u8 = b'C';
+    pub(crate) const SYNC: u8 = b'S';
+    pub(crate) const FLUSH: u8 = b'H';
+    pub(crate) const FUNCTION_CALL: u8 = b'F';
+    pub(crate) const TERMINATE: u8 = b'X';
+    pub(crate) const PASSWORD: u8 = b'p';
     // Both directions.
-    pub const COPY_DATA: u8 = b'd';
-    pub const COPY_DONE: u8 = b'c';
-    pub const COPY_FAIL: u8 = b'f';
+    pub(crate) const COPY_DATA: u8 = b'd';
+    pub(crate) const COPY_DONE: u8 = b'c';
+    pub(crate) const COPY_FAIL: u8 = b'f';
     // Backend.
-    pub const AUTHENTICATION: u8 = b'R';
-    pub const PARAMETER_STATUS: u8 = b'S';
-    pub const BACKEND_KEY_DATA: u8 = b'K';
-    pub const READY_FOR_QUERY: u8 = b'Z';
-    pub const ERROR_RESPONSE: u8 = b'E';
-    pub const NOTICE_RESPONSE: u8 = b'N';
-    pub const NOTIFICATION_RESPONSE: u8 = b'A';
-    pub const PARSE_COMPLETE: u8 = b'1';
-    pub const BIND_COMPLETE: u8 = b'2';
-    pub const CLOSE_COMPLETE: u8 = b'3';
-    pub const PARAMETER_DESCRIPTION: u8 = b't';
-    pub const ROW_DESCRIPTION: u8 = b'T';
-    pub const NO_DATA: u8 = b'n';
-    pub const DATA_ROW: u8 = b'D';
-    pub const COMMAND_COMPLETE: u8 = b'C';
-    pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
-    pub const PORTAL_SUSPENDED: u8 = b's';
-    pub const COPY_IN_RESPONSE: u8 = b'G';
-    pub const COPY_OUT_RESPONSE: u8 = b'H';
-    pub const COPY_BOTH_RESPONSE: u8 = b'W';
-    pub const FUNCTION_CALL_RESPONSE: u8 = b'V';
-    pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
+    pub(crate) const AUTHENTICATION: u8 = b'R';
+    pub(crate) const PARAMETER_STATUS: u8 = b'S';
+    pub(crate) const BACKEND_KEY_DATA: u8 = b'K';
+    pub(crate) const READY_FOR_QUERY: u8 = b'Z';
+    pub(crate) const ERROR_RESPONSE: u8 = b'E';
+    pub(crate) const NOTICE_RESPONSE: u8 = b'N';
+    pub(crate) const NOTIFICATION_RESPONSE: u8 = b'A';
+    pub(crate) const PARSE_COMPLETE: u8 = b'1';
+    pub(crate) const BIND_COMPLETE: u8 = b'2';
+    pub(crate) const CLOSE_COMPLETE: u8 = b'3';
+    pub(crate) const PARAMETER_DESCRIPTION: u8 = b't';
+    pub(crate) const ROW_DESCRIPTION: u8 = b'T';
+    pub(crate) const NO_DATA: u8 = b'n';
+    pub(crate) const DATA_ROW: u8 = b'D';
+    pub(crate) const COMMAND_COMPLETE: u8 = b'C';
+    pub(crate) const EMPTY_QUERY_RESPONSE: u8 = b'I';
+    pub(crate) const PORTAL_SUSPENDED: u8 = b's';
+    pub(crate) const COPY_IN_RESPONSE: u8 = b'G';
+    pub(crate) const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
 }
 
 /// Reads a NUL-terminated string at the start of `buf`: (string, rest after the NUL).
-pub fn read_cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn read_cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
     let nul = buf.iter().position(|&b| b == 0)?;
     Some((&buf[..nul], &buf[nul + 1..]))
 }

@@ -5,14 +5,14 @@ use super::read_cstr;
 use bytes::{BufMut, BytesMut};
 
 /// Protocol 3.0.
-pub const PROTOCOL_3_0: i32 = 196_608;
+pub(crate) const PROTOCOL_3_0: i32 = 196_608;
 const SSL_REQUEST: i32 = 80_877_103;
 const GSSENC_REQUEST: i32 = 80_877_104;
 const CANCEL_REQUEST: i32 = 80_877_102;
 
 /// A decoded startup-phase packet.
 #[derive(Debug, PartialEq, Eq)]
-pub enum StartupPacket {
+pub(crate) enum StartupPacket {
     /// StartupMessage: protocol minor version and parameters in order.
     Startup { minor: u16, params: Vec<(String, String)> },
     /// SSLRequest.
@@ -25,7 +25,7 @@ pub enum StartupPacket {
 
 /// Why a startup packet is refused; each maps to an 08P01 (or 0A000 for old protocols).
 #[derive(Debug, PartialEq, Eq)]
-pub enum StartupError {
+pub(crate) enum StartupError {
     /// Length field impossible or above the maximum.
     BadLength(i32),
     /// A protocol major version we do not speak (e.g. 2.0).
@@ -35,10 +35,10 @@ pub enum StartupError {
 }
 
 /// Maximum startup packet length PostgreSQL accepts (10000 bytes).
-pub const MAX_STARTUP_LEN: usize = 10_000;
+pub(crate) const MAX_STARTUP_LEN: usize = 10_000;
 
 /// `Ok(Some((packet, consumed)))`, `Ok(None)` when more bytes are needed, or an error.
-pub fn parse_startup(buf: &[u8]) -> Result<Option<(StartupPacket, usize)>, StartupError> {
+pub(crate) fn parse_startup(buf: &[u8]) -> Result<Option<(StartupPacket, usize)>, StartupError> {
     if buf.len() < 4 {
         return Ok(None);
     }
@@ -91,7 +91,7 @@ fn parse_params(mut body: &[u8]) -> Result<Vec<(String, String)>, StartupError> 
 }
 
 /// Builds a StartupMessage (3.0) for a server connection.
-pub fn startup_message(buf: &mut BytesMut, params: &[(&str, &str)]) {
+pub(crate) fn startup_message(buf: &mut BytesMut, params: &[(&str, &str)]) {
     let start = buf.len();
     buf.put_i32(0);
     buf.put_i32(PROTOCOL_3_0);
@@ -105,7 +105,7 @@ pub fn startup_message(buf: &mut BytesMut, params: &[(&str, &str)]) {
 }
 
 /// Builds a CancelRequest.
-pub fn cancel_request(pid: i32, key: &[u8]) -> BytesMut {
+pub(crate) fn cancel_request(pid: i32, key: &[u8]) -> BytesMut {
     let mut buf = BytesMut::with_capacity(12 + key.len());
     buf.put_i32(12 + key.len() as i32 - 4);
     buf.put_i32(CANCEL_REQUEST);

@@ -17,14 +17,14 @@
 
 mod client;
 mod pipeline;
-pub use pipeline::{Pipelinable, Timed};
-pub mod reply_queue;
+pub(crate) use pipeline::Timed;
+pub(crate) mod reply_queue;
 mod retry;
 mod server;
-pub mod settings;
+pub(crate) mod settings;
 mod stmts;
 mod timeout;
-pub use timeout::Timeouts;
+pub(crate) use timeout::Timeouts;
 mod tx;
 mod wire_trace;
 
@@ -165,49 +165,51 @@ impl Session {
 
     /// The reply queue's storage when it is empty, for a client going idle (the driver
     /// recycles it with the IO buffers; an idle client keeps none).
-    pub fn take_idle_storage(&mut self) -> Option<VecDeque<reply_queue::Pending>> {
+    pub(crate) fn take_idle_storage(&mut self) -> Option<VecDeque<reply_queue::Pending>> {
         self.replies.take_storage()
     }
     /// Storage for the reply queue of a client becoming active, if it has none: `get`
     /// supplies it (called only then).
-    pub fn lend_storage(&mut self, get: impl FnOnce() -> Option<VecDeque<reply_queue::Pending>>) {
+    pub(crate) fn lend_storage(&mut self, get: impl FnOnce() -> Option<VecDeque<reply_queue::Pending>>) {
         self.replies.lend_storage(get)
     }
     /// A server is linked.
-    pub fn is_linked(&self) -> bool {
+    pub(crate) fn is_linked(&self) -> bool {
         self.link == Link::Linked
     }
     /// Waiting for the pool.
-    pub fn is_acquiring(&self) -> bool {
+    pub(crate) fn is_acquiring(&self) -> bool {
         self.link == Link::Acquiring
     }
     /// Linked, inside a transaction, with nothing outstanding: the client is idle in a transaction.
-    pub fn is_idle_in_transaction(&self) -> bool {
+    pub(crate) fn is_idle_in_transaction(&self) -> bool {
         self.link == Link::Linked && self.replies.is_empty() && self.tx.status != TxStatus::Idle
     }
     /// Requests outstanding on the linked server.
-    pub fn outstanding(&self) -> usize {
+    pub(crate) fn outstanding(&self) -> usize {
         self.replies.len()
     }
     /// The client's settings.
-    pub fn settings(&self) -> &Settings {
+    #[cfg(test)]
+    pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }
     /// The session is closing: feed nothing more.
-    pub fn is_closing(&self) -> bool {
+    pub(crate) fn is_closing(&self) -> bool {
         self.phase == Phase::Closing
     }
     /// Client frames the driver must feed again before the ones it holds (a batch retried
     /// after a transparent re-prepare).
-    pub fn take_replay(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn take_replay(&mut self) -> Option<Vec<u8>> {
         self.retry.replay.take().map(Vec::from)
     }
     /// Actions are waiting for the driver.
-    pub fn has_actions(&self) -> bool {
+    pub(crate) fn has_actions(&self) -> bool {
         !self.actions.is_empty()
     }
     /// Prepared statements the client holds by name.
-    pub fn prepared_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn prepared_count(&self) -> usize {
         self.stmts.named.len()
     }
 
@@ -236,16 +238,6 @@ impl Session {
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
-    }
-
-    /// Frees the output buffers' memory when they are empty (call when the client goes idle).
-    pub fn shrink_idle(&mut self) {
-        if self.to_client.is_empty() && self.to_client.capacity() > 0 {
-            self.to_client = BytesMut::new();
-        }
-        if self.to_server.is_empty() && self.to_server.capacity() > 0 && self.link != Link::Linked {
-            self.to_server = BytesMut::new();
-        }
     }
 
     /// Logs what the session wrote to either side since the buffers had these lengths.

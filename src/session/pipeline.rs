@@ -21,16 +21,16 @@ use std::sync::atomic::Ordering;
 
 /// What `Session::pipelinable` found.
 #[derive(Debug)]
-pub struct Pipelinable {
+pub(crate) struct Pipelinable {
     /// What the batch's run time is recorded on.
-    pub timed: Timed,
+    pub(crate) timed: Timed,
     /// Everything it runs recently ran fast enough to have batches queued behind it.
-    pub fast: bool,
+    pub(crate) fast: bool,
 }
 
 /// What a batch's run time is recorded on.
 #[derive(Debug, Clone)]
-pub enum Timed {
+pub(crate) enum Timed {
     /// The first statement it binds.
     Stmt(Arc<Statement>),
     /// The pool's simple-protocol plain reads (one figure for all of them).
@@ -39,7 +39,7 @@ pub enum Timed {
 
 impl Timed {
     /// The batch took `us` µs on the server.
-    pub fn note(&self, us: u64) {
+    pub(crate) fn note(&self, us: u64) {
         match self {
             Timed::Stmt(s) => s.runs.note(us),
             Timed::SimpleReads(r) => r.simple_reads.note(us),
@@ -53,7 +53,7 @@ impl Session {
     /// them for, and whether everything they run recently ran within `limit_us` (a batch
     /// behind a slow one would wait for it). Call only once `to_server` has been written
     /// out.
-    pub fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
+    pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         if self.link != Link::Linked
             || self.mode == PoolMode::Session
             || self.tx.status != TxStatus::Idle
@@ -113,14 +113,14 @@ impl Session {
     /// now until the server is released, nothing more may be written to it (the bytes
     /// would land behind the other batch). A transparent retry then re-prepares on the
     /// next server the client gets instead of closing the stale statement here.
-    pub fn set_lent(&mut self) {
+    pub(crate) fn set_lent(&mut self) {
         self.lent = true;
     }
 
     /// ReadyForQuery messages the server still owes this session (one per Sync, Query or
     /// FunctionCall sent and not yet answered): where its replies end on a shared
     /// connection when nobody reads them for it any more.
-    pub fn owed_ready(&self) -> usize {
+    pub(crate) fn owed_ready(&self) -> usize {
         self.replies
             .iter()
             .filter(|p| matches!(p.req, Req::Sync | Req::Query | Req::FunctionCall) && !p.is_synth())
@@ -128,7 +128,8 @@ impl Session {
     }
 
     /// Whether `set_lent` was called since the server was linked.
-    pub fn is_lent(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_lent(&self) -> bool {
         self.lent
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 /// A request written to the server that will be answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Req {
+pub(crate) enum Req {
     /// Parse → ParseComplete.
     Parse,
     /// Bind → BindComplete.
@@ -33,13 +33,13 @@ pub enum Req {
 
 impl Req {
     /// True for requests whose error makes the server skip to the next Sync.
-    pub fn is_extended(self) -> bool {
+    pub(crate) fn is_extended(self) -> bool {
         !matches!(self, Req::Sync | Req::Query | Req::FunctionCall)
     }
 
     /// True when `tag` is the last reply to this request.
     #[inline]
-    pub fn completed_by(self, tag: u8) -> bool {
+    pub(crate) fn completed_by(self, tag: u8) -> bool {
         match self {
             Req::Parse => tag == tags::PARSE_COMPLETE,
             Req::Bind => tag == tags::BIND_COMPLETE,
@@ -55,7 +55,7 @@ impl Req {
 
 /// A reply the pooler produces itself, at this position in the stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Synth {
+pub(crate) enum Synth {
     /// ParseComplete (the statement is known; no server Parse needed).
     ParseComplete,
     /// CloseComplete (statement names are the pooler's business).
@@ -68,7 +68,7 @@ pub enum Synth {
 
 /// What happens to the replies of one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OnReply {
+pub(crate) enum OnReply {
     /// The client asked: forward the replies.
     Forward,
     /// Sent on the client's behalf (an injected Parse): forward an error, drop the rest.
@@ -93,7 +93,7 @@ pub enum OnReply {
 
 /// Why the pooler sent a request it skips the replies of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Purpose {
+pub(crate) enum Purpose {
     /// The client's own request (possibly rewritten).
     Client,
     /// Settings replayed onto the server for this client.
@@ -114,7 +114,7 @@ pub enum Purpose {
 /// A change to the client's statement names made when the request was sent, undone if the
 /// server fails or skips the request.
 #[derive(Clone, Debug, Default)]
-pub enum ClientFx {
+pub(crate) enum ClientFx {
     /// Nothing to undo.
     #[default]
     None,
@@ -142,48 +142,48 @@ pub enum ClientFx {
 
 /// Side effects of one request, for commit (on success) or rollback.
 #[derive(Clone, Debug, Default)]
-pub struct Fx {
+pub(crate) struct Fx {
     /// A Parse of this cached statement was sent to the server.
-    pub server_parse: Option<Arc<Statement>>,
+    pub(crate) server_parse: Option<Arc<Statement>>,
     /// This statement was closed on the server to make room.
-    pub server_close: Option<Arc<Statement>>,
+    pub(crate) server_close: Option<Arc<Statement>>,
     /// The request uses this cached statement (Bind, Describe, EXECUTE): an error about it
     /// tells whether it went stale.
-    pub uses: Option<Arc<Statement>>,
+    pub(crate) uses: Option<Arc<Statement>>,
     /// The client-side change.
-    pub client: ClientFx,
+    pub(crate) client: ClientFx,
     /// A Describe of a portal bound from this cached statement.
-    pub portal_of: Option<Arc<Statement>>,
+    pub(crate) portal_of: Option<Arc<Statement>>,
     /// For a client Bind of a cached statement outside a transaction: where the Bind starts
     /// in the client's batch, so the batch can be replayed after a re-prepare.
-    pub replay_from: Option<u32>,
+    pub(crate) replay_from: Option<u32>,
     /// The request runs inside the pooler's savepoint guard (`session::guard`): a retry
     /// is possible inside a transaction.
-    pub guarded: bool,
+    pub(crate) guarded: bool,
     /// A Parse of these savepoint-guard statements was sent (bits of `GuardCmd`): they are
     /// not prepared there if the server skips or fails it.
-    pub guard_parse: u8,
+    pub(crate) guard_parse: u8,
     /// The SQL sent differs from the client's (a statement name rewritten): how to word
     /// an error so the client sees its own name and positions.
-    pub rename: Option<Box<Rename>>,
+    pub(crate) rename: Option<Box<Rename>>,
 }
 
 /// How the text sent to the server differs from the client's.
 #[derive(Clone, Debug)]
-pub struct Rename {
+pub(crate) struct Rename {
     /// The server-side statement name used.
-    pub server_name: Box<str>,
+    pub(crate) server_name: Box<str>,
     /// The name as PostgreSQL would print it for the client.
-    pub client_name: Box<str>,
+    pub(crate) client_name: Box<str>,
     /// 1-based character position in the server text from which positions are shifted.
-    pub from: i64,
+    pub(crate) from: i64,
     /// Client position = server position + shift, for positions at or after `from`.
-    pub shift: i64,
+    pub(crate) shift: i64,
 }
 
 impl Rename {
     /// The ErrorResponse `frame` as the client would have received it.
-    pub fn rewrite_error(&self, frame: &[u8], out: &mut bytes::BytesMut) {
+    pub(crate) fn rewrite_error(&self, frame: &[u8], out: &mut bytes::BytesMut) {
         use std::borrow::Cow;
         let body = frame.get(5..).unwrap_or_default();
         let fields = backend::error_fields(body).map(|(t, v)| {
@@ -207,38 +207,38 @@ impl Rename {
 
 /// One queue entry.
 #[derive(Clone, Debug)]
-pub struct Pending {
+pub(crate) struct Pending {
     /// The request.
-    pub req: Req,
+    pub(crate) req: Req,
     /// What to do with its replies.
-    pub on_reply: OnReply,
+    pub(crate) on_reply: OnReply,
     /// Why it was sent.
-    pub purpose: Purpose,
+    pub(crate) purpose: Purpose,
     /// For a client Query that changes session state (SET, RESET, DISCARD): its text, so
     /// the change can be replayed on other server connections once it succeeded.
-    pub tracked_sql: Option<Box<str>>,
+    pub(crate) tracked_sql: Option<Box<str>>,
     /// An ErrorResponse answered this request.
-    pub failed: bool,
+    pub(crate) failed: bool,
     /// A simple Query of one plain read (`stmt::sql::is_plain_read`): others may be queued
     /// behind it (`session::pipeline`).
-    pub plain_read: bool,
+    pub(crate) plain_read: bool,
     /// Side effects.
-    pub fx: Fx,
+    pub(crate) fx: Fx,
 }
 
 impl Pending {
     /// A client request whose replies are forwarded.
     #[inline]
-    pub fn client(req: Req) -> Pending {
+    pub(crate) fn client(req: Req) -> Pending {
         Pending::with(req, OnReply::Forward, Fx::default())
     }
     /// A request with explicit reply handling and effects.
     #[inline]
-    pub fn with(req: Req, on_reply: OnReply, fx: Fx) -> Pending {
+    pub(crate) fn with(req: Req, on_reply: OnReply, fx: Fx) -> Pending {
         Pending { req, on_reply, purpose: Purpose::Client, tracked_sql: None, failed: false, plain_read: false, fx }
     }
     /// A request of the pooler's own.
-    pub fn internal(req: Req, purpose: Purpose) -> Pending {
+    pub(crate) fn internal(req: Req, purpose: Purpose) -> Pending {
         Pending {
             req,
             on_reply: OnReply::Skip,
@@ -251,7 +251,7 @@ impl Pending {
     }
     /// True for an entry the pooler answers itself.
     #[inline]
-    pub fn is_synth(&self) -> bool {
+    pub(crate) fn is_synth(&self) -> bool {
         matches!(self.on_reply, OnReply::Synth(_))
     }
     /// True when sending this leaves the server with something only a Sync ends: an
@@ -266,7 +266,7 @@ impl Pending {
 
 /// The FIFO of outstanding requests on the linked server.
 #[derive(Debug, Default)]
-pub struct ReplyQueue {
+pub(crate) struct ReplyQueue {
     q: VecDeque<Pending>,
     /// Extended-protocol requests were sent since the last ReadyForQuery: the server has
     /// an implicit transaction (and maybe portals) open until the next Sync, even when
@@ -277,12 +277,12 @@ pub struct ReplyQueue {
 impl ReplyQueue {
     /// The queue's storage when nothing is pending, leaving the queue without any (an idle
     /// client keeps none; the driver recycles it).
-    pub fn take_storage(&mut self) -> Option<VecDeque<Pending>> {
+    pub(crate) fn take_storage(&mut self) -> Option<VecDeque<Pending>> {
         (self.q.is_empty() && self.q.capacity() > 0).then(|| std::mem::take(&mut self.q))
     }
 
     /// Gives a queue without storage the (empty) storage `get` returns, if any.
-    pub fn lend_storage(&mut self, get: impl FnOnce() -> Option<VecDeque<Pending>>) {
+    pub(crate) fn lend_storage(&mut self, get: impl FnOnce() -> Option<VecDeque<Pending>>) {
         if self.q.capacity() == 0
             && let Some(q) = get()
         {
@@ -295,7 +295,7 @@ impl ReplyQueue {
 
     /// Appends a request written to the server.
     #[inline]
-    pub fn push(&mut self, p: Pending) {
+    pub(crate) fn push(&mut self, p: Pending) {
         if p.opens_batch() {
             self.unsynced = true;
         } else if p.req == Req::Sync {
@@ -305,7 +305,7 @@ impl ReplyQueue {
     }
     /// A ReadyForQuery arrived: what was sent before it is settled; a batch is still open
     /// only if extended requests were queued after the last Sync still outstanding.
-    pub fn mark_synced(&mut self) {
+    pub(crate) fn mark_synced(&mut self) {
         let mut open = false;
         for p in &self.q {
             if p.req == Req::Sync && !p.is_synth() {
@@ -317,34 +317,30 @@ impl ReplyQueue {
         self.unsynced = open;
     }
     /// See the field.
-    pub fn is_unsynced(&self) -> bool {
+    pub(crate) fn is_unsynced(&self) -> bool {
         self.unsynced
-    }
-    /// Puts a request in front of everything queued (it is written before them).
-    pub fn push_front(&mut self, p: Pending) {
-        self.q.push_front(p);
     }
     /// The request the next reply answers.
     #[inline]
-    pub fn head(&self) -> Option<&Pending> {
+    pub(crate) fn head(&self) -> Option<&Pending> {
         self.q.front()
     }
     /// The request queued last.
-    pub fn last_mut(&mut self) -> Option<&mut Pending> {
+    pub(crate) fn last_mut(&mut self) -> Option<&mut Pending> {
         self.q.back_mut()
     }
     /// Mutable head.
-    pub fn head_mut(&mut self) -> Option<&mut Pending> {
+    pub(crate) fn head_mut(&mut self) -> Option<&mut Pending> {
         self.q.front_mut()
     }
     /// Removes the head.
     #[inline]
-    pub fn pop(&mut self) -> Option<Pending> {
+    pub(crate) fn pop(&mut self) -> Option<Pending> {
         self.q.pop_front()
     }
     /// Removes the head unless it is a Sync (the server skips everything up to a Sync
     /// after an error in the extended protocol; skipped requests get no reply).
-    pub fn pop_unless_sync(&mut self) -> Option<Pending> {
+    pub(crate) fn pop_unless_sync(&mut self) -> Option<Pending> {
         match self.q.front() {
             Some(p) if p.req != Req::Sync => self.q.pop_front(),
             _ => None,
@@ -354,7 +350,7 @@ impl ReplyQueue {
     /// PREPARE the pooler ran ahead of a client's Query (`Purpose::Prepare`), the Query
     /// after it fails for want of the statement, and the error already forwarded is the
     /// answer PostgreSQL would have given it.
-    pub fn answer_after_prepare_sync(&mut self) {
+    pub(crate) fn answer_after_prepare_sync(&mut self) {
         if self.q.front().is_some_and(|p| p.req == Req::Sync && p.purpose == Purpose::Prepare)
             && let Some(next) = self.q.get_mut(1)
         {
@@ -364,31 +360,31 @@ impl ReplyQueue {
     }
     /// In COPY FROM STDIN mode the server ignores Sync and Flush: drop the Syncs queued
     /// right behind the head (the Execute that started the copy).
-    pub fn drop_syncs_after_head(&mut self) {
+    pub(crate) fn drop_syncs_after_head(&mut self) {
         while self.q.len() > 1 && self.q[1].req == Req::Sync && self.q[1].purpose == Purpose::Client {
             self.q.remove(1);
         }
     }
     /// Nothing outstanding.
     #[inline]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.q.is_empty()
     }
     /// Number of outstanding requests.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.q.len()
     }
     /// Forgets everything (the server connection is gone).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.q.clear();
         self.unsynced = false;
     }
     /// Iterates outstanding requests, head first.
-    pub fn iter(&self) -> impl Iterator<Item = &Pending> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Pending> {
         self.q.iter()
     }
     /// The same, mutably.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Pending> {
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Pending> {
         self.q.iter_mut()
     }
 }

@@ -34,7 +34,7 @@ impl Session {
 
     /// The pool could not give a server. A FATAL error closes the client; an ERROR fails
     /// the request that needed the server as PostgreSQL would (error, then skip to Sync).
-    pub fn handle_acquire_failed(&mut self, err: Error) {
+    pub(crate) fn handle_acquire_failed(&mut self, err: Error) {
         self.link = Link::Unlinked;
         if err.severity == Severity::Fatal {
             return self.fail(err);
@@ -43,7 +43,7 @@ impl Session {
     }
 
     /// The linked server's connection broke.
-    pub fn handle_server_lost(&mut self) {
+    pub(crate) fn handle_server_lost(&mut self) {
         self.replies.clear();
         if self.link == Link::Linked {
             self.link = Link::Unlinked;
@@ -57,7 +57,7 @@ impl Session {
     /// request whose replies go to the client: the header is written to `to_client`, and
     /// the driver appends the frame's body as it arrives (the session sees nothing of it,
     /// as it would do nothing with it but copy it).
-    pub fn stream_server_frame(&mut self, header: &[u8]) -> bool {
+    pub(crate) fn stream_server_frame(&mut self, header: &[u8]) -> bool {
         if !matches!(header.first(), Some(&tags::DATA_ROW | &tags::COPY_DATA))
             || self.param_desc.is_some()
             || wire_trace::on()
@@ -390,7 +390,7 @@ impl Session {
     }
 
     /// Sends `err` and closes the client (and the server, if it is in an unknown state).
-    pub fn fail(&mut self, err: Error) {
+    pub(crate) fn fail(&mut self, err: Error) {
         err.write_to(&mut self.to_client);
         self.fail_quiet();
     }

@@ -7,7 +7,7 @@ use crate::stmt::sql;
 
 /// A session-state statement seen in a simple Query.
 #[derive(Debug, PartialEq, Eq)]
-pub enum SettingStmt {
+pub(crate) enum SettingStmt {
     /// `SET [SESSION] name …`: (lowercased name, statement text).
     Set(String, String),
     /// `RESET name`.
@@ -19,7 +19,7 @@ pub enum SettingStmt {
 /// Recognizes one SET/RESET/DISCARD ALL statement. Returns None for anything else, for
 /// `SET LOCAL`, for strings holding more than one statement, and for text with comments
 /// (the text is replayed as written, and a `--` comment would swallow what follows it).
-pub fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
+pub(crate) fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
     let text = std::str::from_utf8(sql).ok()?.trim();
     let text = text.trim_end_matches(|c: char| c == ';' || c.is_whitespace());
     if text.contains("--") || text.contains("/*") || sql::split(text.as_bytes()).len() > 1 {
@@ -70,13 +70,13 @@ pub fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
 }
 
 /// Every setting statement in a (possibly multi-statement) Query text.
-pub fn setting_stmts(sql: &[u8]) -> Vec<SettingStmt> {
+pub(crate) fn setting_stmts(sql: &[u8]) -> Vec<SettingStmt> {
     session_stmts(sql).into_iter().filter_map(|t| if let TxStmt::Setting(s) = t { Some(s) } else { None }).collect()
 }
 
 /// A statement that matters for which settings persist.
 #[derive(Debug, PartialEq, Eq)]
-pub enum TxStmt {
+pub(crate) enum TxStmt {
     /// BEGIN / START TRANSACTION.
     Begin,
     /// COMMIT / END.
@@ -88,7 +88,7 @@ pub enum TxStmt {
 }
 
 /// The transaction-control and setting statements of a Query text, in order.
-pub fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
+pub(crate) fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
     let mut out = Vec::new();
     for r in sql::split(sql) {
         let stmt = &sql[r];
@@ -118,7 +118,7 @@ pub fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
 /// literal true: a session-level change parsnip does not track, which would stay on the
 /// server connection for the next client. Looks only where a '_' is (rare in queries);
 /// false positives (the word in a string or a function body) are harmless.
-pub fn may_set_session_config(sql: &[u8]) -> bool {
+pub(crate) fn may_set_session_config(sql: &[u8]) -> bool {
     let mut from = 0;
     while let Some(p) = sql[from..].iter().position(|&b| b == b'_') {
         let at = from + p;
@@ -171,12 +171,12 @@ fn starts_with_any(sql: &[u8], keywords: &[&[u8]]) -> bool {
 }
 
 /// Quick check: may this text end a transaction (COMMIT, END, ROLLBACK, ABORT)?
-pub fn maybe_tx_end(sql: &[u8]) -> bool {
+pub(crate) fn maybe_tx_end(sql: &[u8]) -> bool {
     starts_with_any(sql, &[b"commit", b"end", b"rollback", b"abort"]) || may_hold_several(sql.trim_ascii_start())
 }
 
 /// Quick check: may this text open a transaction block (BEGIN, START TRANSACTION)?
-pub fn maybe_tx_start(sql: &[u8]) -> bool {
+pub(crate) fn maybe_tx_start(sql: &[u8]) -> bool {
     starts_with_any(sql, &[b"begin", b"start"])
 }
 
@@ -193,13 +193,13 @@ fn may_hold_several(sql: &[u8]) -> bool {
 
 /// Quick pre-check for a statement that `session_stmts` may find something in: SET, RESET,
 /// DISCARD, or transaction control (BEGIN, START, COMMIT, END, ROLLBACK, ABORT).
-pub fn maybe_session_stmt(sql: &[u8]) -> bool {
+pub(crate) fn maybe_session_stmt(sql: &[u8]) -> bool {
     maybe_setting_stmt(sql) || maybe_tx_start(sql) || starts_with_any(sql, &[b"commit", b"end", b"rollback", b"abort"])
 }
 
 /// Quick pre-check before `parse_setting_stmt`: does the text start with SET/RESET/DISCARD?
 #[inline]
-pub fn maybe_setting_stmt(sql: &[u8]) -> bool {
+pub(crate) fn maybe_setting_stmt(sql: &[u8]) -> bool {
     starts_like_setting(sql) || (may_hold_several(sql) && !setting_stmts(sql).is_empty())
 }
 

@@ -9,18 +9,18 @@ use std::time::{Duration, Instant};
 
 /// The timeouts a session enforces (from the configuration).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     /// `client_idle_timeout_ms`: a client with no server, nothing in flight and nothing
     /// unread is closed once it has been silent this long.
-    pub client_idle: Option<Duration>,
+    pub(crate) client_idle: Option<Duration>,
     /// `idle_transaction_timeout_ms`: a client idle inside a transaction (its server held)
     /// is closed once it has been silent this long.
-    pub idle_in_transaction: Option<Duration>,
+    pub(crate) idle_in_transaction: Option<Duration>,
 }
 
 impl Timeouts {
     /// Whether any timeout is set (else the driver need not read the clock at all).
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.client_idle.is_some() || self.idle_in_transaction.is_some()
     }
 }
@@ -50,7 +50,7 @@ impl Session {
     /// When [`Session::handle_timeout`] is due, given when the client last sent something
     /// (`idle_since`); None when no timeout applies in the session's state.
     #[must_use]
-    pub fn poll_timeout(&self, t: &Timeouts, idle_since: Instant, client_buffered: bool) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self, t: &Timeouts, idle_since: Instant, client_buffered: bool) -> Option<Instant> {
         let limit = match self.idle_kind(client_buffered)? {
             Idle::Session => t.client_idle?,
             Idle::InTransaction => t.idle_in_transaction?,
@@ -61,7 +61,7 @@ impl Session {
     /// The time is `now`: if the timeout that applies has expired, the session ends with
     /// PostgreSQL's error for it (57P05 idle session, 25P03 idle in transaction). Does
     /// nothing otherwise.
-    pub fn handle_timeout(&mut self, t: &Timeouts, idle_since: Instant, client_buffered: bool, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, t: &Timeouts, idle_since: Instant, client_buffered: bool, now: Instant) {
         if self.poll_timeout(t, idle_since, client_buffered).is_none_or(|due| now < due) {
             return;
         }

@@ -5,8 +5,8 @@
 //! Pure data with no IO and no protocol decisions: it must not import `session`, `pool` or
 //! `driver`, which all build on it.
 
-pub mod server;
-pub mod settings;
+pub(crate) mod server;
+pub(crate) mod settings;
 
 pub use server::{ServerState, TxStatus};
 pub use settings::Settings;

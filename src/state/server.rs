@@ -20,7 +20,7 @@ pub enum TxStatus {
 impl TxStatus {
     /// The status byte of a ReadyForQuery; anything unknown counts as failed, the
     /// conservative reading (the connection is not reused, no retry is attempted).
-    pub fn from_byte(b: u8) -> TxStatus {
+    pub(crate) fn from_byte(b: u8) -> TxStatus {
         match b {
             b'I' => TxStatus::Idle,
             b'T' => TxStatus::InBlock,
@@ -29,7 +29,7 @@ impl TxStatus {
     }
 
     /// The byte a ReadyForQuery carries for this status.
-    pub fn as_byte(self) -> u8 {
+    pub(crate) fn as_byte(self) -> u8 {
         match self {
             TxStatus::Idle => b'I',
             TxStatus::InBlock => b'T',
@@ -42,9 +42,9 @@ impl TxStatus {
 #[derive(Debug, Default)]
 pub struct ServerState {
     /// The settings currently in effect on the server.
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     /// Last transaction status the server reported.
-    pub tx_status: TxStatus,
+    pub(crate) tx_status: TxStatus,
     /// Statements prepared on it.
-    pub stmts: ServerStmts,
+    pub(crate) stmts: ServerStmts,
 }

@@ -9,11 +9,11 @@ use std::hash::{Hash, Hasher};
 
 /// Reported parameters a client may change and so must be carried between servers.
 /// Other reported ones (server_version, is_superuser, …) are fixed per (database, user).
-pub const TRACKED: &[&str] =
+pub(crate) const TRACKED: &[&str] =
     &["application_name", "client_encoding", "DateStyle", "IntervalStyle", "TimeZone", "standard_conforming_strings"];
 
 /// The canonical name of a tracked reported parameter, matched case-insensitively.
-pub fn tracked_name(name: &str) -> Option<&'static str> {
+pub(crate) fn tracked_name(name: &str) -> Option<&'static str> {
     TRACKED.iter().copied().find(|t| t.eq_ignore_ascii_case(name))
 }
 
@@ -21,20 +21,20 @@ pub fn tracked_name(name: &str) -> Option<&'static str> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Settings {
     /// Tracked reported parameters: (canonical name, value).
-    pub reported: Vec<(&'static str, String)>,
+    pub(crate) reported: Vec<(&'static str, String)>,
     /// Other settings: (lowercased name, SQL statement that sets it).
-    pub extra: Vec<(String, String)>,
+    pub(crate) extra: Vec<(String, String)>,
     key: u64,
 }
 
 impl Settings {
     /// Value of a tracked reported parameter.
-    pub fn reported(&self, name: &str) -> Option<&str> {
+    pub(crate) fn reported(&self, name: &str) -> Option<&str> {
         self.reported.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
     }
 
     /// Sets a tracked reported parameter; returns true if it changed.
-    pub fn set_reported(&mut self, name: &'static str, value: &str) -> bool {
+    pub(crate) fn set_reported(&mut self, name: &'static str, value: &str) -> bool {
         match self.reported.iter_mut().find(|(n, _)| *n == name) {
             Some((_, v)) if v == value => return false,
             Some((_, v)) => *v = value.to_owned(),
@@ -45,7 +45,7 @@ impl Settings {
     }
 
     /// Records a setting statement for `name` (replacing an earlier one).
-    pub fn set_extra(&mut self, name: String, sql: String) {
+    pub(crate) fn set_extra(&mut self, name: String, sql: String) {
         match self.extra.iter_mut().find(|(n, _)| *n == name) {
             Some((_, s)) => *s = sql,
             None => self.extra.push((name, sql)),
@@ -54,7 +54,7 @@ impl Settings {
     }
 
     /// Takes over `other`'s non-reported settings (they were just replayed).
-    pub fn copy_extra_from(&mut self, other: &Settings) {
+    pub(crate) fn copy_extra_from(&mut self, other: &Settings) {
         if self.extra != other.extra {
             self.extra = other.extra.clone();
             self.rekey();
@@ -62,20 +62,20 @@ impl Settings {
     }
 
     /// Forgets the setting of `name` (RESET name).
-    pub fn reset_extra(&mut self, name: &str) {
+    pub(crate) fn reset_extra(&mut self, name: &str) {
         self.extra.retain(|(n, _)| n != name);
         self.rekey();
     }
 
     /// Forgets all settings (RESET ALL, DISCARD ALL).
-    pub fn reset_all_extra(&mut self) {
+    pub(crate) fn reset_all_extra(&mut self) {
         self.extra.clear();
         self.rekey();
     }
 
     /// A fingerprint: equal keys mean nothing to replay.
     #[inline]
-    pub fn key(&self) -> u64 {
+    pub(crate) fn key(&self) -> u64 {
         self.key
     }
 
@@ -91,7 +91,7 @@ impl Settings {
     }
 
     /// SQL that turns `server`'s settings into these; empty when nothing differs.
-    pub fn diff_sql(&self, server: &Settings) -> String {
+    pub(crate) fn diff_sql(&self, server: &Settings) -> String {
         let mut sql = self.reported_diff_sql(server);
         for (name, _) in &server.extra {
             if !self.extra.iter().any(|(n, _)| n == name) {
@@ -110,7 +110,7 @@ impl Settings {
 
 impl Settings {
     /// SQL that sets the reported parameters that differ on `server`.
-    pub fn reported_diff_sql(&self, server: &Settings) -> String {
+    pub(crate) fn reported_diff_sql(&self, server: &Settings) -> String {
         let mut sql = String::new();
         for (name, value) in &self.reported {
             if server.reported(name) != Some(value.as_str()) {
@@ -131,12 +131,12 @@ fn reset_sql(name: &str) -> String {
 }
 
 /// Double-quotes an identifier.
-pub fn quote_ident(s: &str) -> String {
+pub(crate) fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// Single-quotes a literal (standard_conforming_strings assumed, as PostgreSQL ≥ 9.1).
-pub fn quote_literal(s: &str) -> String {
+pub(crate) fn quote_literal(s: &str) -> String {
     if s.contains('\\') {
         format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
     } else {
@@ -145,13 +145,13 @@ pub fn quote_literal(s: &str) -> String {
 }
 
 /// Tracked reported parameters: (canonical name, value).
-pub type Reported = Vec<(&'static str, String)>;
+pub(crate) type Reported = Vec<(&'static str, String)>;
 
 /// Startup parameters as settings: tracked reported ones as (canonical name, value), and
 /// every other GUC (including `options`' `-c name=value` and `--name=value`) as a
 /// statement that applies it the way startup would (`set_config`, so list values such as
 /// search_path parse as they do at startup). user/database/replication are not settings.
-pub fn startup_settings(params: &[(String, String)]) -> (Reported, Vec<(String, String)>) {
+pub(crate) fn startup_settings(params: &[(String, String)]) -> (Reported, Vec<(String, String)>) {
     let mut reported = Vec::new();
     let mut extra = Vec::new();
     let mut add = |name: &str, value: &str| {

@@ -7,7 +7,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// Hashes one `u64` id by a multiply (Fibonacci hashing).
 #[derive(Default, Clone, Copy, Debug)]
-pub struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     #[inline]
@@ -28,9 +28,9 @@ impl Hasher for IdHasher {
 }
 
 /// A map keyed by statement id.
-pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 /// A set of statement ids.
-pub type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
 
 #[cfg(test)]
 mod tests {

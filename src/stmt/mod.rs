@@ -9,12 +9,12 @@
 //! The session (`crate::session`) decides when to register, inject, rewrite and evict; this
 //! module only keeps the books. It must not know about sockets, pools or the reply queue.
 
-pub mod idmap;
-pub mod registry;
-pub mod runtime;
-pub mod server;
-pub mod sql;
+pub(crate) mod idmap;
+pub(crate) mod registry;
+pub(crate) mod runtime;
+pub(crate) mod server;
+pub(crate) mod sql;
 
 pub use registry::{Registry, Statement, StmtConfig, StmtStats};
-pub use runtime::RunTime;
-pub use server::ServerStmts;
+pub(crate) use runtime::RunTime;
+pub(crate) use server::ServerStmts;

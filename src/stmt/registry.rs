@@ -12,13 +12,13 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Clone, Debug)]
 pub struct StmtConfig {
     /// Statements kept prepared on one server connection (LRU beyond).
-    pub server_cap: usize,
+    pub(crate) server_cap: usize,
     /// Statements one client may hold; one more gets 54000.
-    pub client_cap: usize,
+    pub(crate) client_cap: usize,
     /// Statements the registry of one pool keeps; unreferenced ones are dropped beyond.
-    pub registry_cap: usize,
+    pub(crate) registry_cap: usize,
     /// Unnamed statements seen this many times become cached named server statements (0: never).
-    pub promote_unnamed_after: u32,
+    pub(crate) promote_unnamed_after: u32,
 }
 
 impl Default for StmtConfig {
@@ -29,7 +29,7 @@ impl Default for StmtConfig {
 
 /// How a statement is created on a server.
 #[derive(Debug, PartialEq, Eq)]
-pub enum StmtKind {
+pub(crate) enum StmtKind {
     /// A protocol-level Parse.
     Protocol,
     /// SQL `PREPARE <server name> (types) AS …`, executed through the unnamed statement.
@@ -40,27 +40,27 @@ pub enum StmtKind {
 #[derive(Debug)]
 pub struct Statement {
     /// Unique id.
-    pub id: u64,
+    pub(crate) id: u64,
     /// Name on servers.
-    pub server_name: Box<str>,
+    pub(crate) server_name: Box<str>,
     /// The SQL text (for SQL-kind statements: the PREPARE statement text).
-    pub query: Box<[u8]>,
+    pub(crate) query: Box<[u8]>,
     /// How it is created.
-    pub kind: StmtKind,
+    pub(crate) kind: StmtKind,
     /// The frames that create it on a server (a Parse; or Parse/Bind/Execute of a PREPARE).
-    pub create: Bytes,
+    pub(crate) create: Bytes,
     /// Some server accepted it (ParseComplete seen): a client Parse can be answered locally.
-    pub validated: AtomicBool,
+    pub(crate) validated: AtomicBool,
     /// A server said its plan changed result type: the registry no longer hands it out.
-    pub stale: AtomicBool,
+    pub(crate) stale: AtomicBool,
     /// The RowDescription (or NoData) frame a Describe of it returned: what clients that
     /// described it decode rows by.
-    pub shape: std::sync::OnceLock<Box<[u8]>>,
+    pub(crate) shape: std::sync::OnceLock<Box<[u8]>>,
     /// Whether its text is one plain read (`sql::is_plain_read`), worked out on first
     /// need: 0 not yet, 1 yes, 2 no (`session::pipeline`).
-    pub plain_read: std::sync::atomic::AtomicU8,
+    pub(crate) plain_read: std::sync::atomic::AtomicU8,
     /// How long batches using it recently took on a server.
-    pub runs: super::RunTime,
+    pub(crate) runs: super::RunTime,
     /// Its registry key and parameter types, to make a new generation.
     key: Box<[u8]>,
     types: Box<[u8]>,
@@ -77,7 +77,7 @@ impl Eq for Statement {}
 impl Statement {
     /// Whether this statement is the one `make_key` built `key` for (same text, parameter
     /// types and search_path).
-    pub fn has_key(&self, key: &[u8]) -> bool {
+    pub(crate) fn has_key(&self, key: &[u8]) -> bool {
         *self.key == *key
     }
 
@@ -117,7 +117,7 @@ impl Statement {
 
     /// True once a server accepted it and it is not stale.
     #[inline]
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         self.validated.load(Ordering::Relaxed) && !self.stale.load(Ordering::Relaxed)
     }
 }
@@ -126,20 +126,20 @@ impl Statement {
 #[derive(Debug, Default)]
 pub struct StmtStats {
     /// Parse messages from clients.
-    pub client_parses: AtomicU64,
+    pub(crate) client_parses: AtomicU64,
     /// Parses of cached statements that servers completed (one skipped after an earlier
     /// error in its batch never ran, and is not counted).
-    pub server_parses: AtomicU64,
+    pub(crate) server_parses: AtomicU64,
     /// Client Parses answered without a server Parse.
-    pub hits: AtomicU64,
+    pub(crate) hits: AtomicU64,
     /// Statements closed on a server to respect its cap.
-    pub evictions: AtomicU64,
+    pub(crate) evictions: AtomicU64,
     /// Unnamed statements promoted to cached named statements.
-    pub promotions: AtomicU64,
+    pub(crate) promotions: AtomicU64,
     /// Statements found stale (0A000) or lost by a server (26000) and repaired.
-    pub invalidations: AtomicU64,
+    pub(crate) invalidations: AtomicU64,
     /// Batches re-prepared and retried transparently after 0A000 or 26000.
-    pub retries: AtomicU64,
+    pub(crate) retries: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -154,15 +154,15 @@ pub struct Registry {
     inner: Mutex<Inner>,
     /// How long simple-protocol plain reads of this pool recently took (one figure for all:
     /// their texts differ with every literal).
-    pub simple_reads: super::RunTime,
+    pub(crate) simple_reads: super::RunTime,
     /// Limits.
-    pub cfg: StmtConfig,
+    pub(crate) cfg: StmtConfig,
     /// Counters.
-    pub stats: StmtStats,
+    pub(crate) stats: StmtStats,
 }
 
 /// Builds a registry key into `out`: kind, search_path context, text and type OIDs.
-pub fn make_key(out: &mut Vec<u8>, kind: &StmtKind, search_path: &[u8], query: &[u8], types: &[u8]) {
+pub(crate) fn make_key(out: &mut Vec<u8>, kind: &StmtKind, search_path: &[u8], query: &[u8], types: &[u8]) {
     out.clear();
     out.push(if *kind == StmtKind::Protocol { b'P' } else { b'S' });
     out.extend_from_slice(&(search_path.len() as u32).to_le_bytes());
@@ -188,7 +188,7 @@ impl Registry {
     }
 
     /// The statement for `key`, created if new (or if the known one went stale).
-    pub fn get_or_insert(&self, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Arc<Statement> {
+    pub(crate) fn get_or_insert(&self, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Arc<Statement> {
         let mut g = self.lock();
         if let Some(s) = g.map.get(key)
             && !s.stale.load(Ordering::Relaxed)
@@ -204,13 +204,13 @@ impl Registry {
     }
 
     /// The current generation of `s`'s key (a new statement if `s` went stale).
-    pub fn current(&self, s: &Statement) -> Arc<Statement> {
+    pub(crate) fn current(&self, s: &Statement) -> Arc<Statement> {
         let kind = if s.kind == StmtKind::Protocol { StmtKind::Protocol } else { StmtKind::Sql };
         self.get_or_insert(&s.key, kind, &s.query, &s.types)
     }
 
     /// Counts a sighting of an unnamed statement; true when it should now be promoted.
-    pub fn see_unnamed(&self, key: &[u8]) -> bool {
+    pub(crate) fn see_unnamed(&self, key: &[u8]) -> bool {
         let n = self.cfg.promote_unnamed_after;
         if n == 0 {
             return false;
@@ -236,7 +236,7 @@ impl Registry {
     }
 
     /// A statement failed to parse: forget it so a later Parse starts afresh.
-    pub fn forget_invalid(&self, s: &Arc<Statement>) {
+    pub(crate) fn forget_invalid(&self, s: &Arc<Statement>) {
         if s.validated.load(Ordering::Relaxed) {
             return;
         }
@@ -244,7 +244,7 @@ impl Registry {
     }
 
     /// A server reported that `s`'s plan changed result type: new Parses get a new statement.
-    pub fn mark_stale(&self, s: &Arc<Statement>) {
+    pub(crate) fn mark_stale(&self, s: &Arc<Statement>) {
         if !s.stale.swap(true, Ordering::Relaxed) {
             self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
             self.lock().map.retain(|_, v| !Arc::ptr_eq(v, s));
@@ -252,17 +252,12 @@ impl Registry {
     }
 
     /// Number of statements known.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().map.len()
     }
 
-    /// True when no statement is known.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// A snapshot of the statements: (server name, query text, clients+servers holding it).
-    pub fn snapshot(&self) -> Vec<(String, String, usize)> {
+    pub(crate) fn snapshot(&self) -> Vec<(String, String, usize)> {
         let g = self.lock();
         let mut v: Vec<_> = g
             .map

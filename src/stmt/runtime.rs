@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Recent run time in µs + 1 (0: never timed). A slower run counts at once; faster ones
 /// bring the figure down an eighth at a time, so one slow run keeps it high for a while.
 #[derive(Debug, Default)]
-pub struct RunTime(AtomicU32);
+pub(crate) struct RunTime(AtomicU32);
 
 impl RunTime {
     /// A batch took `us` µs.
-    pub fn note(&self, us: u64) {
+    pub(crate) fn note(&self, us: u64) {
         let us = us.min(u32::MAX as u64 - 2) as u32 + 1;
         let old = self.0.load(Ordering::Relaxed);
         let new = if old == 0 || us >= old { us } else { old - (old - us) / 8 };
@@ -21,7 +21,7 @@ impl RunTime {
 
     /// Timed, and recently at most `limit_us` µs.
     #[inline]
-    pub fn known_fast(&self, limit_us: u32) -> bool {
+    pub(crate) fn known_fast(&self, limit_us: u32) -> bool {
         let v = self.0.load(Ordering::Relaxed);
         v != 0 && v - 1 <= limit_us
     }

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 /// A recognized command.
 #[derive(Debug, PartialEq, Eq)]
-pub enum SqlStmt {
+pub(crate) enum SqlStmt {
     /// `PREPARE name [(types)] AS statement`: the name (case-folded) and where the part after
     /// the name starts.
     Prepare {
@@ -31,7 +31,7 @@ pub enum SqlStmt {
 
 /// What a Query text holds, as far as the statement cache is concerned.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Classified {
+pub(crate) enum Classified {
     /// Nothing the cache must see.
     Plain,
     /// Exactly one statement, and it is one of ours.
@@ -81,13 +81,13 @@ fn contains_keyword(sql: &[u8]) -> bool {
 
 /// Whether the (single-statement) text starts with DEALLOCATE: a Parse can hold only one
 /// statement, so its first word decides.
-pub fn starts_with_deallocate(sql: &[u8]) -> bool {
+pub(crate) fn starts_with_deallocate(sql: &[u8]) -> bool {
     first_word(sql).is_some_and(|w| w.eq_ignore_ascii_case(b"deallocate"))
 }
 
 /// Whether the text is surely one plain data statement (SELECT, INSERT, UPDATE, DELETE,
 /// MERGE, WITH, VALUES, TABLE): nothing that can change a table's definition.
-pub fn is_plain_dml(sql: &[u8]) -> bool {
+pub(crate) fn is_plain_dml(sql: &[u8]) -> bool {
     const DML: [&[u8]; 8] = [b"select", b"insert", b"update", b"delete", b"merge", b"with", b"values", b"table"];
     let Some(w) = first_word(sql) else { return false };
     if !DML.iter().any(|k| w.eq_ignore_ascii_case(k)) {
@@ -105,7 +105,7 @@ pub fn is_plain_dml(sql: &[u8]) -> bool {
 /// needs to run (`session::pipeline`). Conservative: a locking clause anywhere in the text
 /// (`FOR UPDATE`, `FOR NO KEY UPDATE`, `FOR SHARE`, `FOR KEY SHARE`), even in a literal,
 /// makes it not one.
-pub fn is_plain_read(sql: &[u8]) -> bool {
+pub(crate) fn is_plain_read(sql: &[u8]) -> bool {
     const READ: [&[u8]; 3] = [b"select", b"values", b"table"];
     let Some(w) = first_word(sql) else { return false };
     if !READ.iter().any(|k| w.eq_ignore_ascii_case(k)) || !is_plain_dml(sql) {
@@ -123,7 +123,7 @@ pub fn is_plain_read(sql: &[u8]) -> bool {
 }
 
 /// The statement of a `PREPARE` definition ("(types) AS statement" or "AS statement").
-pub fn prepare_body(def: &[u8]) -> Option<&[u8]> {
+pub(crate) fn prepare_body(def: &[u8]) -> Option<&[u8]> {
     let mut i = skip_ws(def, 0, def.len());
     if def.get(i) == Some(&b'(') {
         // Type names may hold parentheses of their own: numeric(10, 2).
@@ -149,7 +149,7 @@ pub fn prepare_body(def: &[u8]) -> Option<&[u8]> {
 }
 
 /// Classifies a Query text.
-pub fn classify(sql: &[u8]) -> Classified {
+pub(crate) fn classify(sql: &[u8]) -> Classified {
     if !contains_keyword(sql) {
         return Classified::Plain;
     }
@@ -173,7 +173,7 @@ pub fn classify(sql: &[u8]) -> Classified {
 }
 
 /// Byte ranges of the statements in `sql` (split at top-level semicolons).
-pub fn split(sql: &[u8]) -> Vec<Range<usize>> {
+pub(crate) fn split(sql: &[u8]) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut i = 0;
@@ -247,7 +247,7 @@ pub fn split(sql: &[u8]) -> Vec<Range<usize>> {
 }
 
 /// Where the first token of `sql` starts: whitespace and comments skipped.
-pub fn skip_space(sql: &[u8]) -> usize {
+pub(crate) fn skip_space(sql: &[u8]) -> usize {
     skip_ws(sql, 0, sql.len())
 }
 
@@ -257,7 +257,7 @@ pub fn skip_space(sql: &[u8]) -> usize {
 /// token, and any other byte is a token of its own. Keywords compare with
 /// `eq_ignore_ascii_case`. The one lexer for what the pooler reads of SQL: the session's
 /// SET/BEGIN/COMMIT recognizer uses it too.
-pub fn words(stmt: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn words(stmt: &[u8]) -> impl Iterator<Item = &[u8]> {
     let end = stmt.len();
     let mut i = 0;
     std::iter::from_fn(move || {

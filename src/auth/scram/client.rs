@@ -18,7 +18,7 @@ use crate::auth::{AuthError, ct_eq};
 /// send the result in SASLResponse, then feed the AuthenticationSASLFinal data to
 /// [`handle_server_final`](Self::handle_server_final). Any error ends the exchange; calls out
 /// of order return `AuthError::Malformed` and leave the state unchanged.
-pub struct ScramClient {
+pub(crate) struct ScramClient {
     credential: Credential,
     nonce: String,
     /// Always empty outside tests: PostgreSQL ignores it (RFC 7677's vector needs "user").
@@ -50,7 +50,7 @@ impl ScramClient {
     /// Authenticates with a password. `client_nonce` must be printable ASCII without ','
     /// (see [`ScramClient::random_nonce`]).
     #[must_use]
-    pub fn with_password(password: &str, client_nonce: String) -> ScramClient {
+    pub(crate) fn with_password(password: &str, client_nonce: String) -> ScramClient {
         ScramClient::new(Credential::Password(saslprep(password.as_bytes()).to_vec()), client_nonce)
     }
 
@@ -61,7 +61,11 @@ impl ScramClient {
     /// The salt and iteration count the server sends are not used: the ClientKey already
     /// depends on them, so it only works if PostgreSQL's secret is the one it came from.
     #[must_use]
-    pub fn with_client_key(client_key: [u8; 32], server_key: Option<[u8; 32]>, client_nonce: String) -> ScramClient {
+    pub(crate) fn with_client_key(
+        client_key: [u8; 32],
+        server_key: Option<[u8; 32]>,
+        client_nonce: String,
+    ) -> ScramClient {
         ScramClient::new(Credential::ClientKey { client_key, server_key }, client_nonce)
     }
 
@@ -71,7 +75,7 @@ impl ScramClient {
 
     /// A fresh client nonce: 18 random bytes, base64.
     #[must_use]
-    pub fn random_nonce() -> String {
+    pub(crate) fn random_nonce() -> String {
         random_nonce()
     }
 
@@ -81,7 +85,7 @@ impl ScramClient {
 
     /// client-first-message: `"n,,n=,r=<nonce>"` (PostgreSQL ignores the user name).
     #[must_use]
-    pub fn client_first(&self) -> Vec<u8> {
+    pub(crate) fn client_first(&self) -> Vec<u8> {
         format!("n,,{}", self.client_first_bare()).into_bytes()
     }
 
@@ -90,7 +94,7 @@ impl ScramClient {
     ///
     /// The server nonce must be strictly longer than ours; optional extension attributes after
     /// the iteration count are ignored, a mandatory one ("m=") is rejected.
-    pub fn handle_server_first(&mut self, msg: &[u8]) -> Result<Vec<u8>, AuthError> {
+    pub(crate) fn handle_server_first(&mut self, msg: &[u8]) -> Result<Vec<u8>, AuthError> {
         if !matches!(self.state, State::Initial) {
             return Err(AuthError::Malformed("unexpected server-first-message"));
         }
@@ -137,7 +141,7 @@ impl ScramClient {
     ///
     /// "e=..." gives `AuthError::ServerRejected`, a signature mismatch
     /// `AuthError::BadServerSignature`, anything unparsable `AuthError::Malformed`.
-    pub fn handle_server_final(&mut self, msg: &[u8]) -> Result<(), AuthError> {
+    pub(crate) fn handle_server_final(&mut self, msg: &[u8]) -> Result<(), AuthError> {
         let expected = match self.state {
             State::SentFinal { server_signature } => server_signature,
             _ => return Err(AuthError::Malformed("unexpected server-final-message")),

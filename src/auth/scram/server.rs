@@ -7,7 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 
 use super::{
     DEFAULT_ITERATIONS, as_str, attribute, auth_message, check_extensions, decode_key, expect_attribute, hmac_sha256,
-    is_valid_nonce, random_nonce, random_salt, sha256, xor,
+    is_valid_nonce, random_salt, sha256, xor,
 };
 use crate::auth::{AuthError, ScramSecret, Secret, ct_eq};
 
@@ -18,7 +18,7 @@ use crate::auth::{AuthError, ScramSecret, Secret, ct_eq};
 /// [`handle_client_final`](Self::handle_client_final) with the SASLResponse data and send the
 /// result in AuthenticationSASLFinal. Any error ends the exchange; calls out of order return
 /// `AuthError::Malformed` and leave the state unchanged.
-pub struct ScramServer {
+pub(crate) struct ScramServer {
     secret: ScramSecret,
     server_nonce: String,
     state: State,
@@ -59,7 +59,7 @@ impl ScramServer {
     ///
     /// Also returns None if `server_nonce` is empty or not printable ASCII without ','.
     #[must_use]
-    pub fn new(secret: &Secret, server_nonce: String) -> Option<ScramServer> {
+    pub(crate) fn new(secret: &Secret, server_nonce: String) -> Option<ScramServer> {
         if !is_valid_nonce(&server_nonce) {
             return None;
         }
@@ -72,9 +72,10 @@ impl ScramServer {
     }
 
     /// Same, but generates an 18-byte random nonce, base64-encoded.
+    #[cfg(test)]
     #[must_use]
-    pub fn with_random_nonce(secret: &Secret) -> Option<ScramServer> {
-        ScramServer::new(secret, random_nonce())
+    pub(crate) fn with_random_nonce(secret: &Secret) -> Option<ScramServer> {
+        ScramServer::new(secret, super::random_nonce())
     }
 
     /// Consumes client-first-message (the SASLInitialResponse data). Accepts gs2 headers "n,," and "y,,"
@@ -83,7 +84,7 @@ impl ScramServer {
     ///
     /// An authorization identity ("n,a=...,") is rejected as malformed, as PostgreSQL does.
     /// Optional extension attributes after the nonce are ignored.
-    pub fn handle_client_first(&mut self, msg: &[u8]) -> Result<Vec<u8>, AuthError> {
+    pub(crate) fn handle_client_first(&mut self, msg: &[u8]) -> Result<Vec<u8>, AuthError> {
         if !matches!(self.state, State::Initial) {
             return Err(AuthError::Malformed("unexpected client-first-message"));
         }
@@ -106,7 +107,7 @@ impl ScramServer {
     ///
     /// A mismatched channel-binding attribute gives `AuthError::ChannelBinding`, a nonce mismatch
     /// or unparsable message `AuthError::Malformed`.
-    pub fn handle_client_final(&mut self, msg: &[u8]) -> Result<Vec<u8>, AuthError> {
+    pub(crate) fn handle_client_final(&mut self, msg: &[u8]) -> Result<Vec<u8>, AuthError> {
         let exchange = match std::mem::replace(&mut self.state, State::Failed) {
             State::SentFirst(exchange) => exchange,
             other => {
@@ -158,7 +159,7 @@ impl ScramServer {
     /// `Secret::Scram` PostgreSQL has (not from a `Secret::Plain`, which gets a random salt).
     /// None before success or after a failure.
     #[must_use]
-    pub fn client_key(&self) -> Option<[u8; 32]> {
+    pub(crate) fn client_key(&self) -> Option<[u8; 32]> {
         match self.state {
             State::Done { client_key } => Some(client_key),
             _ => None,

@@ -92,7 +92,7 @@ pub(in crate::session) enum Resolved {
 
 /// The client's unnamed statement.
 #[derive(Debug, Default)]
-pub enum Unnamed {
+pub(crate) enum Unnamed {
     /// None (never parsed, closed, or its Parse failed).
     #[default]
     None,
