@@ -2,28 +2,22 @@
 """Memory per idle client: log N clients in through parsnip, run one query each, leave
 them idle, and divide parsnip's RSS growth by N (DESIGN.md budget: <= 1.5 KiB).
 
-Usage: bench/idle_memory.py [--clients 8000]
+Usage: bench/idle_memory.py [--clients 8000] [--no-build] [--pg-bin DIR]
 Starts its own throwaway PostgreSQL via `parsnip --embedded` (trust auth), so it needs
 only the release binary (cargo build --release) and PostgreSQL's binaries."""
-import argparse, asyncio, os, re, socket, struct, subprocess, sys, time
+import argparse
+import asyncio
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from throwaway import (  # noqa: E402  (scripts/throwaway.py: processes, binaries)
+    find_pg_bindir, free_port, parsnip_env, parsnip_release, rss_kib, stop_process, wait_listening,
+)
 
 
 async def read_until_ready(reader):
@@ -51,19 +45,18 @@ async def client(port, conns):
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=8000)
+    ap.add_argument("--no-build", action="store_true", help="use target/release/parsnip as it is")
+    ap.add_argument("--pg-bin", metavar="DIR", help="PostgreSQL bin dir of the embedded cluster (default: as"
+                    " parsnip finds it: $PARSNIP_PG_BIN, pg_config --bindir, the newest /usr/lib/postgresql/*/bin)")
     a = ap.parse_args()
     port = free_port()
-    exe = os.path.join(ROOT, "target/release/parsnip")
-    p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{port}", "--max-client-conn", str(a.clients + 10),
-                          "--pool-size", "4", "--log-level", "warn"], stderr=subprocess.PIPE, text=True)
+    exe = parsnip_release(build=not a.no_build)
+    env = dict(parsnip_env(), PARSNIP_PG_BIN=str(find_pg_bindir(a.pg_bin)))
+    p = subprocess.Popen([str(exe), "--listen", f"127.0.0.1:{port}", "--max-client-conn", str(a.clients + 10),
+                          "--pool-size", "4", "--log-level", "warn"], env=env, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_listening(port, p, timeout=120)  # the embedded cluster's initdb comes first
         conns = []
         await client(port, conns)  # warm-up: pool, runtime threads
         base = rss_kib(p.pid)
@@ -90,11 +83,7 @@ async def main():
         for w in conns:
             w.close()
     finally:
-        p.terminate()
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        stop_process(p, signal.SIGINT, grace=20)
 
 
 if __name__ == "__main__":

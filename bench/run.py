@@ -15,13 +15,11 @@ import hashlib
 import json
 import os
 import platform
-import pwd
 import re
 import resource
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,7 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import throwaway  # noqa: E402  (scripts/throwaway.py: clusters, processes, binaries)
+from throwaway import (  # noqa: E402
+    REPO, apt_install, as_user, free_port, log, service_user, stop_process, tail, wait_listening,
+)
+from throwaway import CLEANUPS as PROCS  # noqa: E402
+from throwaway import HarnessError as BenchError  # noqa: E402
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALL_SYSTEMS = ("direct", "parsnip", "pgbouncer")
 ALL_MODES = ("simple", "extended", "prepared")
@@ -44,85 +48,7 @@ TABLES = {
     "issue3": (8, ("simple", "extended", "prepared"), (64,)),
 }
 
-_T0 = time.monotonic()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    pass
-
-
 # --------------------------------------------------------------------------- processes
-
-
-class Procs:
-    """Every child process and temp dir this script owns, torn down in reverse order."""
-
-    def __init__(self) -> None:
-        self._cleanups: list = []
-
-    def push(self, fn) -> None:
-        self._cleanups.append(fn)
-
-    def remove(self, fn) -> None:
-        if fn in self._cleanups:
-            self._cleanups.remove(fn)
-
-    def cleanup(self) -> None:
-        while self._cleanups:
-            fn = self._cleanups.pop()
-            try:
-                fn()
-            except Exception as e:  # keep tearing down the rest
-                print(f"bench: cleanup step failed: {e}", file=sys.stderr)
-
-
-PROCS = Procs()
-
-
-def stop_process(p: subprocess.Popen, first=signal.SIGTERM, grace: float = 10.0) -> None:
-    """Stops one child we started, by its pid: `first`, then SIGKILL after `grace` seconds."""
-    if p.poll() is not None:
-        return
-    try:
-        p.send_signal(first)
-        p.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(timeout=10)
-    except ProcessLookupError:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_tcp(port: int, proc: subprocess.Popen, timeout: float = 20.0, sockdir: Path | None = None) -> None:
-    """Waits until the process accepts connections on 127.0.0.1:port (or, with sockdir, on the
-    unix socket sockdir/.s.PGSQL.port)."""
-    where = f"{sockdir}/.s.PGSQL.{port}" if sockdir else f"127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BenchError(f"exited with code {proc.returncode} before listening")
-        try:
-            if sockdir:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                    s.settimeout(0.5)
-                    s.connect(where)
-            else:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    pass
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise BenchError(f"not listening on {where} after {timeout:.0f}s")
 
 
 def cpu_ticks(pid: int) -> int | None:
@@ -167,157 +93,18 @@ def own_children_s() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def tail(path: Path, n: int = 5) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
-
-
-def apt_install(pkg: str) -> bool:
-    """apt-get install -y PKG (running `apt-get update` once if the first attempt fails)."""
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return False
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for attempt in range(2):
-        log(f"apt-get install -y {pkg}")
-        r = subprocess.run(["apt-get", "install", "-y", "-q", pkg], env=env, capture_output=True, text=True)
-        if r.returncode == 0:
-            return True
-        if attempt == 0:
-            log("apt-get install failed; running apt-get update")
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-    log(f"apt-get install {pkg} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    return False
-
-
-def service_user() -> pwd.struct_passwd | None:
-    """The unprivileged OS user to run PostgreSQL and PgBouncer as (None: ourselves)."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "nobody"):
-        try:
-            return pwd.getpwnam(name)
-        except KeyError:
-            continue
-    raise BenchError("running as root and neither a 'postgres' nor a 'nobody' user exists")
-
-
-def as_user_kwargs(user: pwd.struct_passwd | None) -> dict:
-    if user is None:
-        return {}
-    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-
-
 # --------------------------------------------------------------------------- PostgreSQL
 
 
-def find_pg_bindir(explicit: str | None, install: bool) -> Path:
-    def candidates():
-        if explicit:
-            yield Path(explicit)
-            return
-        yield Path("/usr/lib/postgresql/15/bin")
-        if shutil.which("pg_config"):
-            r = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
-            if r.returncode == 0:
-                yield Path(r.stdout.strip())
-        for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-            yield d
+class Postgres(throwaway.Postgres):
+    """The benchmark's cluster (scripts/throwaway.py's, with 256MB of shared buffers), plus
+    pgbench's tables and counting the server's parses from its log."""
 
-    for d in candidates():
-        if (d / "initdb").exists() and (d / "postgres").exists() and (d / "pgbench").exists():
-            return d
-    if install and not explicit and apt_install("postgresql"):
-        return find_pg_bindir(None, install=False)
-    raise BenchError("PostgreSQL server binaries (initdb, postgres, pgbench) not found; install `postgresql`")
-
-
-class Postgres:
-    def __init__(self, bindir: Path, tmp: Path, user: pwd.struct_passwd | None) -> None:
-        self.bindir = bindir
-        self.tmp = tmp
-        self.user = user
-        self.data = tmp / "pgdata"
-        self.sock = tmp / "pgsock"
-        self.log_path = tmp / "postgres.log"
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-        self.version = subprocess.run(
-            [str(bindir / "postgres"), "--version"], capture_output=True, text=True
-        ).stdout.strip()
-
-    def bin(self, name: str) -> str:
-        return str(self.bindir / name)
-
-    def start(self) -> None:
-        self.sock.mkdir()
-        if self.user:
-            os.chown(self.sock, self.user.pw_uid, self.user.pw_gid)
-        log(f"initdb ({self.version}) in {self.data}")
-        r = subprocess.run(
-            [self.bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", DB_USER, "-E", "UTF8", "--no-sync"],
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-            **as_user_kwargs(self.user),
-        )
-        if r.returncode != 0:
-            raise BenchError(f"initdb failed: {r.stderr.strip() or r.stdout.strip()}")
-        # Settings go into postgresql.conf, not onto the command line, so that ALTER SYSTEM
-        # (used by --count-parses) can still override them.
-        with open(self.data / "postgresql.conf", "a") as f:
-            f.write(
-                "\n# parsnip bench\n"
-                f"port = {self.port}\n"
-                "listen_addresses = '127.0.0.1'\n"
-                f"unix_socket_directories = '{self.sock}'\n"
-                "fsync = off\n"
-                "synchronous_commit = off\n"
-                "full_page_writes = off\n"
-                "max_connections = 400\n"
-                "shared_buffers = 256MB\n"
-                "log_parser_stats = off\n"
-                "logging_collector = off\n"
-            )
-        logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [self.bin("postgres"), "-D", str(self.data)],
-            cwd=self.tmp,
-            stdin=subprocess.DEVNULL,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            process_group=0,
-            **as_user_kwargs(self.user),
-        )
-        logf.close()
-        PROCS.push(self.stop)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise BenchError(f"postgres exited ({self.proc.returncode}):\n{tail(self.log_path)}")
-            r = subprocess.run(
-                [self.bin("pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port), "-U", DB_USER],
-                capture_output=True,
-            )
-            if r.returncode == 0:
-                break
-            if time.monotonic() > deadline:
-                raise BenchError(f"postgres not ready after 60s:\n{tail(self.log_path)}")
-            time.sleep(0.2)
-        log(f"PostgreSQL ready on 127.0.0.1:{self.port}")
-
-    def psql(self, sql: str, db: str = "postgres") -> str:
-        r = subprocess.run(
-            [self.bin("psql"), "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
-             "-p", str(self.port), "-U", DB_USER, "-d", db, "-c", sql],
-            capture_output=True,
-            text=True,
-        )
-        if r.returncode != 0:
-            raise BenchError(f"psql {sql!r}: {r.stderr.strip()}")
-        return r.stdout.strip()
+    def __init__(self, bindir: Path, tmp: Path, user) -> None:
+        super().__init__(bindir, tmp, user, DB_USER, label="parsnip bench", settings={
+            "shared_buffers": "256MB",
+            "log_parser_stats": "off",
+        })
 
     def init_pgbench(self, scale: int) -> None:
         self.psql(f"CREATE DATABASE {DB}")
@@ -339,9 +126,6 @@ class Postgres:
             self.psql("ALTER SYSTEM RESET log_parser_stats")
         self.psql("SELECT pg_reload_conf()")
 
-    def log_size(self) -> int:
-        return self.log_path.stat().st_size
-
     def count_parses(self, start: int, end: int) -> int:
         """'PARSER STATISTICS' lines the server logged between two byte offsets of its log."""
         n = 0
@@ -361,11 +145,6 @@ class Postgres:
         """Drops the (huge) stats output once counted; postgres appends, so truncation is safe."""
         if self.log_size() > 64 << 20:
             os.truncate(self.log_path, 0)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, signal.SIGINT, grace=20)  # fast shutdown
-            self.proc = None
 
 
 # --------------------------------------------------------------------------- poolers
@@ -405,7 +184,7 @@ class Pooler:
         logf.close()
         PROCS.push(self.stop)
         try:
-            wait_tcp(self.port, self.proc, sockdir=self.sockdir)
+            wait_listening(self.port, self.proc, sockdir=self.sockdir)
         except BenchError as e:
             self.stop()
             last = tail(self.log_path, 3)
@@ -488,7 +267,7 @@ class PgBouncer(Pooler):
         for p in (users, ini):
             if self.user:
                 os.chown(p, self.user.pw_uid, self.user.pw_gid)
-        return [str(self.binary), str(ini)], as_user_kwargs(self.user)
+        return [str(self.binary), str(ini)], as_user(self.user)
 
 
 def pgbouncer_binary(install: bool) -> tuple[Path | None, str]:
@@ -514,17 +293,10 @@ def parsnip_binary(explicit: str | None, build: bool) -> tuple[Path | None, str]
     if explicit:
         b = Path(explicit)
         return (b, "") if b.exists() else (None, f"{b} does not exist")
-    b = REPO / "target" / "release" / "parsnip"
-    if build:
-        log("cargo build --release")
-        r = subprocess.run(["cargo", "build", "--release", "--bin", "parsnip"], cwd=REPO, capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            errs = [l for l in r.stderr.splitlines() if l.startswith("error")]
-            return None, "cargo build --release failed: " + (errs[0] if errs else r.stderr.strip()[-200:])
-    if not b.exists():
-        return None, f"{b} does not exist (run cargo build --release)"
-    return b, ""
+    try:
+        return throwaway.parsnip_release(build), ""
+    except BenchError as e:
+        return None, str(e)
 
 
 def git_describe() -> str:
@@ -978,7 +750,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--parsnip-config", action="append", default=[], metavar="'KEY = VALUE'",
                     help="extra line for parsnip's TOML config, e.g. 'prepared_statements = false' (repeatable)")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release first")
-    ap.add_argument("--pg-bindir", help="PostgreSQL bin directory (default: 15, else pg_config --bindir)")
+    ap.add_argument("--pg-bindir", help="PostgreSQL bin directory (default: $PARSNIP_PG_BIN, else pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)")
     ap.add_argument("--no-install", action="store_true", help="never apt-get install postgresql/pgbouncer")
     ap.add_argument("--settle", type=float, default=0, help="before each run, wait up to this many seconds for "
                     "other processes to go quiet (default 0: don't wait)")
@@ -1039,7 +811,7 @@ def main(argv: list[str]) -> int:
         log(f"error: {e}")
         return 1
     finally:
-        PROCS.cleanup()
+        PROCS.run()
 
 
 def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str) -> int:
@@ -1061,7 +833,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
             skipped["pgbouncer"] = why
         else:
             pgb_version = why
-    bindir = find_pg_bindir(args.pg_bindir, install)
+    bindir = throwaway.find_pg_bindir(args.pg_bindir, need=("psql", "pg_isready", "pgbench"), install=install)
 
     tmp = Path(tempfile.mkdtemp(prefix="parsnip-bench-", dir=args.tmpdir))
     PROCS.push(lambda: shutil.rmtree(tmp, ignore_errors=True))

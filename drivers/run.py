@@ -20,18 +20,22 @@ import datetime
 import hashlib
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import throwaway  # noqa: E402  (scripts/throwaway.py: clusters, processes, binaries)
+from throwaway import (  # noqa: E402
+    CLEANUPS, REPO, free_port, kill_group, log, parsnip_env, service_user, stop_process, tail, wait_listening,
+)
+from throwaway import HarnessError as MatrixError  # noqa: E402
+
 DRIVERS = REPO / "drivers"
 CACHE = DRIVERS / ".cache"
 README = REPO / "README.md"
@@ -41,200 +45,26 @@ MAX_PREPARED = 20
 DEFAULT_TIMEOUT_S = 120
 BEGIN_MARK, END_MARK = "<!-- driver-matrix -->", "<!-- /driver-matrix -->"
 
-_T0 = time.monotonic()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
 def out(msg: str) -> None:
     print(msg, flush=True)
 
 
-class MatrixError(Exception):
-    pass
+# --------------------------------------------------------------------------- PostgreSQL and parsnip
 
 
-# --------------------------------------------------------------------------- processes
-
-_cleanups: list = []
-
-
-def stop_process(p: subprocess.Popen, first=signal.SIGTERM, grace: float = 10.0) -> None:
-    """Stops one child we started, by its pid: `first`, then SIGKILL after `grace` seconds."""
-    if p.poll() is not None:
-        return
-    try:
-        p.send_signal(first)
-        p.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(timeout=10)
-    except ProcessLookupError:
-        pass
-
-
-def kill_group(p: subprocess.Popen) -> None:
-    """Kills the process group of a child started with start_new_session (its own group)."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        p.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_tcp(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise MatrixError(f"exited with code {proc.returncode} before listening")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise MatrixError(f"not listening on 127.0.0.1:{port} after {timeout:.0f}s")
-
-
-def tail(path: Path, n: int = 5) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
-
-
-def service_user() -> pwd.struct_passwd | None:
-    """The OS user PostgreSQL runs as: `postgres` when we are root (initdb refuses root)."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        return pwd.getpwnam("postgres")
-    except KeyError:
-        raise MatrixError("running as root and there is no 'postgres' user (apt-get install postgresql)") from None
-
-
-def as_user(user: pwd.struct_passwd | None) -> dict:
-    return {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-
-
-# --------------------------------------------------------------------------- PostgreSQL
-
-
-def find_pg_bindir() -> Path:
-    def candidates():
-        yield Path("/usr/lib/postgresql/15/bin")
-        if shutil.which("pg_config"):
-            r = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
-            if r.returncode == 0:
-                yield Path(r.stdout.strip())
-        yield from sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
-
-    for d in candidates():
-        if all((d / b).exists() for b in ("initdb", "postgres", "psql", "pg_isready")):
-            return d
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        log("PostgreSQL server binaries missing: apt-get install postgresql")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-        r = subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], env=env, capture_output=True, text=True)
-        if r.returncode == 0:
-            for d in candidates():
-                if (d / "initdb").exists():
-                    return d
-    raise MatrixError("PostgreSQL server binaries (initdb, postgres, psql) not found; install `postgresql`")
-
-
-class Postgres:
-    """A throwaway cluster: trust auth, 127.0.0.1, a free port, 400 connections. Its log
-    line prefix carries the pid and database, so the parses of a parsnip run can be
-    counted from PostgreSQL's side."""
+class Postgres(throwaway.Postgres):
+    """The matrix's cluster: 400 connections, its log line prefix carrying the pid and the
+    database, so the parses of a parsnip run can be counted from PostgreSQL's side. `psql`
+    returns rows."""
 
     def __init__(self, bindir: Path, tmp: Path, user) -> None:
-        self.bindir, self.tmp, self.user = bindir, tmp, user
-        self.data = tmp / "pgdata"
-        self.sock = tmp / "pgsock"
-        self.log_path = tmp / "postgres.log"
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-        r = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, text=True)
-        self.version = r.stdout.strip().replace("postgres (PostgreSQL) ", "PostgreSQL ")
+        super().__init__(bindir, tmp, user, DB_USER, label="parsnip driver matrix", settings={
+            "shared_buffers": "128MB",
+            "log_line_prefix": "'%m [%p] %d '",
+        })
 
-    def start(self) -> None:
-        self.sock.mkdir()
-        if self.user:
-            os.chown(self.sock, self.user.pw_uid, self.user.pw_gid)
-        log(f"initdb ({self.version})")
-        r = subprocess.run(
-            [str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", DB_USER, "-E", "UTF8",
-             "--no-sync"],
-            cwd=self.tmp, capture_output=True, text=True, **as_user(self.user),
-        )
-        if r.returncode != 0:
-            raise MatrixError(f"initdb failed: {r.stderr.strip() or r.stdout.strip()}")
-        with open(self.data / "postgresql.conf", "a") as f:
-            f.write(
-                "\n# parsnip driver matrix\n"
-                f"port = {self.port}\n"
-                "listen_addresses = '127.0.0.1'\n"
-                f"unix_socket_directories = '{self.sock}'\n"
-                "max_connections = 400\n"
-                "fsync = off\n"
-                "synchronous_commit = off\n"
-                "full_page_writes = off\n"
-                "shared_buffers = 128MB\n"
-                "logging_collector = off\n"
-                "log_line_prefix = '%m [%p] %d '\n"
-            )
-        logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [str(self.bindir / "postgres"), "-D", str(self.data)], cwd=self.tmp, stdin=subprocess.DEVNULL,
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, **as_user(self.user),
-        )
-        logf.close()
-        _cleanups.append(self.stop)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise MatrixError(f"postgres exited ({self.proc.returncode}):\n{tail(self.log_path)}")
-            r = subprocess.run(
-                [str(self.bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port), "-U", DB_USER],
-                capture_output=True,
-            )
-            if r.returncode == 0:
-                break
-            if time.monotonic() > deadline:
-                raise MatrixError(f"postgres not ready after 60s:\n{tail(self.log_path)}")
-            time.sleep(0.2)
-        log(f"PostgreSQL ready on 127.0.0.1:{self.port}")
-
-    def psql(self, sql: str, db: str = "postgres", port: int | None = None) -> list[list[str]]:
-        r = subprocess.run(
-            [str(self.bindir / "psql"), "-X", "-A", "-t", "-q", "-F", "\t", "-v", "ON_ERROR_STOP=1",
-             "-h", "127.0.0.1", "-p", str(port or self.port), "-U", DB_USER, "-d", db, "-c", sql],
-            capture_output=True, text=True, timeout=60,
-        )
-        if r.returncode != 0:
-            raise MatrixError(f"psql {sql!r}: {r.stderr.strip()}")
-        return [line.split("\t") for line in r.stdout.splitlines() if line]
-
-    def log_size(self) -> int:
-        return self.log_path.stat().st_size
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, signal.SIGINT, grace=20)  # fast shutdown
-            self.proc = None
+    def psql(self, sql: str, db: str = "postgres", port: int | None = None) -> list[list[str]]:  # type: ignore[override]
+        return self.psql_rows(sql, db, port, timeout=60)
 
 
 class Parsnip:
@@ -257,18 +87,17 @@ class Parsnip:
             f'log_level = "{os.environ.get("PARSNIP_LOG", "warn")}"\n'
             "max_client_conn = 5000\n"
         )
-        env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(self.binary), f"postgres://{DB_USER}@127.0.0.1:{self.pg.port}/{self.db}",
              "--listen", f"127.0.0.1:{self.port}", "-c", str(cfg)],
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-            cwd=self.work, env=env,
+            cwd=self.work, env=parsnip_env(),
         )
         logf.close()
-        _cleanups.append(self.stop)
+        CLEANUPS.push(self.stop)
         try:
-            wait_tcp(self.port, self.proc)
+            wait_listening(self.port, self.proc)
         except MatrixError as e:
             self.stop()
             raise MatrixError(f"parsnip {e}: {tail(self.log_path, 3)}") from None
@@ -279,18 +108,8 @@ class Parsnip:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process(self.proc, signal.SIGINT, grace=5)
-            if self.stop in _cleanups:
-                _cleanups.remove(self.stop)
+            CLEANUPS.remove(self.stop)
             self.proc = None
-
-
-def build_parsnip() -> Path:
-    log("cargo build --release --bin parsnip")
-    r = subprocess.run(["cargo", "build", "--release", "--bin", "parsnip"], cwd=REPO, capture_output=True, text=True)
-    if r.returncode != 0:
-        errs = [line for line in r.stderr.splitlines() if line.startswith("error")]
-        raise MatrixError("cargo build --release failed: " + (errs[0] if errs else r.stderr.strip()[-300:]))
-    return REPO / "target" / "release" / "parsnip"
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -711,8 +530,8 @@ def main() -> int:
     ap.add_argument("--no-build", action="store_true", help="use target/release/parsnip as it is")
     ap.add_argument("--no-readme", action="store_true", help="don't rewrite the table in README.md")
     ap.add_argument("--pg-bin", metavar="DIR",
-                    help="the PostgreSQL bin dir of the cluster (default: Debian's PostgreSQL 15, else the"
-                         " newest installed)")
+                    help="the PostgreSQL bin dir of the cluster (default: $PARSNIP_PG_BIN, else pg_config --bindir,"
+                         " else the newest /usr/lib/postgresql/*/bin, as parsnip's embedded mode finds it)")
     args = ap.parse_args()
     only = [p for o in args.only for p in o.split(",") if p]
 
@@ -741,11 +560,7 @@ def main() -> int:
     pg = None
     t_setup = t_run = 0.0
     try:
-        parsnip_bin = REPO / "target" / "release" / "parsnip"
-        if not args.no_build:
-            parsnip_bin = build_parsnip()
-        if not parsnip_bin.exists():
-            raise MatrixError(f"{parsnip_bin} does not exist")
+        parsnip_bin = throwaway.parsnip_release(build=not args.no_build)
         setup_failed: dict[Path, str] = {}
         for d in sorted({s.dir for s in scenarios}):
             ok, note, secs = run_setup(d, [s for s in everything if s.dir == d], args.skip_setup)
@@ -753,7 +568,7 @@ def main() -> int:
             log(f"setup drivers/{d.name}: {'ok' if ok else 'FAILED'}, {note} ({secs:.1f}s)")
             if not ok:
                 setup_failed[d] = note
-        pg = Postgres(Path(args.pg_bin) if args.pg_bin else find_pg_bindir(), tmp, user)
+        pg = Postgres(throwaway.find_pg_bindir(args.pg_bin, need=("psql", "pg_isready"), install=True), tmp, user)
         pg.start()
         rev = git_rev()
         today = datetime.date.today().isoformat()
@@ -828,17 +643,12 @@ def main() -> int:
         out("driver-matrix: interrupted")
         failed += 1
     finally:
-        while _cleanups:
-            fn = _cleanups.pop()
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001
-                log(f"cleanup: {e}")
+        CLEANUPS.run()
         if args.keep:
             log(f"kept {tmp} (restart PostgreSQL: {pg.bindir if pg else '<bindir>'}/postgres -D {tmp}/pgdata)")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    log(f"setup {t_setup:.1f}s, scenario runs {t_run:.1f}s, total {time.monotonic() - _T0:.1f}s")
+    log(f"setup {t_setup:.1f}s, scenario runs {t_run:.1f}s, total {time.monotonic() - throwaway.START:.1f}s")
     if failures:
         # Again at the end, so a log cut to its tail still names what failed and why.
         out("driver-matrix: failed scenarios:")

@@ -34,14 +34,10 @@ pg_major() {
     "$1/postgres" --version 2>/dev/null | sed -nE 's/.*PostgreSQL\) ([0-9]+).*/\1/p' | grep . || echo "?"
 }
 
-# The bin dir the embedded clusters use without PARSNIP_PG_BIN (src/embedded/sys.rs
-# find_bin_dir, as far as a label needs it).
+# The bin dir the embedded clusters use without PARSNIP_PG_BIN: scripts/throwaway.py finds
+# it in the same order as src/embedded/sys.rs find_bin_dir (one way, for every harness).
 default_pg_bin() {
-    local dir
-    if [ -n "${PARSNIP_PG_BIN:-}" ]; then echo "$PARSNIP_PG_BIN"; return; fi
-    dir=$(pg_config --bindir 2>/dev/null || true)
-    if [ -n "$dir" ] && [ -x "$dir/postgres" ]; then echo "$dir"; return; fi
-    ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+    python3 scripts/throwaway.py bindir
 }
 
 echo "== cargo fmt --check"
