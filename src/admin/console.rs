@@ -59,16 +59,7 @@ impl Console {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tags_of(b: &[u8]) -> String {
-        let mut out = String::new();
-        let mut rest = b;
-        while let Ok(Some(n)) = split_frame(rest, usize::MAX) {
-            out.push(rest[0] as char);
-            rest = &rest[n..];
-        }
-        out
-    }
+    use crate::protocol::tags_of;
 
     #[test]
     fn queries_are_answered_and_terminate_closes() {

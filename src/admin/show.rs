@@ -157,16 +157,7 @@ pub(crate) fn respond(sql: &str, pools: &[PoolSnapshot], out: &mut BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tags(b: &[u8]) -> String {
-        let mut out = String::new();
-        let mut rest = b;
-        while let Ok(Some(n)) = crate::protocol::split_frame(rest, usize::MAX) {
-            out.push(rest[0] as char);
-            rest = &rest[n..];
-        }
-        out
-    }
+    use crate::protocol::tags_of as tags;
 
     #[test]
     fn show_commands() {

@@ -5,7 +5,7 @@ use super::*;
 use crate::auth::{ScramClient, ScramSecret};
 use crate::config::UserConfig;
 use crate::protocol::startup::{cancel_request, startup_message};
-use crate::protocol::{frontend, tags};
+use crate::protocol::{frontend, tags, tags_of};
 
 const NONCE: &str = "fixed+server+nonce";
 
@@ -34,16 +34,6 @@ fn request(code: i32) -> BytesMut {
     b.put_i32(8);
     b.put_i32(code);
     b
-}
-
-fn tags_of(b: &[u8]) -> String {
-    let mut out = String::new();
-    let mut rest = b;
-    while let Ok(Some(n)) = split_frame(rest, usize::MAX) {
-        out.push(rest[0] as char);
-        rest = &rest[n..];
-    }
-    out
 }
 
 fn password_msg(data: &[u8], nul: bool) -> BytesMut {

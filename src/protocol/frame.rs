@@ -23,6 +23,18 @@ impl fmt::Display for FrameError {
     }
 }
 
+/// The tags of the whole frames in `buf`, as a string ("TDCZ"): what tests assert on.
+#[cfg(test)]
+pub(crate) fn tags_of(buf: &[u8]) -> String {
+    let mut out = String::new();
+    let mut rest = buf;
+    while let Ok(Some(n)) = split_frame(rest, usize::MAX) {
+        out.push(rest[0] as char);
+        rest = &rest[n..];
+    }
+    out
+}
+
 /// Looks at the start of `buf`: `Ok(Some(total_len))` when a whole frame (tag included) is
 /// there, `Ok(None)` when more bytes are needed, `Err` when the header is impossible.
 /// The length is checked before the caller buffers the body.

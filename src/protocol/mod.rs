@@ -11,6 +11,8 @@ pub(crate) mod frame;
 pub mod frontend;
 pub(crate) mod startup;
 
+#[cfg(test)]
+pub(crate) use frame::tags_of;
 pub use frame::{FrameError, put_cstr, split_frame, write_msg};
 
 /// Message tags (first byte of a frame), named as in PostgreSQL's protocol docs.

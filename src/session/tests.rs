@@ -4,7 +4,7 @@
 use super::*;
 use crate::error::SqlState;
 use crate::protocol::frontend;
-use crate::protocol::write_msg;
+use crate::protocol::{tags_of, write_msg};
 use crate::state::ServerState;
 use crate::stmt::StmtConfig;
 use bytes::BufMut;
@@ -67,9 +67,6 @@ fn frames(buf: &[u8]) -> Vec<Vec<u8>> {
         rest = &rest[n..];
     }
     out
-}
-fn tags_of(buf: &[u8]) -> String {
-    frames(buf).iter().map(|f| f[0] as char).collect()
 }
 
 /// A test driver around one session and one server state.
