@@ -300,3 +300,27 @@ async fn server_with_cancel_in_flight_is_not_handed_on() {
     let pid = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("waiter served").expect("task");
     assert_eq!(pid.expect("connection"), cancel.pid, "the same server once the cancel landed");
 }
+
+/// A backend terminated under a client idle in a transaction: the client gets PostgreSQL's
+/// own FATAL 57P01 (not a pooler 08P01), in both modes. And the pid a client is given is
+/// never a live backend's, so `pg_terminate_backend` with it cannot hit another session.
+#[tokio::test]
+async fn terminated_backend_reaches_the_client_as_57p01() {
+    for mode in ["transaction", "session"] {
+        let p = Parsnip::trust(&format!("pool_size = 2\npool_mode = \"{mode}\""));
+        bounded(60, "terminated_backend_reaches_the_client_as_57p01", async {
+            let mut c = p.raw_login("postgres", SUPER_PW, "postgres").await;
+            let (client_pid, _) = c.key.expect("BackendKeyData");
+            assert!(client_pid > 1 << 22, "{mode}: client pid {client_pid} is in the range of OS pids");
+            let live = format!("select count(*) from pg_stat_activity where pid = {client_pid}");
+            assert_eq!(psql_async("postgres", &live).await.trim(), "0");
+            c.simple_query("BEGIN").await.expect("begin");
+            let backend = c.scalar("select pg_backend_pid()").await.expect("pid").expect("a pid");
+            let killed = psql_async("postgres", &format!("select pg_terminate_backend({backend})")).await;
+            assert_eq!(killed.trim(), "t");
+            let e = c.expect_error_and_close(Duration::from_secs(10), mode).await;
+            assert_eq!((e.severity(), e.code()), ("FATAL", "57P01"), "{mode}: {}\n{}", e.message(), p.log_tail());
+        })
+        .await;
+    }
+}

@@ -100,6 +100,12 @@ impl CancelSlot {
     }
 }
 
+/// The lowest pid parsnip hands out: above every process id an operating system can give a
+/// PostgreSQL backend (Linux's PID_MAX_LIMIT is 2^22; the BSDs and macOS stop at 99,999), so
+/// `pg_terminate_backend(pid)` or a `pg_stat_activity` lookup with a client's pid can never
+/// hit some other session's backend.
+pub(crate) const FIRST_CLIENT_PID: i32 = (1 << 22) + 1;
+
 /// All clients' cancel keys.
 #[derive(Debug, Default)]
 pub(crate) struct CancelRegistry {
@@ -109,11 +115,18 @@ pub(crate) struct CancelRegistry {
 
 impl CancelRegistry {
     /// A new key pair for a client; `slot` is filled in by `attach`.
+    /// The pid is in `FIRST_CLIENT_PID..=i32::MAX` and not held by a connected client.
     pub(crate) fn register(&self) -> (i32, i32) {
-        let pid = self.next_pid.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0x7fff_ffff;
         let key: i32 = rand::random();
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).insert(pid, (key, Arc::new(CancelSlot::default())));
-        (pid, key)
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let n = self.next_pid.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+            let pid = FIRST_CLIENT_PID + n % (i32::MAX - FIRST_CLIENT_PID + 1);
+            if let std::collections::hash_map::Entry::Vacant(e) = map.entry(pid) {
+                e.insert((key, Arc::new(CancelSlot::default())));
+                return (pid, key);
+            }
+        }
     }
     /// The slot of a registered pid.
     pub(crate) fn slot(&self, pid: i32) -> Arc<CancelSlot> {
@@ -212,4 +225,27 @@ pub(crate) async fn cancel_backend(pool: &ServerPool, pid: i32) -> bool {
     }
     c.terminate().await;
     sent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_pids_are_never_os_pids_and_never_shared() {
+        let r = CancelRegistry::default();
+        let (a, _) = r.register();
+        assert_eq!(a, FIRST_CLIENT_PID);
+        // Near the end of the range the counter wraps back above the OS range, skipping a
+        // pid a connected client still holds.
+        r.next_pid.store(i32::MAX - FIRST_CLIENT_PID, Ordering::Relaxed);
+        assert_eq!(r.register().0, i32::MAX);
+        let (c, _) = r.register();
+        assert_eq!(c, FIRST_CLIENT_PID + 1, "wrapped, skipping {a} (still registered)");
+        r.unregister(a);
+        for _ in 0..1000 {
+            let (p, _) = r.register();
+            assert!(p >= FIRST_CLIENT_PID && p != a && p != c);
+        }
+    }
 }

@@ -103,6 +103,15 @@ pub(crate) enum ConnectError {
     Auth(String),
 }
 
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Io(m) | ConnectError::Auth(m) => f.write_str(m),
+            ConnectError::Server(frame) => write!(f, "{}", backend::ErrorText(frame.get(5..).unwrap_or_default())),
+        }
+    }
+}
+
 impl ConnectError {
     /// The error a client sees.
     pub(crate) fn to_error(&self) -> Error {

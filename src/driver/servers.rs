@@ -61,7 +61,7 @@ impl ServerConnector {
                 }
                 Err(e) => {
                     stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(db = %self.key.db, user = %self.key.user, error = ?e, "server connect failed");
+                    tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
                     let retry = matches!(e, ConnectError::Io(_))
                         || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
                     last = Some(e);

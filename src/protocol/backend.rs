@@ -165,6 +165,18 @@ pub(crate) fn error_field(body: &[u8], field: u8) -> Option<&[u8]> {
     error_fields(body).find(|(t, _)| *t == field).map(|(_, v)| v)
 }
 
+/// An ErrorResponse or NoticeResponse body shown for logs: "FATAL 57P01: message" (never
+/// raw bytes).
+pub(crate) struct ErrorText<'a>(pub(crate) &'a [u8]);
+
+impl std::fmt::Display for ErrorText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let field = |t| String::from_utf8_lossy(error_field(self.0, t).unwrap_or(b"?"));
+        let sev = error_field(self.0, b'V').or_else(|| error_field(self.0, b'S')).unwrap_or(b"ERROR");
+        write!(f, "{} {}: {}", String::from_utf8_lossy(sev), field(b'C'), field(b'M'))
+    }
+}
+
 /// Name and value of a ParameterStatus body.
 pub(crate) fn parameter_status_fields(body: &[u8]) -> Option<(&str, &str)> {
     let (k, rest) = read_cstr(body)?;

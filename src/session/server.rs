@@ -87,6 +87,15 @@ impl Session {
             tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE => return self.on_notice(frame),
             _ => {}
         }
+        if tag == tags::ERROR_RESPONSE && is_fatal(body(frame)) && self.replies.head().is_none_or(|h| h.is_synth()) {
+            // A FATAL with no request outstanding (the backend was terminated, timed out
+            // idle, or is shutting down): the client gets it as PostgreSQL sent it, and the
+            // connection ends as it would have directly.
+            tracing::info!(error = %backend::ErrorText(body(frame)), "server closed the connection");
+            self.replies.clear();
+            self.to_client.extend_from_slice(frame);
+            return self.fail_quiet();
+        }
         let Some(head) = self.replies.head() else {
             return self.desync(tag);
         };
@@ -409,4 +418,10 @@ impl Session {
             self.actions.push_back(Action::Close);
         }
     }
+}
+
+/// An ErrorResponse body whose severity is FATAL or PANIC (the backend ends the connection).
+fn is_fatal(body: &[u8]) -> bool {
+    let sev = backend::error_field(body, b'V').or_else(|| backend::error_field(body, b'S'));
+    matches!(sev, Some(b"FATAL" | b"PANIC"))
 }

@@ -232,6 +232,34 @@ fn unexpected_server_reply_closes_both() {
 }
 
 #[test]
+fn fatal_from_an_idle_server_reaches_the_client_as_sent() {
+    // A backend terminated under a client idle in a transaction (pg_terminate_backend):
+    // the client gets PostgreSQL's own FATAL 57P01, then the connection ends.
+    let fatal = msg(b'E', b"SFATAL\0VFATAL\0C57P01\0Mterminating connection due to administrator command\0\0");
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let mut h = H::new(mode, None);
+        h.client(query("begin"));
+        h.server(msg(b'C', b"BEGIN\0"));
+        h.server(rfq(b'T'));
+        assert_eq!(h.client_out(), "CZ");
+        let _ = h.actions();
+        h.server(fatal.clone());
+        assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+        let out = h.s.to_client.split().to_vec();
+        assert_eq!(out, fatal, "the server's own frame, not a pooler error");
+    }
+    // A non-FATAL error with nothing outstanding is still a desync.
+    let mut h = H::new(PoolMode::Session, None);
+    h.client(query("select 1"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    let _ = (h.client_out(), h.actions());
+    h.server(err("42000"));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+    assert!(text(&h.s.to_client.split()).contains("unexpected"));
+}
+
+#[test]
 fn unknown_client_message_is_08p01() {
     let mut h = H::new(PoolMode::Transaction, None);
     h.client(msg(b'!', b""));
