@@ -22,6 +22,10 @@ pub struct Cli {
     /// Address to listen on (host:port or unix socket path); repeatable.
     #[arg(long)]
     pub(crate) listen: Vec<String>,
+    /// Directory for the unix socket ("auto": /var/run/postgresql if writable, else /tmp;
+    /// "": none).
+    #[arg(long)]
+    pub(crate) unix_socket_dir: Option<String>,
     /// Pool mode.
     #[arg(long, value_enum)]
     pub(crate) pool_mode: Option<PoolMode>,
@@ -67,6 +71,9 @@ impl Cli {
         }
         if !self.listen.is_empty() {
             cfg.listen = self.listen.clone();
+        }
+        if let Some(d) = &self.unix_socket_dir {
+            cfg.unix_socket_dir = d.clone();
         }
         if let Some(m) = self.pool_mode {
             cfg.pool_mode = m;

@@ -57,6 +57,12 @@ pub struct Config {
     /// Addresses to listen on: "host:port" for TCP, or an absolute path for a unix socket
     /// (a directory gets the PostgreSQL-style `.s.PGSQL.<port>` file inside it).
     pub listen: Vec<String>,
+    /// Directory of the unix socket `.s.PGSQL.<port>` (port: the first TCP listen port), as
+    /// PgBouncer's `unix_socket_dir`: "auto" (the default) is /var/run/postgresql when it is
+    /// a writable directory (where Debian's psql looks), else /tmp; "" turns it off.
+    pub unix_socket_dir: String,
+    /// Permissions of the unix socket files, octal as in PgBouncer ("0777").
+    pub unix_socket_mode: String,
     /// Default pool mode.
     pub pool_mode: PoolMode,
     /// Server connections per (database, user) pool.
@@ -168,6 +174,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: vec!["127.0.0.1:6432".into()],
+            unix_socket_dir: "auto".into(),
+            unix_socket_mode: "0777".into(),
             pool_mode: PoolMode::Transaction,
             pool_size: 20,
             min_pool_size: 0,
@@ -237,11 +245,19 @@ impl Config {
         Ok(cfg)
     }
 
+    /// `unix_socket_mode` as permission bits.
+    pub(crate) fn socket_mode(&self) -> Result<u32, ConfigError> {
+        u32::from_str_radix(self.unix_socket_mode.trim_start_matches("0o"), 8).ok().filter(|m| *m <= 0o777).ok_or_else(
+            || ConfigError(format!("unix_socket_mode: {:?} is not octal permissions", self.unix_socket_mode)),
+        )
+    }
+
     /// Checks cross-field rules.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.listen.is_empty() {
             return Err(ConfigError("listen: at least one address is needed".into()));
         }
+        self.socket_mode()?;
         if self.pool_size == 0 {
             return Err(ConfigError("pool_size must be at least 1".into()));
         }

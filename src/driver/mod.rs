@@ -6,6 +6,7 @@
 pub(crate) mod bufpool;
 pub(crate) mod cancel;
 pub mod client;
+pub(crate) mod listen;
 pub(crate) mod login;
 pub(crate) mod pipe;
 mod proxy;
@@ -17,13 +18,13 @@ use crate::config::Config;
 use crate::error::{Error, SqlState};
 use crate::pool::PoolKey;
 use cancel::CancelRegistry;
+use listen::Listener;
 use servers::ServerPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stream::Stream;
-use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{Semaphore, watch};
 
 /// State shared by all connection tasks.
@@ -51,11 +52,6 @@ pub struct Handle {
     stop: watch::Sender<bool>,
 }
 
-enum Listener {
-    Tcp(TcpListener),
-    Unix(UnixListener, std::path::PathBuf),
-}
-
 /// Binds every listen address and starts serving. Must run inside a tokio runtime.
 pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
     let (stop, shutdown) = watch::channel(false);
@@ -67,33 +63,7 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         shutdown,
         stopping: AtomicBool::new(false),
     });
-    let mut listeners = Vec::new();
-    let mut unix_paths = Vec::new();
-    let tcp_port = cfg
-        .listen
-        .iter()
-        .filter(|l| !l.starts_with('/'))
-        .find_map(|l| l.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()))
-        .unwrap_or(6432);
-    for addr in &cfg.listen {
-        if addr.starts_with('/') {
-            let p = std::path::Path::new(addr);
-            let path = if p.is_dir() { p.join(format!(".s.PGSQL.{tcp_port}")) } else { p.to_path_buf() };
-            let _ = std::fs::remove_file(&path);
-            let l = UnixListener::bind(&path)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-            tracing::info!("listening on {}", path.display());
-            unix_paths.push(path.clone());
-            listeners.push(Listener::Unix(l, path));
-        } else {
-            let l = TcpListener::bind(addr.as_str())
-                .await
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{addr}: {e}")))?;
-            let a = l.local_addr()?;
-            tracing::info!("listening on {a}");
-            listeners.push(Listener::Tcp(l));
-        }
-    }
+    let (listeners, unix_paths) = listen::bind_all(&cfg).await?;
     for l in listeners {
         tokio::spawn(accept_loop(l, shared.clone()));
     }

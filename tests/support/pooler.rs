@@ -79,6 +79,16 @@ impl Parsnip {
                 args,
             };
         }
+        // No unix socket in the system's directories unless the test asks for one: a
+        // killed test parsnip would leave its socket file behind there.
+        let mut args = args;
+        let config_names_dir = config_file
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .is_some_and(|t| t.contains("unix_socket_dir"));
+        if !config_names_dir && !args.iter().any(|a| a == "--unix-socket-dir") {
+            args.extend(["--unix-socket-dir".to_string(), String::new()]);
+        }
         let mut last_error = String::new();
         for _attempt in 0..5 {
             let port = free_port();
