@@ -226,3 +226,42 @@ async fn a_large_row_passes_through_without_being_held_whole() {
     })
     .await;
 }
+
+/// Logins to databases that do not exist (through `[databases."*"]`) leave no pool behind:
+/// a stream of bad logins cannot grow parsnip's memory. A pool in use stays.
+#[tokio::test]
+async fn bad_database_names_leave_no_pools() {
+    let p = Parsnip::trust("");
+    bounded(60, "bad_database_names_leave_no_pools", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let used = p.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(used.scalar("select 1").await.unwrap(), "1");
+        for i in 0..30 {
+            let r = p.try_connect("postgres", Some(SUPER_PW), &format!("no_such_db_{i}")).await;
+            let e = r.err().unwrap_or_else(|| panic!("no_such_db_{i} accepted"));
+            assert_eq!(sqlstate(&e).as_deref(), Some("3D000"), "{}", describe(&e));
+        }
+        let pool_dbs = || async {
+            let rows = console.simple_query("SHOW POOLS").await.unwrap();
+            rows.iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get("database").map(str::to_owned),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        // The janitor (once a second) drops them; wait for it, bounded.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let dbs = pool_dbs().await;
+            if !dbs.iter().any(|d| d.starts_with("no_such_db")) {
+                assert!(dbs.iter().any(|d| d == "postgres"), "the pool in use was dropped: {dbs:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "pools of bad logins remain: {dbs:?}\n{}", p.log_tail());
+            tokio::task::yield_now().await;
+        }
+        drop(used);
+    })
+    .await;
+}

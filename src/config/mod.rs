@@ -123,6 +123,11 @@ pub struct Config {
     pub server_reset_query: String,
     /// On SIGTERM, wait at most this long for transactions to finish.
     pub shutdown_timeout_ms: u64,
+    /// A pool for a database reached through `[databases."*"]` is dropped once no client
+    /// uses it and it has had no server connection for this long (PgBouncer's
+    /// `autodb_idle_timeout`); 0 keeps them. Pools that never got a server connection (a
+    /// database or user that does not exist) are dropped as soon as nothing uses them.
+    pub autodb_idle_timeout_ms: u64,
     /// Users allowed on the admin console (database `parsnip`). Empty: anyone, but only
     /// when auth_type is trust.
     pub admin_users: Vec<String>,
@@ -203,6 +208,7 @@ impl Default for Config {
             pipeline_max_statement_ms: 2.0,
             server_reset_query: "DISCARD ALL".into(),
             shutdown_timeout_ms: 30_000,
+            autodb_idle_timeout_ms: 3_600_000,
             admin_users: Vec::new(),
             log_level: "info".into(),
             log_format: LogFormat::Text,
@@ -316,6 +322,10 @@ impl Config {
         (self.pipeline_max_statement_ms.max(0.0) * 1000.0).min(u32::MAX as f64) as u32
     }
 
+    pub(crate) fn autodb_idle_timeout(&self) -> Option<Duration> {
+        ms(self.autodb_idle_timeout_ms)
+    }
+    /// See `query_wait_timeout_ms`.
     pub(crate) fn query_wait_timeout(&self) -> Option<Duration> {
         ms(self.query_wait_timeout_ms)
     }

@@ -140,6 +140,7 @@ async fn accept(l: &Listener) -> std::io::Result<Stream> {
 async fn janitor(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(janitor_period(&shared.cfg));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut unused_since: HashMap<PoolKey, std::time::Instant> = HashMap::new();
     loop {
         tick.tick().await;
         let pools: Vec<Arc<ServerPool>> =
@@ -148,7 +149,34 @@ async fn janitor(shared: Arc<Shared>) {
             p.expire_waiters();
             p.prune();
         }
+        reap_pools(&shared, &mut unused_since, std::time::Instant::now());
     }
+}
+
+/// Drops the pools nothing uses: no client holds one (the map's reference is the only one),
+/// no server connection is open or opening and nobody waits. One that never had a server
+/// connection (a database or user name that does not exist: a stream of bad logins must
+/// not grow memory) goes at once; one for a database reached through `[databases."*"]`
+/// after `autodb_idle_timeout`; pools of configured databases stay (their counters too).
+fn reap_pools(shared: &Shared, unused_since: &mut HashMap<PoolKey, std::time::Instant>, now: std::time::Instant) {
+    let idle_limit = shared.cfg.autodb_idle_timeout();
+    let mut pools = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+    pools.retain(|key, p| {
+        let unused = Arc::strong_count(p) == 1 && p.counts() == (0, 0, 0);
+        if !unused {
+            unused_since.remove(key);
+            return true;
+        }
+        let since = *unused_since.entry(key.clone()).or_insert(now);
+        let never_connected = p.stats.connects.load(Ordering::Relaxed) == 0;
+        let auto_db = !shared.cfg.databases.contains_key(&key.db);
+        let reap = never_connected || (auto_db && idle_limit.is_some_and(|l| now.duration_since(since) >= l));
+        if reap {
+            tracing::debug!(db = %key.db, user = %key.user, never_connected, "unused pool dropped");
+            unused_since.remove(key);
+        }
+        !reap
+    });
 }
 
 /// How often the janitor runs: once a second, or often enough that a client waiting for
