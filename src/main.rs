@@ -98,6 +98,17 @@ fn main() -> ExitCode {
 
 async fn run(cfg: Arc<Config>) -> ExitCode {
     use tokio::signal::unix::{SignalKind, signal};
+    let signals = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+        signal(SignalKind::user_defined1()),
+        signal(SignalKind::user_defined2()),
+    );
+    let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr1), Ok(mut usr2)) = signals else {
+        tracing::error!("cannot install signal handlers");
+        return ExitCode::FAILURE;
+    };
     let handle = match parsnip::driver::start(cfg).await {
         Ok(h) => h,
         Err(e) => {
@@ -105,12 +116,21 @@ async fn run(cfg: Arc<Config>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers");
-        return ExitCode::FAILURE;
+    // SIGHUP (reload), SIGUSR1 (pause) and SIGUSR2 (resume) are PgBouncer's; until they
+    // are implemented they are logged, never fatal: no signal sent by habit or by accident
+    // (a closed terminal) ends the process.
+    let graceful = async {
+        loop {
+            tokio::select! {
+                _ = term.recv() => return,
+                _ = hup.recv() => tracing::warn!("SIGHUP: online reload is not implemented yet; configuration unchanged"),
+                _ = usr1.recv() => tracing::warn!("SIGUSR1: PAUSE is not implemented yet; ignored"),
+                _ = usr2.recv() => tracing::warn!("SIGUSR2: RESUME is not implemented yet; ignored"),
+            }
+        }
     };
     tokio::select! {
-        _ = term.recv() => {
+        _ = graceful => {
             tracing::info!("SIGTERM: graceful shutdown, waiting for transactions to finish");
             tokio::select! {
                 _ = handle.shutdown() => tracing::info!("all clients gone, exiting"),

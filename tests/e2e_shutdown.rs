@@ -101,3 +101,55 @@ async fn sigint_exits_promptly() {
     })
     .await;
 }
+
+/// The embedded PostgreSQL's temp dir, from parsnip's "embedded PostgreSQL N running in
+/// DIR/data (port P)" line.
+fn embedded_root(p: &Parsnip) -> std::path::PathBuf {
+    let logs = p.logs();
+    let line = logs.lines().find(|l| l.contains("running in")).unwrap_or_else(|| panic!("no embedded line\n{logs}"));
+    let data = line.split("running in ").nth(1).and_then(|r| r.split(" (port").next()).expect("data dir");
+    std::path::Path::new(data).parent().expect("root").to_path_buf()
+}
+
+/// PgBouncer's signals that parsnip does not act on yet (SIGHUP, SIGUSR1, SIGUSR2) never
+/// end the process; and the embedded PostgreSQL goes with parsnip on every exit path, even
+/// SIGKILL (nothing of parsnip runs then: its reaper does the work).
+#[tokio::test]
+async fn stray_signals_are_harmless_and_sigkill_takes_the_embedded_cluster_along() {
+    if direct_mode() {
+        return;
+    }
+    let mut p = Parsnip::start(&["--embedded"]);
+    let root = embedded_root(&p);
+    let pid_file = root.join("data").join("postmaster.pid");
+    let postmaster: i32 = std::fs::read_to_string(&pid_file)
+        .expect("postmaster.pid")
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("postmaster pid");
+    for sig in [libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+        p.signal(sig);
+    }
+    bounded(60, "stray signals", async {
+        let c = p.connect("postgres", "unused", "postgres").await;
+        assert_eq!(c.scalar("select 1").await.expect("query after the signals"), "1");
+    })
+    .await;
+    assert!(p.alive(), "a signal ended parsnip\n{}", p.log_tail());
+    assert!(p.logs().contains("SIGHUP"), "SIGHUP not logged\n{}", p.log_tail());
+
+    p.signal(libc::SIGKILL);
+    assert!(p.wait_exit(Duration::from_secs(10)).is_some(), "SIGKILL");
+    // The reaper stops the postmaster and removes the dir; wait for it, bounded.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // SAFETY: kill(pid, 0) only checks whether the process exists.
+    while root.exists() || unsafe { libc::kill(postmaster, 0) } == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "embedded cluster left behind: {} (postmaster {postmaster})",
+            root.display()
+        );
+        std::thread::yield_now();
+    }
+}

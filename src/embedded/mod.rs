@@ -10,6 +10,11 @@
 //! run as root, all of that runs as an unprivileged user ("postgres", else "nobody"), since
 //! initdb refuses to run as root.
 //!
+//! Every exit path of its owner removes it: `Drop` on a normal exit, and for SIGKILL, a
+//! crash or an unhandled signal a reaper (a small `sh` child in its own process group,
+//! ignoring terminal signals) that waits for its owner's end of a pipe to close, then stops
+//! the postmaster and removes the temp dir.
+//!
 //! It must not touch the pooler itself: no sockets of its own beyond probing for a free port, no
 //! tokio, no global state (no signal handlers, no atexit hooks). Everything is blocking
 //! `std::process` code; call it from sync code, from `main` before the runtime starts, or via
@@ -87,7 +92,23 @@ pub struct Cluster {
     major_version: u32,
     /// The postmaster's pid while we believe the server runs.
     postmaster_pid: Option<i32>,
+    /// The reaper's pipe: closed (by the kernel, whatever way this process ends) it tells
+    /// the reaper to clean up. Dropped after `Drop::drop` has cleaned up itself.
+    reaper: Option<std::process::ChildStdin>,
 }
+
+/// The reaper's script: `$1` is the cluster's temp dir. It returns from `read` at end of
+/// file, i.e. when the owning process is gone; after a normal exit the dir is gone already.
+const REAPER_SCRIPT: &str = r#"trap '' HUP INT TERM QUIT
+read _ignored
+pid=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null)
+if [ -n "$pid" ] && kill -QUIT "$pid" 2>/dev/null; then
+    i=0
+    while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -KILL "$pid" 2>/dev/null
+fi
+rm -rf "$1"
+"#;
 
 /// Why one `pg_ctl start` failed.
 struct StartFailure {
@@ -145,7 +166,9 @@ impl Cluster {
             port: 0,
             major_version: 0,
             postmaster_pid: None,
+            reaper: None,
         };
+        cluster.reaper = Some(cluster.spawn_reaper()?);
         cluster.init()?;
         cluster.launch_on_free_port(next_port)?;
         if let Some(password) = cluster.opts.superuser_password.clone() {
@@ -160,6 +183,20 @@ impl Cluster {
             cluster.major_version
         );
         Ok(cluster)
+    }
+
+    /// Starts the reaper for `root` (see the module doc); returns the pipe it waits on.
+    fn spawn_reaper(&self) -> io::Result<std::process::ChildStdin> {
+        let mut child = Command::new("/bin/sh")
+            .args(["-c", REAPER_SCRIPT, "parsnip-pg-reaper"])
+            .arg(&self.root)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("starting the cleanup watcher (/bin/sh): {e}")))?;
+        child.stdin.take().ok_or_else(|| io::Error::other("cleanup watcher without stdin"))
     }
 
     /// TCP port on 127.0.0.1.
