@@ -190,3 +190,30 @@ async fn url_mode_authenticates_other_users_via_auth_query() {
     })
     .await;
 }
+
+/// A non-ASCII password that SASLprep changes (U+2168 ROMAN NUMERAL NINE becomes "IX",
+/// U+00AD SOFT HYPHEN is dropped): PostgreSQL made the role's SCRAM verifier from the
+/// prepared form, so parsnip, holding the plain password, must prepare it the same way both
+/// to check the client and to log in to the server.
+#[tokio::test]
+async fn scram_passwords_go_through_saslprep() {
+    const PW: &str = "\u{2168}pass\u{00AD}word";
+    psql(
+        "postgres",
+        &format!(
+            "SET password_encryption = 'scram-sha-256'; DROP ROLE IF EXISTS sasl_user; \
+             CREATE ROLE sasl_user LOGIN PASSWORD '{PW}'"
+        ),
+    );
+    let p = Parsnip::with_config(&format!(
+        "auth_type = \"scram-sha-256\"\n\n{}[users.sasl_user]\npassword = \"{PW}\"\n",
+        databases()
+    ));
+    bounded(60, "scram_passwords_go_through_saslprep", async {
+        // tokio-postgres prepares its password too; both spellings are the same password.
+        assert_eq!(current_user(&p, "sasl_user", PW, "postgres").await, "sasl_user");
+        assert_eq!(current_user(&p, "sasl_user", "IXpassword", "postgres").await, "sasl_user");
+        assert_wrong_password(&p, "sasl_user", "postgres").await;
+    })
+    .await;
+}

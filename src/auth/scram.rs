@@ -49,21 +49,28 @@ pub(crate) fn salted_password(password: &[u8], salt: &[u8], iterations: u32) -> 
     pbkdf2::pbkdf2_hmac_array::<Sha256, 32>(password, salt, iterations.max(1))
 }
 
-/// SASLprep (RFC 4013) of a password, as far as parsnip implements it.
+/// SASLprep (RFC 4013) of a password, applied as PostgreSQL applies it.
 ///
 /// PostgreSQL runs the password through SASLprep and, when the password is not valid for it
 /// (not UTF-8, prohibited characters such as ASCII control characters, bad bidi), uses the raw
 /// bytes instead. For ASCII input SASLprep is the identity (and control characters fall back to
 /// the raw bytes), so this function is exact for ASCII passwords.
 ///
-/// LIMITATION: for non-ASCII passwords this always takes PostgreSQL's fallback path and uses the
-/// raw bytes. That agrees with PostgreSQL whenever the password is already in SASLprep form
-/// (NFKC-normalized, no non-ASCII spaces, no "commonly mapped to nothing" characters) or is
-/// invalid for SASLprep, but differs for passwords that SASLprep would change: such a user
-/// cannot authenticate with SCRAM through parsnip when the secret was made by PostgreSQL (and
-/// vice versa).
-pub(crate) fn saslprep(password: &[u8]) -> &[u8] {
-    password
+/// Non-ASCII passwords are normalized with the `stringprep` crate's SASLprep (RFC 4013:
+/// NFKC, non-ASCII spaces mapped to a space, "commonly mapped to nothing" characters
+/// dropped), as PostgreSQL's `pg_saslprep` does, so a secret made by PostgreSQL matches.
+pub(crate) fn saslprep(password: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    use std::borrow::Cow;
+    if password.is_ascii() {
+        return Cow::Borrowed(password);
+    }
+    let Ok(text) = std::str::from_utf8(password) else {
+        return Cow::Borrowed(password);
+    };
+    match stringprep::saslprep(text) {
+        Ok(Cow::Borrowed(_)) | Err(_) => Cow::Borrowed(password),
+        Ok(Cow::Owned(prepped)) => Cow::Owned(prepped.into_bytes()),
+    }
 }
 
 /// A fresh random nonce: [`NONCE_LEN`] random bytes, base64-encoded.
@@ -138,6 +145,17 @@ fn auth_message(client_first_bare: &str, server_first: &str, client_final_no_pro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn saslprep_as_postgres_applies_it() {
+        assert_eq!(&*saslprep(b"plain ascii\x07"), b"plain ascii\x07", "ASCII as is, controls too");
+        assert_eq!(&*saslprep("I\u{00AD}X".as_bytes()), b"IX", "mapped to nothing");
+        assert_eq!(&*saslprep("\u{2168}".as_bytes()), b"IX", "NFKC");
+        assert_eq!(&*saslprep("a\u{00A0}b".as_bytes()), b"a b", "non-ASCII space");
+        assert_eq!(&*saslprep(b"\xff\xfe"), b"\xff\xfe", "not UTF-8: raw bytes");
+        let bidi = "\u{0627}1".as_bytes();
+        assert_eq!(&*saslprep(bidi), bidi, "prohibited (bidi): raw bytes");
+    }
     use crate::auth::{ScramSecret, Secret};
     use proptest::prelude::*;
 

@@ -78,7 +78,7 @@ impl ScramSecret {
     /// [`ScramSecret::from_password`] for a password that may not be UTF-8.
     pub(crate) fn from_password_bytes(password: &[u8], salt: &[u8], iterations: u32) -> ScramSecret {
         let iterations = iterations.max(1);
-        let salted = salted_password(saslprep(password), salt, iterations);
+        let salted = salted_password(&saslprep(password), salt, iterations);
         let client_key = hmac_sha256(&salted, &[b"Client Key"]);
         ScramSecret {
             iterations,

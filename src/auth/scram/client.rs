@@ -51,7 +51,7 @@ impl ScramClient {
     /// (see [`ScramClient::random_nonce`]).
     #[must_use]
     pub(crate) fn with_password(password: &str, client_nonce: String) -> ScramClient {
-        ScramClient::new(Credential::Password(saslprep(password.as_bytes()).to_vec()), client_nonce)
+        ScramClient::new(Credential::Password(saslprep(password.as_bytes()).into_owned()), client_nonce)
     }
 
     /// Authenticates with a ClientKey (recovered by ScramServer::client_key) instead of a password;
