@@ -51,17 +51,14 @@ def out(msg: str) -> None:
 
 class Postgres(throwaway.Postgres):
     """The matrix's cluster: 400 connections, its log line prefix carrying the pid and the
-    database, so the parses of a parsnip run can be counted from PostgreSQL's side. `psql`
-    returns rows."""
+    database, so the parses of a parsnip run can be counted from PostgreSQL's side; psql
+    gives up after a minute."""
 
     def __init__(self, bindir: Path, tmp: Path, user) -> None:
-        super().__init__(bindir, tmp, user, DB_USER, label="parsnip driver matrix", settings={
+        super().__init__(bindir, tmp, user, DB_USER, label="parsnip driver matrix", psql_timeout=60, settings={
             "shared_buffers": "128MB",
             "log_line_prefix": "'%m [%p] %d '",
         })
-
-    def psql(self, sql: str, db: str = "postgres", port: int | None = None) -> list[list[str]]:  # type: ignore[override]
-        return self.psql_rows(sql, db, port, timeout=60)
 
 
 class Parsnip:
@@ -209,7 +206,7 @@ def scan_pg_log(pg: Postgres, start: int, db: str) -> dict:
 
 
 def console_counters(pg: Postgres, port: int, db: str) -> dict | None:
-    rows = pg.psql("SHOW PREPARED_STATEMENTS", db="parsnip", port=port)
+    rows = pg.psql_rows("SHOW PREPARED_STATEMENTS", db="parsnip", port=port)
     cols = ("database", "user", "cached", "client_parses", "server_parses", "hits", "evictions", "promotions",
             "invalidations")
     for r in rows:
@@ -223,7 +220,7 @@ def dirty_backends(pg: Postgres, db: str) -> list[list[str]]:
     that parsnip has time to roll back or close what disconnected clients left."""
     deadline = time.monotonic() + 5
     while True:
-        rows = pg.psql(
+        rows = pg.psql_rows(
             "SELECT pid, state, coalesce(application_name, ''), left(regexp_replace(query, '\\s+', ' ', 'g'), 100)"
             f" FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid()"
             " AND backend_type = 'client backend' AND state IS DISTINCT FROM 'idle'"

@@ -231,11 +231,14 @@ class Postgres:
     """A throwaway cluster in `tmp`: initdb with trust auth for `db_user`, 127.0.0.1 and its
     own socket directory on a free port, durability off (fsync, synchronous_commit,
     full_page_writes), `settings` appended to postgresql.conf (there, not on the command
-    line, so that ALTER SYSTEM can still change them). Its log is tmp/postgres.log."""
+    line, so that ALTER SYSTEM can still change them). Its log is tmp/postgres.log; `psql`
+    gives up after `psql_timeout` seconds (None: never)."""
 
     def __init__(self, bindir: Path, tmp: Path, user: pwd.struct_passwd | None, db_user: str = "postgres",
-                 settings: dict[str, str] | None = None, label: str = "parsnip harness") -> None:
+                 settings: dict[str, str] | None = None, label: str = "parsnip harness",
+                 psql_timeout: float | None = None) -> None:
         self.bindir, self.tmp, self.user, self.db_user = bindir, tmp, user, db_user
+        self.psql_timeout = psql_timeout
         self.settings = settings or {}
         self.label = label
         self.data = tmp / "pgdata"
@@ -294,22 +297,21 @@ class Postgres:
             time.sleep(0.2)  # polling a starting server
         log(f"PostgreSQL ready on 127.0.0.1:{self.port}")
 
-    def psql(self, sql: str, db: str = "postgres", port: int | None = None, timeout: float | None = None) -> str:
+    def psql(self, sql: str, db: str = "postgres", port: int | None = None) -> str:
         """Runs `sql` with psql (unaligned, tuples only, tab-separated, stop on error) and
         returns its output; `port` points it at a pooler instead."""
         r = subprocess.run(
             [self.bin("psql"), "-X", "-A", "-t", "-q", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
              "-p", str(port or self.port), "-U", self.db_user, "-d", db, "-c", sql],
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True, text=True, timeout=self.psql_timeout,
         )
         if r.returncode != 0:
             raise HarnessError(f"psql {sql!r}: {r.stderr.strip()}")
         return r.stdout.strip()
 
-    def psql_rows(self, sql: str, db: str = "postgres", port: int | None = None,
-                  timeout: float | None = 60) -> list[list[str]]:
+    def psql_rows(self, sql: str, db: str = "postgres", port: int | None = None) -> list[list[str]]:
         """Like psql, split into rows of columns."""
-        return [line.split("\t") for line in Postgres.psql(self, sql, db, port, timeout).splitlines() if line]
+        return [line.split("\t") for line in self.psql(sql, db, port).splitlines() if line]
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size
