@@ -165,6 +165,12 @@ pub(crate) fn error_field(body: &[u8], field: u8) -> Option<&[u8]> {
     error_fields(body).find(|(t, _)| *t == field).map(|(_, v)| v)
 }
 
+/// The severity of an ErrorResponse or NoticeResponse body: the untranslated `V` field,
+/// else the localized `S` (servers before 9.6 send only that).
+pub(crate) fn error_severity(body: &[u8]) -> Option<&[u8]> {
+    error_field(body, b'V').or_else(|| error_field(body, b'S'))
+}
+
 /// An ErrorResponse or NoticeResponse body shown for logs: "FATAL 57P01: message" (never
 /// raw bytes).
 pub(crate) struct ErrorText<'a>(pub(crate) &'a [u8]);
@@ -172,7 +178,7 @@ pub(crate) struct ErrorText<'a>(pub(crate) &'a [u8]);
 impl std::fmt::Display for ErrorText<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let field = |t| String::from_utf8_lossy(error_field(self.0, t).unwrap_or(b"?"));
-        let sev = error_field(self.0, b'V').or_else(|| error_field(self.0, b'S')).unwrap_or(b"ERROR");
+        let sev = error_severity(self.0).unwrap_or(b"ERROR");
         write!(f, "{} {}: {}", String::from_utf8_lossy(sev), field(b'C'), field(b'M'))
     }
 }

@@ -422,6 +422,5 @@ impl Session {
 
 /// An ErrorResponse body whose severity is FATAL or PANIC (the backend ends the connection).
 fn is_fatal(body: &[u8]) -> bool {
-    let sev = backend::error_field(body, b'V').or_else(|| backend::error_field(body, b'S'));
-    matches!(sev, Some(b"FATAL" | b"PANIC"))
+    matches!(backend::error_severity(body), Some(b"FATAL" | b"PANIC"))
 }
