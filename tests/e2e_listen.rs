@@ -72,7 +72,11 @@ async fn unix_socket_beside_tcp_with_its_mode() {
         assert_eq!(c.scalar("select 1").await.expect("query"), "1");
     })
     .await;
-    drop(p);
+    // SIGINT (immediate exit) removes the socket file too.
+    let mut p = p;
+    p.signal(libc::SIGINT);
+    assert!(p.wait_exit(Duration::from_secs(10)).is_some(), "SIGINT");
+    assert!(!sock.exists(), "socket file left behind after SIGINT");
 
     let p = Parsnip::trust(&format!("unix_socket_dir = \"{d}\"\nunix_socket_mode = \"0700\""));
     assert_eq!(mode_of(&dir.0.join(format!(".s.PGSQL.{}", p.port()))), 0o700);

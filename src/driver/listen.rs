@@ -1,7 +1,7 @@
 //! Binding the listeners: the TCP addresses of `listen`, its unix socket paths, and the
 //! default unix socket in `unix_socket_dir`. A socket file is only ever removed when no live
 //! process answers on it (a stale file left by a crash); one another process holds is an
-//! error for an explicit path and skipped, with a warning, for the default one.
+//! error, except under `unix_socket_dir = "auto"`, which then tries its next directory.
 
 use crate::config::Config;
 use std::io;
@@ -16,11 +16,21 @@ pub(crate) enum Listener {
     Unix(UnixListener, PathBuf),
 }
 
+impl Listener {
+    /// The socket file of a unix listener.
+    pub(crate) fn path(&self) -> Option<&Path> {
+        match self {
+            Listener::Unix(_, p) => Some(p),
+            Listener::Tcp(_) => None,
+        }
+    }
+}
+
 /// Where Debian's libpq (psql) looks for sockets; the default when writable.
 const DEBIAN_SOCKET_DIR: &str = "/var/run/postgresql";
 
-/// Binds every address of `cfg`; returns the listeners and the socket files created.
-pub(crate) async fn bind_all(cfg: &Config) -> io::Result<(Vec<Listener>, Vec<PathBuf>)> {
+/// Binds every address of `cfg`.
+pub(crate) async fn bind_all(cfg: &Config) -> io::Result<Vec<Listener>> {
     let mode = cfg.socket_mode().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
     // TCP sockets are bound first (the unix socket's name takes the first one's port) but
     // listen last: a client that can connect over TCP finds the unix socket there too.
@@ -34,23 +44,19 @@ pub(crate) async fn bind_all(cfg: &Config) -> io::Result<(Vec<Listener>, Vec<Pat
     let port = first_port.unwrap_or(6432);
     let socket_name = format!(".s.PGSQL.{port}");
     let mut listeners = Vec::new();
-    let mut paths = Vec::new();
     for addr in cfg.listen.iter().filter(|a| a.starts_with('/')) {
         let p = Path::new(addr);
         let path = if p.is_dir() { p.join(&socket_name) } else { p.to_path_buf() };
-        let l = bind_unix(&path, mode)?;
-        paths.push(path.clone());
-        listeners.push(Listener::Unix(l, path));
+        listeners.push(Listener::Unix(bind_unix(&path, mode)?, path));
     }
     let auto = cfg.unix_socket_dir == "auto";
     for dir in default_dirs(&cfg.unix_socket_dir) {
         let path = dir.join(&socket_name);
-        if paths.contains(&path) {
+        if listeners.iter().any(|l| l.path() == Some(&path)) {
             break;
         }
         match bind_unix(&path, mode) {
             Ok(l) => {
-                paths.push(path.clone());
                 listeners.push(Listener::Unix(l, path));
                 break;
             }
@@ -64,7 +70,7 @@ pub(crate) async fn bind_all(cfg: &Config) -> io::Result<(Vec<Listener>, Vec<Pat
         listeners.push(Listener::Tcp(sock.listen(1024).map_err(|e| io::Error::new(e.kind(), format!("{a}: {e}")))?));
         tracing::info!("listening on {a}");
     }
-    Ok((listeners, paths))
+    Ok(listeners)
 }
 
 /// A TCP socket bound (not yet listening) to the first address `addr` resolves to that
@@ -104,7 +110,7 @@ fn default_dirs(setting: &str) -> Vec<PathBuf> {
 
 /// Binds a unix socket at `path` with permissions `mode`. An existing file is replaced only
 /// when nothing listens on it.
-pub(crate) fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
+fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
     let with_path = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {

@@ -21,6 +21,7 @@ use cancel::CancelRegistry;
 use listen::Listener;
 use servers::ServerPool;
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -63,7 +64,8 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         shutdown,
         stopping: AtomicBool::new(false),
     });
-    let (listeners, unix_paths) = listen::bind_all(&cfg).await?;
+    let listeners = listen::bind_all(&cfg).await?;
+    let unix_paths = listeners.iter().filter_map(|l| l.path().map(Path::to_path_buf)).collect();
     for l in listeners {
         tokio::spawn(accept_loop(l, shared.clone()));
     }
@@ -71,15 +73,29 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
     Ok(Handle { unix_paths, shared, stop })
 }
 
+/// The socket files go on every way out of the pooler: a graceful shutdown (at its start),
+/// SIGINT, or an error return from `main`'s loop. (SIGKILL leaves them: the next start
+/// replaces a file nothing listens on.)
+impl Drop for Handle {
+    fn drop(&mut self) {
+        remove_socket_files(&mut self.unix_paths);
+    }
+}
+
+fn remove_socket_files(paths: &mut Vec<std::path::PathBuf>) {
+    for p in paths.drain(..) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 impl Handle {
     /// Graceful shutdown: stop accepting, let transactions finish (at most
     /// `shutdown_timeout_ms`), close clients as they go idle. Returns when all are gone.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
         let _ = self.stop.send(true);
-        for p in &self.unix_paths {
-            let _ = std::fs::remove_file(p);
-        }
+        // New clients find no socket from now on.
+        remove_socket_files(&mut self.unix_paths);
         let all = self.shared.cfg.max_client_conn as u32;
         let wait = self.shared.client_slots.acquire_many(all);
         let t = Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
@@ -124,9 +140,6 @@ async fn accept_loop(l: Listener, shared: Arc<Shared>) {
                 });
             }
         }
-    }
-    if let Listener::Unix(_, path) = &l {
-        let _ = std::fs::remove_file(path);
     }
 }
 
