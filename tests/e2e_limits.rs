@@ -265,3 +265,29 @@ async fn bad_database_names_leave_no_pools() {
     })
     .await;
 }
+
+/// A pool for a database reached through `[databases."*"]` that has served clients goes
+/// once it has had no client and no server connection for `autodb_idle_timeout_ms`.
+#[tokio::test]
+async fn unused_autodb_pools_are_dropped_after_their_timeout() {
+    let p = Parsnip::trust("autodb_idle_timeout_ms = 1\nserver_idle_timeout_ms = 1");
+    bounded(60, "unused_autodb_pools_are_dropped_after_their_timeout", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(c.scalar("select 1").await.unwrap(), "1");
+        drop(c);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let rows = console.simple_query("SHOW POOLS").await.unwrap();
+            let listed = rows.iter().any(
+                |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some("postgres")),
+            );
+            if !listed {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the unused pool stayed\n{}", p.log_tail());
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
