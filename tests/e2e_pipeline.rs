@@ -309,3 +309,52 @@ async fn a_simple_read_is_pipelined_and_a_simple_write_is_not() {
     })
     .await;
 }
+
+/// B's batch went behind A's; B then opens a transaction on that shared connection, takes
+/// a row lock and vanishes without a Terminate. The connection must be rolled back and
+/// pooled at once: another client gets the lock (a 10-second lock_timeout, while settling
+/// is allowed 30 seconds) and no connection is closed.
+#[tokio::test]
+async fn a_client_leaving_in_a_transaction_on_a_shared_connection_releases_it_at_once() {
+    const DB: &str = "pipetxleavedb";
+    let p = trust_db(
+        DB,
+        "CREATE TABLE locked (id int PRIMARY KEY); INSERT INTO locked VALUES (1);",
+        &format!("{POOL}\nserver_connect_timeout_ms = 30000"),
+    );
+    bounded(60, "a_client_leaving_in_a_transaction_on_a_shared_connection_releases_it_at_once", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let sa = a.prepare("select $1::int4 + 1").await.unwrap();
+        assert_eq!(a.query_one(&sa, &[&1i32]).await.unwrap().get::<_, i32>(0), 2);
+        let (d, e, ta, tb) = queue_a_then_b(
+            &p,
+            &console,
+            DB,
+            async move { a.query_one(&sa, &[&41i32]).await.map(|r| r.get::<_, i32>(0)) },
+            async move {
+                let r = b.batch_execute("BEGIN; UPDATE locked SET id = id WHERE id = 1").await;
+                (b, r)
+            },
+        )
+        .await;
+        e.batch_execute("COMMIT").await.unwrap();
+        let (b, r) = tb.await.unwrap();
+        r.unwrap();
+        assert_eq!(ta.await.unwrap().unwrap(), 42);
+        assert_eq!(pool_stat(&console, DB, "pipelined").await, "1", "B was queued behind A");
+        // B leaves in its transaction, holding the row lock.
+        let Pg { client, task, .. } = b;
+        task.abort();
+        let _ = task.await;
+        drop(client);
+        d.batch_execute("COMMIT").await.unwrap();
+        let c = p.connect("postgres", SUPER_PW, DB).await;
+        c.batch_execute("SET lock_timeout = '10s'; UPDATE locked SET id = id WHERE id = 1")
+            .await
+            .expect("the row lock of the client that left was released");
+        assert_eq!(pool_stat(&console, DB, "sv_open").await, "2", "no connection was closed");
+    })
+    .await;
+}
