@@ -59,6 +59,7 @@ fn main() -> ExitCode {
             host: cluster.socket_dir().display().to_string(),
             port: cluster.port(),
             dbname: "postgres".into(),
+            ..DbUrl::default()
         };
         apply_url(&mut cfg, &url, true);
         eprintln!(

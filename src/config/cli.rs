@@ -41,6 +41,12 @@ pub struct Cli {
     /// Log filter, e.g. "info" or "parsnip=debug".
     #[arg(long)]
     pub(crate) log_level: Option<String>,
+    /// Certificate chain (PEM) for clients' TLS (config `client_tls_cert_file`).
+    #[arg(long)]
+    pub(crate) tls_cert: Option<String>,
+    /// Its private key (PEM) (config `client_tls_key_file`).
+    #[arg(long)]
+    pub(crate) tls_key: Option<String>,
     /// Start a throwaway local PostgreSQL and pool in front of it (the default when neither
     /// a URL nor a config file is given).
     #[arg(long)]
@@ -90,6 +96,12 @@ impl Cli {
         if let Some(l) = &self.log_level {
             cfg.log_level = l.clone();
         }
+        if self.tls_cert.is_some() {
+            cfg.client_tls_cert_file.clone_from(&self.tls_cert);
+        }
+        if self.tls_key.is_some() {
+            cfg.client_tls_key_file.clone_from(&self.tls_key);
+        }
         Ok(cfg)
     }
 }
@@ -104,6 +116,18 @@ pub fn apply_url(cfg: &mut Config, url: &DbUrl, set_auth: bool) {
     cfg.users
         .entry(url.user.clone())
         .or_insert_with(|| UserConfig { password: url.password.clone(), ..Default::default() });
+    if let Some(m) = url.sslmode {
+        cfg.server_tls_sslmode = m;
+    }
+    for (key, v) in [
+        (&mut cfg.server_tls_ca_file, &url.sslrootcert),
+        (&mut cfg.server_tls_cert_file, &url.sslcert),
+        (&mut cfg.server_tls_key_file, &url.sslkey),
+    ] {
+        if v.is_some() {
+            key.clone_from(v);
+        }
+    }
     if set_auth {
         if url.password.is_some() {
             cfg.auth_type = AuthType::ScramSha256;

@@ -3,9 +3,11 @@
 //! in docs/configuration.md. This module reads files and nothing else: no sockets.
 
 pub mod cli;
+mod tls;
 mod url;
 
 pub use cli::Cli;
+pub use tls::{ClientTlsMode, ServerTlsMode};
 pub use url::DbUrl;
 
 use serde::Deserialize;
@@ -128,6 +130,23 @@ pub struct Config {
     /// `autodb_idle_timeout`); 0 keeps them. Pools that never got a server connection (a
     /// database or user that does not exist) are dropped as soon as nothing uses them.
     pub autodb_idle_timeout_ms: u64,
+    /// Certificate chain (PEM) parsnip shows its clients; with `client_tls_key_file`, turns
+    /// TLS on for clients.
+    pub client_tls_cert_file: Option<String>,
+    /// Private key (PEM) of `client_tls_cert_file`.
+    pub client_tls_key_file: Option<String>,
+    /// TLS for clients: disable, allow, prefer, require. Default: prefer when a certificate
+    /// is configured, else disable.
+    pub client_tls_sslmode: Option<ClientTlsMode>,
+    /// TLS to servers, as libpq's sslmode: disable, allow, prefer (the default), require,
+    /// verify-ca, verify-full.
+    pub server_tls_sslmode: ServerTlsMode,
+    /// CA certificates (PEM) a server's certificate must chain to (verify-ca, verify-full).
+    pub server_tls_ca_file: Option<String>,
+    /// Client certificate (PEM) parsnip shows servers that ask for one.
+    pub server_tls_cert_file: Option<String>,
+    /// Private key (PEM) of `server_tls_cert_file`.
+    pub server_tls_key_file: Option<String>,
     /// Users allowed on the admin console (database `parsnip`). Empty: anyone, but only
     /// when auth_type is trust.
     pub admin_users: Vec<String>,
@@ -209,6 +228,13 @@ impl Default for Config {
             server_reset_query: "DISCARD ALL".into(),
             shutdown_timeout_ms: 30_000,
             autodb_idle_timeout_ms: 3_600_000,
+            client_tls_cert_file: None,
+            client_tls_key_file: None,
+            client_tls_sslmode: None,
+            server_tls_sslmode: ServerTlsMode::Prefer,
+            server_tls_ca_file: None,
+            server_tls_cert_file: None,
+            server_tls_key_file: None,
             admin_users: Vec::new(),
             log_level: "info".into(),
             log_format: LogFormat::Text,
@@ -295,7 +321,36 @@ impl Config {
         if self.auth_user.is_some() && self.auth_query.is_none() {
             return Err(ConfigError("auth_user is set but auth_query is not".into()));
         }
+        self.validate_tls()
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        if self.client_tls_cert_file.is_some() != self.client_tls_key_file.is_some() {
+            return Err(ConfigError("client_tls_cert_file and client_tls_key_file go together".into()));
+        }
+        if self.client_tls_cert_file.is_none() && self.client_tls_mode() != ClientTlsMode::Disable {
+            return Err(ConfigError(
+                "client_tls_sslmode other than disable needs client_tls_cert_file and client_tls_key_file".into(),
+            ));
+        }
+        if self.server_tls_cert_file.is_some() != self.server_tls_key_file.is_some() {
+            return Err(ConfigError("server_tls_cert_file and server_tls_key_file go together".into()));
+        }
+        if self.server_tls_sslmode.verifies() && self.server_tls_ca_file.is_none() {
+            return Err(ConfigError(
+                "server_tls_sslmode verify-ca and verify-full need server_tls_ca_file (sslrootcert)".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// `client_tls_sslmode`, defaulted: prefer with a certificate, else disable.
+    pub(crate) fn client_tls_mode(&self) -> ClientTlsMode {
+        self.client_tls_sslmode.unwrap_or(if self.client_tls_cert_file.is_some() {
+            ClientTlsMode::Prefer
+        } else {
+            ClientTlsMode::Disable
+        })
     }
 
     /// The database entry clients reach with `name`, and the server database name.

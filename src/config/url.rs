@@ -1,9 +1,12 @@
-//! `postgres://user:password@host:port/dbname` URLs, as given on the command line.
+//! `postgres://user:password@host:port/dbname?param=value` URLs, as given on the command
+//! line, parsed with the `url` crate. The query takes libpq's parameters that parsnip
+//! honours (`host`, `port`, `user`, `password`, `dbname`, `sslmode`, `sslrootcert`,
+//! `sslcert`, `sslkey`); any other is an error, not silently ignored.
 
-use super::ConfigError;
+use super::{ConfigError, ServerTlsMode};
 
 /// The parts of a database URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DbUrl {
     /// User name.
     pub user: String,
@@ -15,70 +18,84 @@ pub struct DbUrl {
     pub port: u16,
     /// Database name (default: the user name).
     pub dbname: String,
+    /// `sslmode`.
+    pub sslmode: Option<ServerTlsMode>,
+    /// `sslrootcert`: CA certificates for verify-ca / verify-full.
+    pub sslrootcert: Option<String>,
+    /// `sslcert`: client certificate.
+    pub sslcert: Option<String>,
+    /// `sslkey`: its key.
+    pub sslkey: Option<String>,
 }
 
 fn decode(s: &str) -> Result<String, ConfigError> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).ok_or_else(|| ConfigError(format!("bad escape in URL: {s}")))?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| ConfigError(format!("bad escape in URL: {s}")))?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| ConfigError("URL is not UTF-8".into()))
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| ConfigError(format!("URL is not UTF-8: {s}")))
 }
+
+/// Stands in for an empty host (`postgres://user@/db?host=/dir`, which libpq accepts and
+/// the `url` crate does not); replaced by the `host` parameter or 127.0.0.1.
+const NO_HOST: &str = "parsnip-no-host.invalid";
 
 impl DbUrl {
     /// Parses `postgres://` or `postgresql://` URLs. A `host=/dir` query parameter selects a
     /// unix socket directory.
-    pub(crate) fn parse(url: &str) -> Result<DbUrl, ConfigError> {
-        let rest = url
-            .strip_prefix("postgres://")
-            .or_else(|| url.strip_prefix("postgresql://"))
-            .ok_or_else(|| ConfigError(format!("not a postgres:// URL: {url}")))?;
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hostport) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
+    pub(crate) fn parse(text: &str) -> Result<DbUrl, ConfigError> {
+        if !(text.starts_with("postgres://") || text.starts_with("postgresql://")) {
+            return Err(ConfigError(format!("not a postgres:// URL: {text}")));
+        }
+        let bad = |e: url::ParseError| ConfigError(format!("invalid URL {text}: {e}"));
+        let u = match url::Url::parse(text) {
+            Err(url::ParseError::EmptyHost) => {
+                let (scheme, rest) = text.split_once("://").unwrap_or((text, ""));
+                let at = rest.find(['/', '?']).unwrap_or(rest.len());
+                url::Url::parse(&format!("{scheme}://{}{NO_HOST}{}", &rest[..at], &rest[at..])).map_err(bad)?
+            }
+            r => r.map_err(bad)?,
         };
-        let (user, password) = match userinfo {
-            Some(u) => match u.split_once(':') {
-                Some((u, p)) => (decode(u)?, Some(decode(p)?)),
-                None => (decode(u)?, None),
+        let mut url = DbUrl {
+            user: decode(u.username())?,
+            password: u.password().map(decode).transpose()?,
+            host: match u.host_str() {
+                None | Some(NO_HOST) => String::new(),
+                Some(h) => decode(h.trim_start_matches('[').trim_end_matches(']'))?,
             },
-            None => (std::env::var("USER").unwrap_or_else(|_| "postgres".into()), None),
+            port: u.port().unwrap_or(5432),
+            dbname: decode(u.path().trim_start_matches('/'))?,
+            ..DbUrl::default()
         };
-        let (mut host, port) = if let Some(h) = hostport.strip_prefix('[') {
-            let (h, p) = h.split_once(']').ok_or_else(|| ConfigError("unclosed [ in URL host".into()))?;
-            (h.to_owned(), p.strip_prefix(':').unwrap_or(""))
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (decode(h)?, p),
-                None => (decode(hostport)?, ""),
-            }
-        };
-        let port = if port.is_empty() {
-            5432
-        } else {
-            port.parse().map_err(|_| ConfigError(format!("bad port in URL: {port}")))?
-        };
-        for kv in query.split('&').filter(|s| !s.is_empty()) {
-            if let Some(h) = kv.strip_prefix("host=") {
-                host = decode(h)?;
+        for (k, v) in u.query_pairs() {
+            let v = v.into_owned();
+            match &*k {
+                "host" => url.host = v,
+                "port" => url.port = v.parse().map_err(|_| ConfigError(format!("bad port in URL: {v}")))?,
+                "user" => url.user = v,
+                "password" => url.password = Some(v),
+                "dbname" => url.dbname = v,
+                "sslmode" => url.sslmode = Some(ServerTlsMode::parse(&v)?),
+                "sslrootcert" => url.sslrootcert = Some(v),
+                "sslcert" => url.sslcert = Some(v),
+                "sslkey" => url.sslkey = Some(v),
+                other => {
+                    return Err(ConfigError(format!(
+                        "URL parameter \"{other}\" is not one parsnip honours (host, port, user, password, \
+                         dbname, sslmode, sslrootcert, sslcert, sslkey)"
+                    )));
+                }
             }
         }
-        if host.is_empty() {
-            host = "127.0.0.1".into();
+        if url.user.is_empty() {
+            url.user = std::env::var("USER").unwrap_or_else(|_| "postgres".into());
         }
-        let dbname = if path.is_empty() { user.clone() } else { decode(path)? };
-        Ok(DbUrl { user, password, host, port, dbname })
+        if url.host.is_empty() {
+            url.host = "127.0.0.1".into();
+        }
+        if url.dbname.is_empty() {
+            url.dbname = url.user.clone();
+        }
+        Ok(url)
     }
 }
 
@@ -96,14 +113,30 @@ mod tests {
                 password: Some("s@cret".into()),
                 host: "db.example".into(),
                 port: 6000,
-                dbname: "app".into()
+                dbname: "app".into(),
+                ..DbUrl::default()
             }
         );
         let u = DbUrl::parse("postgresql://alice@[::1]/x").unwrap();
         assert_eq!((u.host.as_str(), u.port, u.password), ("::1", 5432, None));
         let u = DbUrl::parse("postgres://a@/d?host=/tmp").unwrap();
-        assert_eq!(u.host, "/tmp");
+        assert_eq!((u.user.as_str(), u.host.as_str(), u.dbname.as_str()), ("a", "/tmp", "d"));
+        let u = DbUrl::parse("postgres://a@h/my%20db").unwrap();
+        assert_eq!(u.dbname, "my db");
         assert!(DbUrl::parse("mysql://x").is_err());
         assert!(DbUrl::parse("postgres://a@h:notaport/d").is_err());
+    }
+
+    #[test]
+    fn tls_parameters_are_read_and_unknown_ones_refused() {
+        let u = DbUrl::parse("postgres://a@h/d?sslmode=verify-full&sslrootcert=/ca%20dir/ca.pem&sslcert=/c&sslkey=/k")
+            .unwrap();
+        assert_eq!(u.sslmode, Some(ServerTlsMode::VerifyFull));
+        assert_eq!(u.sslrootcert.as_deref(), Some("/ca dir/ca.pem"));
+        assert_eq!((u.sslcert.as_deref(), u.sslkey.as_deref()), (Some("/c"), Some("/k")));
+        let e = DbUrl::parse("postgres://a@h/d?sslmode=required").unwrap_err();
+        assert!(e.0.contains("invalid sslmode value"), "{e}");
+        let e = DbUrl::parse("postgres://a@h/d?connect_timeuot=3").unwrap_err();
+        assert!(e.0.contains("connect_timeuot"), "{e}");
     }
 }

@@ -1,0 +1,68 @@
+//! TLS settings as PgBouncer and libpq spell them: the client side's `client_tls_sslmode`
+//! and the server side's `server_tls_sslmode` (also a URL's `sslmode`).
+
+use super::ConfigError;
+use serde::Deserialize;
+
+/// What parsnip asks of its clients (PgBouncer's `client_tls_sslmode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientTlsMode {
+    /// SSLRequest answered 'N': plaintext only.
+    Disable,
+    /// TLS when the client asks for it.
+    Allow,
+    /// TLS when the client asks for it (as `allow`: the server side cannot prefer).
+    Prefer,
+    /// TCP clients must use TLS (unix-socket clients need not, as in PgBouncer).
+    Require,
+}
+
+/// What parsnip asks of its servers (libpq's `sslmode`, PgBouncer's `server_tls_sslmode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServerTlsMode {
+    /// Plaintext.
+    Disable,
+    /// As `prefer` (parsnip asks for TLS first; a server that refuses gets plaintext).
+    Allow,
+    /// TLS when the server offers it, plaintext otherwise.
+    Prefer,
+    /// TLS or no connection; the certificate is not checked.
+    Require,
+    /// TLS, with a certificate signed by `server_tls_ca_file`.
+    #[serde(rename = "verify-ca")]
+    VerifyCa,
+    /// As `verify-ca`, and the certificate names the host connected to.
+    #[serde(rename = "verify-full")]
+    VerifyFull,
+}
+
+impl ServerTlsMode {
+    /// Parses libpq's spelling.
+    pub(crate) fn parse(s: &str) -> Result<ServerTlsMode, ConfigError> {
+        Ok(match s {
+            "disable" => ServerTlsMode::Disable,
+            "allow" => ServerTlsMode::Allow,
+            "prefer" => ServerTlsMode::Prefer,
+            "require" => ServerTlsMode::Require,
+            "verify-ca" => ServerTlsMode::VerifyCa,
+            "verify-full" => ServerTlsMode::VerifyFull,
+            _ => {
+                return Err(ConfigError(format!(
+                    "invalid sslmode value: \"{s}\" (disable, allow, prefer, require, verify-ca, verify-full)"
+                )));
+            }
+        })
+    }
+
+    /// A connection must be encrypted.
+    pub(crate) fn required(self) -> bool {
+        self >= ServerTlsMode::Require
+    }
+
+    /// The certificate chain is checked.
+    pub(crate) fn verifies(self) -> bool {
+        self >= ServerTlsMode::VerifyCa
+    }
+}
