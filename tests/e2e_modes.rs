@@ -278,8 +278,7 @@ async fn server_with_cancel_in_flight_is_not_handed_on() {
     use std::sync::atomic::Ordering;
 
     let c = cluster();
-    let target =
-        ServerTarget { host: "127.0.0.1".into(), port: c.port(), dbname: "postgres".into(), user: "app".into() };
+    let target = ServerTarget::plain("127.0.0.1", c.port(), "postgres", "app");
     let key = PoolKey::clients("postgres", "app");
     let cfg = Arc::new(parsnip::config::Config::default());
     let connector = ServerConnector::new(key.clone(), target, Credentials::Password(APP_PW.into()), cfg.clone());

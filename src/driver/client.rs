@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Serves one accepted client connection to the end.
-pub async fn serve(mut stream: Stream, shared: Arc<Shared>) {
+pub(crate) async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     stream.set_nodelay();
     let mut buf = BytesMut::new();
     let timeout = shared.cfg.client_login_timeout();

@@ -9,7 +9,7 @@ use crate::auth::{Credentials, Secret};
 use crate::config::DatabaseConfig;
 use crate::driver::server_conn::{self, ServerTarget};
 use crate::error::{Error, SqlState};
-use crate::login::{Entropy, Login, Step};
+use crate::login::{Entropy, Login, Step, Transport};
 use crate::pool::{Pool, PoolKey, PoolPurpose};
 use crate::state::settings::{self, Settings};
 use bytes::BytesMut;
@@ -66,7 +66,13 @@ async fn send(stream: &mut Stream, out: &mut BytesMut) -> Result<(), LoginEnd> {
 /// Runs the login phase: the sans-IO `Login` decides, this moves its bytes and performs
 /// what it asks for. `buf` keeps bytes the client sent beyond the login.
 pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> Result<LoggedIn, LoginEnd> {
-    let mut m = Login::new(shared.cfg.clone(), *shared.shutdown.borrow(), Entropy::random());
+    let transport = Transport {
+        tls: shared.tls_clients.is_some(),
+        mode: shared.cfg.client_tls_mode(),
+        unix: stream.is_unix(),
+        peer: stream.peer_host(),
+    };
+    let mut m = Login::new(shared.cfg.clone(), *shared.shutdown.borrow(), Entropy::random()).with_transport(transport);
     let mut step = m.handle_bytes(buf);
     let creds = loop {
         step = match step {
@@ -87,6 +93,22 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
             Step::Console => {
                 send(stream, &mut m.to_client).await?;
                 return Err(LoginEnd::Admin);
+            }
+            Step::StartTls { direct } => {
+                send(stream, &mut m.to_client).await?;
+                let Some(cfg) = shared.tls_clients.clone() else { return Err(LoginEnd::Close(None)) };
+                let initial = std::mem::take(buf);
+                let plain = std::mem::replace(stream, Stream::Closed);
+                let tls = match super::tls::accept(plain, cfg, &initial).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "client TLS handshake failed");
+                        return Err(LoginEnd::Close(None));
+                    }
+                };
+                let alpn = tls.alpn();
+                *stream = Stream::Tls(Box::new(tls));
+                m.handle_tls_started(direct, alpn.as_deref())
             }
             Step::Close(err) => return Err(LoginEnd::Close(err)),
             Step::Authenticated(creds) => break creds,
@@ -185,6 +207,7 @@ impl Shared {
             port: db_cfg.port,
             dbname: server_db.to_owned(),
             user: server_user,
+            tls: self.tls_servers.clone(),
         };
         let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone());
         let pool = Arc::new(Pool::new(

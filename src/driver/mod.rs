@@ -12,7 +12,9 @@ pub(crate) mod pipe;
 mod proxy;
 pub mod server_conn;
 pub mod servers;
-pub mod stream;
+pub(crate) mod stream;
+pub(crate) mod tls;
+pub(crate) mod tls_config;
 
 use crate::config::Config;
 use crate::error::{Error, SqlState};
@@ -43,6 +45,10 @@ pub struct Shared {
     pub(crate) shutdown: watch::Receiver<bool>,
     /// The same, read with one atomic load on every turn of a client's loop.
     pub(crate) stopping: AtomicBool,
+    /// TLS for clients (None: no certificate configured).
+    pub(crate) tls_clients: Option<Arc<rustls::ServerConfig>>,
+    /// TLS to servers.
+    pub(crate) tls_servers: Arc<tls_config::ServerTls>,
 }
 
 /// A running pooler.
@@ -56,6 +62,8 @@ pub struct Handle {
 /// Binds every listen address and starts serving. Must run inside a tokio runtime.
 pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
     let (stop, shutdown) = watch::channel(false);
+    let tls_clients = tls_config::for_clients(&cfg).map_err(std::io::Error::other)?;
+    let tls_servers = Arc::new(tls_config::for_servers(&cfg).map_err(std::io::Error::other)?);
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
         pools: Mutex::new(HashMap::new()),
@@ -63,6 +71,8 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
         shutdown,
         stopping: AtomicBool::new(false),
+        tls_clients,
+        tls_servers,
     });
     let listeners = listen::bind_all(&cfg).await?;
     let unix_paths = listeners.iter().filter_map(|l| l.path().map(Path::to_path_buf)).collect();

@@ -23,6 +23,24 @@ pub struct ServerTarget {
     pub dbname: String,
     /// User name on the server.
     pub user: String,
+    /// TLS to the server (never over a unix socket, as libpq).
+    pub(crate) tls: Arc<crate::driver::tls_config::ServerTls>,
+}
+
+impl ServerTarget {
+    /// A target reached without TLS.
+    pub fn plain(host: &str, port: u16, dbname: &str, user: &str) -> ServerTarget {
+        ServerTarget {
+            host: host.into(),
+            port,
+            dbname: dbname.into(),
+            user: user.into(),
+            tls: Arc::new(crate::driver::tls_config::ServerTls {
+                mode: crate::config::ServerTlsMode::Disable,
+                config: None,
+            }),
+        }
+    }
 }
 
 /// Where to send a CancelRequest for one server connection.
@@ -101,12 +119,14 @@ pub(crate) enum ConnectError {
     Server(Vec<u8>),
     /// Authentication could not be done with the credentials we have.
     Auth(String),
+    /// TLS was required and could not be had (refused, or the certificate failed its check).
+    Tls(String),
 }
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConnectError::Io(m) | ConnectError::Auth(m) => f.write_str(m),
+            ConnectError::Io(m) | ConnectError::Auth(m) | ConnectError::Tls(m) => f.write_str(m),
             ConnectError::Server(frame) => write!(f, "{}", backend::ErrorText(frame.get(5..).unwrap_or_default())),
         }
     }
@@ -128,6 +148,9 @@ impl ConnectError {
                 Error::fatal(code, msg)
             }
             ConnectError::Auth(m) => Error::fatal(SqlState::INVALID_AUTHORIZATION_SPECIFICATION, m.clone()),
+            ConnectError::Tls(m) => {
+                Error::fatal(SqlState::CONNECTION_FAILURE, format!("could not connect to server: {m}"))
+            }
         }
     }
 }
@@ -152,6 +175,41 @@ async fn open(target: &ServerTarget) -> std::io::Result<Stream> {
     }
 }
 
+/// Asks the server for TLS (SSLRequest) and, when it agrees, runs the handshake. A server
+/// that refuses gets plaintext unless the sslmode requires TLS.
+async fn start_tls(
+    mut stream: Stream,
+    cfg: Arc<rustls::ClientConfig>,
+    target: &ServerTarget,
+) -> Result<Stream, ConnectError> {
+    let io = |e: std::io::Error| ConnectError::Io(format!("{}:{}: {e}", target.host, target.port));
+    stream.write_all(&startup::SSL_REQUEST_BYTES).await.map_err(io)?;
+    let mut answer = BytesMut::with_capacity(64);
+    if stream.read_buf(&mut answer).await.map_err(io)? == 0 {
+        return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    match answer[0] {
+        b'S' if answer.len() == 1 => {
+            let name = crate::driver::tls_config::server_name(&target.host).map_err(ConnectError::Tls)?;
+            let tls = crate::driver::tls::connect(stream, cfg, name)
+                .await
+                .map_err(|e| ConnectError::Tls(format!("{}:{}: TLS: {e}", target.host, target.port)))?;
+            Ok(Stream::Tls(Box::new(tls)))
+        }
+        // Bytes after 'S' came before the handshake: nobody can tell who sent them.
+        b'S' => Err(ConnectError::Io(format!(
+            "{}:{}: received unencrypted data after SSL response",
+            target.host, target.port
+        ))),
+        b'N' if target.tls.mode.required() => Err(ConnectError::Tls(format!(
+            "{}:{}: server does not support SSL, but SSL was required",
+            target.host, target.port
+        ))),
+        b'N' => Ok(stream),
+        _ => Err(ConnectError::Io(format!("{}:{}: invalid answer to SSLRequest", target.host, target.port))),
+    }
+}
+
 /// Opens and authenticates one server connection within `timeout`.
 pub(crate) async fn connect(
     target: &ServerTarget,
@@ -167,6 +225,11 @@ pub(crate) async fn connect(
 async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<ServerConn, ConnectError> {
     let io = |e: std::io::Error| ConnectError::Io(format!("{}:{}: {e}", target.host, target.port));
     let mut stream = open(target).await.map_err(io)?;
+    if !matches!(stream, Stream::Unix(_))
+        && let Some(tls) = &target.tls.config
+    {
+        stream = start_tls(stream, tls.clone(), target).await?;
+    }
     let mut out = BytesMut::with_capacity(256);
     startup::startup_message(&mut out, &[("user", &target.user), ("database", &target.dbname)]);
     stream.write_all(&out).await.map_err(io)?;

@@ -1,5 +1,6 @@
-//! A TCP or unix-domain socket behind one type, with the readiness-based calls the proxy
-//! loop uses (wait, then read or write without blocking).
+//! A TCP or unix-domain socket, plain or encrypted (`driver::tls`), behind one type, with
+//! the readiness-based calls the proxy loop uses (wait, then read or write without
+//! blocking).
 
 use bytes::BytesMut;
 use std::io;
@@ -7,41 +8,72 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UnixStream};
 
+use super::tls::TlsStream;
+
 /// A connected socket.
 #[derive(Debug)]
-pub enum Stream {
+pub(crate) enum Stream {
     /// TCP.
     Tcp(TcpStream),
     /// Unix domain socket.
     Unix(UnixStream),
+    /// TLS over one of the above.
+    Tls(Box<TlsStream>),
+    /// Nothing: a stream moved out (into TLS) leaves this behind for a moment.
+    Closed,
 }
 
+/// Runs `$e` on the plain socket; `$tls` for TLS; NotConnected when closed.
 macro_rules! each {
-    ($self:expr, $s:ident => $e:expr) => {
+    ($self:expr, $s:ident => $e:expr, $t:ident => $tls:expr) => {
         match $self {
             Stream::Tcp($s) => $e,
             Stream::Unix($s) => $e,
+            Stream::Tls($t) => $tls,
+            Stream::Closed => Err(io::ErrorKind::NotConnected.into()),
         }
     };
 }
 
 impl Stream {
-    /// Waits until the socket may be read.
-    pub async fn readable(&self) -> io::Result<()> {
-        each!(self, s => s.readable().await)
-    }
-    /// Waits until the socket may be written.
-    pub async fn writable(&self) -> io::Result<()> {
-        each!(self, s => s.writable().await)
-    }
     /// Polls for read readiness. Keeps one waker per socket (the owner's), so waiting costs
     /// no future and no entry in the socket's waiter list.
     pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        each!(self, s => s.poll_read_ready(cx))
+        match self {
+            Stream::Tcp(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
+            Stream::Tls(t) => t.poll_read_ready(cx),
+            Stream::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
     }
     /// Polls for write readiness (see `poll_read_ready`).
     pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        each!(self, s => s.poll_write_ready(cx))
+        match self {
+            Stream::Tcp(s) => s.poll_write_ready(cx),
+            Stream::Unix(s) => s.poll_write_ready(cx),
+            Stream::Tls(t) => t.socket().poll_write_ready(cx),
+            Stream::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
+    }
+    /// Reads from the socket itself (ciphertext under TLS) without blocking.
+    pub(crate) fn plain_try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        each!(self, s => s.try_read(buf), t => t.socket().plain_try_read(buf))
+    }
+    /// True for a unix-domain socket (plain or encrypted).
+    pub(crate) fn is_unix(&self) -> bool {
+        match self {
+            Stream::Unix(_) => true,
+            Stream::Tls(t) => t.socket().is_unix(),
+            _ => false,
+        }
+    }
+    /// The peer's address as PostgreSQL's messages name it ("[local]" for a unix socket).
+    pub(crate) fn peer_host(&self) -> String {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default(),
+            Stream::Tls(t) => t.socket().peer_host(),
+            Stream::Unix(_) | Stream::Closed => "[local]".into(),
+        }
     }
     /// Reads what is available into `buf` without blocking.
     ///
@@ -52,6 +84,9 @@ impl Stream {
     /// race-free: readiness reported after the read is not cleared.
     pub(crate) fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let spare = buf.capacity() - buf.len();
+        if let Stream::Tls(t) = self {
+            return t.try_read_buf(buf);
+        }
         each!(self, s => {
             let mut got = None;
             let r = s.try_io(Interest::READABLE, || {
@@ -63,19 +98,44 @@ impl Stream {
                 Some(n) => Ok(n),
                 None => r,
             }
-        })
+        }, _t => unreachable!("handled above"))
     }
     /// Writes what the socket takes without blocking.
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        each!(self, s => s.try_write(buf))
+        each!(self, s => s.try_write(buf), t => t.try_write(buf))
     }
     /// Reads at least one byte (0 = end of stream).
     pub(crate) async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        each!(self, s => s.read_buf(buf).await)
+        if let Stream::Tls(t) = self {
+            loop {
+                match t.try_read_buf(buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::future::poll_fn(|cx| t.poll_read_ready(cx)).await?;
+                    }
+                    r => return r,
+                }
+            }
+        }
+        each!(self, s => s.read_buf(buf).await, _t => unreachable!("handled above"))
     }
     /// Writes all of `buf`.
     pub(crate) async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        each!(self, s => s.write_all(buf).await)
+        if let Stream::Tls(t) = self {
+            let mut at = 0;
+            // (`Ok(n)` comes once the ciphertext of those bytes is on the socket.)
+            while at < buf.len() {
+                match t.try_write(&buf[at..]) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::future::poll_fn(|cx| t.socket().poll_write_ready(cx)).await?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(());
+        }
+        each!(self, s => s.write_all(buf).await, _t => unreachable!("handled above"))
     }
     /// Disables Nagle on TCP.
     pub(crate) fn set_nodelay(&self) {

@@ -58,6 +58,9 @@ pub struct ClusterOptions {
     pub extra_conf: Vec<String>,
     /// `max_connections` of the server (default 300).
     pub max_connections: u32,
+    /// A certificate chain and its key (PEM): the server turns TLS on and accepts TCP
+    /// connections only over it (`hostssl`).
+    pub tls: Option<(String, String)>,
 }
 
 impl Default for ClusterOptions {
@@ -69,6 +72,7 @@ impl Default for ClusterOptions {
             superuser_password: None,
             extra_conf: Vec::new(),
             max_connections: 300,
+            tls: None,
         }
     }
 }
@@ -350,9 +354,16 @@ impl Cluster {
         let mut hba = String::from("# written by parsnip::embedded\n");
         hba.push_str(&format!("local all {SUPERUSER} trust\n"));
         hba.push_str(&format!("local all all {method}\n"));
+        let host = if self.opts.tls.is_some() { "hostssl" } else { "host" };
         for net in ["127.0.0.1/32", "::1/128"] {
-            hba.push_str(&format!("host all {SUPERUSER} {net} {super_tcp}\n"));
-            hba.push_str(&format!("host all all {net} {method}\n"));
+            hba.push_str(&format!("{host} all {SUPERUSER} {net} {super_tcp}\n"));
+            hba.push_str(&format!("{host} all all {net} {method}\n"));
+        }
+        if let Some((cert, key)) = &self.opts.tls {
+            self.write_owned(&self.data_dir.join("server.crt"), cert)?;
+            let key_path = self.data_dir.join("server.key");
+            self.write_owned(&key_path, key)?;
+            fs::set_permissions(&key_path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
         }
         self.write_owned(&self.data_dir.join("pg_hba.conf"), &hba)?;
 
@@ -413,6 +424,9 @@ impl Cluster {
              logging_collector = off\n",
             self.port, self.opts.max_connections
         );
+        if self.opts.tls.is_some() {
+            conf.push_str("ssl = on\n");
+        }
         for line in &self.opts.extra_conf {
             conf.push_str(line);
             conf.push('\n');

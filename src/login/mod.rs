@@ -1,5 +1,6 @@
 //! The login phase of a client connection as a sans-IO state machine: the startup packet
-//! (SSLRequest and GSSENCRequest answered 'N', CancelRequest handed to the driver),
+//! (SSLRequest answered 'S' when TLS is configured, else 'N', as is GSSENCRequest; a
+//! direct TLS ClientHello recognized; CancelRequest handed to the driver),
 //! protocol version negotiation, the database lookup, password authentication (trust,
 //! cleartext, md5, SCRAM-SHA-256) and the welcome (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery).
@@ -53,6 +54,32 @@ pub(crate) enum Step {
     /// Close the connection, after writing the error if there is one (`to_client` is
     /// dropped: PostgreSQL sends nothing else either).
     Close(Option<Error>),
+    /// Write `to_client` (an 'S', unless `direct`), then run a TLS handshake: with `direct`,
+    /// the buffered bytes are its start (PostgreSQL 17's `sslnegotiation=direct`). Then
+    /// call `handle_tls_started`.
+    StartTls {
+        /// The client opened with a TLS ClientHello instead of an SSLRequest.
+        direct: bool,
+    },
+}
+
+/// What the login knows of the connection it runs on.
+#[derive(Clone, Debug)]
+pub(crate) struct Transport {
+    /// TLS can be offered (a certificate is configured).
+    pub(crate) tls: bool,
+    /// `client_tls_sslmode`.
+    pub(crate) mode: crate::config::ClientTlsMode,
+    /// A unix-domain socket (exempt from `require`, as in PgBouncer).
+    pub(crate) unix: bool,
+    /// The client's address, for messages ("[local]" on a unix socket).
+    pub(crate) peer: String,
+}
+
+impl Default for Transport {
+    fn default() -> Self {
+        Transport { tls: false, mode: crate::config::ClientTlsMode::Disable, unix: false, peer: String::new() }
+    }
 }
 
 /// The randomness one login draws.
@@ -100,6 +127,9 @@ pub(crate) struct Login {
     shutting_down: bool,
     entropy: Entropy,
     phase: Phase,
+    transport: Transport,
+    /// The connection is encrypted.
+    encrypted: bool,
     /// Bytes to write to the client.
     pub(crate) to_client: BytesMut,
     /// The user name of the startup packet.
@@ -120,12 +150,36 @@ impl Login {
             shutting_down,
             entropy,
             phase: Phase::Startup,
+            transport: Transport::default(),
+            encrypted: false,
             to_client: BytesMut::with_capacity(512),
             user: String::new(),
             db: String::new(),
             params: Vec::new(),
             target: None,
         }
+    }
+
+    /// The connection this login runs on (default: plaintext TCP, no TLS to offer).
+    pub(crate) fn with_transport(mut self, transport: Transport) -> Login {
+        self.transport = transport;
+        self
+    }
+
+    /// TLS can be started now (offered, and not started already).
+    fn tls_offered(&self) -> bool {
+        self.transport.tls && !self.encrypted && self.transport.mode != crate::config::ClientTlsMode::Disable
+    }
+
+    /// The handshake `Step::StartTls` asked for is done; `alpn`: the protocol it agreed.
+    pub(crate) fn handle_tls_started(&mut self, direct: bool, alpn: Option<&[u8]>) -> Step {
+        self.encrypted = true;
+        if direct && alpn != Some(crate::protocol::startup::ALPN) {
+            return self.close(Error::protocol(
+                "received direct SSL connection request without ALPN protocol negotiation extension",
+            ));
+        }
+        Step::NeedBytes
     }
 
     /// The client's bytes so far (`buf`, consumed as far as they are used).
@@ -147,6 +201,11 @@ impl Login {
 
     fn on_startup_bytes(&mut self, buf: &mut BytesMut) -> Step {
         loop {
+            // A TLS handshake record (0x16) where a packet length's first byte should be:
+            // PostgreSQL 17's direct TLS.
+            if buf.first() == Some(&0x16) && self.tls_offered() {
+                return Step::StartTls { direct: true };
+            }
             let packet = match parse_startup(buf) {
                 Ok(Some((p, n))) => {
                     let _ = buf.split_to(n);
@@ -156,7 +215,18 @@ impl Login {
                 Err(e) => return self.close(protocol_err(e)),
             };
             match packet {
-                // No encryption (yet): the client goes on in plaintext or gives up.
+                StartupPacket::Ssl if self.encrypted => {
+                    return self.close(Error::protocol("SSLRequest on a connection already encrypted"));
+                }
+                StartupPacket::Ssl if self.tls_offered() => {
+                    if !buf.is_empty() {
+                        // Bytes sent before the handshake could be anyone's (CVE-2021-23214).
+                        return self.close(Error::protocol("received unencrypted data after SSL request"));
+                    }
+                    self.to_client.put_u8(b'S');
+                    return Step::StartTls { direct: false };
+                }
+                // No encryption: the client goes on in plaintext or gives up.
                 StartupPacket::Ssl | StartupPacket::GssEnc => self.to_client.put_u8(b'N'),
                 StartupPacket::Cancel { pid, key } => {
                     self.phase = Phase::Done;
@@ -185,6 +255,16 @@ impl Login {
             return self.close(Error::fatal(
                 SqlState::FEATURE_NOT_SUPPORTED,
                 "replication connections are not supported by parsnip",
+            ));
+        }
+        if self.transport.mode == crate::config::ClientTlsMode::Require && !self.encrypted && !self.transport.unix {
+            // PostgreSQL's wording for a client that no hostssl line lets in.
+            return self.close(Error::fatal(
+                SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                format!(
+                    "no pg_hba.conf entry for host \"{}\", user \"{user}\", database \"{db}\", no encryption",
+                    self.transport.peer
+                ),
             ));
         }
         if self.shutting_down {

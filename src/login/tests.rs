@@ -242,3 +242,94 @@ fn the_console_needs_an_admin_user() {
     assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u"), ("database", ADMIN_DB)])), Step::NeedBytes));
     closed_with(m.handle_bytes(&mut password_msg(b"pw", true)), "28000");
 }
+
+fn tls_login(mode: crate::config::ClientTlsMode, unix: bool) -> Login {
+    login(config(AuthType::Trust, &[])).with_transport(Transport { tls: true, mode, unix, peer: "10.1.2.3".into() })
+}
+
+#[test]
+fn an_ssl_request_gets_s_and_a_handshake_when_tls_is_offered() {
+    use crate::config::ClientTlsMode;
+    for mode in [ClientTlsMode::Allow, ClientTlsMode::Prefer, ClientTlsMode::Require] {
+        let mut m = tls_login(mode, false);
+        let mut buf = request(80877103);
+        assert!(matches!(m.handle_bytes(&mut buf), Step::StartTls { direct: false }), "{mode:?}");
+        assert_eq!(&m.to_client[..], b"S");
+        m.to_client.clear();
+        assert!(matches!(m.handle_tls_started(false, None), Step::NeedBytes));
+        buf.extend_from_slice(&startup(&[("user", "u")]));
+        assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)), "{mode:?}");
+    }
+    // Disabled: 'N', as without a certificate.
+    let mut m = tls_login(ClientTlsMode::Disable, false);
+    let mut buf = request(80877103);
+    assert!(matches!(m.handle_bytes(&mut buf), Step::NeedBytes));
+    assert_eq!(&m.to_client[..], b"N");
+}
+
+#[test]
+fn bytes_after_an_ssl_request_close_the_connection() {
+    let mut m = tls_login(crate::config::ClientTlsMode::Prefer, false);
+    let mut buf = request(80877103);
+    buf.extend_from_slice(&startup(&[("user", "u")]));
+    closed_with(m.handle_bytes(&mut buf), "08P01");
+    assert!(m.to_client.is_empty(), "no 'S' before the error");
+}
+
+#[test]
+fn a_second_ssl_request_on_an_encrypted_connection_is_refused() {
+    let mut m = tls_login(crate::config::ClientTlsMode::Prefer, false);
+    let mut buf = request(80877103);
+    assert!(matches!(m.handle_bytes(&mut buf), Step::StartTls { .. }));
+    m.handle_tls_started(false, None);
+    let mut buf = request(80877103);
+    closed_with(m.handle_bytes(&mut buf), "08P01");
+}
+
+#[test]
+fn require_refuses_plaintext_tcp_with_postgres_wording_and_lets_unix_sockets_in() {
+    use crate::config::ClientTlsMode;
+    let mut m = tls_login(ClientTlsMode::Require, false);
+    let mut buf = startup(&[("user", "alice"), ("database", "app")]);
+    match m.handle_bytes(&mut buf) {
+        Step::Close(Some(e)) => {
+            assert_eq!(e.code.0, "28000");
+            assert_eq!(
+                e.message,
+                "no pg_hba.conf entry for host \"10.1.2.3\", user \"alice\", database \"app\", no encryption"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut m = tls_login(ClientTlsMode::Require, true);
+    let mut buf = startup(&[("user", "alice"), ("database", "app")]);
+    assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)));
+    // Encrypted: in.
+    let mut m = tls_login(ClientTlsMode::Require, false);
+    let mut buf = request(80877103);
+    m.handle_bytes(&mut buf);
+    m.handle_tls_started(false, None);
+    let mut buf = startup(&[("user", "alice"), ("database", "app")]);
+    assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)));
+}
+
+#[test]
+fn a_direct_tls_hello_starts_tls_and_needs_alpn() {
+    use crate::config::ClientTlsMode;
+    // A TLS record header (handshake, TLS 1.0 record version) where a length would be.
+    let hello = [0x16u8, 0x03, 0x01, 0x02, 0x00, 0x01];
+    let mut m = tls_login(ClientTlsMode::Prefer, false);
+    let mut buf = BytesMut::from(&hello[..]);
+    assert!(matches!(m.handle_bytes(&mut buf), Step::StartTls { direct: true }));
+    assert!(m.to_client.is_empty(), "nothing is answered before the handshake");
+    assert_eq!(buf.len(), hello.len(), "the hello is left for the handshake");
+    closed_with(m.handle_tls_started(true, None), "08P01");
+    let mut m = tls_login(ClientTlsMode::Prefer, false);
+    let mut buf = BytesMut::from(&hello[..]);
+    m.handle_bytes(&mut buf);
+    assert!(matches!(m.handle_tls_started(true, Some(b"postgresql")), Step::NeedBytes));
+    // Without TLS configured the same bytes are a bad startup packet.
+    let mut m = login(config(AuthType::Trust, &[]));
+    let mut buf = BytesMut::from(&hello[..]);
+    closed_with(m.handle_bytes(&mut buf), "08P01");
+}

@@ -104,6 +104,12 @@ pub(crate) fn startup_message(buf: &mut BytesMut, params: &[(&str, &str)]) {
     buf[start..start + 4].copy_from_slice(&len.to_be_bytes());
 }
 
+/// PostgreSQL's ALPN protocol name (17 on; required on a direct TLS connection).
+pub(crate) const ALPN: &[u8] = b"postgresql";
+
+/// An SSLRequest.
+pub(crate) const SSL_REQUEST_BYTES: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
 /// Builds a CancelRequest.
 pub(crate) fn cancel_request(pid: i32, key: &[u8]) -> BytesMut {
     let mut buf = BytesMut::with_capacity(12 + key.len());
@@ -120,6 +126,11 @@ pub(crate) fn cancel_request(pid: i32, key: &[u8]) -> BytesMut {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn ssl_request_bytes_parse_as_one() {
+        assert_eq!(parse_startup(&SSL_REQUEST_BYTES).unwrap(), Some((StartupPacket::Ssl, 8)));
+    }
 
     #[test]
     fn startup_round_trip() {

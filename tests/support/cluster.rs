@@ -83,7 +83,8 @@ struct ClusterHandle {
 
 static CLEANUP: Mutex<Vec<ClusterHandle>> = Mutex::new(Vec::new());
 
-fn register_cluster_cleanup(cluster: &Cluster) {
+/// Stops `cluster` when the test binary exits (a cluster kept in a static is never dropped).
+pub fn register_cluster_cleanup(cluster: &Cluster) {
     let data_dir = cluster.data_dir().to_path_buf();
     let meta = std::fs::metadata(&data_dir).expect("cluster data dir");
     let handle = ClusterHandle {

@@ -9,6 +9,7 @@
 //! * [`Pg`]: a tokio-postgres client whose connection task forwards NOTICEs and reports how
 //!   the connection ended.
 //! * [`Raw`]: a hand-rolled v3 protocol client for protocol-level tests (own SCRAM/md5/cleartext).
+//! * [`Certs`]: a CA and a certificate it signed, made in the test (rcgen).
 //!
 //! Setting `PARSNIP_E2E_DIRECT=1` makes [`Parsnip`] point at the cluster itself instead of
 //! starting the pooler: a development aid to check that a test's assertions hold for plain
@@ -21,6 +22,7 @@ mod pg;
 mod pooler;
 mod raw;
 mod raw_auth;
+mod tls;
 mod util;
 
 pub use cluster::*;
@@ -28,4 +30,6 @@ pub use pg::*;
 pub use pooler::*;
 pub use raw::*;
 pub use raw_auth::*;
+#[allow(unused_imports)] // Only the TLS tests use it.
+pub use tls::*;
 pub use util::*;

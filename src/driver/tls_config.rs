@@ -1,0 +1,189 @@
+//! The rustls configurations built from parsnip's: what clients are shown (certificate,
+//! key, ALPN `postgresql`) and how servers are checked (libpq's sslmode: `require` checks
+//! nothing, `verify-ca` the chain, `verify-full` the chain and the host name).
+//!
+//! Owns: reading the PEM files and choosing the verifier. Must not touch sockets.
+
+use crate::config::{Config, ServerTlsMode};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{ClientConfig, WebPkiServerVerifier};
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use std::sync::Arc;
+
+use crate::protocol::startup::ALPN;
+
+/// How parsnip talks TLS to servers.
+#[derive(Debug)]
+pub(crate) struct ServerTls {
+    /// The sslmode.
+    pub(crate) mode: ServerTlsMode,
+    /// The rustls configuration (None: `disable`).
+    pub(crate) config: Option<Arc<ClientConfig>>,
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{path}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{path}: no certificate in the file"));
+    }
+    Ok(certs)
+}
+
+fn key(path: &str) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{path}: {e}"))
+}
+
+/// What clients are shown, when a certificate is configured.
+pub(crate) fn for_clients(cfg: &Config) -> Result<Option<Arc<ServerConfig>>, String> {
+    let (Some(cert), Some(k)) = (&cfg.client_tls_cert_file, &cfg.client_tls_key_file) else {
+        return Ok(None);
+    };
+    let mut sc = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs(cert)?, key(k)?)
+        .map_err(|e| format!("client_tls_cert_file / client_tls_key_file: {e}"))?;
+    sc.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(Some(Arc::new(sc)))
+}
+
+/// How servers are checked.
+pub(crate) fn for_servers(cfg: &Config) -> Result<ServerTls, String> {
+    let mut mode = cfg.server_tls_sslmode;
+    if mode == ServerTlsMode::Disable {
+        return Ok(ServerTls { mode, config: None });
+    }
+    let provider = provider();
+    let algs = provider.signature_verification_algorithms;
+    let roots = match &cfg.server_tls_ca_file {
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for c in certs(path)? {
+                roots.add(c).map_err(|e| format!("{path}: {e}"))?;
+            }
+            // As libpq: with a root certificate, require checks the chain (verify-ca).
+            if mode == ServerTlsMode::Require {
+                mode = ServerTlsMode::VerifyCa;
+            }
+            Some(Arc::new(roots))
+        }
+        None => None,
+    };
+    let verifier: Arc<dyn ServerCertVerifier> = match (mode.verifies(), roots) {
+        (true, Some(roots)) => {
+            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                .build()
+                .map_err(|e| format!("server_tls_ca_file: {e}"))?;
+            if mode == ServerTlsMode::VerifyFull { webpki } else { Arc::new(ChainOnly(webpki)) }
+        }
+        (true, None) => return Err("server_tls_sslmode verify-ca / verify-full needs server_tls_ca_file".into()),
+        (false, _) => Arc::new(Unchecked(algs)),
+    };
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut cc = match (&cfg.server_tls_cert_file, &cfg.server_tls_key_file) {
+        (Some(c), Some(k)) => builder
+            .with_client_auth_cert(certs(c)?, key(k)?)
+            .map_err(|e| format!("server_tls_cert_file / server_tls_key_file: {e}"))?,
+        _ => builder.with_no_client_auth(),
+    };
+    cc.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(ServerTls { mode, config: Some(Arc::new(cc)) })
+}
+
+/// The name a server's certificate is checked against (an IP address or a DNS name).
+pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+    ServerName::try_from(host.to_owned()).map_err(|e| format!("{host}: not a host name for TLS: {e}"))
+}
+
+/// `require`: encrypted, the certificate unchecked (libpq's sslmode=require); the
+/// handshake's signatures are still verified.
+#[derive(Debug)]
+struct Unchecked(WebPkiSupportedAlgorithms);
+
+impl ServerCertVerifier for Unchecked {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
+/// `verify-ca`: the chain must lead to a configured root; the name is not checked.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        use rustls::CertificateError::{NotValidForName, NotValidForNameContext};
+        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(NotValidForName | NotValidForNameContext { .. })) => {
+                Ok(ServerCertVerified::assertion())
+            }
+            r => r,
+        }
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}

@@ -1,0 +1,357 @@
+//! TLS on both sides, judged by libpq (psql, pgbench) and a raw rustls client:
+//!
+//! * clients: `client_tls_sslmode = require` lets psql in with `sslmode=verify-full` and
+//!   refuses a plaintext one with PostgreSQL's 28000 wording; PostgreSQL 17's direct TLS
+//!   (ALPN `postgresql`) works, without ALPN it is refused; bytes sent after an SSLRequest
+//!   before the handshake get 08P01;
+//! * servers: a PostgreSQL that accepts only `hostssl` is reached with `sslmode=verify-full`
+//!   from the URL, its certificate checked (a certificate for another name passes
+//!   verify-ca and fails verify-full); `require` against a server without TLS is an error;
+//!   cancel works behind TLS; pgbench runs over TLS on both sides.
+
+mod support;
+
+use parsnip::embedded::Cluster;
+use std::io::{Read, Write};
+use std::process::Command;
+use std::sync::{Arc, LazyLock};
+use support::*;
+
+/// The certificate the TLS-only cluster and parsnip show: for 127.0.0.1 and localhost.
+static CERTS: LazyLock<Certs> = LazyLock::new(|| Certs::new(&["127.0.0.1", "localhost"]));
+
+/// A PostgreSQL that takes TCP connections only over TLS (`hostssl`), SCRAM auth.
+static TLS_PG: LazyLock<Cluster> = LazyLock::new(|| {
+    let mut opts = cluster_options("scram-sha-256", Some(SUPER_PW));
+    opts.tls = Some((CERTS.cert_pem.clone(), CERTS.key_pem.clone()));
+    let c = Cluster::start(opts).unwrap_or_else(|e| panic!("starting the TLS-only cluster: {e}"));
+    register_cluster_cleanup(&c);
+    c
+});
+
+/// Runs psql with `conninfo` and `sql`: (success, stdout, stderr).
+fn psql_with(conninfo: &str, sql: &str) -> (bool, String, String) {
+    let out = Command::new(cluster().bin_dir().join("psql"))
+        .args(["-X", "-A", "-t", "-c", sql, conninfo])
+        .env("PGCONNECT_TIMEOUT", "20")
+        .env_remove("PGSSLMODE")
+        .output()
+        .expect("running psql");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    )
+}
+
+/// parsnip in front of the shared cluster, showing clients `CERTS`, with `mode`.
+fn tls_front(mode: &str) -> Parsnip {
+    Parsnip::trust(&format!(
+        "client_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\nclient_tls_sslmode = \"{mode}\"",
+        CERTS.cert(),
+        CERTS.key()
+    ))
+}
+
+#[test]
+fn psql_verify_full_gets_in_and_plaintext_is_refused_under_require() {
+    let p = tls_front("require");
+    let base = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", p.port());
+    let (ok, out, err) = psql_with(&format!("{base} sslmode=verify-full sslrootcert={}", CERTS.ca()), "select 40 + 2");
+    assert!(ok, "psql over TLS failed: {err}\n{}", p.log_tail());
+    assert_eq!(out, "42");
+    let (ok, _, err) = psql_with(&format!("{base} sslmode=disable"), "select 1");
+    assert!(!ok, "a plaintext client got in under require");
+    assert!(
+        err.contains(
+            "no pg_hba.conf entry for host \"127.0.0.1\", user \"postgres\", database \"postgres\", no encryption"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn prefer_serves_both_and_a_client_checking_another_ca_is_refused() {
+    let p = tls_front("prefer");
+    let base = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", p.port());
+    let (ok, out, err) = psql_with(&format!("{base} sslmode=require"), "select 'tls'");
+    assert!(ok && out == "tls", "{err}");
+    let (ok, out, err) = psql_with(&format!("{base} sslmode=disable"), "select 'plain'");
+    assert!(ok && out == "plain", "{err}");
+    let other = Certs::new(&["127.0.0.1"]);
+    let (ok, _, err) = psql_with(&format!("{base} sslmode=verify-ca sslrootcert={}", other.ca()), "select 1");
+    assert!(!ok, "a certificate from another CA was accepted");
+    assert!(err.contains("certificate verify failed"), "{err}");
+}
+
+/// A rustls client trusting `CERTS`' CA, with `alpn`.
+fn client_config(alpn: Option<&[u8]>) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&CERTS.ca_file).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.map(|a| vec![a.to_vec()]).unwrap_or_default();
+    Arc::new(cfg)
+}
+
+fn startup_packet(user: &str, db: &str) -> Vec<u8> {
+    let mut body = 196608i32.to_be_bytes().to_vec();
+    for (k, v) in [("user", user), ("database", db)] {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut p = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    p.extend_from_slice(&body);
+    p
+}
+
+/// Reads one backend message: (tag, body).
+fn read_msg(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    r.read_exact(&mut head)?;
+    let len = i32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+    let mut body = vec![0u8; len - 4];
+    r.read_exact(&mut body)?;
+    Ok((head[0], body))
+}
+
+/// The messages up to the first ReadyForQuery or ErrorResponse, as tags; the error's text.
+fn read_until_ready(r: &mut impl Read) -> (String, String) {
+    let mut tags = String::new();
+    loop {
+        let (tag, body) = read_msg(r).expect("a message");
+        tags.push(tag as char);
+        if tag == b'E' {
+            return (tags, String::from_utf8_lossy(&body).into_owned());
+        }
+        if tag == b'Z' {
+            return (tags, String::new());
+        }
+    }
+}
+
+fn direct_tls(port: u16, alpn: Option<&[u8]>) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    let sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(client_config(alpn), name).unwrap();
+    rustls::StreamOwned::new(conn, sock)
+}
+
+#[test]
+fn direct_tls_with_alpn_logs_in_and_without_alpn_is_refused() {
+    let p = tls_front("require");
+    let mut s = direct_tls(p.port(), Some(b"postgresql"));
+    s.write_all(&startup_packet("postgres", "postgres")).unwrap();
+    let (tags, err) = read_until_ready(&mut s);
+    assert!(err.is_empty(), "{err}\n{}", p.log_tail());
+    assert!(tags.starts_with('R') && tags.ends_with('Z'), "{tags}");
+    assert_eq!(s.conn.alpn_protocol(), Some(&b"postgresql"[..]));
+    let mut q = b"Q".to_vec();
+    q.extend_from_slice(&(4 + 9i32).to_be_bytes());
+    q.extend_from_slice(b"select 7\0");
+    s.write_all(&q).unwrap();
+    let (tags, err) = read_until_ready(&mut s);
+    assert_eq!((tags.as_str(), err.as_str()), ("TDCZ", ""));
+
+    let mut s = direct_tls(p.port(), None);
+    s.write_all(&startup_packet("postgres", "postgres")).unwrap();
+    let (tags, err) = read_until_ready(&mut s);
+    assert_eq!(tags, "E");
+    assert!(err.contains("08P01") && err.contains("without ALPN"), "{err}");
+}
+
+#[test]
+fn bytes_sent_after_an_ssl_request_before_the_handshake_get_08p01() {
+    let p = tls_front("prefer");
+    let mut sock = std::net::TcpStream::connect(("127.0.0.1", p.port())).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    let mut both = vec![0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    both.extend_from_slice(&startup_packet("postgres", "postgres"));
+    sock.write_all(&both).unwrap();
+    let (tag, body) = read_msg(&mut sock).expect("an error, not 'S'");
+    assert_eq!(tag, b'E');
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("08P01") && text.contains("unencrypted data after SSL request"), "{text}");
+    let mut rest = Vec::new();
+    assert_eq!(sock.read_to_end(&mut rest).unwrap(), 0, "the connection is closed");
+}
+
+/// parsnip in front of the TLS-only cluster through a URL with `params`.
+fn tls_back(params: &str) -> Parsnip {
+    let url = format!("postgres://postgres:{SUPER_PW}@127.0.0.1:{}/postgres?{params}", TLS_PG.port());
+    Parsnip::start(&[&url])
+}
+
+fn through(p: &Parsnip, sql: &str) -> (bool, String, String) {
+    psql_with(&format!("host=127.0.0.1 port={} user=postgres password={SUPER_PW} dbname=postgres", p.port()), sql)
+}
+
+const SSL_IN_USE: &str = "select ssl from pg_stat_ssl where pid = pg_backend_pid()";
+
+#[test]
+fn a_hostssl_only_server_is_reached_with_verify_full_from_the_url() {
+    let p = tls_back(&format!("sslmode=verify-full&sslrootcert={}", CERTS.ca()));
+    let (ok, out, err) = through(&p, SSL_IN_USE);
+    assert!(ok, "{err}\n{}", p.log_tail());
+    assert_eq!(out, "t", "the server connection is encrypted");
+    // The same server refuses parsnip without TLS: the check above means something.
+    let p = tls_back("sslmode=disable");
+    let (ok, _, err) = through(&p, "select 1");
+    assert!(!ok);
+    assert!(err.contains("no pg_hba.conf entry") && err.contains("no encryption"), "{err}");
+}
+
+#[test]
+fn verify_full_checks_the_name_and_verify_ca_does_not() {
+    let elsewhere = Certs::new(&["db.example"]);
+    let mut opts = cluster_options("scram-sha-256", Some(SUPER_PW));
+    opts.tls = Some((elsewhere.cert_pem.clone(), elsewhere.key_pem.clone()));
+    let pg = Cluster::start(opts).expect("cluster with a certificate for another name");
+    let url = |mode: &str| {
+        format!(
+            "postgres://postgres:{SUPER_PW}@127.0.0.1:{}/postgres?sslmode={mode}&sslrootcert={}",
+            pg.port(),
+            elsewhere.ca()
+        )
+    };
+    let p = Parsnip::start(&[&url("verify-ca")]);
+    let (ok, out, err) = through(&p, SSL_IN_USE);
+    assert!(ok && out == "t", "verify-ca: {err}\n{}", p.log_tail());
+    let p = Parsnip::start(&[&url("verify-full")]);
+    let (ok, _, err) = through(&p, "select 1");
+    assert!(!ok, "verify-full accepted a certificate for db.example at 127.0.0.1");
+    assert!(err.contains("certificate not valid for name"), "{err}");
+}
+
+#[test]
+fn require_against_a_server_without_tls_is_an_error_not_plaintext() {
+    let url = format!("{}?sslmode=require", cluster().url());
+    let p = Parsnip::start(&[&url]);
+    let (ok, _, err) = through(&p, "select 1");
+    assert!(!ok, "require fell back to plaintext");
+    assert!(err.contains("server does not support SSL, but SSL was required"), "{err}");
+}
+
+#[test]
+fn an_unknown_url_parameter_stops_the_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_parsnip"))
+        .args([&format!("{}?sslmdoe=require", cluster().url()), "--listen", "127.0.0.1:1", "--unix-socket-dir", ""])
+        .output()
+        .expect("running parsnip");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sslmdoe"), "{err}");
+}
+
+#[tokio::test]
+async fn cancel_reaches_a_query_on_a_tls_server() {
+    let p = tls_back(&format!("sslmode=verify-full&sslrootcert={}", CERTS.ca()));
+    bounded(60, "cancel_reaches_a_query_on_a_tls_server", async {
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        let token = c.cancel_token();
+        let q = tokio::spawn(async move {
+            let r = c.client.simple_query("select pg_sleep(30)").await;
+            (c, r)
+        });
+        // Cancel once the query is running on the server.
+        loop {
+            let n = TLS_PG.psql(
+                "postgres",
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'",
+            );
+            if n.map(|s| s.trim() == "1").unwrap_or(false) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        token.cancel_query(tokio_postgres::NoTls).await.expect("cancel sent");
+        let (_c, r) = q.await.unwrap();
+        let e = r.expect_err("the query was cancelled");
+        assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e}");
+    })
+    .await;
+}
+
+#[test]
+fn pgbench_runs_over_tls_on_both_sides() {
+    let p = Parsnip::start(&[
+        &format!(
+            "postgres://postgres:{SUPER_PW}@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
+            TLS_PG.port(),
+            CERTS.ca()
+        ),
+        "--tls-cert",
+        &CERTS.cert(),
+        "--tls-key",
+        &CERTS.key(),
+    ]);
+    let pgbench = cluster().bin_dir().join("pgbench");
+    let conn = |extra: &[&str]| {
+        let mut c = Command::new(&pgbench);
+        c.args(["-h", "127.0.0.1", "-p", &p.port().to_string(), "-U", "postgres"])
+            .args(extra)
+            .arg("postgres")
+            .env("PGPASSWORD", SUPER_PW)
+            .env("PGSSLMODE", "verify-full")
+            .env("PGSSLROOTCERT", CERTS.ca());
+        c.output().expect("running pgbench")
+    };
+    let init = conn(&["-i", "-s", "1", "-q"]);
+    assert!(init.status.success(), "{}\n{}", String::from_utf8_lossy(&init.stderr), p.log_tail());
+    let run = conn(&["-n", "-S", "-M", "prepared", "-c", "4", "-j", "2", "-t", "100"]);
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{out}\n{}", String::from_utf8_lossy(&run.stderr));
+    assert!(out.contains("number of transactions actually processed: 400/400"), "{out}");
+}
+
+#[test]
+fn megabytes_cross_tls_on_both_sides_intact() {
+    let p = Parsnip::start(&[
+        &format!(
+            "postgres://postgres:{SUPER_PW}@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
+            TLS_PG.port(),
+            CERTS.ca()
+        ),
+        "--tls-cert",
+        &CERTS.cert(),
+        "--tls-key",
+        &CERTS.key(),
+    ]);
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=postgres password={SUPER_PW} dbname=postgres sslmode=verify-full sslrootcert={}",
+        p.port(),
+        CERTS.ca()
+    );
+    // 3 MB down: a reply many TLS records long.
+    let (ok, out, err) = psql_with(&conninfo, "select md5(repeat('ab', 1500000)), repeat('ab', 1500000)");
+    assert!(ok, "{err}\n{}", p.log_tail());
+    let (sum, text) = out.split_once('|').expect("two columns");
+    assert_eq!(text.len(), 3_000_000);
+    assert!(text.bytes().all(|b| b == b'a' || b == b'b'));
+    // 2 MB up: a query text many records long (from a file: too long for an argument).
+    let file = temp_path("big.sql");
+    std::fs::write(&file, format!("select md5('{}');\n", "ab".repeat(1_000_000))).unwrap();
+    let out = Command::new(cluster().bin_dir().join("psql"))
+        .args(["-X", "-A", "-t", "-f", &file.display().to_string(), &conninfo])
+        .output()
+        .expect("running psql");
+    let _ = std::fs::remove_file(&file);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let up = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let (ok, direct, err) = psql_with(&conninfo, "select md5(repeat('ab', 1000000))");
+    assert!(ok, "{err}");
+    assert_eq!(up, direct, "the 2 MB text arrived intact");
+    assert_ne!(sum, direct);
+}
