@@ -355,3 +355,41 @@ fn megabytes_cross_tls_on_both_sides_intact() {
     assert_eq!(up, direct, "the 2 MB text arrived intact");
     assert_ne!(sum, direct);
 }
+
+/// The config file's server_tls_* keys: a server that wants a client certificate
+/// (`clientcert=verify-full`, CN = user name) gets parsnip's, with the chain checked.
+#[test]
+fn a_client_certificate_from_the_config_file_is_shown_to_a_server_that_asks() {
+    let client = Certs::new(&["postgres"]);
+    let mut opts = cluster_options("scram-sha-256", Some(SUPER_PW));
+    opts.tls = Some((CERTS.cert_pem.clone(), CERTS.key_pem.clone()));
+    opts.extra_conf.push(format!("ssl_ca_file = '{}'", client.ca()));
+    let pg = Cluster::start(opts).expect("cluster");
+    std::fs::write(
+        pg.data_dir().join("pg_hba.conf"),
+        "local all postgres trust\nhostssl all all 127.0.0.1/32 scram-sha-256 clientcert=verify-full\n",
+    )
+    .expect("pg_hba.conf");
+    pg.psql("postgres", "select pg_reload_conf()").expect("reload");
+    let config = |with_cert: bool| {
+        let cert = if with_cert {
+            format!("server_tls_cert_file = \"{}\"\nserver_tls_key_file = \"{}\"\n", client.cert(), client.key())
+        } else {
+            String::new()
+        };
+        format!(
+            "auth_type = \"trust\"\nserver_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = \"{}\"\n{cert}\n\
+             [databases.\"*\"]\nhost = \"127.0.0.1\"\nport = {}\n\n[users.postgres]\npassword = \"{SUPER_PW}\"\n",
+            CERTS.ca(),
+            pg.port()
+        )
+    };
+    let p = Parsnip::with_config(&config(true));
+    let (ok, out, err) = through(&p, "select client_dn from pg_stat_ssl where pid = pg_backend_pid()");
+    assert!(ok, "{err}\n{}", p.log_tail());
+    assert_eq!(out, "/CN=postgres");
+    let p = Parsnip::with_config(&config(false));
+    let (ok, _, err) = through(&p, "select 1");
+    assert!(!ok, "the server let parsnip in without a client certificate");
+    assert!(err.contains("certificate"), "{err}");
+}

@@ -439,6 +439,27 @@ mod tests {
     }
 
     #[test]
+    fn tls_settings_are_checked_together() {
+        let db = "[databases.a]\nhost='h'\nport=1\n";
+        let bad = [
+            ("client_tls_cert_file = '/c'\n", "go together"),
+            ("client_tls_sslmode = 'require'\n", "needs client_tls_cert_file"),
+            ("server_tls_cert_file = '/c'\n", "go together"),
+            ("server_tls_sslmode = 'verify-full'\n", "server_tls_ca_file"),
+            ("server_tls_sslmode = 'verify_full'\n", "unknown variant"),
+        ];
+        for (top, want) in bad {
+            let e = Config::from_toml(&format!("{top}{db}")).unwrap_err();
+            assert!(e.0.contains(want), "{top}: {e}");
+        }
+        let cfg = Config::from_toml(&format!("client_tls_cert_file = '/c'\nclient_tls_key_file = '/k'\n{db}")).unwrap();
+        assert_eq!(cfg.client_tls_mode(), ClientTlsMode::Prefer, "a certificate alone means prefer");
+        let cfg = Config::from_toml(db).unwrap();
+        assert_eq!(cfg.client_tls_mode(), ClientTlsMode::Disable);
+        assert_eq!(cfg.server_tls_sslmode, ServerTlsMode::Prefer, "libpq's default");
+    }
+
+    #[test]
     fn wildcard_database_and_overrides() {
         let cfg = Config::from_toml(
             "pool_size = 7\n[databases.\"*\"]\nhost='h'\nport=5\n[databases.x]\nhost='h'\nport=5\ndbname='real'\npool_size=2\n[users.u]\npool_mode='session'\n",
