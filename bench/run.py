@@ -59,8 +59,11 @@ def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int, h
     j = 1 if case.latency else max(1, min(jobs, clients))
     argv = [pg.bin("pgbench"), "-n", "-S", "-M", case.mode, "-c", str(clients), "-j", str(j), "-T", str(duration),
             "-h", host, "-p", str(port), "-U", DB_USER, DB]
+    if TRANSPORT["connect"]:
+        argv.insert(1, "-C")
+    env = dict(os.environ, PGSSLMODE="require") if TRANSPORT["tls"] else None
     timeout = duration + 15 + clients * 0.05
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, env=env)
     kill = lambda: stop_process(p, signal.SIGTERM, grace=2)  # noqa: E731
     PROCS.push(kill)
     try:
@@ -72,7 +75,7 @@ def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int, h
     finally:
         PROCS.remove(kill)
     res: dict = {"rc": p.returncode}
-    if m := re.search(r"tps = ([\d.]+) \(without initial connection time\)", out):
+    if m := re.search(r"tps = ([\d.]+) \((?:without initial connection time|including reconnection times)\)", out):
         res["tps"] = float(m.group(1))
     if m := re.search(r"latency average = ([\d.]+) ms", out):
         res["latency_ms"] = float(m.group(1))
@@ -284,6 +287,11 @@ def main(argv: list[str]) -> int:
                     "socket (as a pooler on the database host usually does); pgbench stays on TCP 127.0.0.1")
     ap.add_argument("--unix", action="store_true", help="unix sockets instead of TCP on 127.0.0.1 for every "
                     "hop: pgbench to PostgreSQL or pooler, and pooler to PostgreSQL")
+    ap.add_argument("--tls", action="store_true", help="TLS on every TCP hop: pgbench with sslmode=require, "
+                    "PostgreSQL with ssl = on, each pooler requiring TLS from clients and using it to PostgreSQL "
+                    "(a self-signed certificate made with openssl)")
+    ap.add_argument("--connect", action="store_true", help="pgbench -C: a new connection per transaction "
+                    "(with --tls: the handshake's cost)")
     ap.add_argument("--scale", type=int, default=10, help="pgbench -i -s (default 10)")
     ap.add_argument("--quick", action="store_true", help="smoke check: -T 3, one round, 16 and 64 clients")
     ap.add_argument("--no-latency", dest="latency", action="store_false",
@@ -309,6 +317,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     TRANSPORT["unix"] = args.unix
     TRANSPORT["server_unix"] = args.server_unix
+    TRANSPORT["connect"] = args.connect
 
     if args.quick:
         args.duration = args.duration or 3
@@ -360,6 +369,24 @@ def main(argv: list[str]) -> int:
         PROCS.run()
 
 
+def make_certificate(tmp: Path, user) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (openssl), readable by the service user."""
+    cert, key = tmp / "tls.crt", tmp / "tls.key"
+    r = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        capture_output=True, text=True,
+    )
+    if r.returncode != 0:
+        raise BenchError(f"openssl could not make a certificate: {r.stderr.strip()}")
+    for p in (cert, key):
+        os.chmod(p, 0o600 if p == key else 0o644)
+        if user:
+            os.chown(p, user.pw_uid, user.pw_gid)
+    return str(cert), str(key)
+
+
 def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str) -> int:
     user = service_user()
     install = not args.no_install
@@ -394,6 +421,10 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         parsnip_version += f" (binary sha256 {digest}, built {datetime.datetime.fromtimestamp(copy.stat().st_mtime):%Y-%m-%d %H:%M})"
 
     pg = Postgres(bindir, tmp, user)
+    if args.tls:
+        TRANSPORT["tls"] = make_certificate(tmp, user)
+        pg.settings.update({"ssl": "on", "ssl_cert_file": f"'{TRANSPORT['tls'][0]}'",
+                            "ssl_key_file": f"'{TRANSPORT['tls'][1]}'"})
     pg.start()
     pg.init_pgbench(args.scale)
 
@@ -433,7 +464,9 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         + (f", niceness {args.nice}" if args.nice else "")
         + (", unix sockets on every hop" if args.unix
            else ", pgbench on TCP 127.0.0.1, poolers to PostgreSQL over its unix socket" if args.server_unix
-           else ", TCP on 127.0.0.1 on every hop"),
+           else ", TCP on 127.0.0.1 on every hop")
+        + (", TLS (sslmode=require, a P-256 certificate) on every TCP hop" if args.tls else "")
+        + (", a new connection per transaction (pgbench -C)" if args.connect else ""),
     ]
     if parsnip_version and "parsnip" not in skipped:
         extra = "".join(f", `{l}`" for l in args.parsnip_config)

@@ -27,7 +27,10 @@ ALL_MODES = ("simple", "extended", "prepared")
 DB = "bench"
 DB_USER = "postgres"
 # "tcp" (127.0.0.1) or "unix" (sockets in each system's own directory); set from --unix.
-TRANSPORT = {"unix": False, "server_unix": False}
+TRANSPORT = {"unix": False, "server_unix": False, "tls": None, "connect": False}
+# With --tls: TRANSPORT["tls"] = (certificate file, key file); pgbench connects with
+# sslmode=require, PostgreSQL has ssl = on, and the poolers require TLS from clients and use
+# it to PostgreSQL (over TCP).
 
 # --------------------------------------------------------------------------- processes
 
@@ -202,10 +205,14 @@ class Parsnip(Pooler):
         cfg = self.tmp / "parsnip.toml"
         cfg.write_text('log_level = "warn"\nauth_type = "trust"\n' + "".join(f"{l}\n" for l in self.extra_config))
         env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+        tls = TRANSPORT["tls"]
         if self.sockdir or TRANSPORT["server_unix"]:
             url = f"postgres://{DB_USER}@:{self.pg.port}/{DB}?host={self.pg.sock}"
         else:
-            url = f"postgres://{DB_USER}@127.0.0.1:{self.pg.port}/{DB}"
+            url = f"postgres://{DB_USER}@127.0.0.1:{self.pg.port}/{DB}" + ("?sslmode=require" if tls else "")
+        if tls:
+            cfg.write_text(cfg.read_text() + f'client_tls_cert_file = "{tls[0]}"\nclient_tls_key_file = "{tls[1]}"\n'
+                           'client_tls_sslmode = "require"\n')
         listen = f"{self.sockdir}/.s.PGSQL.{self.port}" if self.sockdir else f"127.0.0.1:{self.port}"
         return (
             [str(self.binary), url, "--listen", listen, "--pool-size", str(self.pool_size),
@@ -244,6 +251,9 @@ class PgBouncer(Pooler):
             "log_connections = 0\n"
             "log_disconnections = 0\n"
             "ignore_startup_parameters = extra_float_digits\n"
+            + (f"client_tls_sslmode = require\nclient_tls_cert_file = {TRANSPORT['tls'][0]}\n"
+               f"client_tls_key_file = {TRANSPORT['tls'][1]}\nserver_tls_sslmode = require\n"
+               if TRANSPORT["tls"] else "")
         )
         for p in (users, ini):
             if self.user:
