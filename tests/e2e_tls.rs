@@ -393,3 +393,28 @@ fn a_client_certificate_from_the_config_file_is_shown_to_a_server_that_asks() {
     assert!(!ok, "the server let parsnip in without a client certificate");
     assert!(err.contains("certificate"), "{err}");
 }
+
+/// libpq 17+'s own direct TLS (`sslnegotiation=direct`), when the suite's psql has it (the
+/// PostgreSQL 18 pass; PostgreSQL 15's psql does not know the option, and the raw client
+/// test above covers direct TLS there).
+#[test]
+fn libpq_direct_tls_negotiation_gets_in() {
+    let version = Command::new(cluster().bin_dir().join("psql")).arg("--version").output().expect("psql --version");
+    let text = String::from_utf8_lossy(&version.stdout);
+    let major: u32 = text.split_whitespace().nth(2).and_then(|v| v.split('.').next()?.parse().ok()).unwrap_or(0);
+    if major < 17 {
+        eprintln!("psql {major}: no sslnegotiation option; covered by the raw direct-TLS test");
+        return;
+    }
+    let p = tls_front("require");
+    let (ok, out, err) = psql_with(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=verify-full sslnegotiation=direct sslrootcert={}",
+            p.port(),
+            CERTS.ca()
+        ),
+        "select 'direct'",
+    );
+    assert!(ok, "{err}\n{}", p.log_tail());
+    assert_eq!(out, "direct");
+}
