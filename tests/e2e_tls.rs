@@ -102,20 +102,6 @@ fn client_config(alpn: Option<&[u8]>) -> Arc<rustls::ClientConfig> {
     Arc::new(cfg)
 }
 
-fn startup_packet(user: &str, db: &str) -> Vec<u8> {
-    let mut body = 196608i32.to_be_bytes().to_vec();
-    for (k, v) in [("user", user), ("database", db)] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut p = ((body.len() + 4) as i32).to_be_bytes().to_vec();
-    p.extend_from_slice(&body);
-    p
-}
-
 /// Reads one backend message: (tag, body).
 fn read_msg(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
     let mut head = [0u8; 5];
@@ -153,20 +139,17 @@ fn direct_tls(port: u16, alpn: Option<&[u8]>) -> rustls::StreamOwned<rustls::Cli
 fn direct_tls_with_alpn_logs_in_and_without_alpn_is_refused() {
     let p = tls_front("require");
     let mut s = direct_tls(p.port(), Some(b"postgresql"));
-    s.write_all(&startup_packet("postgres", "postgres")).unwrap();
+    s.write_all(&startup_packet(&[("user", "postgres"), ("database", "postgres")])).unwrap();
     let (tags, err) = read_until_ready(&mut s);
     assert!(err.is_empty(), "{err}\n{}", p.log_tail());
     assert!(tags.starts_with('R') && tags.ends_with('Z'), "{tags}");
     assert_eq!(s.conn.alpn_protocol(), Some(&b"postgresql"[..]));
-    let mut q = b"Q".to_vec();
-    q.extend_from_slice(&(4 + 9i32).to_be_bytes());
-    q.extend_from_slice(b"select 7\0");
-    s.write_all(&q).unwrap();
+    s.write_all(&query_msg("select 7")).unwrap();
     let (tags, err) = read_until_ready(&mut s);
     assert_eq!((tags.as_str(), err.as_str()), ("TDCZ", ""));
 
     let mut s = direct_tls(p.port(), None);
-    s.write_all(&startup_packet("postgres", "postgres")).unwrap();
+    s.write_all(&startup_packet(&[("user", "postgres"), ("database", "postgres")])).unwrap();
     let (tags, err) = read_until_ready(&mut s);
     assert_eq!(tags, "E");
     assert!(err.contains("08P01") && err.contains("without ALPN"), "{err}");
@@ -178,7 +161,7 @@ fn bytes_sent_after_an_ssl_request_before_the_handshake_get_08p01() {
     let mut sock = std::net::TcpStream::connect(("127.0.0.1", p.port())).unwrap();
     sock.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
     let mut both = vec![0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
-    both.extend_from_slice(&startup_packet("postgres", "postgres"));
+    both.extend_from_slice(&startup_packet(&[("user", "postgres"), ("database", "postgres")]));
     sock.write_all(&both).unwrap();
     let (tag, body) = read_msg(&mut sock).expect("an error, not 'S'");
     assert_eq!(tag, b'E');
@@ -186,6 +169,17 @@ fn bytes_sent_after_an_ssl_request_before_the_handshake_get_08p01() {
     assert!(text.contains("08P01") && text.contains("unencrypted data after SSL request"), "{text}");
     let mut rest = Vec::new();
     assert_eq!(sock.read_to_end(&mut rest).unwrap(), 0, "the connection is closed");
+}
+
+/// parsnip requiring TLS from clients (`--tls-cert`, `--tls-key`) in front of the TLS-only
+/// cluster reached with verify-full.
+fn tls_both_sides() -> Parsnip {
+    let url = format!(
+        "postgres://postgres:{SUPER_PW}@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        TLS_PG.port(),
+        CERTS.ca()
+    );
+    Parsnip::start(&[&url, "--tls-cert", &CERTS.cert(), "--tls-key", &CERTS.key()])
 }
 
 /// parsnip in front of the TLS-only cluster through a URL with `params`.
@@ -286,17 +280,7 @@ async fn cancel_reaches_a_query_on_a_tls_server() {
 
 #[test]
 fn pgbench_runs_over_tls_on_both_sides() {
-    let p = Parsnip::start(&[
-        &format!(
-            "postgres://postgres:{SUPER_PW}@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
-            TLS_PG.port(),
-            CERTS.ca()
-        ),
-        "--tls-cert",
-        &CERTS.cert(),
-        "--tls-key",
-        &CERTS.key(),
-    ]);
+    let p = tls_both_sides();
     let pgbench = cluster().bin_dir().join("pgbench");
     let conn = |extra: &[&str]| {
         let mut c = Command::new(&pgbench);
@@ -318,17 +302,7 @@ fn pgbench_runs_over_tls_on_both_sides() {
 
 #[test]
 fn megabytes_cross_tls_on_both_sides_intact() {
-    let p = Parsnip::start(&[
-        &format!(
-            "postgres://postgres:{SUPER_PW}@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
-            TLS_PG.port(),
-            CERTS.ca()
-        ),
-        "--tls-cert",
-        &CERTS.cert(),
-        "--tls-key",
-        &CERTS.key(),
-    ]);
+    let p = tls_both_sides();
     let conninfo = format!(
         "host=127.0.0.1 port={} user=postgres password={SUPER_PW} dbname=postgres sslmode=verify-full sslrootcert={}",
         p.port(),

@@ -79,16 +79,16 @@ pub(crate) fn for_servers(cfg: &Config) -> Result<ServerTls, String> {
         }
         None => None,
     };
-    let verifier: Arc<dyn ServerCertVerifier> = match (mode.verifies(), roots) {
-        (true, Some(roots)) => {
-            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+    let chain = match (mode.verifies(), roots) {
+        (true, Some(roots)) => Some(
+            WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                 .build()
-                .map_err(|e| format!("server_tls_ca_file: {e}"))?;
-            if mode == ServerTlsMode::VerifyFull { webpki } else { Arc::new(ChainOnly(webpki)) }
-        }
+                .map_err(|e| format!("server_tls_ca_file: {e}"))?,
+        ),
         (true, None) => return Err("server_tls_sslmode verify-ca / verify-full needs server_tls_ca_file".into()),
-        (false, _) => Arc::new(Unchecked(algs)),
+        (false, _) => None,
     };
+    let verifier = Arc::new(Verifier { chain, check_name: mode == ServerTlsMode::VerifyFull, algs });
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
@@ -109,48 +109,18 @@ pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>, String> {
     ServerName::try_from(host.to_owned()).map_err(|e| format!("{host}: not a host name for TLS: {e}"))
 }
 
-/// `require`: encrypted, the certificate unchecked (libpq's sslmode=require); the
-/// handshake's signatures are still verified.
+/// How a server's certificate is checked: `chain` None is `require` (encrypted, the
+/// certificate unchecked, as libpq's sslmode=require; the handshake's signatures are still
+/// verified); `verify-ca` and `verify-full` check the chain with webpki, `verify-ca` then
+/// forgiving a name mismatch.
 #[derive(Debug)]
-struct Unchecked(WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
-    }
+struct Verifier {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    check_name: bool,
+    algs: WebPkiSupportedAlgorithms,
 }
 
-/// `verify-ca`: the chain must lead to a configured root; the name is not checked.
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -160,8 +130,11 @@ impl ServerCertVerifier for ChainOnly {
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         use rustls::CertificateError::{NotValidForName, NotValidForNameContext};
-        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
-            Err(rustls::Error::InvalidCertificate(NotValidForName | NotValidForNameContext { .. })) => {
+        let Some(chain) = &self.chain else { return Ok(ServerCertVerified::assertion()) };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(NotValidForName | NotValidForNameContext { .. }))
+                if !self.check_name =>
+            {
                 Ok(ServerCertVerified::assertion())
             }
             r => r,
@@ -173,7 +146,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algs)
     }
     fn verify_tls13_signature(
         &self,
@@ -181,9 +154,9 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algs)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.algs.supported_schemes()
     }
 }
