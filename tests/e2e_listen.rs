@@ -70,6 +70,17 @@ async fn unix_socket_beside_tcp_with_its_mode() {
         cfg.host_path(&dir.0);
         let c = Pg::connect_config(&mut cfg).await.unwrap_or_else(|e| panic!("over the socket: {e}\n{}", p.log_tail()));
         assert_eq!(c.scalar("select 1").await.expect("query"), "1");
+        // The console over the socket, under PgBouncer's database name too.
+        for db in ["parsnip", "pgbouncer"] {
+            let mut cfg = pg_config(p.port(), "postgres", Some(SUPER_PW), db);
+            cfg.host_path(&dir.0);
+            let console = Pg::connect_config(&mut cfg).await.unwrap_or_else(|e| panic!("console {db}: {e}"));
+            let rows = console.simple_query("SHOW VERSION").await.expect("SHOW VERSION");
+            assert!(
+                rows.iter().any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_))),
+                "console {db}: no row"
+            );
+        }
     })
     .await;
     // SIGINT (immediate exit) removes the socket file too.

@@ -31,6 +31,10 @@ use std::sync::Arc;
 /// configured).
 pub(crate) const ADMIN_DB: &str = "parsnip";
 
+/// PgBouncer's name for its console, answered too, so tools written for PgBouncer (exporters,
+/// monitoring agents) reach parsnip's unchanged.
+pub(crate) const PGBOUNCER_ADMIN_DB: &str = "pgbouncer";
+
 /// What the driver must do next.
 #[derive(Debug)]
 pub(crate) enum Step {
@@ -271,7 +275,7 @@ impl Login {
             return self.close(Error::fatal(SqlState::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
         }
         let cfg = self.cfg.clone();
-        let target = if db == ADMIN_DB && !cfg.databases.contains_key(&db) {
+        let target = if (db == ADMIN_DB || db == PGBOUNCER_ADMIN_DB) && !cfg.databases.contains_key(&db) {
             let db_cfg = cfg.database("postgres").map(|(d, _)| d.clone()).unwrap_or_default();
             Target { db_cfg, server_db: "postgres".into(), console: true }
         } else {

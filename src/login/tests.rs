@@ -243,6 +243,20 @@ fn the_console_needs_an_admin_user() {
     closed_with(m.handle_bytes(&mut password_msg(b"pw", true)), "28000");
 }
 
+#[test]
+fn database_pgbouncer_reaches_the_console_unless_configured() {
+    let mut m = login(config(AuthType::Trust, &[]));
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u"), ("database", "pgbouncer")])), Step::Console));
+    // A configured database of that name is a database.
+    let mut cfg = (*config(AuthType::Trust, &[])).clone();
+    cfg.databases.insert("pgbouncer".into(), DatabaseConfig::default());
+    let mut m = login(Arc::new(cfg));
+    assert!(matches!(
+        m.handle_bytes(&mut startup(&[("user", "u"), ("database", "pgbouncer")])),
+        Step::Authenticated(_)
+    ));
+}
+
 fn tls_login(mode: crate::config::ClientTlsMode, unix: bool) -> Login {
     login(config(AuthType::Trust, &[])).with_transport(Transport { tls: true, mode, unix, peer: "10.1.2.3".into() })
 }
