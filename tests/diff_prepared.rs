@@ -87,6 +87,7 @@ scenarios! {
         intentional_sql_in_multi_statement_query,
         sql_execute_after_eviction,
         sql_execute_after_eviction_fails_to_prepare,
+        sql_execute_inside_explain_and_create_table_as,
     ],
     portals_copy => [
         flush_without_sync,

@@ -1,5 +1,6 @@
 //! Recognizing the SQL-level prepared-statement commands in a simple Query: `PREPARE`,
-//! `EXECUTE`, `DEALLOCATE [PREPARE] name|ALL` and `DISCARD ALL`. A small lexer splits the
+//! `EXECUTE` (also inside `EXPLAIN … EXECUTE` and `CREATE TABLE … AS EXECUTE`),
+//! `DEALLOCATE [PREPARE] name|ALL` and `DISCARD ALL`. A small lexer splits the
 //! text into statements (respecting quotes, dollar quotes and comments) so that these
 //! commands are found even inside multi-statement strings.
 
@@ -396,9 +397,88 @@ fn parse_one(sql: &[u8], r: Range<usize>) -> Option<SqlStmt> {
         return None;
     }
     if let Some(j) = keyword_at(sql, i, end, b"execute") {
-        let k = skip_ws(sql, j, end);
-        let (name, j2) = ident(sql, k, end)?;
-        return Some(SqlStmt::Execute { name, span: k..j2 });
+        return execute_at(sql, j, end);
+    }
+    if let Some(j) = keyword_at(sql, i, end, b"explain") {
+        return execute_at(sql, explain_options_end(sql, j, end)?, end);
+    }
+    if let Some(j) = keyword_at(sql, i, end, b"create") {
+        return execute_at(sql, table_as_execute(sql, j, end)?, end);
+    }
+    None
+}
+
+/// The name after `EXECUTE` (whose keyword ends at `j`).
+fn execute_at(sql: &[u8], j: usize, end: usize) -> Option<SqlStmt> {
+    let k = skip_ws(sql, j, end);
+    let (name, j2) = ident(sql, k, end)?;
+    Some(SqlStmt::Execute { name, span: k..j2 })
+}
+
+/// `EXPLAIN [(options)] [ANALYZE] [VERBOSE] EXECUTE`: where `EXECUTE` ends (after `explain`
+/// at `j`), if that is what follows.
+fn explain_options_end(sql: &[u8], j: usize, end: usize) -> Option<usize> {
+    let mut k = skip_ws(sql, j, end);
+    if sql.get(k) == Some(&b'(') {
+        k = skip_ws(sql, paren_end(sql, k, end)?, end);
+    }
+    while let Some(j2) = [&b"analyze"[..], b"analyse", b"verbose"].iter().find_map(|w| keyword_at(sql, k, end, w)) {
+        k = skip_ws(sql, j2, end);
+    }
+    keyword_at(sql, k, end, b"execute")
+}
+
+/// `CREATE [GLOBAL | LOCAL] [TEMP | TEMPORARY | UNLOGGED] TABLE … AS EXECUTE` (after
+/// `create` at `j`): where `EXECUTE` ends. Scans to the first top-level `AS` only (what
+/// follows one that is not `EXECUTE` is a query, not ours).
+fn table_as_execute(sql: &[u8], j: usize, end: usize) -> Option<usize> {
+    let mut k = skip_ws(sql, j, end);
+    for w in [&b"global"[..], b"local", b"temporary", b"temp", b"unlogged"] {
+        if let Some(j2) = keyword_at(sql, k, end, w) {
+            k = skip_ws(sql, j2, end);
+        }
+    }
+    k = keyword_at(sql, k, end, b"table")?;
+    while k < end {
+        k = skip_ws(sql, k, end);
+        match sql.get(k)? {
+            b'(' => k = paren_end(sql, k, end)?,
+            b'"' => k = ident(sql, k, end)?.1,
+            b'\'' | b'$' => return None,
+            c if c.is_ascii_alphabetic() || *c == b'_' || *c >= 0x80 => {
+                if let Some(j2) = keyword_at(sql, k, end, b"as") {
+                    return keyword_at(sql, skip_ws(sql, j2, end), end, b"execute");
+                }
+                k = ident(sql, k, end)?.1;
+            }
+            _ => k += 1,
+        }
+    }
+    None
+}
+
+/// Just past the `)` closing the `(` at `i` (nested parentheses and quotes skipped).
+fn paren_end(sql: &[u8], i: usize, end: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut k = i;
+    while k < end {
+        match sql[k] {
+            b'(' => depth += 1,
+            b')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k + 1);
+                }
+            }
+            q @ (b'\'' | b'"') => {
+                k += 1;
+                while k < end && sql[k] != q {
+                    k += 1;
+                }
+            }
+            _ => {}
+        }
+        k += 1;
     }
     None
 }
@@ -479,6 +559,28 @@ mod tests {
         assert_eq!(classify(b"select 1; deallocate all"), Classified::Multi);
         assert_eq!(classify(b"select 1;Deallocate all"), Classified::Multi);
         assert_eq!(classify(b"select 1;/**/EXECUTE q"), Classified::Multi);
+        let exec = |sql: &[u8], name: &[u8]| {
+            let Classified::Single(SqlStmt::Execute { name: n, span }) = classify(sql) else {
+                panic!("{} is not an EXECUTE", String::from_utf8_lossy(sql))
+            };
+            assert_eq!(n, name);
+            assert_eq!(sql[span].to_ascii_lowercase(), name, "{}", String::from_utf8_lossy(sql));
+        };
+        exec(b"EXPLAIN EXECUTE q1(5)", b"q1");
+        exec(b"explain analyze verbose execute Q2", b"q2");
+        exec(b"EXPLAIN (ANALYZE, COSTS off, FORMAT 'json') EXECUTE q3 (1, 'a')", b"q3");
+        exec(b"CREATE TABLE t AS EXECUTE q4(1)", b"q4");
+        exec(b"create temp table if not exists \"T x\" (a, b) as execute q5 with no data", b"q5");
+        exec(b"CREATE UNLOGGED TABLE s.t WITH (fillfactor = 70) AS EXECUTE q6", b"q6");
+        for plain in [
+            &b"EXPLAIN SELECT 1"[..],
+            b"EXPLAIN (ANALYZE) SELECT 'execute q'",
+            b"CREATE TABLE t AS SELECT 1 AS execute",
+            b"CREATE FUNCTION f() RETURNS int AS $$ execute q $$ LANGUAGE sql",
+            b"CREATE INDEX ON t (a)",
+        ] {
+            assert_eq!(classify(plain), Classified::Plain, "{}", String::from_utf8_lossy(plain));
+        }
         assert_eq!(classify(b"(execute q)"), Classified::Plain);
         assert_eq!(classify(b"select predeallocate, x_execute from t"), Classified::Plain);
         assert_eq!(classify(b"DISCARD ALL;"), Classified::Single(SqlStmt::DiscardAll));
