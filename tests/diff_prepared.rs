@@ -112,6 +112,7 @@ scenarios! {
         alter_sql_prepared,
         intentional_retry_when_batch_describes_portal,
         intentional_server_lost_statements,
+        type_dropped_and_recreated_under_a_cached_statement,
     ],
     limits => [
         eviction_rotation,

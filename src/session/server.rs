@@ -219,7 +219,7 @@ impl Session {
         let Some(head) = self.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
         head.failed = true;
         let req = head.req;
-        let code = backend::error_field(body(frame), b'C').unwrap_or_default();
+        let code = statement_error_class(body(frame));
         let retry_from = head.fx.replay_from;
         match &head.fx.uses {
             Some(s) if retry_from.is_some() && (code == b"0A000" || code == b"26000") => {
@@ -423,4 +423,18 @@ impl Session {
 /// An ErrorResponse body whose severity is FATAL or PANIC (the backend ends the connection).
 fn is_fatal(body: &[u8]) -> bool {
     matches!(backend::error_severity(body), Some(b"FATAL" | b"PANIC"))
+}
+
+/// The SQLSTATE of an error, as far as a cached statement is concerned: PostgreSQL's XX000
+/// "cache lookup failed for type …" (a type the statement was planned with was dropped,
+/// even if created again: the statement can never run again, as 0A000's stale plan) counts
+/// as 0A000, so the statement goes stale and a fresh Parse of its text gets a new one.
+fn statement_error_class(body: &[u8]) -> &[u8] {
+    let code = backend::error_field(body, b'C').unwrap_or_default();
+    if code == b"XX000"
+        && backend::error_field(body, b'M').is_some_and(|m| m.starts_with(b"cache lookup failed for type"))
+    {
+        return b"0A000";
+    }
+    code
 }
