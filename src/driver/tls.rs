@@ -112,17 +112,7 @@ impl TlsStream {
             if g.closed {
                 return Ok(0);
             }
-            let st = &mut *g;
-            // (A read that finds nothing clears the socket's readiness.)
-            let got = st.conn.read_tls(&mut SockIo(&self.sock))?;
-            let io_state = st.conn.process_new_packets().map_err(tls_err)?;
-            st.plain = io_state.plaintext_bytes_to_read();
-            if got == 0 || io_state.peer_has_closed() {
-                st.closed = true;
-            }
-            // Alerts or key updates the peer's records called for; sent now if the socket
-            // takes them, else with the next write.
-            let _ = flush_tls(st, &self.sock);
+            g.read_records(&self.sock)?;
         }
     }
 
@@ -147,6 +137,23 @@ impl TlsStream {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+impl TlsState {
+    /// Reads what ciphertext the socket has (`WouldBlock`: none; a read that finds nothing
+    /// clears the socket's readiness) and decrypts it: `plain` and `closed` say what came.
+    /// Whatever the records called for (an alert, a key update) is sent now if the socket
+    /// takes it, else with the next write; a record that breaks the connection gets its
+    /// alert out before the error.
+    fn read_records(&mut self, sock: &Stream) -> io::Result<()> {
+        let got = self.conn.read_tls(&mut SockIo(sock))?;
+        let io_state = self.conn.process_new_packets();
+        let _ = flush_tls(self, sock);
+        let io_state = io_state.map_err(tls_err)?;
+        self.plain = io_state.plaintext_bytes_to_read();
+        self.closed |= got == 0 || io_state.peer_has_closed();
+        Ok(())
     }
 }
 
@@ -181,19 +188,10 @@ async fn handshake(sock: Stream, mut conn: Connection, mut initial: &[u8]) -> io
             break;
         }
         std::future::poll_fn(|cx| sock.poll_read_ready(cx)).await?;
-        match st.conn.read_tls(&mut SockIo(&sock)) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(_) => {
-                let io_state = st.conn.process_new_packets();
-                if let Err(e) = io_state {
-                    // Tell the peer why (the alert rustls queued), then fail.
-                    let _ = flush_tls(&mut st, &sock);
-                    return Err(tls_err(e));
-                }
-                st.plain = io_state.map(|s| s.plaintext_bytes_to_read()).unwrap_or(0);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+        match st.read_records(&sock) {
+            Ok(()) if st.closed => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(e),
+            _ => {}
         }
     }
     Ok(TlsStream { sock, state: Mutex::new(st) })
