@@ -6,7 +6,7 @@ use super::Shared;
 use super::servers::{self, ServerConnector, ServerPool};
 use super::stream::Stream;
 use crate::auth::{Credentials, Secret};
-use crate::config::DatabaseConfig;
+use crate::config::{ClientTlsMode, DatabaseConfig};
 use crate::driver::server_conn::{self, ServerTarget};
 use crate::error::{Error, SqlState};
 use crate::login::{Entropy, Login, Step, Transport};
@@ -66,11 +66,13 @@ async fn send(stream: &mut Stream, out: &mut BytesMut) -> Result<(), LoginEnd> {
 /// Runs the login phase: the sans-IO `Login` decides, this moves its bytes and performs
 /// what it asks for. `buf` keeps bytes the client sent beyond the login.
 pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> Result<LoggedIn, LoginEnd> {
+    let mode = shared.cfg.client_tls_mode();
     let transport = Transport {
         tls: shared.tls_clients.is_some(),
-        mode: shared.cfg.client_tls_mode(),
+        mode,
         unix: stream.is_unix(),
-        peer: stream.peer_host(),
+        // Only a refusal under `require` names it: no getpeername per login otherwise.
+        peer: if mode == ClientTlsMode::Require { stream.peer_host() } else { String::new() },
     };
     let mut m = Login::new(shared.cfg.clone(), *shared.shutdown.borrow(), Entropy::random()).with_transport(transport);
     let mut step = m.handle_bytes(buf);

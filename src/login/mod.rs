@@ -76,7 +76,8 @@ pub(crate) struct Transport {
     pub(crate) mode: crate::config::ClientTlsMode,
     /// A unix-domain socket (exempt from `require`, as in PgBouncer).
     pub(crate) unix: bool,
-    /// The client's address, for messages ("[local]" on a unix socket).
+    /// The client's address, for the `require` refusal ("[local]" on a unix socket; may be
+    /// left empty when the mode is not `require`).
     pub(crate) peer: String,
 }
 
