@@ -50,6 +50,14 @@ sqlstates! {
     PROGRAM_LIMIT_EXCEEDED = "54000";
     /// 42601: syntax error.
     SYNTAX_ERROR = "42601";
+    /// 42501: insufficient privilege (a stats user running an admin command).
+    INSUFFICIENT_PRIVILEGE = "42501";
+    /// 55000: object not in prerequisite state (a DISABLEd database).
+    OBJECT_NOT_IN_PREREQUISITE_STATE = "55000";
+    /// F0000: configuration file error (RELOAD).
+    CONFIG_FILE_ERROR = "F0000";
+    /// 42704: undefined object (an unknown database, client or setting on the console).
+    UNDEFINED_OBJECT = "42704";
 }
 
 /// ErrorResponse severity.

@@ -3,6 +3,7 @@
 
 use clap::Parser;
 use parsnip::config::{Cli, Config, DbUrl, LogFormat, cli::apply_url};
+use parsnip::driver::Stop;
 use parsnip::embedded::{Cluster, ClusterOptions};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -117,28 +118,45 @@ async fn run(cfg: Arc<Config>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // SIGHUP (reload), SIGUSR1 (pause) and SIGUSR2 (resume) are PgBouncer's; until they
-    // are implemented they are logged, never fatal: no signal sent by habit or by accident
-    // (a closed terminal) ends the process.
-    let graceful = async {
-        loop {
-            tokio::select! {
-                _ = term.recv() => return,
-                _ = hup.recv() => tracing::warn!("SIGHUP: online reload is not implemented yet; configuration unchanged"),
-                _ = usr1.recv() => tracing::warn!("SIGUSR1: PAUSE is not implemented yet; ignored"),
-                _ = usr2.recv() => tracing::warn!("SIGUSR2: RESUME is not implemented yet; ignored"),
+    // PgBouncer's signals: SIGUSR1 pauses, SIGUSR2 resumes; SIGHUP (reload) is logged until
+    // online reload exists. None of them ends the process: no signal sent by habit or by
+    // accident (a closed terminal) does.
+    let mut stops = handle.stop_requests();
+    let stop = loop {
+        tokio::select! {
+            _ = term.recv() => {
+                tracing::info!("SIGTERM: graceful shutdown, waiting for transactions to finish");
+                break Stop::Graceful;
+            }
+            _ = int.recv() => {
+                tracing::info!("SIGINT: immediate shutdown");
+                break Stop::Now;
+            }
+            _ = hup.recv() => tracing::warn!("SIGHUP: online reload is not implemented yet; configuration unchanged"),
+            _ = usr1.recv() => {
+                tracing::info!("SIGUSR1: pausing every pool");
+                handle.pause_all();
+            }
+            _ = usr2.recv() => {
+                tracing::info!("SIGUSR2: resuming");
+                handle.resume_all();
+            }
+            s = stops.next() => {
+                tracing::info!(?s, "SHUTDOWN from the console");
+                break s;
             }
         }
     };
-    tokio::select! {
-        _ = graceful => {
-            tracing::info!("SIGTERM: graceful shutdown, waiting for transactions to finish");
-            tokio::select! {
-                _ = handle.shutdown() => tracing::info!("all clients gone, exiting"),
-                _ = int.recv() => tracing::info!("SIGINT: immediate shutdown"),
-            }
-        }
-        _ = int.recv() => tracing::info!("SIGINT: immediate shutdown"),
+    match stop {
+        Stop::Now => {}
+        Stop::Graceful => tokio::select! {
+            _ = handle.shutdown() => tracing::info!("all clients gone, exiting"),
+            _ = int.recv() => tracing::info!("SIGINT: immediate shutdown"),
+        },
+        Stop::WaitForClients => tokio::select! {
+            _ = handle.shutdown_waiting_for_clients() => tracing::info!("all clients gone, exiting"),
+            _ = int.recv() => tracing::info!("SIGINT: immediate shutdown"),
+        },
     }
     ExitCode::SUCCESS
 }

@@ -1,11 +1,19 @@
-//! The admin console: a client connecting to the database `parsnip` gets SHOW commands
-//! answered by the pooler itself (simple protocol), in the spirit of PgBouncer's console.
-//! Pure: `Console` takes the client's frames and a snapshot of the pools
-//! (`pool::PoolSnapshot`, taken by the driver when a command needs one) and writes the
-//! replies; `show` holds the commands. The driver owns the connection. Must not touch
-//! sockets or pools.
+//! The admin console: a client connecting to the database `parsnip` (or PgBouncer's
+//! `pgbouncer`) gets PgBouncer's console commands answered by the pooler itself (simple
+//! protocol). Pure: `Console` takes the client's frames and reads the running pooler
+//! through the `View` trait (`view`); SHOW commands (`show`, over `table`) are answered at
+//! once, and commands that change state (`command`) are handed to the driver to carry
+//! out. Must not touch sockets or pools: the driver owns both and implements `View`.
 
+mod command;
 mod console;
 mod show;
+mod stats;
+mod table;
+#[cfg(test)]
+mod tests;
+mod view;
 
+pub(crate) use command::{Action, ShutdownMode};
 pub(crate) use console::{Console, ConsoleStep};
+pub(crate) use view::{ConfigRow, ConnRow, DatabaseRow, UserRow, View};

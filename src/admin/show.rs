@@ -1,177 +1,472 @@
-//! The SHOW commands: one function per command over pool snapshots, each returning a
-//! result set, and `respond`, which answers one query text.
+//! The SHOW commands: one function per command over the console's `View`, each returning
+//! a `Table` with PgBouncer 1.25's columns (same names, order, types and units: times in
+//! µs) first and parsnip's own after them.
 
-use crate::error::{Error, SqlState};
+use super::stats::{show_stats, show_stats_averages, show_stats_totals, show_totals};
+use super::table::{Table, Ty, n, t, timestamp};
+use super::view::{ConnRow, View};
 use crate::pool::PoolSnapshot;
-use crate::protocol::backend;
-use bytes::BytesMut;
 use std::sync::atomic::Ordering;
 
-/// One result set: column names and text rows.
-struct Table {
-    columns: &'static [&'static str],
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn write(&self, out: &mut BytesMut) {
-        backend::row_description_text(out, self.columns);
-        for r in &self.rows {
-            let vals: Vec<Option<&str>> = r.iter().map(|v| Some(v.as_str())).collect();
-            backend::data_row_text(out, &vals);
-        }
-        backend::command_complete(out, &format!("SHOW {}", self.rows.len()));
-    }
-}
-
-type Show = fn(&[PoolSnapshot]) -> Table;
+type Show = fn(&dyn View) -> Table;
 
 /// `SHOW <name>` commands, one function each.
-const COMMANDS: &[(&str, Show)] = &[
+pub(crate) const COMMANDS: &[(&str, Show)] = &[
     ("pools", show_pools),
-    ("stats", show_prepared_statements),
+    ("clients", show_clients),
+    ("servers", show_servers),
+    ("stats", show_stats),
+    ("stats_totals", show_stats_totals),
+    ("stats_averages", show_stats_averages),
+    ("totals", show_totals),
+    ("databases", show_databases),
+    ("users", show_users),
+    ("lists", show_lists),
+    ("config", show_config),
+    ("state", show_state),
+    ("mem", show_mem),
+    ("fds", show_fds),
+    ("version", show_version),
     ("prepared_statements", show_prepared_statements),
     ("statements", show_statements),
-    ("version", show_version),
     ("help", show_help),
 ];
 
-fn show_pools(pools: &[PoolSnapshot]) -> Table {
-    let rows = pools
-        .iter()
-        .map(|p| {
-            let (idle, open) = (p.idle, p.open);
+/// The name PgBouncer lists its own console under (rows in POOLS, STATS, DATABASES).
+pub(super) const CONSOLE_DB: &str = "pgbouncer";
+
+use Ty::{Int4 as I, Int8 as Q, Text as S};
+
+fn yes(b: bool) -> Option<String> {
+    n(i32::from(b))
+}
+
+fn show_pools(v: &dyn View) -> Table {
+    let mut table = Table::new(&[
+        ("database", S),
+        ("user", S),
+        ("cl_active", I),
+        ("cl_waiting", I),
+        ("cl_active_cancel_req", I),
+        ("cl_waiting_cancel_req", I),
+        ("sv_active", I),
+        ("sv_active_cancel", I),
+        ("sv_being_canceled", I),
+        ("sv_idle", I),
+        ("sv_used", I),
+        ("sv_tested", I),
+        ("sv_login", I),
+        ("maxwait", I),
+        ("maxwait_us", I),
+        ("pool_mode", S),
+        ("load_balance_hosts", S),
+        // parsnip's own.
+        ("pool_size", I),
+        ("sv_open", I),
+        ("connects", Q),
+        ("connect_failures", Q),
+        ("checkouts", Q),
+        ("waits", Q),
+        ("wait_timeouts", Q),
+        ("pipelined", Q),
+        ("pipelined_cancels", Q),
+        ("paused", I),
+    ]);
+    let clients = v.clients();
+    let servers = v.servers();
+    let count = |rows: &[ConnRow], p: &PoolSnapshot, state: Option<&str>| {
+        rows.iter()
+            .filter(|r| r.database == p.key.db && r.user == p.key.user && state.is_none_or(|s| r.state == s))
+            .count()
+    };
+    let consoles = v.console_clients();
+    table.push(vec![
+        t(CONSOLE_DB),
+        t(CONSOLE_DB),
+        n(consoles),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        t("statement"),
+        None,
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+        n(0),
+    ]);
+    for p in v.pools() {
+        let active = count(&servers, &p, Some("active"));
+        // The pool's queue says who waits; every other logged-in client is active.
+        let waiting = p.waiting;
+        let idle = p.idle;
+        table.push(vec![
+            t(&p.key.db),
+            t(&p.key.user),
+            n(count(&clients, &p, None).saturating_sub(waiting)),
+            n(waiting),
+            n(0),
+            n(0),
+            n(active),
+            n(0),
+            n(0),
+            n(idle),
+            n(0),
+            n(0),
+            n(p.open.saturating_sub(idle + active)),
+            n(p.max_wait_us / 1_000_000),
+            n(p.max_wait_us % 1_000_000),
+            t(p.mode.as_str()),
+            None,
+            n(p.size),
+            n(p.open),
+            n(p.connects),
+            n(p.connect_failures),
+            n(p.checkouts),
+            n(p.waits),
+            n(p.wait_timeouts),
+            n(p.pipelined),
+            n(p.pipelined_cancels),
+            yes(p.paused),
+        ]);
+    }
+    table
+}
+
+const CONN_COLUMNS: [(&str, Ty); 22] = [
+    ("type", S),
+    ("user", S),
+    ("database", S),
+    ("replication", S),
+    ("state", S),
+    ("addr", S),
+    ("port", I),
+    ("local_addr", S),
+    ("local_port", I),
+    ("connect_time", S),
+    ("request_time", S),
+    ("wait", I),
+    ("wait_us", I),
+    ("close_needed", I),
+    ("ptr", S),
+    ("link", S),
+    ("remote_pid", I),
+    ("tls", S),
+    ("application_name", S),
+    ("prepared_statements", I),
+    ("id", Q),
+    // parsnip's own: the pid a client was given (its cancel key).
+    ("pid", I),
+];
+
+fn conn_table(rows: Vec<ConnRow>, server: bool) -> Table {
+    let mut table = Table::new(&CONN_COLUMNS);
+    for r in rows {
+        table.push(vec![
+            t(if server { "S" } else { "C" }),
+            t(r.user),
+            t(r.database),
+            t("none"),
+            t(r.state),
+            t(r.addr),
+            n(r.port),
+            t(r.local_addr),
+            n(r.local_port),
+            timestamp(r.connect_us),
+            if r.request_us == 0 { timestamp(r.connect_us) } else { timestamp(r.request_us) },
+            n(r.wait_us / 1_000_000),
+            n(r.wait_us % 1_000_000),
+            yes(r.close_needed),
+            t(ConnRow::ptr(server, r.id)),
+            r.link,
+            n(r.remote_pid),
+            t(r.tls),
+            t(r.application_name),
+            n(r.prepared),
+            n(r.id),
+            n(r.client_pid),
+        ]);
+    }
+    table
+}
+
+fn show_clients(v: &dyn View) -> Table {
+    conn_table(v.clients(), false)
+}
+
+fn show_servers(v: &dyn View) -> Table {
+    conn_table(v.servers(), true)
+}
+
+fn show_databases(v: &dyn View) -> Table {
+    let mut table = Table::new(&[
+        ("name", S),
+        ("host", S),
+        ("port", I),
+        ("database", S),
+        ("force_user", S),
+        ("pool_size", I),
+        ("min_pool_size", I),
+        ("reserve_pool_size", I),
+        ("server_lifetime", I),
+        ("pool_mode", S),
+        ("load_balance_hosts", S),
+        ("max_connections", I),
+        ("current_connections", I),
+        ("max_client_connections", I),
+        ("current_client_connections", I),
+        ("paused", I),
+        ("disabled", I),
+    ]);
+    let consoles = v.console_clients();
+    let console = [
+        t(CONSOLE_DB),
+        None,
+        n(0),
+        t(CONSOLE_DB),
+        t(CONSOLE_DB),
+        n(2),
+        n(0),
+        n(0),
+        n(0),
+        t("statement"),
+        None,
+        n(0),
+        n(0),
+        n(0),
+        n(consoles),
+        n(0),
+        n(0),
+    ];
+    let mut rows: Vec<Vec<Option<String>>> = v
+        .databases()
+        .into_iter()
+        .map(|d| {
             vec![
-                p.key.db.clone(),
-                p.key.user.clone(),
-                format!("{:?}", p.mode).to_lowercase(),
-                p.size.to_string(),
-                open.to_string(),
-                idle.to_string(),
-                (open - idle.min(open)).to_string(),
-                p.waiting.to_string(),
-                p.connects.to_string(),
-                p.connect_failures.to_string(),
-                p.checkouts.to_string(),
-                p.waits.to_string(),
-                p.wait_timeouts.to_string(),
-                p.pipelined.to_string(),
-                p.pipelined_cancels.to_string(),
+                t(d.name),
+                t(d.host),
+                n(d.port),
+                t(d.database),
+                (!d.force_user.is_empty()).then_some(d.force_user),
+                n(d.pool_size),
+                n(d.min_pool_size),
+                n(0),
+                n(d.server_lifetime_s),
+                t(d.pool_mode),
+                None,
+                n(0),
+                n(d.current_connections),
+                n(0),
+                n(d.current_client_connections),
+                yes(d.paused),
+                yes(d.disabled),
             ]
         })
         .collect();
-    Table {
-        columns: &[
-            "database",
-            "user",
-            "pool_mode",
-            "pool_size",
-            "sv_open",
-            "sv_idle",
-            "sv_active",
-            "cl_waiting",
-            "connects",
-            "connect_failures",
-            "checkouts",
-            "waits",
-            "wait_timeouts",
-            "pipelined",
-            "pipelined_cancels",
-        ],
-        rows,
+    rows.push(console.to_vec());
+    rows.sort_by(|a, b| a[0].cmp(&b[0]));
+    for r in rows {
+        table.push(r);
     }
+    table
 }
 
-fn show_prepared_statements(pools: &[PoolSnapshot]) -> Table {
-    let rows = pools
-        .iter()
-        .map(|p| {
-            let s = &p.stmts.stats;
-            let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
-            vec![
-                p.key.db.clone(),
-                p.key.user.clone(),
-                p.stmts.len().to_string(),
-                n(&s.client_parses),
-                n(&s.server_parses),
-                n(&s.hits),
-                n(&s.evictions),
-                n(&s.promotions),
-                n(&s.invalidations),
-                n(&s.retries),
-            ]
-        })
-        .collect();
-    Table {
-        columns: &[
-            "database",
-            "user",
-            "cached",
-            "client_parses",
-            "server_parses",
-            "hits",
-            "evictions",
-            "promotions",
-            "invalidations",
-            "retries",
-        ],
-        rows,
+fn show_users(v: &dyn View) -> Table {
+    let mut table = Table::new(&[
+        ("name", S),
+        ("pool_size", S),
+        ("reserve_pool_size", S),
+        ("pool_mode", S),
+        ("max_user_connections", I),
+        ("current_connections", I),
+        ("max_user_client_connections", I),
+        ("current_client_connections", I),
+    ]);
+    for u in v.users() {
+        table.push(vec![
+            t(u.name),
+            t(u.pool_size.map(|s| s.to_string()).unwrap_or_default()),
+            t(""),
+            u.pool_mode,
+            n(0),
+            n(u.current_connections),
+            n(0),
+            n(u.current_client_connections),
+        ]);
     }
+    table
 }
 
-fn show_statements(pools: &[PoolSnapshot]) -> Table {
-    let mut rows = Vec::new();
-    for p in pools {
+fn show_lists(v: &dyn View) -> Table {
+    let mut table = Table::new(&[("list", S), ("items", I)]);
+    let (clients, servers) = (v.clients().len(), v.servers().len());
+    let users: std::collections::BTreeSet<String> = v.pools().into_iter().map(|p| p.key.user).collect();
+    let items = [
+        ("databases", v.databases().len() + 1),
+        ("users", users.len()),
+        ("peers", 0),
+        ("pools", v.pools().len() + 1),
+        ("peer_pools", 0),
+        ("free_clients", 0),
+        ("used_clients", clients + v.console_clients()),
+        ("login_clients", 0),
+        ("free_servers", 0),
+        ("used_servers", servers),
+        ("dns_names", 0),
+        ("dns_zones", 0),
+        ("dns_queries", 0),
+        ("dns_pending", 0),
+    ];
+    for (name, count) in items {
+        table.push(vec![t(name), n(count)]);
+    }
+    table
+}
+
+fn show_config(v: &dyn View) -> Table {
+    let mut table = Table::new(&[("key", S), ("value", S), ("default", S), ("changeable", S)]);
+    for c in v.config() {
+        table.push(vec![t(c.key), t(c.value), t(c.default), t(if c.changeable { "yes" } else { "no" })]);
+    }
+    table
+}
+
+fn show_state(v: &dyn View) -> Table {
+    let mut table = Table::new(&[("key", S), ("value", S)]);
+    let paused = v.paused();
+    for (k, on) in [("active", !paused), ("paused", paused), ("suspended", false)] {
+        table.push(vec![t(k), t(if on { "yes" } else { "no" })]);
+    }
+    table
+}
+
+/// PgBouncer's slab caches have no counterpart: parsnip lists what it holds per kind of
+/// object (bytes per object where fixed, count in use).
+fn show_mem(v: &dyn View) -> Table {
+    let mut table = Table::new(&[("name", S), ("size", I), ("used", I), ("free", I), ("memtotal", I)]);
+    let pools = v.pools();
+    let statements: usize = pools.iter().map(|p| p.stmts.len()).sum();
+    for (name, used) in [
+        ("pools", pools.len()),
+        ("clients", v.clients().len()),
+        ("servers", v.servers().len()),
+        ("cached_statements", statements),
+    ] {
+        table.push(vec![t(name), n(0), n(used), n(0), n(0)]);
+    }
+    table
+}
+
+/// PgBouncer lists its sockets for its online restart (`-R`), which parsnip does not do:
+/// the columns, no rows.
+fn show_fds(_: &dyn View) -> Table {
+    Table::new(&[
+        ("fd", I),
+        ("task", S),
+        ("user", S),
+        ("database", S),
+        ("addr", S),
+        ("port", I),
+        ("cancel", Q),
+        ("link", I),
+        ("client_encoding", S),
+        ("std_strings", S),
+        ("datestyle", S),
+        ("timezone", S),
+        ("password", S),
+        ("scram_client_key", S),
+        ("scram_server_key", S),
+    ])
+}
+
+fn show_version(_: &dyn View) -> Table {
+    let mut table = Table::new(&[("version", S)]);
+    table.push(vec![t(format!("parsnip {}", env!("CARGO_PKG_VERSION")))]);
+    table
+}
+
+/// The statement cache's counters per pool (also in `SHOW STATS` as PgBouncer's
+/// client/server parse counts).
+fn show_prepared_statements(v: &dyn View) -> Table {
+    let mut table = Table::new(&[
+        ("database", S),
+        ("user", S),
+        ("cached", Q),
+        ("client_parses", Q),
+        ("server_parses", Q),
+        ("hits", Q),
+        ("evictions", Q),
+        ("promotions", Q),
+        ("invalidations", Q),
+        ("retries", Q),
+    ]);
+    for p in v.pools() {
+        let s = &p.stmts.stats;
+        let c = |a: &std::sync::atomic::AtomicU64| n(a.load(Ordering::Relaxed));
+        table.push(vec![
+            t(&p.key.db),
+            t(&p.key.user),
+            n(p.stmts.len()),
+            c(&s.client_parses),
+            c(&s.server_parses),
+            c(&s.hits),
+            c(&s.evictions),
+            c(&s.promotions),
+            c(&s.invalidations),
+            c(&s.retries),
+        ]);
+    }
+    table
+}
+
+fn show_statements(v: &dyn View) -> Table {
+    let mut table = Table::new(&[("database", S), ("user", S), ("server_name", S), ("refs", Q), ("query", S)]);
+    for p in v.pools() {
         for (name, query, refs) in p.stmts.snapshot() {
-            rows.push(vec![p.key.db.clone(), p.key.user.clone(), name, refs.to_string(), query]);
+            table.push(vec![t(&p.key.db), t(&p.key.user), t(name), n(refs), t(query)]);
         }
     }
-    Table { columns: &["database", "user", "server_name", "refs", "query"], rows }
+    table
 }
 
-fn show_version(_: &[PoolSnapshot]) -> Table {
-    Table { columns: &["version"], rows: vec![vec![format!("parsnip {}", env!("CARGO_PKG_VERSION"))]] }
-}
-
-fn show_help(_: &[PoolSnapshot]) -> Table {
-    let rows = COMMANDS.iter().map(|(n, _)| vec![format!("SHOW {}", n.to_uppercase())]).collect();
-    Table { columns: &["command"], rows }
-}
-
-/// Answers one console query (without the ReadyForQuery).
-pub(crate) fn respond(sql: &str, pools: &[PoolSnapshot], out: &mut BytesMut) {
-    let words: Vec<String> =
-        sql.trim().trim_end_matches(';').split_whitespace().map(|w| w.to_ascii_lowercase()).collect();
-    match words.as_slice() {
-        [] => backend::empty_query_response(out),
-        [show, what] if show == "show" => match COMMANDS.iter().find(|(n, _)| n == what) {
-            Some((_, f)) => f(pools).write(out),
-            None => Error::new(SqlState::SYNTAX_ERROR, format!("unknown SHOW command \"{what}\"; try SHOW HELP"))
-                .write_to(out),
-        },
-        _ => Error::new(SqlState::SYNTAX_ERROR, "the parsnip console only answers SHOW commands; try SHOW HELP")
-            .write_to(out),
+fn show_help(_: &dyn View) -> Table {
+    let mut table = Table::new(&[("command", S)]);
+    for (name, _) in COMMANDS {
+        table.push(vec![t(format!("SHOW {}", name.to_uppercase()))]);
     }
+    for c in [
+        "PAUSE [db]",
+        "RESUME [db]",
+        "RECONNECT [db]",
+        "KILL [db]",
+        "KILL_CLIENT id",
+        "DISABLE db",
+        "ENABLE db",
+        "WAIT_CLOSE [db]",
+        "RELOAD",
+        "SET key = value",
+        "SHUTDOWN [WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS]",
+    ] {
+        table.push(vec![t(c)]);
+    }
+    table
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::protocol::tags_of as tags;
-
-    #[test]
-    fn show_commands() {
-        let mut out = BytesMut::new();
-        respond("SHOW VERSION;", &[], &mut out);
-        assert_eq!(tags(&out), "TDC");
-        let mut out = BytesMut::new();
-        respond("show prepared_statements", &[], &mut out);
-        assert_eq!(tags(&out), "TC");
-        let mut out = BytesMut::new();
-        respond("SHOW nonsense", &[], &mut out);
-        assert_eq!(tags(&out), "E");
-        let mut out = BytesMut::new();
-        respond("select 1", &[], &mut out);
-        assert!(out.windows(5).any(|w| w == b"42601"));
-    }
+/// The table for `SHOW what`, None for an unknown name.
+pub(crate) fn show(what: &str, v: &dyn View) -> Option<Table> {
+    COMMANDS.iter().find(|(n, _)| *n == what).map(|(_, f)| f(v))
 }

@@ -3,6 +3,7 @@
 //! in docs/configuration.md. This module reads files and nothing else: no sockets.
 
 pub mod cli;
+mod entries;
 mod tls;
 mod url;
 
@@ -25,6 +26,17 @@ pub enum PoolMode {
     Transaction,
     /// Until the statement ends; multi-statement transactions are refused.
     Statement,
+}
+
+impl PoolMode {
+    /// The name as configured (and as PgBouncer's console shows it).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+            PoolMode::Statement => "statement",
+        }
+    }
 }
 
 /// How clients prove who they are.
@@ -150,6 +162,10 @@ pub struct Config {
     /// Users allowed on the admin console (database `parsnip`). Empty: anyone, but only
     /// when auth_type is trust.
     pub admin_users: Vec<String>,
+    /// Users allowed on the console for its SHOW commands only (PgBouncer's stats_users).
+    pub stats_users: Vec<String>,
+    /// Seconds over which the console's averages (`SHOW STATS`'s avg_*) are taken.
+    pub stats_period: u64,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "parsnip=debug".
     pub log_level: String,
     /// Log format.
@@ -236,6 +252,8 @@ impl Default for Config {
             server_tls_cert_file: None,
             server_tls_key_file: None,
             admin_users: Vec::new(),
+            stats_users: Vec::new(),
+            stats_period: 60,
             log_level: "info".into(),
             log_format: LogFormat::Text,
             databases: BTreeMap::new(),
@@ -292,6 +310,9 @@ impl Config {
         self.socket_mode()?;
         if self.pool_size == 0 {
             return Err(ConfigError("pool_size must be at least 1".into()));
+        }
+        if self.stats_period == 0 {
+            return Err(ConfigError("stats_period must be at least 1 (seconds)".into()));
         }
         if self.min_pool_size > self.pool_size {
             return Err(ConfigError("min_pool_size must not exceed pool_size".into()));

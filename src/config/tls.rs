@@ -56,6 +56,18 @@ impl ServerTlsMode {
         })
     }
 
+    /// libpq's spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ServerTlsMode::Disable => "disable",
+            ServerTlsMode::Allow => "allow",
+            ServerTlsMode::Prefer => "prefer",
+            ServerTlsMode::Require => "require",
+            ServerTlsMode::VerifyCa => "verify-ca",
+            ServerTlsMode::VerifyFull => "verify-full",
+        }
+    }
+
     /// A connection must be encrypted.
     pub(crate) fn required(self) -> bool {
         self >= ServerTlsMode::Require

@@ -1,18 +1,29 @@
 //! Cancel keys: each client gets a (pid, key) of parsnip's own; a CancelRequest carrying
 //! them is forwarded to the server connection that client is linked to at that moment.
 
+use super::census::{ClientInfo, ClientLive};
 use super::server_conn::CancelTarget;
 use super::servers::ServerPool;
 use super::stream::Stream;
 use crate::protocol::startup;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-/// Where one client's queries currently run.
+/// Where one client's queries currently run; and what `SHOW CLIENTS` shows of it.
 #[derive(Debug, Default)]
 pub(crate) struct CancelSlot {
+    /// The client's pid (its cancel key's first half).
+    pub(crate) pid: i32,
+    /// Who it is (set once, at the end of its login).
+    pub(crate) info: OnceLock<ClientInfo>,
+    /// What it is doing.
+    pub(crate) live: ClientLive,
+    /// `KILL` or `KILL_CLIENT`: its task closes it at its next turn (woken by `kicked`).
+    killed: AtomicBool,
+    /// Wakes the client's task for `killed`.
+    pub(crate) kicked: tokio::sync::Notify,
     target: Mutex<Target>,
     /// Woken by a cancel that arrives while the client waits for a server.
     queued: tokio::sync::Notify,
@@ -44,11 +55,28 @@ impl CancelSlot {
     }
     /// The client was linked to a server (its batch is the one the backend runs next).
     pub(crate) fn set(&self, t: &Arc<CancelTarget>) {
+        t.info.client.store(self.pid, Ordering::Relaxed);
         *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Now(t.clone());
     }
     /// The client's batch waits behind others on `t` (see `Target::Later`).
     pub(crate) fn set_later(&self, t: &Arc<CancelTarget>) {
         *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Later { target: t.clone(), requested: false };
+    }
+    /// The backend pid of the server it is linked to (`SHOW CLIENTS`'s link), if any.
+    pub(crate) fn linked_server(&self) -> Option<u64> {
+        match &*self.target.lock().unwrap_or_else(|e| e.into_inner()) {
+            Target::Now(t) | Target::Later { target: t, .. } => Some(t.info.id),
+            Target::None => None,
+        }
+    }
+    /// `KILL`: its task closes the client at its next turn.
+    pub(crate) fn kill(&self) {
+        self.killed.store(true, Ordering::Release);
+        self.kicked.notify_one();
+    }
+    /// Whether `kill` was called.
+    pub(crate) fn is_killed(&self) -> bool {
+        self.killed.load(Ordering::Acquire)
     }
     /// The client's batch reached the head of its connection: cancels go straight there
     /// from now on, and one held meanwhile is sent now.
@@ -59,6 +87,7 @@ impl CancelSlot {
             if fire {
                 t.in_flight.fetch_add(1, Ordering::SeqCst);
             }
+            t.info.client.store(self.pid, Ordering::Relaxed);
             *g = Target::Now(t.clone());
             drop(g);
             if fire {
@@ -74,7 +103,10 @@ impl CancelSlot {
     }
     /// The client was unlinked.
     pub(crate) fn clear(&self) {
-        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::None;
+        let old = std::mem::take(&mut *self.target.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Target::Now(t) = old {
+            let _ = t.info.client.compare_exchange(self.pid, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
     /// Completes when a cancel arrives for this client while it has no server (its request
     /// is waiting in the pool's queue).
@@ -123,7 +155,7 @@ impl CancelRegistry {
             let n = self.next_pid.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
             let pid = FIRST_CLIENT_PID + n % (i32::MAX - FIRST_CLIENT_PID + 1);
             if let std::collections::hash_map::Entry::Vacant(e) = map.entry(pid) {
-                e.insert((key, Arc::new(CancelSlot::default())));
+                e.insert((key, Arc::new(CancelSlot { pid, ..CancelSlot::default() })));
                 return (pid, key);
             }
         }
@@ -131,6 +163,19 @@ impl CancelRegistry {
     /// The slot of a registered pid.
     pub(crate) fn slot(&self, pid: i32) -> Arc<CancelSlot> {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).get(&pid).map(|(_, s)| s.clone()).unwrap_or_default()
+    }
+    /// Wakes every client's task (a shutdown has begun: each looks at `stopping`).
+    pub(crate) fn kick_all(&self) {
+        for (_, s) in self.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            s.kicked.notify_one();
+        }
+    }
+    /// Every logged-in client's slot, by pid.
+    pub(crate) fn clients(&self) -> Vec<Arc<CancelSlot>> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = map.values().filter(|(_, s)| s.info.get().is_some()).map(|(_, s)| s.clone()).collect();
+        v.sort_by_key(|s| s.pid);
+        v
     }
     /// The client is gone.
     pub(crate) fn unregister(&self, pid: i32) {

@@ -32,7 +32,10 @@ pub(crate) struct LoggedIn {
 /// How login ended without a session.
 pub(crate) enum LoginEnd {
     /// An admin console user logged in (AuthenticationOk sent); serve the console.
-    Admin,
+    Admin {
+        /// A stats user: SHOW only.
+        read_only: bool,
+    },
     /// The connection was a CancelRequest, now handled.
     Cancel,
     /// The client must be closed; `Some` error is sent first.
@@ -92,9 +95,9 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
                 let secret = shared.lookup_secret(&m.user, &target.db_cfg, &target.server_db).await?;
                 m.handle_secret(secret)
             }
-            Step::Console => {
+            Step::Console { read_only } => {
                 send(stream, &mut m.to_client).await?;
-                return Err(LoginEnd::Admin);
+                return Err(LoginEnd::Admin { read_only });
             }
             Step::StartTls { direct } => {
                 send(stream, &mut m.to_client).await?;
@@ -117,6 +120,12 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
         };
     };
     let Some(target) = m.target.clone() else { return Err(LoginEnd::Close(None)) };
+    if shared.is_disabled(&m.db) {
+        return Err(LoginEnd::Close(Some(Error::fatal(
+            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("database \"{}\" is not currently accepting connections", m.db),
+        ))));
+    }
     let pool = shared.pool(&m.db, &m.user, &target.db_cfg, &target.server_db, creds, PoolPurpose::Clients);
     let defaults = match pool.defaults().await {
         Ok(d) => d,
@@ -211,7 +220,8 @@ impl Shared {
             user: server_user,
             tls: self.tls_servers.clone(),
         };
-        let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone());
+        let connector =
+            ServerConnector::new(key.clone(), target, creds, self.cfg.clone()).with_census(self.census.clone());
         let pool = Arc::new(Pool::new(
             key.clone(),
             self.cfg.pool_mode_for(db_cfg, user),
@@ -219,6 +229,9 @@ impl Shared {
             connector,
             self.cfg.clone(),
         ));
+        if purpose == PoolPurpose::Clients && self.is_paused(db) {
+            pool.pause();
+        }
         pools.insert(key, pool.clone());
         pool
     }

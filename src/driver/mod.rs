@@ -3,8 +3,10 @@
 //! forwarding, the periodic pool janitor and shutdown. Protocol decisions are made by
 //! `session`; this layer reads bytes, feeds frames in, and writes what comes out.
 
+mod admin;
 pub(crate) mod bufpool;
 pub(crate) mod cancel;
+pub(crate) mod census;
 pub mod client;
 pub(crate) mod listen;
 pub(crate) mod login;
@@ -16,15 +18,16 @@ pub(crate) mod stream;
 pub(crate) mod tls;
 pub(crate) mod tls_config;
 
+use crate::admin::ShutdownMode;
 use crate::config::Config;
 use crate::error::{Error, SqlState};
 use crate::pool::PoolKey;
 use cancel::CancelRegistry;
 use listen::Listener;
 use servers::ServerPool;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stream::Stream;
@@ -49,6 +52,46 @@ pub struct Shared {
     pub(crate) tls_clients: Option<Arc<rustls::ServerConfig>>,
     /// TLS to servers.
     pub(crate) tls_servers: Arc<tls_config::ServerTls>,
+    /// The open server connections (`SHOW SERVERS`).
+    pub(crate) census: Arc<census::Census>,
+    /// `PAUSE` without a database (or SIGUSR1) is in force.
+    pub(crate) paused_all: AtomicBool,
+    /// Databases `PAUSE db` or `KILL db` holds.
+    pub(crate) paused_dbs: Mutex<HashSet<String>>,
+    /// Databases `DISABLE db` closed to new clients.
+    pub(crate) disabled: Mutex<HashSet<String>>,
+    /// Console connections open.
+    pub(crate) consoles: AtomicUsize,
+    /// What the console's `SHUTDOWN` asked for (`Handle::stop_requested`).
+    pub(crate) stop_requests: watch::Sender<Option<ShutdownMode>>,
+}
+
+/// How the process should stop, as the console's `SHUTDOWN` asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// `SHUTDOWN`: at once.
+    Now,
+    /// `SHUTDOWN WAIT_FOR_SERVERS`: as SIGTERM, transactions finish first.
+    Graceful,
+    /// `SHUTDOWN WAIT_FOR_CLIENTS`: stop accepting, wait for every client to leave.
+    WaitForClients,
+}
+
+/// The console's `SHUTDOWN` requests (`Handle::stop_requests`).
+pub struct StopRequests(watch::Receiver<Option<ShutdownMode>>);
+
+impl StopRequests {
+    /// Waits for the console's `SHUTDOWN`, and says how it asked to stop.
+    pub async fn next(&mut self) -> Stop {
+        let Ok(mode) = self.0.wait_for(Option::is_some).await else {
+            return std::future::pending().await;
+        };
+        match *mode {
+            Some(ShutdownMode::WaitForServers) => Stop::Graceful,
+            Some(ShutdownMode::WaitForClients) => Stop::WaitForClients,
+            _ => Stop::Now,
+        }
+    }
 }
 
 /// A running pooler.
@@ -57,6 +100,7 @@ pub struct Handle {
     pub(crate) unix_paths: Vec<std::path::PathBuf>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
+    stop_requests: watch::Receiver<Option<ShutdownMode>>,
 }
 
 /// Binds every listen address and starts serving. Must run inside a tokio runtime.
@@ -73,14 +117,21 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         stopping: AtomicBool::new(false),
         tls_clients,
         tls_servers,
+        census: Arc::default(),
+        paused_all: AtomicBool::new(false),
+        paused_dbs: Mutex::default(),
+        disabled: Mutex::default(),
+        consoles: AtomicUsize::new(0),
+        stop_requests: watch::Sender::new(None),
     });
+    let stop_requests = shared.stop_requests.subscribe();
     let listeners = listen::bind_all(&cfg).await?;
     let unix_paths = listeners.iter().filter_map(|l| l.path().map(Path::to_path_buf)).collect();
     for l in listeners {
         tokio::spawn(accept_loop(l, shared.clone()));
     }
     tokio::spawn(janitor(shared.clone()));
-    Ok(Handle { unix_paths, shared, stop })
+    Ok(Handle { unix_paths, shared, stop, stop_requests })
 }
 
 /// The socket files go on every way out of the pooler: a graceful shutdown (at its start),
@@ -101,19 +152,61 @@ fn remove_socket_files(paths: &mut Vec<std::path::PathBuf>) {
 impl Handle {
     /// Graceful shutdown: stop accepting, let transactions finish (at most
     /// `shutdown_timeout_ms`), close clients as they go idle. Returns when all are gone.
-    pub async fn shutdown(mut self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
+    pub async fn shutdown(self) {
+        let t = Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
+        self.stop(true, Some(t)).await;
+    }
+
+    /// `SHUTDOWN WAIT_FOR_CLIENTS`: stop accepting, and return when every client has left
+    /// by itself.
+    pub async fn shutdown_waiting_for_clients(self) {
+        self.stop(false, None).await;
+    }
+
+    /// Stops accepting; with `close_idle_clients`, clients are closed as they go idle.
+    /// Returns when all are gone (or `limit` has passed).
+    async fn stop(mut self, close_idle_clients: bool, limit: Option<Duration>) {
         let _ = self.stop.send(true);
+        if close_idle_clients {
+            self.shared.stopping.store(true, Ordering::SeqCst);
+            self.shared.cancels.kick_all();
+        }
         // New clients find no socket from now on.
         remove_socket_files(&mut self.unix_paths);
         let all = self.shared.cfg.max_client_conn as u32;
         let wait = self.shared.client_slots.acquire_many(all);
-        let t = Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
-        if tokio::time::timeout(t, wait).await.is_err() {
-            tracing::warn!("shutdown timeout: closing remaining clients");
+        match limit {
+            Some(t) => {
+                if tokio::time::timeout(t, wait).await.is_err() {
+                    tracing::warn!("shutdown timeout: closing remaining clients");
+                }
+            }
+            None => drop(wait.await),
         }
         for p in self.shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values() {
             p.close_idle();
+        }
+    }
+}
+
+impl Handle {
+    /// Where the console's `SHUTDOWN` is heard.
+    pub fn stop_requests(&self) -> StopRequests {
+        StopRequests(self.stop_requests.clone())
+    }
+
+    /// SIGUSR1: PAUSE every pool (in the background: the pause completes as server
+    /// connections come back).
+    pub fn pause_all(&self) {
+        self.shared.pause(None);
+        let shared = self.shared.clone();
+        tokio::spawn(async move { admin::wait_until_closed(&shared, None).await });
+    }
+
+    /// SIGUSR2: RESUME.
+    pub fn resume_all(&self) {
+        if let Err(e) = self.shared.resume(None) {
+            tracing::info!("SIGUSR2: {}", e.message);
         }
     }
 }
@@ -164,13 +257,23 @@ async fn janitor(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(janitor_period(&shared.cfg));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unused_since: HashMap<PoolKey, std::time::Instant> = HashMap::new();
+    let stats_period = Duration::from_secs(shared.cfg.stats_period);
+    let mut period_start = std::time::Instant::now();
     loop {
         tick.tick().await;
         let pools: Vec<Arc<ServerPool>> =
             shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let now = std::time::Instant::now();
+        let roll = now.duration_since(period_start) >= stats_period;
+        if roll {
+            period_start = now;
+        }
         for p in pools {
             p.expire_waiters();
             p.prune();
+            if roll {
+                p.stats.roll_period(&p.stmts, now);
+            }
         }
         reap_pools(&shared, &mut unused_since, std::time::Instant::now());
     }

@@ -66,6 +66,8 @@ pub struct CancelTarget {
     /// The server signals a backend once per CancelRequest (PostgreSQL 18 on; before, it
     /// signals the process and then its process group).
     pub(crate) signals_once: bool,
+    /// What `SHOW SERVERS` shows of it.
+    pub(crate) info: super::census::ServerInfo,
 }
 
 impl CancelTarget {
@@ -274,6 +276,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
     state.tx_status = TxStatus::Idle;
     let major = params.iter().find(|(k, _)| k == "server_version").map_or(0, |(_, v)| major_version(v));
     let now = Instant::now();
+    let info = super::census::ServerInfo::new(super::census::Endpoints::of(&stream));
     Ok(ServerConn {
         stream,
         rbuf,
@@ -288,6 +291,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
             settled: Default::default(),
             behind: Default::default(),
             signals_once: major >= 18,
+            info,
         }),
         created: now,
         last_used: now,

@@ -29,12 +29,20 @@ pub struct ServerConnector {
     pub(crate) target: ServerTarget,
     creds: Mutex<Credentials>,
     cfg: Arc<Config>,
+    /// Where opened connections are listed (`SHOW SERVERS`).
+    census: Arc<super::census::Census>,
 }
 
 impl ServerConnector {
     /// Connects to `target` with `creds` (attempts, retry pause and timeout from `cfg`).
     pub fn new(key: PoolKey, target: ServerTarget, creds: Credentials, cfg: Arc<Config>) -> ServerConnector {
-        ServerConnector { key, target, creds: Mutex::new(creds), cfg }
+        ServerConnector { key, target, creds: Mutex::new(creds), cfg, census: Default::default() }
+    }
+
+    /// Lists the connections it opens in `census`.
+    pub(crate) fn with_census(mut self, census: Arc<super::census::Census>) -> ServerConnector {
+        self.census = census;
+        self
     }
 
     /// Takes `creds` if it has none (learnt from a client's login).
@@ -56,6 +64,7 @@ impl ServerConnector {
             match server_conn::connect(&self.target, &creds, self.cfg.server_connect_timeout()).await {
                 Ok(c) => {
                     stats.connects.fetch_add(1, Ordering::Relaxed);
+                    self.census.add_server(&self.key, &c.cancel);
                     tracing::debug!(db = %self.key.db, user = %self.key.user, pid = c.cancel.pid, "server connection opened");
                     return Ok(Box::new(c));
                 }
@@ -105,11 +114,20 @@ impl Pooled for ServerConn {
     fn settings(&self) -> &Settings {
         &self.state.settings
     }
+    fn epoch(&self) -> u64 {
+        self.cancel.info.epoch.load(Ordering::Relaxed)
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.cancel.info.epoch.store(epoch, Ordering::Relaxed);
+    }
 }
 
 /// Gives a client's connection back to `pool`. One with a cancel request on its way to its
 /// backend is handed on only once that has landed (the next client's query would take it).
 pub fn release(pool: &Arc<ServerPool>, conn: Box<ServerConn>, reusable: bool) {
+    let info = &conn.cancel.info;
+    info.released_us.store(super::census::unix_us(), Ordering::Relaxed);
+    info.prepared.store(conn.state.stmts.len() as u32, Ordering::Relaxed);
     if reusable && !pool.expired(&conn) && conn.cancel.in_flight.load(Ordering::Acquire) > 0 {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return pool.release(conn, false);

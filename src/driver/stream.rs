@@ -75,6 +75,31 @@ impl Stream {
             Stream::Unix(_) | Stream::Closed => "[local]".into(),
         }
     }
+    /// The (peer, local) TCP addresses; None for a unix socket. For `SHOW CLIENTS` and
+    /// `SHOW SERVERS`.
+    pub(crate) fn addresses(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+        match self {
+            Stream::Tcp(s) => Some((s.peer_addr().ok()?, s.local_addr().ok()?)),
+            Stream::Tls(t) => t.socket().addresses(),
+            Stream::Unix(_) | Stream::Closed => None,
+        }
+    }
+    /// The peer's process id, for a unix socket whose peer the kernel names.
+    pub(crate) fn peer_pid(&self) -> Option<i32> {
+        match self {
+            Stream::Unix(s) => s.peer_cred().ok()?.pid(),
+            Stream::Tls(t) => t.socket().peer_pid(),
+            _ => None,
+        }
+    }
+    /// TLS in use, as `SHOW CLIENTS` shows it ("TLSv1.3/TLS13_AES_256_GCM_SHA384"); None
+    /// for plaintext.
+    pub(crate) fn tls_description(&self) -> Option<String> {
+        match self {
+            Stream::Tls(t) => Some(t.description()),
+            _ => None,
+        }
+    }
     /// Reads what is available into `buf` without blocking.
     ///
     /// A read that does not fill the buffer has drained the socket, so it also clears

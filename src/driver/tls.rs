@@ -68,6 +68,14 @@ impl TlsStream {
         self.lock().conn.alpn_protocol().map(<[u8]>::to_vec)
     }
 
+    /// Protocol version and cipher suite, as `SHOW CLIENTS` shows them.
+    pub(crate) fn description(&self) -> String {
+        let g = self.lock();
+        let version = g.conn.protocol_version().and_then(|v| v.as_str()).unwrap_or("TLS");
+        let suite = g.conn.negotiated_cipher_suite().and_then(|s| s.suite().as_str()).unwrap_or("");
+        format!("{version}/{suite}")
+    }
+
     /// The underlying socket.
     pub(crate) fn socket(&self) -> &Stream {
         &self.sock

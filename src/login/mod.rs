@@ -53,8 +53,11 @@ pub(crate) enum Step {
     /// The client is authenticated (AuthenticationOk is in `to_client`): with `creds`, get
     /// the pool and its server defaults, then call `welcome` and write `to_client`.
     Authenticated(Credentials),
-    /// An admin console user is logged in: write `to_client` and serve the console.
-    Console,
+    /// A console user is logged in: write `to_client` and serve the console.
+    Console {
+        /// A `stats_users` user that is not an admin: SHOW commands only.
+        read_only: bool,
+    },
     /// Close the connection, after writing the error if there is one (`to_client` is
     /// dropped: PostgreSQL sends nothing else either).
     Close(Option<Error>),
@@ -342,16 +345,18 @@ impl Login {
         Step::Authenticated(creds)
     }
 
-    /// The console: the user must be an admin (any user under trust with no admin_users).
+    /// The console: the user must be an admin (any user under trust with no admin_users),
+    /// or a stats user (SHOW only).
     fn console_welcome(&mut self) -> Step {
         let cfg = &self.cfg;
-        let allowed =
+        let admin =
             cfg.admin_users.contains(&self.user) || (cfg.admin_users.is_empty() && cfg.auth_type == AuthType::Trust);
-        if !allowed {
+        let read_only = !admin && cfg.stats_users.contains(&self.user);
+        if !admin && !read_only {
             let user = self.user.clone();
             return self.close(Error::fatal(
                 SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
-                format!("user \"{user}\" is not allowed to use the parsnip console (admin_users)"),
+                format!("user \"{user}\" is not allowed to use the parsnip console (admin_users, stats_users)"),
             ));
         }
         let out = &mut self.to_client;
@@ -364,7 +369,7 @@ impl Login {
         backend::parameter_status(out, "standard_conforming_strings", "on");
         backend::backend_key_data(out, 0, 0);
         backend::ready_for_query(out, b'I');
-        Step::Console
+        Step::Console { read_only }
     }
 
     /// Ends the login with `err` (what was queued for the client is dropped).

@@ -233,7 +233,10 @@ fn auth_query_users_are_looked_up_and_unknown_ones_refused_as_postgres_does() {
 fn the_console_needs_an_admin_user() {
     // Trust with no admin_users: anyone.
     let mut m = login(config(AuthType::Trust, &[]));
-    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u"), ("database", ADMIN_DB)])), Step::Console));
+    assert!(matches!(
+        m.handle_bytes(&mut startup(&[("user", "u"), ("database", ADMIN_DB)])),
+        Step::Console { read_only: false }
+    ));
     assert_eq!(tags_of(&m.to_client), "RSSSSSSKZ");
     // A password user not in admin_users: refused after authenticating.
     let mut cfg = (*config(AuthType::Password, &[("u", "pw")])).clone();
@@ -246,7 +249,10 @@ fn the_console_needs_an_admin_user() {
 #[test]
 fn database_pgbouncer_reaches_the_console_unless_configured() {
     let mut m = login(config(AuthType::Trust, &[]));
-    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u"), ("database", "pgbouncer")])), Step::Console));
+    assert!(matches!(
+        m.handle_bytes(&mut startup(&[("user", "u"), ("database", "pgbouncer")])),
+        Step::Console { read_only: false }
+    ));
     // A configured database of that name is a database.
     let mut cfg = (*config(AuthType::Trust, &[])).clone();
     cfg.databases.insert("pgbouncer".into(), DatabaseConfig::default());

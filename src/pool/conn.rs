@@ -23,6 +23,11 @@ pub trait Pooled: Send + 'static {
     fn startup_params(&self) -> &[(String, String)];
     /// The settings in effect on it.
     fn settings(&self) -> &Settings;
+    /// The pool's epoch when it was opened: one opened before a `RECONNECT` is closed
+    /// instead of reused.
+    fn epoch(&self) -> u64;
+    /// Stamps it with the pool's epoch (when it enters the pool).
+    fn set_epoch(&mut self, epoch: u64);
 }
 
 /// A future a connector returns (boxed: connecting is the rare, slow path).

@@ -21,14 +21,14 @@ mod tests;
 pub(crate) use conn::{Connecting, Connector, Pooled};
 pub use key::{PoolKey, PoolPurpose};
 pub(crate) use queue::{Checkout, Lease, Queued};
-pub(crate) use stats::{PoolSnapshot, PoolStats};
+pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats};
 
 use crate::config::{Config, PoolMode};
 use crate::error::{Error, SqlState};
 use crate::state::settings::{Settings, TRACKED};
 use queue::{Handoff, Waiter};
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -69,6 +69,11 @@ pub struct Pool<K: Connector> {
     pub(crate) stmts: Arc<crate::stmt::Registry>,
     /// Clients' settings, shared between clients that have the same (most do).
     settings: Mutex<std::collections::HashMap<u64, std::sync::Weak<Settings>>>,
+    /// `PAUSE`d: checkouts queue, returned connections stay idle (and are closed by the
+    /// pauser), nothing is handed over until `resume`.
+    paused: AtomicBool,
+    /// Bumped by `reconnect`: connections of an older epoch are closed, not reused.
+    epoch: AtomicU64,
 }
 
 impl<K: Connector> std::fmt::Debug for Pool<K> {
@@ -91,6 +96,8 @@ impl<K: Connector> Pool<K> {
             settings: Mutex::new(std::collections::HashMap::new()),
             cfg,
             stats: PoolStats::default(),
+            paused: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -146,8 +153,11 @@ impl<K: Connector> Pool<K> {
     /// An idle, healthy connection from the idle list (closing the ones that are not),
     /// counted as a checkout.
     fn take_idle(&self, g: &mut Inner<K>) -> Option<Box<K::Conn>> {
+        if self.is_paused() {
+            return None;
+        }
         while let Some(mut c) = g.idle.pop() {
-            if c.is_healthy() && !self.expired(&c) {
+            if c.is_healthy() && !self.expired(&c) && !self.outdated(&c) {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 return Some(c);
             }
@@ -173,12 +183,13 @@ impl<K: Connector> Pool<K> {
         if let Some(c) = self.take_idle(&mut g) {
             return Checkout::Ready(c);
         }
-        if g.open < self.size && g.waiters.is_empty() {
+        if g.open < self.size && g.waiters.is_empty() && !self.is_paused() {
             return Checkout::Slow;
         }
         let (tx, rx) = oneshot::channel();
-        let deadline = self.cfg.query_wait_timeout().map(|t| Instant::now() + t);
-        g.waiters.push_back(Waiter { tx, deadline, takes_ticket: true });
+        let since = Instant::now();
+        let deadline = self.cfg.query_wait_timeout().map(|t| since + t);
+        g.waiters.push_back(Waiter { tx, deadline, since, takes_ticket: true });
         drop(g);
         self.stats.waits.fetch_add(1, Ordering::Relaxed);
         Checkout::Queued(Queued(rx))
@@ -227,6 +238,9 @@ impl<K: Connector> Pool<K> {
     /// the caller takes its ticket back.
     pub(crate) fn lend(&self, make: impl FnOnce() -> Option<K::Ticket>) -> Result<bool, K::Ticket> {
         let mut g = self.lock();
+        if self.is_paused() {
+            return Ok(false);
+        }
         while g.waiters.front().is_some_and(|w| w.tx.is_closed()) {
             g.waiters.pop_front();
         }
@@ -265,18 +279,19 @@ impl<K: Connector> Pool<K> {
                 if let Some(c) = self.take_idle(&mut g) {
                     return Ok(c);
                 }
-                if g.open < self.size && g.waiters.is_empty() {
+                if g.open < self.size && g.waiters.is_empty() && !self.is_paused() {
                     g.open += 1;
                     None
                 } else {
                     let (tx, rx) = oneshot::channel();
-                    g.waiters.push_back(Waiter { tx, deadline, takes_ticket: false });
+                    g.waiters.push_back(Waiter { tx, deadline, since: Instant::now(), takes_ticket: false });
                     Some(rx)
                 }
             };
             let Some(rx) = rx else {
                 return match self.connector.connect(&self.stats).await {
-                    Ok(c) => {
+                    Ok(mut c) => {
+                        c.set_epoch(self.epoch.load(Ordering::Relaxed));
                         self.learn_defaults(&c);
                         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                         Ok(c)
@@ -321,7 +336,7 @@ impl<K: Connector> Pool<K> {
 
     fn reserve_freed_slot(&self) -> bool {
         let mut g = self.lock();
-        let ok = g.open < self.size;
+        let ok = g.open < self.size && !self.is_paused();
         if ok {
             g.open += 1;
         }
@@ -330,7 +345,8 @@ impl<K: Connector> Pool<K> {
 
     async fn connect_reserved(&self) -> Result<Box<K::Conn>, Error> {
         match self.connector.connect(&self.stats).await {
-            Ok(c) => {
+            Ok(mut c) => {
+                c.set_epoch(self.epoch.load(Ordering::Relaxed));
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 Ok(c)
             }
@@ -346,10 +362,18 @@ impl<K: Connector> Pool<K> {
         self.cfg.server_lifetime().is_some_and(|l| c.created().elapsed() >= l)
     }
 
+    /// Whether `c` was opened before the last `reconnect`.
+    fn outdated(&self, c: &K::Conn) -> bool {
+        c.epoch() != self.epoch.load(Ordering::Relaxed)
+    }
+
     /// A connection slot was given up: let one waiter open a new connection.
     fn slot_freed(&self) {
         let mut g = self.lock();
         g.open -= 1;
+        if self.is_paused() {
+            return;
+        }
         while let Some(w) = g.waiters.pop_front() {
             if w.tx.send(Handoff::SlotFreed).is_ok() {
                 break;
@@ -359,7 +383,7 @@ impl<K: Connector> Pool<K> {
 
     /// Returns a connection. Not reusable or past its lifetime: it is closed.
     pub(crate) fn release(&self, conn: Box<K::Conn>, reusable: bool) {
-        if !reusable || self.expired(&conn) {
+        if !reusable || self.expired(&conn) || self.outdated(&conn) {
             drop(conn);
             return self.slot_freed();
         }
@@ -369,13 +393,15 @@ impl<K: Connector> Pool<K> {
     /// Returns a connection as it is (lifetime not checked): to the first waiter, else to
     /// the idle list. Not reusable: it is closed.
     pub(crate) fn release_now(&self, mut conn: Box<K::Conn>, reusable: bool) {
-        if !reusable {
+        if !reusable || self.outdated(&conn) {
             drop(conn);
             return self.slot_freed();
         }
         conn.touch(Instant::now());
         let mut g = self.lock();
-        while let Some(w) = g.waiters.pop_front() {
+        while !self.is_paused()
+            && let Some(w) = g.waiters.pop_front()
+        {
             match w.tx.send(Handoff::Conn(conn)) {
                 Ok(()) => return,
                 Err(Handoff::Conn(back)) => conn = back,
@@ -437,7 +463,12 @@ impl<K: Connector> Pool<K> {
 
     /// The pool as the console shows it, now.
     pub(crate) fn snapshot(&self) -> PoolSnapshot {
-        let (idle, open, waiting) = self.counts();
+        let (idle, open, waiting, max_wait_us) = {
+            let g = self.lock();
+            let first = g.waiters.iter().find(|w| !w.tx.is_closed());
+            let max_wait = first.map_or(0, |w| w.since.elapsed().as_micros() as u64);
+            (g.idle.len(), g.open, g.waiters.iter().filter(|w| !w.tx.is_closed()).count(), max_wait)
+        };
         let mut s = PoolSnapshot {
             key: self.key.clone(),
             mode: self.mode,
@@ -445,6 +476,10 @@ impl<K: Connector> Pool<K> {
             idle,
             open,
             waiting,
+            max_wait_us,
+            logins: 0,
+            totals: Default::default(),
+            period: Default::default(),
             connects: 0,
             connect_failures: 0,
             checkouts: 0,
@@ -453,6 +488,7 @@ impl<K: Connector> Pool<K> {
             pipelined: 0,
             pipelined_cancels: 0,
             stmts: self.stmts.clone(),
+            paused: self.is_paused(),
         };
         self.stats.fill(&mut s);
         s
@@ -463,11 +499,77 @@ impl<K: Connector> Pool<K> {
         self.cfg.server_connect_timeout()
     }
 
-    /// Closes every idle connection (shutdown).
+    /// Closes every idle connection (shutdown, `PAUSE`).
     pub(crate) fn close_idle(&self) {
         let mut g = self.lock();
         let n = g.idle.len();
         g.idle.clear();
         g.open -= n;
+    }
+
+    /// Whether `PAUSE`d.
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// `PAUSE`: checkouts queue from now on; connections coming back stay idle (the
+    /// pauser closes them with `close_idle`).
+    pub(crate) fn pause(&self) {
+        let _g = self.lock();
+        self.paused.store(true, Ordering::Relaxed);
+    }
+
+    /// `RESUME`: idle connections go to the queued checkouts, and as many more as there
+    /// are free slots are told to open one.
+    pub(crate) fn resume(&self) {
+        let mut g = self.lock();
+        if !self.paused.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let mut free = self.size.saturating_sub(g.open);
+        while let Some(w) = g.waiters.pop_front() {
+            if let Some(c) = g.idle.pop() {
+                if let Err(Handoff::Conn(back)) = w.tx.send(Handoff::Conn(c)) {
+                    g.idle.push(back);
+                }
+            } else if free > 0 {
+                if w.tx.send(Handoff::SlotFreed).is_ok() {
+                    free -= 1;
+                }
+            } else {
+                g.waiters.push_front(w);
+                break;
+            }
+        }
+    }
+
+    /// `RECONNECT`: every connection open now is closed instead of reused, the idle ones
+    /// at once, the others as they come back.
+    pub(crate) fn reconnect(&self) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+        self.close_idle();
+        self.wake_for_free_slots();
+    }
+
+    /// Tells as many queued checkouts as there are free slots to open a connection.
+    fn wake_for_free_slots(&self) {
+        let mut g = self.lock();
+        if self.is_paused() {
+            return;
+        }
+        let mut free = self.size.saturating_sub(g.open);
+        while free > 0
+            && let Some(w) = g.waiters.pop_front()
+        {
+            if w.tx.send(Handoff::SlotFreed).is_ok() {
+                free -= 1;
+            }
+        }
+    }
+
+    /// Connections opened before the last `reconnect` still open (`WAIT_CLOSE`), counted
+    /// by the caller's `live` list of their epochs; here, the current epoch.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
     }
 }

@@ -43,6 +43,8 @@ pub(crate) enum Lease<K: Connector> {
 pub(super) struct Waiter<K: Connector> {
     pub(super) tx: oneshot::Sender<Handoff<K>>,
     pub(super) deadline: Option<Instant>,
+    /// When it was queued (`SHOW POOLS`'s maxwait).
+    pub(super) since: Instant,
     /// A client's checkout (`checkout`), which can take a ticket on a shared connection.
     pub(super) takes_ticket: bool,
 }

@@ -11,6 +11,7 @@ struct Dummy {
     created: Instant,
     last_used: Instant,
     settings: Settings,
+    epoch: u64,
 }
 
 impl Pooled for Dummy {
@@ -31,6 +32,12 @@ impl Pooled for Dummy {
     }
     fn settings(&self) -> &Settings {
         &self.settings
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
     }
 }
 
@@ -55,7 +62,7 @@ impl Connector for Opener {
             let now = Instant::now();
             let created = now.checked_sub(self.age).unwrap_or(now);
             let id = self.opened.fetch_add(1, Ordering::Relaxed);
-            Ok(Box::new(Dummy { id, healthy: true, created, last_used: now, settings: Settings::default() }))
+            Ok(Box::new(Dummy { id, healthy: true, created, last_used: now, settings: Settings::default(), epoch: 0 }))
         })
     }
 }

@@ -115,16 +115,16 @@ pub(crate) fn empty_query_response(buf: &mut BytesMut) {
 pub fn empty(buf: &mut BytesMut, tag: u8) {
     write_msg(buf, tag, |_| {});
 }
-/// RowDescription of text columns (type OID 25), for synthesized result sets.
-pub(crate) fn row_description_text(buf: &mut BytesMut, columns: &[&str]) {
+/// RowDescription of text-format columns of the given (name, type oid, type length).
+pub(crate) fn row_description_typed(buf: &mut BytesMut, columns: &[(&str, u32, i16)]) {
     write_msg(buf, tags::ROW_DESCRIPTION, |b| {
         b.put_i16(columns.len() as i16);
-        for c in columns {
-            put_cstr(b, c.as_bytes());
+        for (name, oid, len) in columns {
+            put_cstr(b, name.as_bytes());
             b.put_i32(0);
             b.put_i16(0);
-            b.put_i32(25);
-            b.put_i16(-1);
+            b.put_u32(*oid);
+            b.put_i16(*len);
             b.put_i32(-1);
             b.put_i16(0);
         }

@@ -135,6 +135,22 @@ pub struct Session {
     stmts: ClientStmts,
     /// The batch kept for a transparent retry.
     retry: Retry,
+    /// What the client has done, counted for the console and the metrics.
+    tally: Tally,
+}
+
+/// Counts of what one client has done since the driver last took them (`take_tally`, after
+/// feeding server frames: a count means a query or transaction ended), for its pool's
+/// figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    /// The client's requests answered (its ReadyForQuery frames).
+    pub(crate) queries: u32,
+    /// Of those, the ones that left the transaction idle (autocommit statements and
+    /// transaction ends).
+    pub(crate) xacts: u32,
+    /// Binds of statements of the shared cache.
+    pub(crate) binds: u32,
 }
 
 impl Session {
@@ -158,6 +174,7 @@ impl Session {
             tx: TxState::default(),
             stmts: ClientStmts::new(registry),
             retry: Retry::default(),
+            tally: Tally::default(),
         }
     }
 
@@ -194,6 +211,18 @@ impl Session {
     pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }
+    /// What the client did since the last call (see `Tally`); None if nothing ended.
+    pub(crate) fn take_tally(&mut self) -> Option<Tally> {
+        (self.tally.queries > 0 || self.tally.binds > 0).then(|| std::mem::take(&mut self.tally))
+    }
+    /// Prepared statements the client holds.
+    pub(crate) fn prepared_count(&self) -> usize {
+        self.stmts.named.len()
+    }
+    /// The client is inside a transaction block (or a failed one).
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.tx.status != TxStatus::Idle
+    }
     /// The session is closing: feed nothing more.
     pub(crate) fn is_closing(&self) -> bool {
         self.phase == Phase::Closing
@@ -206,11 +235,6 @@ impl Session {
     /// Actions are waiting for the driver.
     pub(crate) fn has_actions(&self) -> bool {
         !self.actions.is_empty()
-    }
-    /// Prepared statements the client holds by name.
-    #[cfg(test)]
-    pub(crate) fn prepared_count(&self) -> usize {
-        self.stmts.named.len()
     }
 
     /// Enters phase `p` from `Ready`; a closing session stays closing.

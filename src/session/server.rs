@@ -286,6 +286,10 @@ impl Session {
         if matches!(p.on_reply, OnReply::Forward) {
             self.retry.retried = false;
         }
+        if p.purpose == Purpose::Client {
+            self.tally.queries = self.tally.queries.wrapping_add(1);
+            self.tally.xacts = self.tally.xacts.wrapping_add(u32::from(status == TxStatus::Idle));
+        }
         let before = self.tx.status;
         self.tx.status = status;
         server.tx_status = status;

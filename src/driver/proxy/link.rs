@@ -26,8 +26,18 @@ impl Proxy {
         loop {
             let got = match self.pool.checkout() {
                 Checkout::Ready(c) => Ok(Lease::Own(c)),
-                Checkout::Queued(q) => Box::pin(self.wait_in_queue(q)).await,
-                Checkout::Slow => Box::pin(self.acquire_slow(false)).await.map(Lease::Own),
+                Checkout::Queued(q) => {
+                    let since = self.meter_waiting();
+                    let r = Box::pin(self.wait_in_queue(q)).await;
+                    self.meter_waited(since);
+                    r
+                }
+                Checkout::Slow => {
+                    let since = self.meter_waiting();
+                    let r = Box::pin(self.acquire_slow(false)).await.map(Lease::Own);
+                    self.meter_waited(since);
+                    r
+                }
             };
             match got {
                 Ok(Lease::Own(mut s)) => {
@@ -144,6 +154,23 @@ impl Proxy {
         let out = std::mem::take(&mut self.session.to_client);
         let _ = tokio::time::timeout(Duration::from_secs(2), self.client.write_all(&out)).await;
         self.settle_server().await;
+    }
+
+    /// `KILL`ed from the console: the client gets PostgreSQL's error for a terminated
+    /// backend and is closed; its server (whatever it is doing) is closed too.
+    pub(super) async fn killed(&mut self) {
+        let e = Error::fatal(SqlState::ADMIN_SHUTDOWN, "terminating connection due to administrator command");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.client.write_all(&e.to_bytes())).await;
+        self.slot.clear();
+        match self.server.take() {
+            Some(Linked::Own(s)) => servers::release(&self.pool, s, false),
+            Some(Linked::Shared(pipe, t)) => {
+                let mut g = pipe.lock();
+                g.kill();
+                leave(&self.pool, g, t);
+            }
+            None => {}
+        }
     }
 
     /// The client vanished: settle the server.

@@ -6,6 +6,7 @@
 //! server connections.
 
 mod link;
+mod meter;
 mod relay;
 
 use crate::driver::Shared;
@@ -38,6 +39,7 @@ pub(super) struct Proxy {
     pool: Arc<ServerPool>,
     slot: Arc<CancelSlot>,
     shared: Arc<Shared>,
+    meter: meter::Meter,
 }
 
 /// The server connection a client is linked to.
@@ -116,7 +118,7 @@ impl Proxy {
         slot: Arc<CancelSlot>,
         shared: Arc<Shared>,
     ) -> Proxy {
-        Proxy { client, cbuf, session, server: None, pool, slot, shared }
+        Proxy { client, cbuf, session, server: None, pool, slot, shared, meter: Default::default() }
     }
 
     /// What all clients share.
@@ -125,24 +127,23 @@ impl Proxy {
     }
 
     pub(in crate::driver) async fn run(&mut self) {
-        // One registration for the client's life: a `changed()` future made per wait
-        // would join and leave the watch's waiter list (two locks) on every transaction.
-        // It is polled once; afterwards its waker stays registered and a wake-up finds
-        // `stopping` set.
-        let mut rx = self.shared.shutdown.clone();
+        // One registration for the client's life: a future made per wait would join and
+        // leave a waiter list (two locks) on every transaction. It is polled once;
+        // afterwards its waker stays registered, and a wake-up (a shutdown, or a `KILL` of
+        // this client: both kick every slot they concern) finds `stopping` or the kill
+        // flag set.
+        let slot = self.slot.clone();
         let mut stop_registered = false;
-        let mut stop = std::pin::pin!(async move {
-            if rx.wait_for(|v| *v).await.is_err() {
-                // The pooler is being dropped without a shutdown: nothing to wait for.
-                std::future::pending::<()>().await;
-            }
-        });
+        let mut stop = std::pin::pin!(async move { slot.kicked.notified().await });
         let mut idle_since = std::time::Instant::now();
         // The clock is read per batch only when a timeout needs it.
         let timed = self.timeouts().any();
         // Only with an idle timeout configured.
         let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
+            if self.slot.is_killed() {
+                return Box::pin(self.killed()).await;
+            }
             // Act on everything the session asked for.
             while let Some(a) = self.session.poll_action() {
                 match a {
@@ -192,6 +193,7 @@ impl Proxy {
             let want_server = server.filter(|_| self.session.to_client.len() < HIGH_WATER);
             let want_client = idle || self.session.to_server.len() < HIGH_WATER;
             let mut timer = timer.as_mut().filter(|_| deadline.is_some());
+            let slot = &self.slot;
             let ev = std::future::poll_fn(|cx| {
                 // Readiness is polled in place: no future, allocation or waiter-list entry
                 // per wait. An error counts as ready (the read or write then reports it).
@@ -216,16 +218,14 @@ impl Proxy {
                 {
                     return Poll::Ready(Event::Timer);
                 }
-                if idle && !graceful {
-                    if stopping.load(Ordering::Acquire) {
+                if !stop_registered {
+                    stop_registered = true;
+                    if stop.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(Event::Shutdown);
                     }
-                    if !stop_registered {
-                        stop_registered = true;
-                        if stop.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(Event::Shutdown);
-                        }
-                    }
+                }
+                if idle && !graceful && stopping.load(Ordering::Acquire) || slot.is_killed() {
+                    return Poll::Ready(Event::Shutdown);
                 }
                 Poll::Pending
             })
@@ -235,11 +235,15 @@ impl Proxy {
                     if !self.read_client() {
                         return Box::pin(self.client_gone()).await;
                     }
+                    self.meter_request();
                     if timed {
                         idle_since = std::time::Instant::now();
                     }
                 }
-                Event::Server => self.read_server(),
+                Event::Server => {
+                    self.read_server();
+                    self.meter_replies();
+                }
                 Event::Writable | Event::Shutdown => {}
                 Event::Timer => {
                     let now = std::time::Instant::now();
@@ -274,9 +278,12 @@ mod task_size {
         let run = future_size(|p| p.run());
         let acquire = future_size(|p| p.acquire());
         eprintln!("Proxy {proxy} B, run() {run} B, acquire() {acquire} B");
-        // 704: the link to a server carries a pipelining ticket (`pipe`), 8 B more than a box.
-        assert!(proxy <= 704, "Proxy is {proxy} B");
-        assert!(run <= 400, "the proxy loop's future is {run} B");
+        // 744: the link to a server carries a pipelining ticket (`pipe`), 8 B more than a
+        // box; the meter (`meter`) and the session's tally take 40 B. The loop's future
+        // waits on the slot's `Notify` alone (shutdown and KILL both kick it), 112 B less
+        // than the shutdown watch it replaced.
+        assert!(proxy <= 744, "Proxy is {proxy} B");
+        assert!(run <= 300, "the proxy loop's future is {run} B");
         assert!(acquire <= 64, "acquire()'s future is {acquire} B: box its waits");
     }
 }

@@ -23,7 +23,8 @@ impl Proxy {
             self.cbuf.reserve(READ_CHUNK);
             match self.client.try_read_buf(&mut self.cbuf) {
                 Ok(0) => return false,
-                Ok(_) => {
+                Ok(n) => {
+                    self.meter_received(n);
                     if self.cbuf.capacity() > self.cbuf.len() {
                         return true;
                     }
@@ -100,7 +101,11 @@ impl Proxy {
                 self.batch_written();
             }
         }
-        self.client.flush_some(&mut self.session.to_client).map(|_| ())
+        let before = self.session.to_client.len();
+        let r = self.client.flush_some(&mut self.session.to_client).map(|_| ());
+        let sent = before - self.session.to_client.len();
+        self.meter_sent(sent);
+        r
     }
 
     /// A batch is written out: if it may have others queued behind it, it is timed, and

@@ -57,6 +57,7 @@ impl Session {
             Resolved::Failed => {}
             Resolved::Plain => self.forward(frame, Req::Bind),
             Resolved::Cached(s) => {
+                self.tally.binds = self.tally.binds.wrapping_add(1);
                 self.stmts.last_bind = Some((portal.into(), s.clone()));
                 let tail = &body(frame)[rest..];
                 self.send_use(Req::Bind, s, guard, srv, |out, server_name| {

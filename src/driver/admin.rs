@@ -1,0 +1,441 @@
+//! The console's driver side: the connection loop around the sans-IO `admin::Console`,
+//! the live `admin::View` over `Shared` (pools, the cancel registry's clients, the census's
+//! server connections, the configuration), and the console commands carried out (PAUSE,
+//! RESUME, RECONNECT, KILL, KILL_CLIENT, DISABLE, ENABLE, WAIT_CLOSE, SHUTDOWN). What a
+//! command means is decided here and in `pool`; the console only parses and answers.
+
+use super::Shared;
+use super::census::unix_us;
+use super::servers::ServerPool;
+use super::stream::Stream;
+use crate::admin::{Action, ConfigRow, ConnRow, Console, ConsoleStep, DatabaseRow, UserRow, View};
+use crate::config::Config;
+use crate::error::{Error, SqlState};
+use crate::pool::{PoolPurpose, PoolSnapshot};
+use bytes::BytesMut;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How often PAUSE and WAIT_CLOSE look whether the connections they wait for are gone.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Serves one console connection (after its login) to the end.
+pub(crate) async fn serve(mut stream: Stream, mut buf: BytesMut, shared: &Arc<Shared>, read_only: bool) {
+    shared.consoles.fetch_add(1, Ordering::Relaxed);
+    let mut console = Console::new(read_only);
+    loop {
+        let step = console.handle_bytes(&mut buf, &Live(shared));
+        if let ConsoleStep::Run(action) = &step {
+            tracing::info!(?action, "console command");
+            let res = run(action, shared).await;
+            if let Err(e) = &res {
+                tracing::info!(error = %e, "console command failed");
+            }
+            console.finished(res);
+        }
+        if !console.to_client.is_empty() {
+            if stream.write_all(&console.to_client).await.is_err() {
+                break;
+            }
+            console.to_client.clear();
+        }
+        match step {
+            ConsoleStep::Close => break,
+            ConsoleStep::Run(_) => continue,
+            ConsoleStep::NeedBytes => {}
+        }
+        buf.reserve(1024);
+        match stream.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    shared.consoles.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The client pools, optionally only those of database `db`.
+fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<ServerPool>> {
+    let map = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+    map.values()
+        .filter(|p| p.key.purpose == PoolPurpose::Clients && db.is_none_or(|d| p.key.db == d))
+        .cloned()
+        .collect()
+}
+
+/// Whether `db` names a database the pooler serves (configured, or with a pool now).
+fn known(shared: &Shared, db: &str) -> Result<(), Error> {
+    if shared.cfg.databases.contains_key(db) || !pools_of(shared, Some(db)).is_empty() {
+        Ok(())
+    } else {
+        Err(Error::new(SqlState::UNDEFINED_DATABASE, format!("no such database: {db}")))
+    }
+}
+
+/// Carries out one console command; the tag PgBouncer answers with, or the error.
+async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Error> {
+    match action {
+        Action::Pause(db) => {
+            if let Some(d) = db {
+                known(shared, d)?;
+            }
+            shared.pause(db.as_deref());
+            wait_until_closed(shared, db.as_deref()).await;
+            Ok("PAUSE")
+        }
+        Action::Resume(db) => {
+            shared.resume(db.as_deref())?;
+            Ok("RESUME")
+        }
+        Action::Reconnect(db) => {
+            if let Some(d) = db {
+                known(shared, d)?;
+            }
+            for p in pools_of(shared, db.as_deref()) {
+                p.reconnect();
+            }
+            Ok("RECONNECT")
+        }
+        Action::Kill(db) => {
+            if let Some(d) = db {
+                known(shared, d)?;
+            }
+            shared.pause(db.as_deref());
+            for slot in shared.cancels.clients() {
+                if slot.info.get().is_some_and(|i| db.as_ref().is_none_or(|d| i.key.db == *d)) {
+                    slot.kill();
+                }
+            }
+            for p in pools_of(shared, db.as_deref()) {
+                p.reconnect();
+            }
+            Ok("KILL")
+        }
+        Action::KillClient(id) => {
+            let slot = shared.cancels.clients().into_iter().find(|s| s.pid as u64 == *id);
+            match slot {
+                Some(s) => {
+                    s.kill();
+                    Ok("KILL_CLIENT")
+                }
+                None => Err(Error::new(SqlState::UNDEFINED_OBJECT, format!("client {id} not found"))),
+            }
+        }
+        Action::Disable(db) => {
+            known(shared, db)?;
+            shared.disabled.lock().unwrap_or_else(|e| e.into_inner()).insert(db.clone());
+            Ok("DISABLE")
+        }
+        Action::Enable(db) => {
+            known(shared, db)?;
+            shared.disabled.lock().unwrap_or_else(|e| e.into_inner()).remove(db);
+            Ok("ENABLE")
+        }
+        Action::WaitClose(db) => {
+            if let Some(d) = db {
+                known(shared, d)?;
+            }
+            while outdated_servers(shared, db.as_deref()) > 0 {
+                tokio::time::sleep(POLL).await;
+            }
+            Ok("WAIT_CLOSE")
+        }
+        Action::Shutdown(mode) => {
+            shared.stop_requests.send_replace(Some(*mode));
+            // SHUTDOWN without WAIT_*: the process exits before a reply could matter.
+            Ok("SHUTDOWN")
+        }
+        Action::Reload => Err(Error::new(
+            SqlState::CONFIG_FILE_ERROR,
+            "RELOAD failed: online reload is not implemented yet; the configuration is unchanged",
+        )),
+        Action::Set(key, _) => Err(Error::new(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            format!("SET {key}: settings cannot be changed at run time yet; change the file and restart"),
+        )),
+        Action::Suspend => Err(Error::new(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            "SUSPEND is not supported: parsnip has no online restart by socket handover",
+        )),
+    }
+}
+
+/// PAUSE's wait: until every matching pool has no connection open (idle ones are closed
+/// as they come back; clients in transactions finish them first).
+pub(super) async fn wait_until_closed(shared: &Shared, db: Option<&str>) {
+    loop {
+        let mut open = 0;
+        for p in pools_of(shared, db) {
+            if !p.is_paused() {
+                // RESUMEd meanwhile.
+                return;
+            }
+            p.close_idle();
+            open += p.counts().1;
+        }
+        if open == 0 {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Server connections RECONNECT marked (older than their pool's epoch) still open.
+fn outdated_servers(shared: &Shared, db: Option<&str>) -> usize {
+    let epochs: HashMap<_, u64> = pools_of(shared, db).iter().map(|p| (p.key.clone(), p.epoch())).collect();
+    shared
+        .census
+        .servers()
+        .iter()
+        .filter(|(k, t)| epochs.get(k).is_some_and(|e| t.info.epoch.load(Ordering::Relaxed) < *e))
+        .count()
+}
+
+impl Shared {
+    /// PAUSE: the pools of `db` (all: None) hold their checkouts, and so will pools made
+    /// for it later.
+    pub(crate) fn pause(&self, db: Option<&str>) {
+        match db {
+            None => self.paused_all.store(true, Ordering::SeqCst),
+            Some(d) => {
+                self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner()).insert(d.to_owned());
+            }
+        }
+        for p in pools_of(self, db) {
+            p.pause();
+        }
+    }
+
+    /// RESUME: undoes PAUSE and KILL.
+    pub(crate) fn resume(&self, db: Option<&str>) -> Result<(), Error> {
+        {
+            let mut dbs = self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner());
+            match db {
+                None => {
+                    let was = self.paused_all.swap(false, Ordering::SeqCst);
+                    if !was && dbs.is_empty() {
+                        return Err(Error::new(
+                            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                            "pooler is not paused/suspended",
+                        ));
+                    }
+                    dbs.clear();
+                }
+                Some(d) => {
+                    if !dbs.remove(d) && !self.paused_all.load(Ordering::SeqCst) {
+                        return Err(Error::new(
+                            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                            format!("database {d} is not paused"),
+                        ));
+                    }
+                }
+            }
+        }
+        for p in pools_of(self, db) {
+            if !self.is_paused(&p.key.db) {
+                p.resume();
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether clients of `db` are held by PAUSE or KILL.
+    pub(crate) fn is_paused(&self, db: &str) -> bool {
+        self.paused_all.load(Ordering::SeqCst) || self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner()).contains(db)
+    }
+
+    /// Whether DISABLE refuses new clients of `db`.
+    pub(crate) fn is_disabled(&self, db: &str) -> bool {
+        self.disabled.lock().unwrap_or_else(|e| e.into_inner()).contains(db)
+    }
+}
+
+/// The running pooler as the console reads it.
+struct Live<'a>(&'a Shared);
+
+fn listen_port(cfg: &Config) -> i32 {
+    cfg.listen.iter().find_map(|l| l.rsplit(':').next()?.parse().ok()).unwrap_or(6432)
+}
+
+impl Live<'_> {
+    /// (addr, port, local_addr, local_port) of a connection's ends.
+    fn addresses(&self, ends: &super::census::Endpoints) -> (String, i32, String, i32) {
+        match ends.tcp {
+            Some((peer, local)) => {
+                (peer.ip().to_string(), i32::from(peer.port()), local.ip().to_string(), i32::from(local.port()))
+            }
+            None => {
+                let port = listen_port(&self.0.cfg);
+                ("unix".into(), port, "unix".into(), port)
+            }
+        }
+    }
+}
+
+impl View for Live<'_> {
+    fn pools(&self) -> Vec<PoolSnapshot> {
+        let mut v: Vec<_> = pools_of(self.0, None).iter().map(|p| p.snapshot()).collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+
+    fn clients(&self) -> Vec<ConnRow> {
+        let now = unix_us();
+        self.0
+            .cancels
+            .clients()
+            .iter()
+            .filter_map(|s| {
+                let info = s.info.get()?;
+                let waiting_since = s.live.waiting_since_us.load(Ordering::Relaxed);
+                let (addr, port, local_addr, local_port) = self.addresses(&info.ends);
+                Some(ConnRow {
+                    id: s.pid as u64,
+                    database: info.key.db.clone(),
+                    user: info.key.user.clone(),
+                    state: if waiting_since > 0 { "waiting" } else { "active" },
+                    addr,
+                    port,
+                    local_addr,
+                    local_port,
+                    connect_us: info.connected_us,
+                    request_us: s.live.request_us.load(Ordering::Relaxed),
+                    wait_us: if waiting_since > 0 { now.saturating_sub(waiting_since) } else { 0 },
+                    link: s.linked_server().map(|id| ConnRow::ptr(true, id)),
+                    remote_pid: info.ends.peer_pid.unwrap_or(0),
+                    tls: info.ends.tls.as_deref().unwrap_or("").into(),
+                    application_name: info.application_name.to_string(),
+                    prepared: s.live.prepared.load(Ordering::Relaxed),
+                    client_pid: s.pid,
+                    close_needed: false,
+                })
+            })
+            .collect()
+    }
+
+    fn servers(&self) -> Vec<ConnRow> {
+        let epochs: HashMap<_, u64> = pools_of(self.0, None).iter().map(|p| (p.key.clone(), p.epoch())).collect();
+        let mut rows: Vec<ConnRow> = self
+            .0
+            .census
+            .servers()
+            .iter()
+            .filter(|(k, _)| k.purpose == PoolPurpose::Clients)
+            .map(|(k, t)| {
+                let i = &t.info;
+                let client = i.client.load(Ordering::Relaxed);
+                let (addr, port, local_addr, local_port) = match i.ends.tcp {
+                    Some((peer, local)) => {
+                        (peer.ip().to_string(), i32::from(peer.port()), local.ip().to_string(), i32::from(local.port()))
+                    }
+                    None => ("unix".into(), i32::from(t.port), "unix".into(), i32::from(t.port)),
+                };
+                ConnRow {
+                    id: i.id,
+                    database: k.db.clone(),
+                    user: k.user.clone(),
+                    state: if client != 0 { "active" } else { "idle" },
+                    addr,
+                    port,
+                    local_addr,
+                    local_port,
+                    connect_us: i.connected_us,
+                    request_us: i.released_us.load(Ordering::Relaxed),
+                    wait_us: 0,
+                    link: (client != 0).then(|| ConnRow::ptr(false, client as u64)),
+                    remote_pid: t.pid,
+                    tls: i.ends.tls.as_deref().unwrap_or("").into(),
+                    application_name: String::new(),
+                    prepared: i.prepared.load(Ordering::Relaxed),
+                    client_pid: 0,
+                    close_needed: epochs.get(k).is_some_and(|e| i.epoch.load(Ordering::Relaxed) < *e),
+                }
+            })
+            .collect();
+        rows.sort_by_key(|r| r.id);
+        rows
+    }
+
+    fn databases(&self) -> Vec<DatabaseRow> {
+        let cfg = &self.0.cfg;
+        let pools = pools_of(self.0, None);
+        let mut names: BTreeMap<String, ()> =
+            cfg.databases.keys().filter(|n| *n != "*").map(|n| (n.clone(), ())).collect();
+        for p in &pools {
+            names.insert(p.key.db.clone(), ());
+        }
+        let clients = self.0.cancels.clients();
+        names
+            .into_keys()
+            .filter_map(|name| {
+                let (db, server_db) = cfg.database(&name)?;
+                let current: usize = pools.iter().filter(|p| p.key.db == name).map(|p| p.counts().1).sum();
+                let client_count = clients.iter().filter(|s| s.info.get().is_some_and(|i| i.key.db == name)).count();
+                Some(DatabaseRow {
+                    host: db.host.clone(),
+                    port: i32::from(db.port),
+                    database: server_db,
+                    force_user: db.user.clone().unwrap_or_default(),
+                    pool_size: db.pool_size.unwrap_or(cfg.pool_size) as i32,
+                    min_pool_size: cfg.min_pool_size as i32,
+                    server_lifetime_s: (cfg.server_lifetime_ms / 1000) as i32,
+                    pool_mode: db.pool_mode.unwrap_or(cfg.pool_mode).as_str().into(),
+                    current_connections: current as i32,
+                    current_client_connections: client_count as i32,
+                    paused: self.0.is_paused(&name),
+                    disabled: self.0.is_disabled(&name),
+                    name,
+                })
+            })
+            .collect()
+    }
+
+    fn users(&self) -> Vec<UserRow> {
+        let cfg = &self.0.cfg;
+        let pools = pools_of(self.0, None);
+        let mut names: BTreeMap<String, ()> = cfg.users.keys().map(|n| (n.clone(), ())).collect();
+        for p in &pools {
+            names.insert(p.key.user.clone(), ());
+        }
+        let clients = self.0.cancels.clients();
+        names
+            .into_keys()
+            .map(|name| {
+                let u = cfg.users.get(&name);
+                let current: usize = pools.iter().filter(|p| p.key.user == name).map(|p| p.counts().1).sum();
+                let client_count = clients.iter().filter(|s| s.info.get().is_some_and(|i| i.key.user == name)).count();
+                UserRow {
+                    pool_size: u.and_then(|u| u.pool_size).map(|s| s as i32),
+                    pool_mode: u.and_then(|u| u.pool_mode).map(|m| m.as_str().to_owned()),
+                    current_connections: current as i32,
+                    current_client_connections: client_count as i32,
+                    name,
+                }
+            })
+            .collect()
+    }
+
+    fn config(&self) -> Vec<ConfigRow> {
+        let defaults: HashMap<_, _> = Config::default().entries().into_iter().collect();
+        self.0
+            .cfg
+            .entries()
+            .into_iter()
+            .map(|(key, value)| ConfigRow {
+                key,
+                value,
+                default: defaults.get(key).cloned().unwrap_or_default(),
+                changeable: false,
+            })
+            .collect()
+    }
+
+    fn paused(&self) -> bool {
+        self.0.paused_all.load(Ordering::SeqCst)
+    }
+
+    fn console_clients(&self) -> usize {
+        self.0.consoles.load(Ordering::Relaxed)
+    }
+}
