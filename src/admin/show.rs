@@ -79,36 +79,17 @@ fn show_pools(v: &dyn View) -> Table {
             .filter(|r| r.database == p.key.db && r.user == p.key.user && state.is_none_or(|s| r.state == s))
             .count()
     };
-    let consoles = v.console_clients();
-    table.push(vec![
-        t(CONSOLE_DB),
-        t(CONSOLE_DB),
-        n(consoles),
+    // PgBouncer's own console pool: its clients, nothing else.
+    table.push_with(
         n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        t("statement"),
-        None,
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-        n(0),
-    ]);
+        &[
+            ("database", t(CONSOLE_DB)),
+            ("user", t(CONSOLE_DB)),
+            ("cl_active", n(v.console_clients())),
+            ("pool_mode", t("statement")),
+            ("load_balance_hosts", None),
+        ],
+    );
     for p in v.pools() {
         let active = count(&servers, &p, Some("active"));
         // The pool's queue says who waits; every other logged-in client is active.
@@ -232,26 +213,6 @@ fn show_databases(v: &dyn View) -> Table {
         ("paused", I),
         ("disabled", I),
     ]);
-    let consoles = v.console_clients();
-    let console = [
-        t(CONSOLE_DB),
-        None,
-        n(0),
-        t(CONSOLE_DB),
-        t(CONSOLE_DB),
-        n(2),
-        n(0),
-        n(0),
-        n(0),
-        t("statement"),
-        None,
-        n(0),
-        n(0),
-        n(0),
-        n(consoles),
-        n(0),
-        n(0),
-    ];
     let mut rows: Vec<Vec<Option<String>>> = v
         .databases()
         .into_iter()
@@ -277,7 +238,19 @@ fn show_databases(v: &dyn View) -> Table {
             ]
         })
         .collect();
-    rows.push(console.to_vec());
+    rows.push(table.row_with(
+        n(0),
+        &[
+            ("name", t(CONSOLE_DB)),
+            ("host", None),
+            ("database", t(CONSOLE_DB)),
+            ("force_user", t(CONSOLE_DB)),
+            ("pool_size", n(2)),
+            ("pool_mode", t("statement")),
+            ("load_balance_hosts", None),
+            ("current_client_connections", n(v.console_clients())),
+        ],
+    ));
     rows.sort_by(|a, b| a[0].cmp(&b[0]));
     for r in rows {
         table.push(r);

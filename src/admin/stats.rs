@@ -82,40 +82,36 @@ pub(super) fn show_stats(v: &dyn View) -> Table {
     per_database(v, &COLUMNS, |tot, avg| figures(tot).into_iter().chain(figures(avg)).collect())
 }
 
+/// STATS_TOTALS' and STATS_AVERAGES' columns: the same but for the statement cache's three
+/// (`parse`: their names).
+fn per_database_columns(parse: [&'static str; 3]) -> Vec<(&'static str, Ty)> {
+    let mut c = vec![("database", S)];
+    for name in [
+        "server_assignment_count",
+        "xact_count",
+        "query_count",
+        "bytes_received",
+        "bytes_sent",
+        "xact_time",
+        "query_time",
+        "wait_time",
+    ]
+    .into_iter()
+    .chain(parse)
+    {
+        c.push((name, N));
+    }
+    c
+}
+
 pub(super) fn show_stats_totals(v: &dyn View) -> Table {
-    const COLUMNS: [(&str, Ty); 12] = [
-        ("database", S),
-        ("server_assignment_count", N),
-        ("xact_count", N),
-        ("query_count", N),
-        ("bytes_received", N),
-        ("bytes_sent", N),
-        ("xact_time", N),
-        ("query_time", N),
-        ("wait_time", N),
-        ("client_parse_count", N),
-        ("server_parse_count", N),
-        ("bind_count", N),
-    ];
-    per_database(v, &COLUMNS, |tot, _| figures(tot).to_vec())
+    let columns = per_database_columns(["client_parse_count", "server_parse_count", "bind_count"]);
+    per_database(v, &columns, |tot, _| figures(tot).to_vec())
 }
 
 pub(super) fn show_stats_averages(v: &dyn View) -> Table {
-    const COLUMNS: [(&str, Ty); 12] = [
-        ("database", S),
-        ("server_assignment_count", N),
-        ("xact_count", N),
-        ("query_count", N),
-        ("bytes_received", N),
-        ("bytes_sent", N),
-        ("xact_time", N),
-        ("query_time", N),
-        ("wait_time", N),
-        ("avg_client_parse_count", N),
-        ("avg_server_parse_count", N),
-        ("avg_bind_count", N),
-    ];
-    per_database(v, &COLUMNS, |_, avg| figures(avg).to_vec())
+    let columns = per_database_columns(["avg_client_parse_count", "avg_server_parse_count", "avg_bind_count"]);
+    per_database(v, &columns, |_, avg| figures(avg).to_vec())
 }
 
 pub(super) fn show_totals(v: &dyn View) -> Table {

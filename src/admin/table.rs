@@ -47,6 +47,24 @@ impl Table {
         self.rows.push(row);
     }
 
+    /// A row of `fill` but for the named `values`.
+    pub(crate) fn row_with(&self, fill: Option<String>, values: &[(&str, Option<String>)]) -> Vec<Option<String>> {
+        let mut row = vec![fill; self.columns.len()];
+        for (name, v) in values {
+            match self.columns.iter().position(|(n, _)| n == name) {
+                Some(i) => row[i].clone_from(v),
+                None => debug_assert!(false, "no column {name}"),
+            }
+        }
+        row
+    }
+
+    /// Adds `row_with(fill, values)`.
+    pub(crate) fn push_with(&mut self, fill: Option<String>, values: &[(&str, Option<String>)]) {
+        let row = self.row_with(fill, values);
+        self.rows.push(row);
+    }
+
     /// RowDescription, DataRows and `SHOW`'s CommandComplete.
     pub(crate) fn write(&self, out: &mut BytesMut) {
         let cols: Vec<(&str, u32, i16)> = self
