@@ -63,11 +63,13 @@ class Postgres(throwaway.Postgres):
 
 class Parsnip:
     """parsnip in front of the cluster: transaction mode, pool_size 4, 20 statements per
-    server connection, the admin console open (trust)."""
+    server connection, the admin console open (trust), Prometheus metrics on a port of
+    its own (METRICS_URL)."""
 
     def __init__(self, binary: Path, pg: Postgres, db: str, work: Path) -> None:
         self.binary, self.pg, self.db, self.work = binary, pg, db, work
         self.port = free_port()
+        self.metrics_port = free_port()
         self.log_path = work / f"parsnip-{db}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -80,6 +82,7 @@ class Parsnip:
             'auth_type = "trust"\n'
             f'log_level = "{os.environ.get("PARSNIP_LOG", "warn")}"\n'
             "max_client_conn = 5000\n"
+            f'metrics_listen = "127.0.0.1:{self.metrics_port}"\n'
         )
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -299,7 +302,7 @@ def run_mode(s: Scenario, mode: str, pg: Postgres, parsnip_bin: Path | None, wor
         try:
             log_start = pg.log_size()
             env.update(TARGET_URL=f"postgres://{DB_USER}@127.0.0.1:{px.port}/{db}", TARGET_PORT=str(px.port),
-                       VIA_PARSNIP="1")
+                       VIA_PARSNIP="1", METRICS_URL=f"http://127.0.0.1:{px.metrics_port}")
             run_scenario_process(s, mode, env, work, mr)
             check_parsnip_run(pg, px, db, log_start, mr)
         finally:

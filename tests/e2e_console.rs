@@ -245,19 +245,37 @@ async fn stats_users_may_look_but_not_act() {
     .await;
 }
 
+/// The HTTP status line's code of `GET path` on 127.0.0.1:`port`.
+async fn http_status(port: u16, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("metrics port");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).await.expect("read");
+    reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status: {reply}"))
+}
+
 #[tokio::test]
 async fn signals_pause_and_resume_and_shutdown_ends_the_process() {
-    let mut p = Parsnip::trust("");
+    let metrics = free_port();
+    let mut p = Parsnip::trust(&format!("metrics_listen = \"127.0.0.1:{metrics}\""));
     if direct_mode() {
         return;
     }
     bounded(60, "signals", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let paused = async || rows(&console, "SHOW STATE").await[1]["value"].as_deref() == Some("yes");
+        assert_eq!(http_status(metrics, "/ready").await, 200);
         p.signal(libc::SIGUSR1);
         until(&p, "SIGUSR1 pauses", async || paused().await).await;
+        // A paused pooler is not ready for new work: a load balancer should look elsewhere.
+        assert_eq!(http_status(metrics, "/ready").await, 503);
+        assert_eq!(http_status(metrics, "/live").await, 200);
         p.signal(libc::SIGUSR2);
         until(&p, "SIGUSR2 resumes", async || !paused().await).await;
+        assert_eq!(http_status(metrics, "/ready").await, 200);
         // SIGHUP is not fatal.
         p.signal(libc::SIGHUP);
         assert_eq!(rows(&console, "SHOW VERSION").await.len(), 1, "alive after SIGHUP");

@@ -1,6 +1,8 @@
-"""A monitoring tool written for PgBouncer, unchanged, against parsnip's console: the
-prometheus-pgbouncer-exporter package (PyPI), which reads SHOW STATS, SHOW POOLS, SHOW
-DATABASES and SHOW CONFIG through psycopg2 and turns them into Prometheus metrics.
+"""Monitoring as operators run it, judged by real tools: the prometheus-pgbouncer-exporter
+package (PyPI), unchanged, against parsnip's console (it reads SHOW STATS, SHOW POOLS, SHOW
+DATABASES and SHOW CONFIG through psycopg2 and turns them into Prometheus metrics); and
+parsnip's own /metrics (metrics_listen) parsed by the Prometheus Python client's text
+parser, its counters required to move by exactly what the workload did, and /ready.
 
 Through parsnip: the exporter must scrape without an error (its pgbouncer_up gauge is 0 if
 any of the four commands fails or returns nothing), and its metrics for this scenario's
@@ -18,6 +20,8 @@ import os
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import psycopg
 
@@ -27,8 +31,33 @@ CLIENTS = min(int(os.environ.get("CLIENTS", "100")), 20)
 DB = os.environ["TARGET_DB"]
 USER = os.environ["TARGET_USER"]
 CONSOLE_DSN = f"postgresql://{USER}@{os.environ['TARGET_HOST']}:{os.environ['TARGET_PORT']}/pgbouncer"
+METRICS_URL = os.environ.get("METRICS_URL", "")
 STATEMENTS = 20  # autocommit statements per client (psycopg prepares from the 6th on)
 IN_TX = 3  # statements in each client's one explicit transaction
+FAILING = 1  # statements per client that PostgreSQL fails (division by zero: class 22)
+
+
+def parsnip_metrics() -> dict[tuple[str, tuple], float]:
+    """/metrics parsed by prometheus_client's parser: sample (name, labels) → value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(METRICS_URL + "/metrics", timeout=10) as r:
+        if r.status != 200:
+            raise AssertionError(f"/metrics answered {r.status}")
+        text = r.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def http_status(path: str) -> int:
+    try:
+        with urllib.request.urlopen(METRICS_URL + path, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def scrape() -> dict[tuple[str, tuple], float]:
@@ -49,6 +78,32 @@ def metric(m: dict, name: str, default: float | None = None, **labels) -> float:
     return m[key]
 
 
+def check_parsnip_metrics(before: dict, after: dict, want_x: int, want_q: int) -> list[str]:
+    """parsnip's own counters moved by exactly the work; the histogram is consistent."""
+    out = []
+    pool = (("database", DB), ("user", USER))
+
+    def delta(name: str, labels=pool) -> float:
+        return after.get((name, labels), 0) - before.get((name, labels), 0)
+
+    for name, want in (("parsnip_transactions_total", want_x), ("parsnip_queries_total", want_q),
+                       ("parsnip_errors_total", CLIENTS * FAILING)):
+        labels = pool if name != "parsnip_errors_total" else (("class", "22"), ("database", DB), ("user", USER))
+        if delta(name, labels) != want:
+            out.append(f"/metrics: {name} moved by {delta(name, labels)}, want {want}")
+    if delta("parsnip_sent_bytes_total") <= 0 or delta("parsnip_client_parses_total") <= 0:
+        out.append("/metrics: bytes sent or client parses did not move")
+    count = after.get(("parsnip_wait_seconds_count", pool), -1)
+    inf = after.get(("parsnip_wait_seconds_bucket", (("database", DB), ("le", "+Inf"), ("user", USER))), -2)
+    assignments = after.get(("parsnip_server_assignments_total", pool), -3)
+    if not (count == inf and count >= assignments > 0):
+        out.append(f"/metrics: wait histogram count {count}, +Inf bucket {inf}, assignments {assignments}")
+    for path, want in (("/ready", 200), ("/live", 200), ("/nothing", 404)):
+        if (got := http_status(path)) != want:
+            out.append(f"{path} answered {got}, want {want}")
+    return out
+
+
 def client(errors: list[str]) -> None:
     try:
         with psycopg.connect(TARGET_URL, autocommit=True) as conn:
@@ -59,6 +114,12 @@ def client(errors: list[str]) -> None:
             with conn.transaction():
                 for i in range(IN_TX):
                     conn.execute("SELECT %s::int", (i,)).fetchone()
+            for _ in range(FAILING):
+                try:
+                    conn.execute("SELECT 1 / 0")
+                    errors.append("1 / 0 did not fail")
+                except psycopg.errors.DivisionByZero:
+                    pass
     except Exception as e:  # noqa: BLE001 - every failure is reported
         errors.append(f"{type(e).__name__}: {e}")
 
@@ -79,8 +140,9 @@ def main() -> None:
     checks: list[str] = []
     try:
         before = scrape() if VIA_PARSNIP else {}
+        mbefore = parsnip_metrics() if VIA_PARSNIP else {}
         errors = workload()
-        result["transactions"] = CLIENTS * (STATEMENTS + 1)
+        result["transactions"] = CLIENTS * (STATEMENTS + 1 + FAILING)
         if errors:
             checks.append(f"workload: {errors[:3]}")
         if VIA_PARSNIP:
@@ -91,9 +153,10 @@ def main() -> None:
             # Before its first client, a database has no pool and so no row (as in PgBouncer).
             d = {n: metric(after, s + n, database=DB) - metric(before, s + n, 0, database=DB)
                  for n in ("transactions_total", "queries_total", "received_bytes_total", "sent_bytes_total")}
-            # BEGIN, the statements and COMMIT are queries; the transaction is one.
-            want_x = CLIENTS * (STATEMENTS + 1)
-            want_q = CLIENTS * (STATEMENTS + IN_TX + 2)
+            # BEGIN, the statements and COMMIT are queries; the transaction is one. A failed
+            # autocommit statement is a query and a transaction too.
+            want_x = CLIENTS * (STATEMENTS + 1 + FAILING)
+            want_q = CLIENTS * (STATEMENTS + IN_TX + 2 + FAILING)
             if d["transactions_total"] != want_x:
                 checks.append(f"transactions_total moved by {d['transactions_total']}, want {want_x}")
             if d["queries_total"] != want_q:
@@ -101,6 +164,7 @@ def main() -> None:
             if not (0 < d["received_bytes_total"] < d["sent_bytes_total"]):
                 checks.append(f"bytes received {d['received_bytes_total']}, sent {d['sent_bytes_total']}")
             metric(after, "pgbouncer_databases_database_pool_size", database=DB, backend_database=DB)
+            checks += check_parsnip_metrics(mbefore, parsnip_metrics(), want_x, want_q)
             metric(after, "pgbouncer_config_max_client_conn")
             # A client in a transaction holds a server: the exporter sees it active.
             with psycopg.connect(TARGET_URL) as conn:
@@ -110,6 +174,11 @@ def main() -> None:
                 clients = metric(held, "pgbouncer_pools_client_active_connections", database=DB, user=USER)
                 if active < 1 or clients < 1:
                     checks.append(f"in a transaction: server_active {active}, client_active {clients}")
+                held = parsnip_metrics()
+                busy = held.get(("parsnip_server_connections",
+                                 (("database", DB), ("state", "active"), ("user", USER))), 0)
+                if busy < 1:
+                    checks.append(f"/metrics: server_connections active = {busy} while a client held one")
                 conn.rollback()
             result["detail"] = (f"exporter: transactions +{d['transactions_total']:.0f}, "
                                 f"queries +{d['queries_total']:.0f}, up")

@@ -7,6 +7,7 @@
 
 mod command;
 mod console;
+mod metrics;
 mod show;
 mod stats;
 mod table;
@@ -16,4 +17,5 @@ mod view;
 
 pub(crate) use command::{Action, ShutdownMode};
 pub(crate) use console::{Console, ConsoleStep};
+pub(crate) use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, render as render_metrics};
 pub(crate) use view::{ConfigRow, ConnRow, DatabaseRow, UserRow, View};

@@ -37,6 +37,8 @@ fn pool() -> PoolSnapshot {
         },
         stmts: Arc::new(Registry::new(StmtConfig::default())),
         paused: false,
+        waited: [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+        errors: vec![("22".into(), 4)],
     }
 }
 
@@ -204,4 +206,23 @@ fn values_and_types_are_pgbouncers() {
     let lists = show("lists", &One).expect("lists");
     assert_eq!((lists.get(6, "list"), lists.get(6, "items")), (Some("used_clients"), Some("3")));
     assert!(show("nonsense", &One).is_none());
+}
+
+/// `/metrics` carries the same figures, in the Prometheus text format.
+#[test]
+fn metrics_are_the_consoles_figures() {
+    let text = super::metrics::render(&One);
+    let line = |prefix: &str| {
+        text.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} in\n{text}")).to_owned()
+    };
+    assert!(line("parsnip_transactions_total{").ends_with(" 7"));
+    assert!(line("parsnip_queries_total{").ends_with(" 9"));
+    assert!(line("parsnip_errors_total{").contains("class=\"22\"} 4"));
+    assert!(line("parsnip_client_connections{database=\"app\",user=\"alice\",state=\"waiting\"}").ends_with(" 1"));
+    assert!(line("parsnip_server_connections{database=\"app\",user=\"alice\",state=\"active\"}").ends_with(" 1"));
+    // 10 checkouts, one of which waited (0.1 s < w <= 0.5 s): nine in the first bucket.
+    assert!(line("parsnip_wait_seconds_bucket{database=\"app\",user=\"alice\",le=\"0.0001\"}").ends_with(" 9"));
+    assert!(line("parsnip_wait_seconds_bucket{database=\"app\",user=\"alice\",le=\"0.5\"}").ends_with(" 10"));
+    assert!(line("parsnip_wait_seconds_count{").ends_with(" 10"));
+    assert!(text.contains("# TYPE parsnip_wait_seconds histogram"));
 }

@@ -47,6 +47,10 @@ pub struct Cli {
     /// Its private key (PEM) (config `client_tls_key_file`).
     #[arg(long)]
     pub(crate) tls_key: Option<String>,
+    /// Serve Prometheus /metrics and the /ready and /live probes on ADDR:PORT (config
+    /// `metrics_listen`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) metrics_listen: Option<String>,
     /// Start a throwaway local PostgreSQL and pool in front of it (the default when neither
     /// a URL nor a config file is given).
     #[arg(long)]
@@ -101,6 +105,9 @@ impl Cli {
         }
         if self.tls_key.is_some() {
             cfg.client_tls_key_file.clone_from(&self.tls_key);
+        }
+        if self.metrics_listen.is_some() {
+            cfg.metrics_listen.clone_from(&self.metrics_listen);
         }
         Ok(cfg)
     }

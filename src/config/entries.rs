@@ -56,6 +56,7 @@ impl Config {
             ("admin_users", self.admin_users.join(",")),
             ("stats_users", self.stats_users.join(",")),
             ("stats_period", self.stats_period.to_string()),
+            ("metrics_listen", opt(&self.metrics_listen)),
             ("log_level", self.log_level.clone()),
             ("log_format", lower(self.log_format)),
         ]

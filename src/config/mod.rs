@@ -166,6 +166,9 @@ pub struct Config {
     pub stats_users: Vec<String>,
     /// Seconds over which the console's averages (`SHOW STATS`'s avg_*) are taken.
     pub stats_period: u64,
+    /// ADDR:PORT serving Prometheus `/metrics` and the `/ready` and `/live` probes over
+    /// HTTP (None: off).
+    pub metrics_listen: Option<String>,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "parsnip=debug".
     pub log_level: String,
     /// Log format.
@@ -254,6 +257,7 @@ impl Default for Config {
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             stats_period: 60,
+            metrics_listen: None,
             log_level: "info".into(),
             log_format: LogFormat::Text,
             databases: BTreeMap::new(),
@@ -310,6 +314,11 @@ impl Config {
         self.socket_mode()?;
         if self.pool_size == 0 {
             return Err(ConfigError("pool_size must be at least 1".into()));
+        }
+        if let Some(a) = &self.metrics_listen
+            && a.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(ConfigError(format!("metrics_listen: \"{a}\" is not an ADDR:PORT address")));
         }
         if self.stats_period == 0 {
             return Err(ConfigError("stats_period must be at least 1 (seconds)".into()));

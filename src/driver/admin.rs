@@ -251,8 +251,8 @@ impl Shared {
     }
 }
 
-/// The running pooler as the console reads it.
-struct Live<'a>(&'a Shared);
+/// The running pooler as the console (and the metrics) read it.
+pub(super) struct Live<'a>(pub(super) &'a Shared);
 
 fn listen_port(cfg: &Config) -> i32 {
     cfg.listen.iter().find_map(|l| l.rsplit(':').next()?.parse().ok()).unwrap_or(6432)

@@ -10,6 +10,7 @@ pub(crate) mod census;
 pub mod client;
 pub(crate) mod listen;
 pub(crate) mod login;
+mod metrics;
 pub(crate) mod pipe;
 mod proxy;
 pub mod server_conn;
@@ -125,12 +126,21 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         stop_requests: watch::Sender::new(None),
     });
     let stop_requests = shared.stop_requests.subscribe();
+    let metrics = match &cfg.metrics_listen {
+        Some(a) => Some(
+            metrics::bind(a).await.map_err(|e| std::io::Error::new(e.kind(), format!("metrics_listen {a}: {e}")))?,
+        ),
+        None => None,
+    };
     let listeners = listen::bind_all(&cfg).await?;
     let unix_paths = listeners.iter().filter_map(|l| l.path().map(Path::to_path_buf)).collect();
     for l in listeners {
         tokio::spawn(accept_loop(l, shared.clone()));
     }
     tokio::spawn(janitor(shared.clone()));
+    if let Some(l) = metrics {
+        tokio::spawn(metrics::serve(l, shared.clone()));
+    }
     Ok(Handle { unix_paths, shared, stop, stop_requests })
 }
 

@@ -21,7 +21,7 @@ mod tests;
 pub(crate) use conn::{Connecting, Connector, Pooled};
 pub use key::{PoolKey, PoolPurpose};
 pub(crate) use queue::{Checkout, Lease, Queued};
-pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats};
+pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKETS};
 
 use crate::config::{Config, PoolMode};
 use crate::error::{Error, SqlState};
@@ -489,6 +489,8 @@ impl<K: Connector> Pool<K> {
             pipelined_cancels: 0,
             stmts: self.stmts.clone(),
             paused: self.is_paused(),
+            waited: Default::default(),
+            errors: Vec::new(),
         };
         self.stats.fill(&mut s);
         s

@@ -53,6 +53,33 @@ pub struct Traffic {
     pub(crate) wait_us: AtomicU64,
     /// Binds of statements of the cache.
     pub(crate) binds: AtomicU64,
+    /// Checkouts that waited, by how long (`WAIT_BUCKETS`; the last: longer). Checkouts
+    /// served at once are the rest of `checkouts`: nothing is added for them.
+    pub(crate) waited: [AtomicU64; WAIT_BUCKETS.len() + 1],
+    /// Errors PostgreSQL returned to clients, by SQLSTATE class (rare: a lock is fine).
+    pub(crate) errors: Mutex<Vec<([u8; 2], u64)>>,
+}
+
+/// Upper bounds (seconds) of the wait-time histogram's buckets.
+pub(crate) const WAIT_BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
+
+impl Traffic {
+    /// A checkout waited `us` microseconds.
+    pub(crate) fn waited(&self, us: u64) {
+        let secs = us as f64 / 1e6;
+        let i = WAIT_BUCKETS.iter().position(|b| secs <= *b).unwrap_or(WAIT_BUCKETS.len());
+        self.waited[i].fetch_add(1, Ordering::Relaxed);
+        self.wait_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// `n` errors of SQLSTATE class `class` went to clients.
+    pub(crate) fn errors(&self, class: [u8; 2], n: u64) {
+        let mut g = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        match g.iter_mut().find(|(c, _)| *c == class) {
+            Some((_, count)) => *count += n,
+            None => g.push((class, n)),
+        }
+    }
 }
 
 /// One set of figures, as PgBouncer's `SHOW STATS` names them: totals since start, or the
@@ -188,6 +215,10 @@ pub(crate) struct PoolSnapshot {
     pub(crate) stmts: Arc<Registry>,
     /// PAUSE (or KILL) holds its checkouts.
     pub(crate) paused: bool,
+    /// Checkouts that waited, per `WAIT_BUCKETS` bucket (the last: longer).
+    pub(crate) waited: [u64; WAIT_BUCKETS.len() + 1],
+    /// Errors returned to clients by SQLSTATE class, sorted.
+    pub(crate) errors: Vec<(String, u64)>,
 }
 
 impl PoolStats {
@@ -233,6 +264,10 @@ impl PoolStats {
         s.logins = n(&self.logins);
         s.totals = self.totals(&s.stmts);
         s.period = self.period.lock().unwrap_or_else(|e| e.into_inner()).last;
+        s.waited = std::array::from_fn(|i| n(&self.traffic.waited[i]));
+        let errors = self.traffic.errors.lock().unwrap_or_else(|e| e.into_inner());
+        s.errors = errors.iter().map(|(c, n)| (String::from_utf8_lossy(c).into_owned(), *n)).collect();
+        s.errors.sort();
     }
 }
 

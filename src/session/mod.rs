@@ -151,6 +151,36 @@ pub(crate) struct Tally {
     pub(crate) xacts: u32,
     /// Binds of statements of the shared cache.
     pub(crate) binds: u32,
+    /// Errors PostgreSQL returned to the client, by SQLSTATE class (count 0: a free
+    /// slot). More distinct classes than slots in one tally (rare: the driver takes it
+    /// after every read) count under the last.
+    pub(crate) error_classes: [([u8; 2], u8); Tally::ERROR_SLOTS],
+}
+
+impl Tally {
+    /// Error classes one tally holds apart.
+    pub(crate) const ERROR_SLOTS: usize = 3;
+
+    /// An error of SQLSTATE `code` went to the client.
+    pub(crate) fn error(&mut self, code: &[u8]) {
+        let class = [code.first().copied().unwrap_or(b'?'), code.get(1).copied().unwrap_or(b'?')];
+        let slots = &mut self.error_classes;
+        let i = slots.iter().position(|(c, n)| *n == 0 || *c == class).unwrap_or(Self::ERROR_SLOTS - 1);
+        if slots[i].1 == 0 {
+            slots[i].0 = class;
+        }
+        slots[i].1 = slots[i].1.saturating_add(1);
+    }
+
+    /// Whether an error was counted.
+    pub(crate) fn has_errors(&self) -> bool {
+        self.error_classes[0].1 > 0
+    }
+
+    /// The error classes counted, each with its count.
+    pub(crate) fn errors(&self) -> impl Iterator<Item = ([u8; 2], u32)> + '_ {
+        self.error_classes.iter().filter(|(_, n)| *n > 0).map(|(c, n)| (*c, u32::from(*n)))
+    }
 }
 
 impl Session {
@@ -213,7 +243,8 @@ impl Session {
     }
     /// What the client did since the last call (see `Tally`); None if nothing ended.
     pub(crate) fn take_tally(&mut self) -> Option<Tally> {
-        (self.tally.queries > 0 || self.tally.binds > 0).then(|| std::mem::take(&mut self.tally))
+        (self.tally.queries > 0 || self.tally.binds > 0 || self.tally.has_errors())
+            .then(|| std::mem::take(&mut self.tally))
     }
     /// Prepared statements the client holds.
     pub(crate) fn prepared_count(&self) -> usize {

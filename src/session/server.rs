@@ -231,6 +231,11 @@ impl Session {
             _ => {}
         }
         let Some(head) = self.replies.head_mut() else { return };
+        if head.purpose == Purpose::Client
+            && matches!(head.on_reply, OnReply::Forward | OnReply::Inject | OnReply::ReplaceError(_))
+        {
+            self.tally.error(backend::error_field(body(frame), b'C').unwrap_or_default());
+        }
         match &head.on_reply {
             OnReply::Forward | OnReply::Inject => match &head.fx.rename {
                 Some(r) => r.rewrite_error(frame, &mut self.to_client),

@@ -1208,3 +1208,15 @@ fn timeouts_are_decided_by_the_session_from_the_time_the_driver_reports() {
     h.client(query("SELECT pg_sleep(60)"));
     assert_eq!(h.s.poll_timeout(&t, t0, false), None);
 }
+
+#[test]
+fn tally_counts_errors_by_class() {
+    let mut t = super::Tally::default();
+    assert!(!t.has_errors());
+    for c in [&b"22012"[..], b"42P01", b"22003", b"23505", b"40001", b""] {
+        t.error(c);
+    }
+    let v: Vec<_> = t.errors().collect();
+    // Three classes apart; a fourth and fifth class, rare in one tally, count under the last.
+    assert_eq!(v, vec![(*b"22", 2), (*b"42", 1), (*b"23", 3)]);
+}

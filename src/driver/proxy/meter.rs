@@ -77,6 +77,9 @@ impl Proxy {
         add(&t.queries, u64::from(tally.queries));
         add(&t.xacts, u64::from(tally.xacts));
         add(&t.binds, u64::from(tally.binds));
+        for (class, n) in tally.errors() {
+            t.errors(class, u64::from(n));
+        }
         add(&t.received, u64::from(std::mem::take(&mut m.received)));
         add(&t.sent, u64::from(std::mem::take(&mut m.sent)));
     }
@@ -98,7 +101,7 @@ impl Proxy {
 
     /// The client waited since `since` for a server.
     pub(super) fn meter_waited(&self, since: Instant) {
-        add(&self.pool.stats.traffic.wait_us, since.elapsed().as_micros() as u64);
+        self.pool.stats.traffic.waited(since.elapsed().as_micros() as u64);
         self.slot.live.waiting_since_us.store(0, Ordering::Relaxed);
     }
 }
