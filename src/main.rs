@@ -4,23 +4,62 @@
 use clap::Parser;
 use parsnip::config::{Cli, Config, DbUrl, LogFormat, cli::apply_url};
 use parsnip::driver::Stop;
+use parsnip::driver::reload::Reloader;
 use parsnip::embedded::{Cluster, ClusterOptions};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-fn init_logging(cfg: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.log_level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+type LogFilter = tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// The log subscriber; the handle changes its filter on reload (`log_level`), unless
+/// RUST_LOG sets it.
+fn init_logging(cfg: &Config) -> Option<LogFilter> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let from_env = tracing_subscriber::EnvFilter::try_from_default_env().ok();
+    let fixed = from_env.is_some();
+    let filter = from_env
+        .or_else(|| tracing_subscriber::EnvFilter::try_new(&cfg.log_level).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     // Colours only for a person at a terminal: never in a file, a pipe or a journal, and
     // never with NO_COLOR set (https://no-color.org).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    let registry = tracing_subscriber::registry().with(filter);
     match cfg.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+        LogFormat::Json => registry.with(layer.json()).init(),
+        LogFormat::Text => registry.with(layer).init(),
     }
+    (!fixed).then_some(handle)
+}
+
+/// How RELOAD and SIGHUP re-read the configuration: as at start (the file, the URL, the
+/// flags; in embedded mode, the embedded cluster as the database).
+fn reloader(cli: Cli, embedded_url: Option<DbUrl>, log: Option<LogFilter>) -> Reloader {
+    let load = move || -> Result<Config, String> {
+        match &embedded_url {
+            Some(url) => {
+                let mut cfg = cli.to_config_without_databases().map_err(|e| e.to_string())?;
+                apply_url(&mut cfg, url, true);
+                cfg.validate().map_err(|e| e.to_string())?;
+                Ok(cfg)
+            }
+            None => cli.to_config().map_err(|e| e.to_string()),
+        }
+    };
+    let applied = move |cfg: &Config| {
+        if let Some(h) = &log {
+            match tracing_subscriber::EnvFilter::try_new(&cfg.log_level) {
+                Ok(f) => {
+                    let _ = h.reload(f);
+                }
+                Err(e) => tracing::warn!("log_level {:?} is not a valid filter: {e}", cfg.log_level),
+            }
+        }
+    };
+    Reloader { load: Box::new(load), applied: Box::new(applied) }
 }
 
 /// The runtime: `PARSNIP_WORKERS` worker threads (default: one per core).
@@ -39,6 +78,7 @@ fn runtime_builder() -> tokio::runtime::Builder {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut embedded = None;
+    let mut embedded_url = None;
     let cfg = if cli.wants_embedded() {
         let cluster = match Cluster::start(ClusterOptions::default()) {
             Ok(c) => c,
@@ -63,6 +103,7 @@ fn main() -> ExitCode {
             ..DbUrl::default()
         };
         apply_url(&mut cfg, &url, true);
+        embedded_url = Some(url);
         eprintln!(
             "parsnip: embedded PostgreSQL {} running in {} (port {}); connect with: psql -h 127.0.0.1 -p {} -U postgres postgres",
             cluster.major_version(),
@@ -84,7 +125,8 @@ fn main() -> ExitCode {
             }
         }
     };
-    init_logging(&cfg);
+    let log = init_logging(&cfg);
+    let reload = reloader(cli, embedded_url, log);
     let rt = match runtime_builder().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -92,13 +134,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = rt.block_on(run(Arc::new(cfg)));
+    let code = rt.block_on(run(Arc::new(cfg), reload));
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     drop(embedded);
     code
 }
 
-async fn run(cfg: Arc<Config>) -> ExitCode {
+async fn run(cfg: Arc<Config>, reload: Reloader) -> ExitCode {
     use tokio::signal::unix::{SignalKind, signal};
     let signals = (
         signal(SignalKind::terminate()),
@@ -118,9 +160,9 @@ async fn run(cfg: Arc<Config>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // PgBouncer's signals: SIGUSR1 pauses, SIGUSR2 resumes; SIGHUP (reload) is logged until
-    // online reload exists. None of them ends the process: no signal sent by habit or by
-    // accident (a closed terminal) does.
+    handle.set_reloader(reload);
+    // PgBouncer's signals: SIGHUP reloads, SIGUSR1 pauses, SIGUSR2 resumes. None of them
+    // ends the process: no signal sent by habit or by accident (a closed terminal) does.
     let mut stops = handle.stop_requests();
     let stop = loop {
         tokio::select! {
@@ -132,7 +174,10 @@ async fn run(cfg: Arc<Config>) -> ExitCode {
                 tracing::info!("SIGINT: immediate shutdown");
                 break Stop::Now;
             }
-            _ = hup.recv() => tracing::warn!("SIGHUP: online reload is not implemented yet; configuration unchanged"),
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                handle.reload();
+            }
             _ = usr1.recv() => {
                 tracing::info!("SIGUSR1: pausing every pool");
                 handle.pause_all();

@@ -392,3 +392,42 @@ fn libpq_direct_tls_negotiation_gets_in() {
     assert!(ok, "{err}\n{}", p.log_tail());
     assert_eq!(out, "direct");
 }
+
+/// A reload re-reads the certificate files: after the files are replaced (a renewed
+/// certificate from another CA) and SIGHUP, new clients are shown the new certificate;
+/// before it, the old one.
+#[test]
+fn reload_rereads_the_certificate_files() {
+    let first = Certs::new(&["127.0.0.1", "localhost"]);
+    let second = Certs::new(&["127.0.0.1", "localhost"]);
+    // parsnip reads the certificate from paths that stay the same.
+    let dir = temp_path("tls-reload");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let install = |c: &Certs| {
+        std::fs::write(&cert, &c.cert_pem).expect("cert");
+        std::fs::write(&key, &c.key_pem).expect("key");
+    };
+    install(&first);
+    let p = Parsnip::trust(&format!(
+        "client_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\nclient_tls_sslmode = \"require\"",
+        cert.display(),
+        key.display()
+    ));
+    let base = format!("host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=verify-full", p.port());
+    let with = |c: &Certs| psql_with(&format!("{base} sslrootcert={}", c.ca()), "select 1").0;
+    assert!(with(&first), "{}", p.log_tail());
+    assert!(!with(&second), "a certificate of another CA was accepted");
+    install(&second);
+    let (ok, _, err) = psql_with(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=parsnip sslmode=verify-full sslrootcert={}",
+            p.port(),
+            first.ca()
+        ),
+        "RELOAD",
+    );
+    assert!(ok, "RELOAD: {err}\n{}", p.log_tail());
+    assert!(with(&second), "the renewed certificate is not shown after RELOAD\n{}", p.log_tail());
+    assert!(!with(&first), "the old certificate is still shown after RELOAD");
+}

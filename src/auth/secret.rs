@@ -254,7 +254,7 @@ mod tests {
 }
 
 /// What the pooler can log in to a server with.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Credentials {
     /// Nothing: the server must trust us.
     #[default]

@@ -307,7 +307,7 @@ impl Config {
     }
 
     /// Checks cross-field rules.
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.listen.is_empty() {
             return Err(ConfigError("listen: at least one address is needed".into()));
         }

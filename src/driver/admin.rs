@@ -66,7 +66,7 @@ fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<ServerPool>> {
 
 /// Whether `db` names a database the pooler serves (configured, or with a pool now).
 fn known(shared: &Shared, db: &str) -> Result<(), Error> {
-    if shared.cfg.databases.contains_key(db) || !pools_of(shared, Some(db)).is_empty() {
+    if shared.cfg.load().databases.contains_key(db) || !pools_of(shared, Some(db)).is_empty() {
         Ok(())
     } else {
         Err(Error::new(SqlState::UNDEFINED_DATABASE, format!("no such database: {db}")))
@@ -146,10 +146,10 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             // SHUTDOWN without WAIT_*: the process exits before a reply could matter.
             Ok("SHUTDOWN")
         }
-        Action::Reload => Err(Error::new(
-            SqlState::CONFIG_FILE_ERROR,
-            "RELOAD failed: online reload is not implemented yet; the configuration is unchanged",
-        )),
+        Action::Reload => {
+            shared.reload()?;
+            Ok("RELOAD")
+        }
         Action::Set(key, _) => Err(Error::new(
             SqlState::FEATURE_NOT_SUPPORTED,
             format!("SET {key}: settings cannot be changed at run time yet; change the file and restart"),
@@ -266,7 +266,7 @@ impl Live<'_> {
                 (peer.ip().to_string(), i32::from(peer.port()), local.ip().to_string(), i32::from(local.port()))
             }
             None => {
-                let port = listen_port(&self.0.cfg);
+                let port = listen_port(&self.0.cfg.load());
                 ("unix".into(), port, "unix".into(), port)
             }
         }
@@ -358,7 +358,7 @@ impl View for Live<'_> {
     }
 
     fn databases(&self) -> Vec<DatabaseRow> {
-        let cfg = &self.0.cfg;
+        let cfg = self.0.cfg.load();
         let pools = pools_of(self.0, None);
         let mut names: BTreeMap<String, ()> =
             cfg.databases.keys().filter(|n| *n != "*").map(|n| (n.clone(), ())).collect();
@@ -392,7 +392,7 @@ impl View for Live<'_> {
     }
 
     fn users(&self) -> Vec<UserRow> {
-        let cfg = &self.0.cfg;
+        let cfg = self.0.cfg.load();
         let pools = pools_of(self.0, None);
         let mut names: BTreeMap<String, ()> = cfg.users.keys().map(|n| (n.clone(), ())).collect();
         for p in &pools {
@@ -420,6 +420,7 @@ impl View for Live<'_> {
         let defaults: HashMap<_, _> = Config::default().entries().into_iter().collect();
         self.0
             .cfg
+            .load()
             .entries()
             .into_iter()
             .map(|(key, value)| ConfigRow {

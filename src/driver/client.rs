@@ -17,7 +17,7 @@ pub(crate) async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     stream.set_nodelay();
     let connected_us = super::census::unix_us();
     let mut buf = BytesMut::new();
-    let timeout = shared.cfg.client_login_timeout();
+    let timeout = shared.cfg.load().client_login_timeout();
     // Boxed: the login future is large and only needed once.
     let res = match tokio::time::timeout(timeout, Box::pin(login::login(&mut stream, &shared, &mut buf))).await {
         Ok(r) => r,
@@ -51,7 +51,8 @@ pub(crate) async fn serve(mut stream: Stream, shared: Arc<Shared>) {
         connected_us,
         application_name: settings.reported("application_name").unwrap_or("").into(),
     });
-    let registry = (pool.mode != PoolMode::Session && shared.cfg.prepared_statements).then(|| pool.stmts.clone());
+    let registry =
+        (pool.mode != PoolMode::Session && shared.cfg.load().prepared_statements).then(|| pool.stmts.clone());
     let session = Session::new(pool.mode, settings, pid as u64, registry);
     let mut p = Proxy::new(stream, buf, session, pool, slot, shared);
     p.run().await;

@@ -69,15 +69,16 @@ async fn send(stream: &mut Stream, out: &mut BytesMut) -> Result<(), LoginEnd> {
 /// Runs the login phase: the sans-IO `Login` decides, this moves its bytes and performs
 /// what it asks for. `buf` keeps bytes the client sent beyond the login.
 pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> Result<LoggedIn, LoginEnd> {
-    let mode = shared.cfg.client_tls_mode();
+    let mode = shared.cfg.load().client_tls_mode();
     let transport = Transport {
-        tls: shared.tls_clients.is_some(),
+        tls: shared.tls_clients.load().is_some(),
         mode,
         unix: stream.is_unix(),
         // Only a refusal under `require` names it: no getpeername per login otherwise.
         peer: if mode == ClientTlsMode::Require { stream.peer_host() } else { String::new() },
     };
-    let mut m = Login::new(shared.cfg.clone(), *shared.shutdown.borrow(), Entropy::random()).with_transport(transport);
+    let mut m =
+        Login::new(shared.cfg.load_full(), *shared.shutdown.borrow(), Entropy::random()).with_transport(transport);
     let mut step = m.handle_bytes(buf);
     let creds = loop {
         step = match step {
@@ -101,7 +102,7 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
             }
             Step::StartTls { direct } => {
                 send(stream, &mut m.to_client).await?;
-                let Some(cfg) = shared.tls_clients.clone() else { return Err(LoginEnd::Close(None)) };
+                let Some(cfg) = shared.tls_clients.load_full() else { return Err(LoginEnd::Close(None)) };
                 let initial = std::mem::take(buf);
                 let plain = std::mem::replace(stream, Stream::Closed);
                 let tls = match super::tls::accept(plain, cfg, &initial).await {
@@ -185,6 +186,34 @@ fn pool_timeout(pool: &ServerPool) -> std::time::Duration {
     pool.connect_timeout()
 }
 
+/// Where a pool of (`db_cfg`, `user`) connects, and the credentials the configuration
+/// forces (a database with a `user`: its password, or that user's); None: the client's.
+pub(super) fn server_side(
+    cfg: &crate::config::Config,
+    db_cfg: &DatabaseConfig,
+    server_db: &str,
+    user: &str,
+    tls: Arc<super::tls_config::ServerTls>,
+) -> (ServerTarget, Option<Credentials>) {
+    let server_user = db_cfg.user.clone().unwrap_or_else(|| user.to_owned());
+    let forced = db_cfg.user.as_ref().map(|_| {
+        db_cfg
+            .password
+            .clone()
+            .or_else(|| cfg.users.get(&server_user).and_then(|u| u.password.clone()))
+            .map(Credentials::Password)
+            .unwrap_or_default()
+    });
+    let target = ServerTarget {
+        host: db_cfg.host.clone(),
+        port: db_cfg.port,
+        dbname: server_db.to_owned(),
+        user: server_user,
+        tls,
+    };
+    (target, forced)
+}
+
 impl Shared {
     /// The pool for (db, user), created on first use.
     pub(crate) fn pool(
@@ -197,37 +226,21 @@ impl Shared {
         purpose: PoolPurpose,
     ) -> Arc<ServerPool> {
         let key = PoolKey { db: db.to_owned(), user: user.to_owned(), purpose };
+        let cfg = self.cfg.load_full();
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pools.get(&key) {
             p.connector().offer_credentials(&creds);
             return p.clone();
         }
-        let server_user = db_cfg.user.clone().unwrap_or_else(|| user.to_owned());
-        let creds = if db_cfg.user.is_some() {
-            db_cfg
-                .password
-                .clone()
-                .or_else(|| self.cfg.users.get(&server_user).and_then(|u| u.password.clone()))
-                .map(Credentials::Password)
-                .unwrap_or_default()
-        } else {
-            creds
-        };
-        let target = ServerTarget {
-            host: db_cfg.host.clone(),
-            port: db_cfg.port,
-            dbname: server_db.to_owned(),
-            user: server_user,
-            tls: self.tls_servers.clone(),
-        };
-        let connector =
-            ServerConnector::new(key.clone(), target, creds, self.cfg.clone()).with_census(self.census.clone());
+        let (target, forced) = server_side(&cfg, db_cfg, server_db, user, self.tls_servers.load_full());
+        let creds = forced.unwrap_or(creds);
+        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone()).with_census(self.census.clone());
         let pool = Arc::new(Pool::new(
             key.clone(),
-            self.cfg.pool_mode_for(db_cfg, user),
-            self.cfg.pool_size_for(db_cfg, user),
+            cfg.pool_mode_for(db_cfg, user),
+            cfg.pool_size_for(db_cfg, user),
             connector,
-            self.cfg.clone(),
+            cfg.clone(),
         ));
         if purpose == PoolPurpose::Clients && self.is_paused(db) {
             pool.pause();
@@ -243,11 +256,12 @@ impl Shared {
         db_cfg: &DatabaseConfig,
         server_db: &str,
     ) -> Result<Option<Secret>, Error> {
-        let (Some(query), Some(auth_user)) = (&self.cfg.auth_query, &self.cfg.auth_user) else {
+        let cfg = self.cfg.load_full();
+        let (Some(query), Some(auth_user)) = (&cfg.auth_query, &cfg.auth_user) else {
             return Ok(None);
         };
-        let auth_db = self.cfg.auth_dbname.clone().unwrap_or_else(|| server_db.to_owned());
-        let creds = match self.cfg.users.get(auth_user).and_then(|u| u.password.as_deref()).map(Secret::parse) {
+        let auth_db = cfg.auth_dbname.clone().unwrap_or_else(|| server_db.to_owned());
+        let creds = match cfg.users.get(auth_user).and_then(|u| u.password.as_deref()).map(Secret::parse) {
             Some(Secret::Plain(p)) => Credentials::Password(p),
             Some(Secret::Md5(m)) => Credentials::Md5Secret(m),
             _ => db_cfg.password.clone().map(Credentials::Password).unwrap_or_default(),
@@ -258,7 +272,7 @@ impl Shared {
             e
         })?;
         let sql = query.replace("$1", &settings::quote_literal(user));
-        let rows = conn.query_rows(&sql, self.cfg.server_connect_timeout()).await;
+        let rows = conn.query_rows(&sql, cfg.server_connect_timeout()).await;
         servers::release(&pool, conn, rows.is_ok());
         let rows = rows.map_err(|m| {
             Error::fatal(SqlState::INVALID_AUTHORIZATION_SPECIFICATION, format!("auth_query failed: {m}"))

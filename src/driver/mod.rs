@@ -13,6 +13,7 @@ pub(crate) mod login;
 mod metrics;
 pub(crate) mod pipe;
 mod proxy;
+pub mod reload;
 pub mod server_conn;
 pub mod servers;
 pub(crate) mod stream;
@@ -23,6 +24,7 @@ use crate::admin::ShutdownMode;
 use crate::config::Config;
 use crate::error::{Error, SqlState};
 use crate::pool::PoolKey;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use cancel::CancelRegistry;
 use listen::Listener;
 use servers::ServerPool;
@@ -37,8 +39,8 @@ use tokio::sync::{Semaphore, watch};
 /// State shared by all connection tasks.
 #[derive(Debug)]
 pub struct Shared {
-    /// The configuration.
-    pub(crate) cfg: Arc<Config>,
+    /// The configuration (swapped whole by a reload, `reload::apply`).
+    pub(crate) cfg: ArcSwap<Config>,
     /// Pools by (database, user).
     pub(crate) pools: Mutex<HashMap<PoolKey, Arc<ServerPool>>>,
     /// Cancel keys.
@@ -50,9 +52,9 @@ pub struct Shared {
     /// The same, read with one atomic load on every turn of a client's loop.
     pub(crate) stopping: AtomicBool,
     /// TLS for clients (None: no certificate configured).
-    pub(crate) tls_clients: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) tls_clients: ArcSwapOption<rustls::ServerConfig>,
     /// TLS to servers.
-    pub(crate) tls_servers: Arc<tls_config::ServerTls>,
+    pub(crate) tls_servers: ArcSwap<tls_config::ServerTls>,
     /// The open server connections (`SHOW SERVERS`).
     pub(crate) census: Arc<census::Census>,
     /// `PAUSE` without a database (or SIGUSR1) is in force.
@@ -63,8 +65,10 @@ pub struct Shared {
     pub(crate) disabled: Mutex<HashSet<String>>,
     /// Console connections open.
     pub(crate) consoles: AtomicUsize,
-    /// What the console's `SHUTDOWN` asked for (`Handle::stop_requested`).
+    /// What the console's `SHUTDOWN` asked for (`Handle::stop_requests`).
     pub(crate) stop_requests: watch::Sender<Option<ShutdownMode>>,
+    /// How to re-read the configuration (`Handle::set_reloader`); unset: RELOAD fails.
+    pub(crate) reloader: std::sync::OnceLock<reload::Reloader>,
 }
 
 /// How the process should stop, as the console's `SHUTDOWN` asked.
@@ -110,20 +114,21 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
     let tls_clients = tls_config::for_clients(&cfg).map_err(std::io::Error::other)?;
     let tls_servers = Arc::new(tls_config::for_servers(&cfg).map_err(std::io::Error::other)?);
     let shared = Arc::new(Shared {
-        cfg: cfg.clone(),
+        cfg: ArcSwap::new(cfg.clone()),
         pools: Mutex::new(HashMap::new()),
         cancels: CancelRegistry::default(),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
         shutdown,
         stopping: AtomicBool::new(false),
-        tls_clients,
-        tls_servers,
+        tls_clients: ArcSwapOption::new(tls_clients),
+        tls_servers: ArcSwap::new(tls_servers),
         census: Arc::default(),
         paused_all: AtomicBool::new(false),
         paused_dbs: Mutex::default(),
         disabled: Mutex::default(),
         consoles: AtomicUsize::new(0),
         stop_requests: watch::Sender::new(None),
+        reloader: std::sync::OnceLock::new(),
     });
     let stop_requests = shared.stop_requests.subscribe();
     let metrics = match &cfg.metrics_listen {
@@ -163,7 +168,7 @@ impl Handle {
     /// Graceful shutdown: stop accepting, let transactions finish (at most
     /// `shutdown_timeout_ms`), close clients as they go idle. Returns when all are gone.
     pub async fn shutdown(self) {
-        let t = Duration::from_millis(self.shared.cfg.shutdown_timeout_ms);
+        let t = Duration::from_millis(self.shared.cfg.load().shutdown_timeout_ms);
         self.stop(true, Some(t)).await;
     }
 
@@ -183,7 +188,7 @@ impl Handle {
         }
         // New clients find no socket from now on.
         remove_socket_files(&mut self.unix_paths);
-        let all = self.shared.cfg.max_client_conn as u32;
+        let all = self.shared.cfg.load().max_client_conn as u32;
         let wait = self.shared.client_slots.acquire_many(all);
         match limit {
             Some(t) => {
@@ -211,6 +216,17 @@ impl Handle {
         self.shared.pause(None);
         let shared = self.shared.clone();
         tokio::spawn(async move { admin::wait_until_closed(&shared, None).await });
+    }
+
+    /// How RELOAD and SIGHUP re-read the configuration.
+    pub fn set_reloader(&self, r: reload::Reloader) {
+        let _ = self.shared.reloader.set(r);
+    }
+
+    /// SIGHUP: re-reads and applies the configuration (an invalid one changes nothing and
+    /// is logged).
+    pub fn reload(&self) {
+        let _ = self.shared.reload();
     }
 
     /// SIGUSR2: RESUME.
@@ -264,10 +280,10 @@ async fn accept(l: &Listener) -> std::io::Result<Stream> {
 }
 
 async fn janitor(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(janitor_period(&shared.cfg));
+    let mut tick = tokio::time::interval(janitor_period(&shared.cfg.load()));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unused_since: HashMap<PoolKey, std::time::Instant> = HashMap::new();
-    let stats_period = Duration::from_secs(shared.cfg.stats_period);
+    let stats_period = Duration::from_secs(shared.cfg.load().stats_period);
     let mut period_start = std::time::Instant::now();
     loop {
         tick.tick().await;
@@ -295,7 +311,8 @@ async fn janitor(shared: Arc<Shared>) {
 /// not grow memory) goes at once; one for a database reached through `[databases."*"]`
 /// after `autodb_idle_timeout`; pools of configured databases stay (their counters too).
 fn reap_pools(shared: &Shared, unused_since: &mut HashMap<PoolKey, std::time::Instant>, now: std::time::Instant) {
-    let idle_limit = shared.cfg.autodb_idle_timeout();
+    let cfg = shared.cfg.load();
+    let idle_limit = cfg.autodb_idle_timeout();
     let mut pools = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
     pools.retain(|key, p| {
         let unused = Arc::strong_count(p) == 1 && p.counts() == (0, 0, 0);
@@ -305,7 +322,7 @@ fn reap_pools(shared: &Shared, unused_since: &mut HashMap<PoolKey, std::time::In
         }
         let since = *unused_since.entry(key.clone()).or_insert(now);
         let never_connected = p.stats.connects.load(Ordering::Relaxed) == 0;
-        let auto_db = !shared.cfg.databases.contains_key(&key.db);
+        let auto_db = !cfg.databases.contains_key(&key.db);
         let reap = never_connected || (auto_db && idle_limit.is_some_and(|l| now.duration_since(since) >= l));
         if reap {
             tracing::debug!(db = %key.db, user = %key.user, never_connected, "unused pool dropped");

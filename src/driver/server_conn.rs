@@ -28,6 +28,12 @@ pub struct ServerTarget {
 }
 
 impl ServerTarget {
+    /// The same server, database and user (TLS settings aside: new connections take the
+    /// new ones, open ones are fine as they are).
+    pub(crate) fn same_place(&self, o: &ServerTarget) -> bool {
+        (&self.host, self.port, &self.dbname, &self.user) == (&o.host, o.port, &o.dbname, &o.user)
+    }
+
     /// A target reached without TLS.
     pub fn plain(host: &str, port: u16, dbname: &str, user: &str) -> ServerTarget {
         ServerTarget {

@@ -10,6 +10,7 @@ use crate::config::Config;
 use crate::error::{Error, SqlState};
 use crate::pool::{Connecting, Connector, Pool, PoolKey, PoolStats, Pooled};
 use crate::state::Settings;
+use arc_swap::ArcSwap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,10 +26,10 @@ pub(crate) type Ticket = (Arc<Pipe>, u32);
 pub struct ServerConnector {
     /// The pool's key (for logs).
     key: PoolKey,
-    /// Where it connects.
-    pub(crate) target: ServerTarget,
+    /// Where it connects (a reload may change it: `retarget`).
+    target: Mutex<ServerTarget>,
     creds: Mutex<Credentials>,
-    cfg: Arc<Config>,
+    cfg: ArcSwap<Config>,
     /// Where opened connections are listed (`SHOW SERVERS`).
     census: Arc<super::census::Census>,
 }
@@ -36,7 +37,28 @@ pub struct ServerConnector {
 impl ServerConnector {
     /// Connects to `target` with `creds` (attempts, retry pause and timeout from `cfg`).
     pub fn new(key: PoolKey, target: ServerTarget, creds: Credentials, cfg: Arc<Config>) -> ServerConnector {
-        ServerConnector { key, target, creds: Mutex::new(creds), cfg, census: Default::default() }
+        ServerConnector {
+            key,
+            target: Mutex::new(target),
+            creds: Mutex::new(creds),
+            cfg: ArcSwap::new(cfg),
+            census: Default::default(),
+        }
+    }
+
+    /// A reload: connect to `target` with `creds` from now on, under `cfg`. True if the
+    /// target or credentials changed (the pool's open connections should then go).
+    pub(crate) fn retarget(&self, target: ServerTarget, creds: Option<Credentials>, cfg: Arc<Config>) -> bool {
+        self.cfg.store(cfg);
+        let mut t = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        let mut changed = !t.same_place(&target);
+        *t = target;
+        if let Some(new) = creds {
+            let mut c = self.creds.lock().unwrap_or_else(|e| e.into_inner());
+            changed |= *c != new;
+            *c = new;
+        }
+        changed
     }
 
     /// Lists the connections it opens in `census`.
@@ -54,14 +76,16 @@ impl ServerConnector {
     }
 
     async fn connect_with_retries(&self, stats: &PoolStats) -> Result<Box<ServerConn>, Error> {
-        let attempts = self.cfg.server_connect_attempts.max(1);
+        let cfg = self.cfg.load_full();
+        let attempts = cfg.server_connect_attempts.max(1);
         let mut last = None;
         for attempt in 0..attempts {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(self.cfg.server_login_retry_ms)).await;
+                tokio::time::sleep(Duration::from_millis(cfg.server_login_retry_ms)).await;
             }
             let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            match server_conn::connect(&self.target, &creds, self.cfg.server_connect_timeout()).await {
+            let target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match server_conn::connect(&target, &creds, cfg.server_connect_timeout()).await {
                 Ok(c) => {
                     stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.census.add_server(&self.key, &c.cancel);

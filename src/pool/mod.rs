@@ -26,9 +26,10 @@ pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKET
 use crate::config::{Config, PoolMode};
 use crate::error::{Error, SqlState};
 use crate::state::settings::{Settings, TRACKED};
+use arc_swap::ArcSwap;
 use queue::{Handoff, Waiter};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -57,12 +58,13 @@ pub struct Pool<K: Connector> {
     pub(crate) key: PoolKey,
     /// Pool mode of its clients.
     pub(crate) mode: PoolMode,
-    /// Maximum open connections.
-    pub(crate) size: usize,
+    /// Maximum open connections (a reload may change it: `reconfigure`).
+    size: AtomicUsize,
     connector: K,
     inner: Mutex<Inner<K>>,
     defaults: OnceLock<Arc<ServerDefaults>>,
-    cfg: Arc<Config>,
+    /// The configuration (swapped by a reload: `reconfigure`).
+    cfg: ArcSwap<Config>,
     /// Counters.
     pub(crate) stats: PoolStats,
     /// The prepared-statement cache of this pool.
@@ -78,7 +80,7 @@ pub struct Pool<K: Connector> {
 
 impl<K: Connector> std::fmt::Debug for Pool<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("key", &self.key).field("mode", &self.mode).field("size", &self.size).finish()
+        f.debug_struct("Pool").field("key", &self.key).field("mode", &self.mode).field("size", &self.size()).finish()
     }
 }
 
@@ -88,16 +90,37 @@ impl<K: Connector> Pool<K> {
         Pool {
             key,
             mode,
-            size,
+            size: AtomicUsize::new(size),
             connector,
             inner: Mutex::new(Inner { idle: Vec::new(), open: 0, waiters: VecDeque::new() }),
             defaults: OnceLock::new(),
             stmts: Arc::new(crate::stmt::Registry::new(cfg.stmt_config())),
             settings: Mutex::new(std::collections::HashMap::new()),
-            cfg,
+            cfg: ArcSwap::new(cfg),
             stats: PoolStats::default(),
             paused: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
+        }
+    }
+
+    /// Maximum open connections.
+    pub(crate) fn size(&self) -> usize {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// A reload: the new configuration and pool size. A bigger size lets queued checkouts
+    /// open connections at once; a smaller one closes idle connections above it, and the
+    /// others as they come back.
+    pub(crate) fn reconfigure(&self, cfg: Arc<Config>, size: usize) {
+        self.cfg.store(cfg);
+        let old = self.size.swap(size, Ordering::Relaxed);
+        if size > old {
+            self.wake_for_free_slots();
+        } else if size < old {
+            let mut g = self.lock();
+            while g.open > size && g.idle.pop().is_some() {
+                g.open -= 1;
+            }
         }
     }
 
@@ -183,12 +206,12 @@ impl<K: Connector> Pool<K> {
         if let Some(c) = self.take_idle(&mut g) {
             return Checkout::Ready(c);
         }
-        if g.open < self.size && g.waiters.is_empty() && !self.is_paused() {
+        if g.open < self.size() && g.waiters.is_empty() && !self.is_paused() {
             return Checkout::Slow;
         }
         let (tx, rx) = oneshot::channel();
         let since = Instant::now();
-        let deadline = self.cfg.query_wait_timeout().map(|t| since + t);
+        let deadline = self.cfg.load().query_wait_timeout().map(|t| since + t);
         g.waiters.push_back(Waiter { tx, deadline, since, takes_ticket: true });
         drop(g);
         self.stats.waits.fetch_add(1, Ordering::Relaxed);
@@ -262,7 +285,7 @@ impl<K: Connector> Pool<K> {
             SqlState::QUERY_CANCELED,
             format!(
                 "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
-                self.cfg.query_wait_timeout_ms
+                self.cfg.load().query_wait_timeout_ms
             ),
         )
     }
@@ -271,7 +294,7 @@ impl<K: Connector> Pool<K> {
     /// returned, waiting at most `query_wait_timeout` (give or take the janitor's period,
     /// see `expire_waiters`).
     pub async fn acquire(&self) -> Result<Box<K::Conn>, Error> {
-        let deadline = self.cfg.query_wait_timeout().map(|t| Instant::now() + t);
+        let deadline = self.cfg.load().query_wait_timeout().map(|t| Instant::now() + t);
         let mut waited = false;
         loop {
             let rx = {
@@ -279,7 +302,7 @@ impl<K: Connector> Pool<K> {
                 if let Some(c) = self.take_idle(&mut g) {
                     return Ok(c);
                 }
-                if g.open < self.size && g.waiters.is_empty() && !self.is_paused() {
+                if g.open < self.size() && g.waiters.is_empty() && !self.is_paused() {
                     g.open += 1;
                     None
                 } else {
@@ -336,7 +359,7 @@ impl<K: Connector> Pool<K> {
 
     fn reserve_freed_slot(&self) -> bool {
         let mut g = self.lock();
-        let ok = g.open < self.size && !self.is_paused();
+        let ok = g.open < self.size() && !self.is_paused();
         if ok {
             g.open += 1;
         }
@@ -359,7 +382,7 @@ impl<K: Connector> Pool<K> {
 
     /// Whether `c` is past `server_lifetime`.
     pub(crate) fn expired(&self, c: &K::Conn) -> bool {
-        self.cfg.server_lifetime().is_some_and(|l| c.created().elapsed() >= l)
+        self.cfg.load().server_lifetime().is_some_and(|l| c.created().elapsed() >= l)
     }
 
     /// Whether `c` was opened before the last `reconnect`.
@@ -399,6 +422,13 @@ impl<K: Connector> Pool<K> {
         }
         conn.touch(Instant::now());
         let mut g = self.lock();
+        if g.open > self.size() {
+            // A reload made the pool smaller: this one goes.
+            g.open -= 1;
+            drop(g);
+            drop(conn);
+            return;
+        }
         while !self.is_paused()
             && let Some(w) = g.waiters.pop_front()
         {
@@ -413,12 +443,12 @@ impl<K: Connector> Pool<K> {
 
     /// Closes idle connections past server_idle_timeout or lifetime. Called periodically.
     pub(crate) fn prune(&self) {
-        let idle_limit = self.cfg.server_idle_timeout();
+        let idle_limit = self.cfg.load().server_idle_timeout();
         let mut g = self.lock();
         let before = g.idle.len();
         g.idle.retain(|c| {
             !(idle_limit.is_some_and(|l| c.last_used().elapsed() >= l)
-                || self.cfg.server_lifetime().is_some_and(|l| c.created().elapsed() >= l))
+                || self.cfg.load().server_lifetime().is_some_and(|l| c.created().elapsed() >= l))
         });
         let closed = before - g.idle.len();
         g.open -= closed;
@@ -472,7 +502,7 @@ impl<K: Connector> Pool<K> {
         let mut s = PoolSnapshot {
             key: self.key.clone(),
             mode: self.mode,
-            size: self.size,
+            size: self.size(),
             idle,
             open,
             waiting,
@@ -498,7 +528,7 @@ impl<K: Connector> Pool<K> {
 
     /// The server connect timeout, also used for the pooler's own short queries.
     pub(crate) fn connect_timeout(&self) -> Duration {
-        self.cfg.server_connect_timeout()
+        self.cfg.load().server_connect_timeout()
     }
 
     /// Closes every idle connection (shutdown, `PAUSE`).
@@ -528,7 +558,7 @@ impl<K: Connector> Pool<K> {
         if !self.paused.swap(false, Ordering::Relaxed) {
             return;
         }
-        let mut free = self.size.saturating_sub(g.open);
+        let mut free = self.size().saturating_sub(g.open);
         while let Some(w) = g.waiters.pop_front() {
             if let Some(c) = g.idle.pop() {
                 if let Err(Handoff::Conn(back)) = w.tx.send(Handoff::Conn(c)) {
@@ -559,7 +589,7 @@ impl<K: Connector> Pool<K> {
         if self.is_paused() {
             return;
         }
-        let mut free = self.size.saturating_sub(g.open);
+        let mut free = self.size().saturating_sub(g.open);
         while free > 0
             && let Some(w) = g.waiters.pop_front()
         {

@@ -197,6 +197,12 @@ impl Parsnip {
         Ok((child, logs))
     }
 
+    /// Replaces the config file's contents (then SIGHUP or the console's RELOAD).
+    pub fn rewrite_config(&self, toml: &str) {
+        let p = self.config_file.as_ref().expect("started with a config file");
+        std::fs::write(p, toml).expect("rewriting the config file");
+    }
+
     /// The port parsnip listens on (127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port

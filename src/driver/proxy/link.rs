@@ -135,7 +135,7 @@ impl Proxy {
     /// server (the session has found the batch qualifies, and it is written out): this
     /// client goes on reading its replies, and writes nothing more there.
     pub(super) fn lend(&mut self) {
-        let depth = self.shared.cfg.pipeline_depth;
+        let depth = self.shared.cfg.load().pipeline_depth;
         let (pipe, t) = match self.server.take() {
             Some(Linked::Own(s)) => (Pipe::new(s), 0),
             Some(Linked::Shared(pipe, t)) => (pipe, t),
@@ -187,13 +187,14 @@ impl Proxy {
         let Some(Linked::Own(mut s)) = self.server.take() else {
             return;
         };
-        let t = self.shared.cfg.server_connect_timeout();
+        let cfg = self.shared.cfg.load_full();
+        let t = cfg.server_connect_timeout();
         let mut ok = self.session.outstanding() == 0 && s.rbuf.is_empty() && self.session.to_server.is_empty();
         if ok && s.state.tx_status != TxStatus::Idle {
             ok = s.run_internal("ROLLBACK", t).await;
         }
-        if ok && self.pool.mode == PoolMode::Session && !self.shared.cfg.server_reset_query.is_empty() {
-            ok = s.run_internal(&self.shared.cfg.server_reset_query, t).await;
+        if ok && self.pool.mode == PoolMode::Session && !cfg.server_reset_query.is_empty() {
+            ok = s.run_internal(&cfg.server_reset_query, t).await;
             if ok {
                 s.state.settings.reset_all_extra();
             }
@@ -207,7 +208,7 @@ impl Proxy {
     /// waits for its turn and takes the connection back (true: settle it as an own one).
     pub(super) async fn settle_shared(&mut self) -> bool {
         let Some(Linked::Shared(pipe, t)) = self.server.take() else { return false };
-        let limit = self.shared.cfg.server_connect_timeout();
+        let limit = self.shared.cfg.load().server_connect_timeout();
         let mut owed = self.session.owed_ready();
         {
             let mut g = pipe.lock();

@@ -256,7 +256,7 @@ impl Proxy {
     /// The session's timeouts, from the configuration (not kept in the loop's state: every
     /// idle client's task would carry them).
     fn timeouts(&self) -> Timeouts {
-        let cfg = &self.shared.cfg;
+        let cfg = self.shared.cfg.load();
         Timeouts { client_idle: cfg.client_idle_timeout(), idle_in_transaction: cfg.idle_transaction_timeout() }
     }
 }

@@ -45,7 +45,7 @@ impl Proxy {
         if self.cbuf.is_empty() || self.session.is_closing() || self.session.is_acquiring() {
             return false;
         }
-        let max = self.shared.cfg.max_message_size;
+        let max = self.shared.cfg.load().max_message_size;
         let Proxy { server, session, cbuf, .. } = self;
         match server {
             None => feed_frames(session, cbuf, None, max),
@@ -111,7 +111,7 @@ impl Proxy {
     /// A batch is written out: if it may have others queued behind it, it is timed, and
     /// lent to a waiting client when its statements are known to be fast.
     fn batch_written(&mut self) {
-        let cfg = &self.shared.cfg;
+        let cfg = self.shared.cfg.load();
         if cfg.pipeline_depth <= 1 {
             return;
         }

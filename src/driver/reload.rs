@@ -1,0 +1,131 @@
+//! Online reload (SIGHUP, the console's `RELOAD`): the configuration is read again by the
+//! loader the binary gave (`Reloader`), checked whole (TLS files included) before anything
+//! changes, and swapped in: logins, timeouts and limits read the new one from then on; each
+//! pool takes its new size, target and credentials (a database whose server, database
+//! name, user or password changed has its open server connections closed as they come
+//! back, as PgBouncer does); TLS certificates and keys are re-read. A pool whose pool_mode
+//! changed is replaced for new clients; its clients keep theirs. An invalid file changes
+//! nothing. No client is dropped: a client in a transaction finishes it undisturbed.
+
+use super::Shared;
+use super::login::server_side;
+use super::servers::ServerPool;
+use super::tls_config;
+use crate::auth::Credentials;
+use crate::config::Config;
+use crate::error::{Error, SqlState};
+use crate::pool::PoolPurpose;
+use std::sync::Arc;
+
+/// How the binary re-reads its configuration, and what it does once one is applied (the
+/// log filter).
+pub struct Reloader {
+    /// Reads the configuration again (the same file, flags and URL as at start).
+    pub load: Box<dyn Fn() -> Result<Config, String> + Send + Sync>,
+    /// Called with the configuration once it is applied.
+    pub applied: Box<dyn Fn(&Config) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reloader")
+    }
+}
+
+/// Settings that only a restart changes (listening sockets, the log format, the janitor's
+/// averaging period).
+const RESTART_ONLY: &[&str] =
+    &["listen", "unix_socket_dir", "unix_socket_mode", "metrics_listen", "log_format", "stats_period"];
+
+/// Settings that apply to pools created after the reload (a pool's statement cache is
+/// sized when it is made).
+const NEW_POOLS_ONLY: &[&str] =
+    &["max_prepared_statements", "max_client_prepared_statements", "max_cached_statements", "promote_unnamed_after"];
+
+impl Shared {
+    /// RELOAD and SIGHUP: re-reads and applies the configuration, or changes nothing and
+    /// says why.
+    pub(crate) fn reload(&self) -> Result<(), Error> {
+        let fail = |why: String| {
+            tracing::error!("reload failed, configuration unchanged: {why}");
+            Error::new(SqlState::CONFIG_FILE_ERROR, format!("RELOAD failed, configuration unchanged: {why}"))
+        };
+        let Some(r) = self.reloader.get() else {
+            return Err(fail("no configuration to re-read".into()));
+        };
+        let new = (r.load)().map_err(fail)?;
+        self.apply(Arc::new(new)).map_err(fail)?;
+        (r.applied)(&self.cfg.load());
+        tracing::info!("configuration reloaded");
+        Ok(())
+    }
+
+    /// Swaps `new` in (see the module doc).
+    pub(crate) fn apply(&self, new: Arc<Config>) -> Result<(), String> {
+        // Everything that can fail first: a bad certificate keeps the old configuration.
+        let tls_clients = tls_config::for_clients(&new)?;
+        let tls_servers = Arc::new(tls_config::for_servers(&new)?);
+        let old = self.cfg.load_full();
+        let (old_e, new_e) = (old.entries(), new.entries());
+        for ((key, a), (_, b)) in old_e.iter().zip(&new_e) {
+            if a != b && RESTART_ONLY.contains(key) {
+                tracing::warn!("{key} changed ({a:?} to {b:?}): it takes effect after a restart");
+            } else if a != b && NEW_POOLS_ONLY.contains(key) {
+                tracing::warn!("{key} changed ({a:?} to {b:?}): pools created from now on use it");
+            }
+        }
+        self.tls_clients.store(tls_clients);
+        self.tls_servers.store(tls_servers.clone());
+        self.cfg.store(new.clone());
+        self.resize_client_slots(old.max_client_conn, new.max_client_conn);
+        let pools: Vec<Arc<ServerPool>> =
+            self.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for p in pools {
+            let lookup_db = if p.key.purpose == PoolPurpose::AuthQuery { "*" } else { p.key.db.as_str() };
+            let Some((db_cfg, server_db)) = new.database(&p.key.db).or_else(|| new.database(lookup_db)) else {
+                // Removed: its clients keep it; new ones are refused (3D000).
+                tracing::info!(db = %p.key.db, "database removed: no new clients; connected ones stay");
+                p.reconfigure(new.clone(), p.size());
+                continue;
+            };
+            let user = &p.key.user;
+            let (target, forced) = server_side(&new, db_cfg, &server_db, user, tls_servers.clone());
+            let password = |c: &Config| c.users.get(user.as_str()).and_then(|u| u.password.clone());
+            // The client's credentials, learnt at login: forgotten when the user's password
+            // changed (the next login offers the new ones).
+            let creds = forced.or_else(|| (password(&old) != password(&new)).then_some(Credentials::None));
+            let changed = p.connector().retarget(target, creds, new.clone());
+            p.reconfigure(new.clone(), new.pool_size_for(db_cfg, user));
+            if changed {
+                tracing::info!(db = %p.key.db, user = %user, "database changed: server connections close as they come back");
+                p.reconnect();
+            }
+            if p.key.purpose == PoolPurpose::Clients && p.mode != new.pool_mode_for(db_cfg, user) {
+                // Sessions keep the mode they started with: new clients get a new pool.
+                tracing::info!(db = %p.key.db, user = %user, "pool_mode changed: new clients get a new pool");
+                self.pools.lock().unwrap_or_else(|e| e.into_inner()).remove(&p.key);
+                p.reconnect();
+            }
+        }
+        Ok(())
+    }
+
+    /// max_client_conn changed: as many permits more, or fewer (those held by connected
+    /// clients are forgotten as they leave).
+    fn resize_client_slots(&self, old: usize, new: usize) {
+        if new > old {
+            self.client_slots.add_permits(new - old);
+        } else if new < old {
+            let fewer = old - new;
+            let gone = self.client_slots.forget_permits(fewer);
+            if gone < fewer {
+                let slots = self.client_slots.clone();
+                tokio::spawn(async move {
+                    if let Ok(p) = slots.acquire_many_owned((fewer - gone) as u32).await {
+                        p.forget();
+                    }
+                });
+            }
+        }
+    }
+}
