@@ -8,7 +8,7 @@
 use super::view::{ConnRow, View};
 use crate::pool::{PoolSnapshot, WAIT_BUCKETS};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeCounterValue, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -73,13 +73,13 @@ fn labels(p: &PoolSnapshot) -> Labels<'_> {
     [("database", p.key.db.as_str()), ("user", p.key.user.as_str())]
 }
 
-/// A per-pool counter family.
-fn counters(
+/// A per-pool counter family (u64 counts, or f64 seconds).
+fn counters<V: EncodeCounterValue>(
     e: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     pools: &[(PoolSnapshot, Conns)],
-    f: impl Fn(&PoolSnapshot) -> u64,
+    f: impl Fn(&PoolSnapshot) -> V,
 ) -> Result<(), std::fmt::Error> {
     let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (p, _) in pools {
@@ -88,19 +88,9 @@ fn counters(
     Ok(())
 }
 
-/// A per-pool counter family of seconds, from microseconds.
-fn seconds(
-    e: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    pools: &[(PoolSnapshot, Conns)],
-    f: impl Fn(&PoolSnapshot) -> u64,
-) -> Result<(), std::fmt::Error> {
-    let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (p, _) in pools {
-        ConstCounter::new(f(p) as f64 / 1e6).encode(m.encode_family(&labels(p))?)?;
-    }
-    Ok(())
+/// Microseconds as seconds.
+fn secs(us: u64) -> f64 {
+    us as f64 / 1e6
 }
 
 /// A per-pool gauge family with a `state` label.
@@ -135,9 +125,9 @@ impl Collector for Scrape {
         )?;
         counters(e, "received_bytes", "Bytes received from clients.", pools, |p| p.totals.received)?;
         counters(e, "sent_bytes", "Bytes sent to clients.", pools, |p| p.totals.sent)?;
-        seconds(e, "transaction_time_seconds", "Time spent in transactions.", pools, |p| p.totals.xact_us)?;
-        seconds(e, "query_time_seconds", "Time from a query's first bytes to its ReadyForQuery.", pools, |p| {
-            p.totals.query_us
+        counters(e, "transaction_time_seconds", "Time spent in transactions.", pools, |p| secs(p.totals.xact_us))?;
+        counters(e, "query_time_seconds", "Time from a query's first bytes to its ReadyForQuery.", pools, |p| {
+            secs(p.totals.query_us)
         })?;
         counters(e, "server_assignments", "Server connections given to clients (checkouts).", pools, |p| p.checkouts)?;
         by_state(e, "client_connections", "Logged-in clients by state.", pools, |_, c| {
@@ -163,7 +153,7 @@ impl Collector for Scrape {
                     first.1 += count - waited;
                 }
                 m.encode_family(&labels(p))?.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                    p.totals.wait_us as f64 / 1e6,
+                    secs(p.totals.wait_us),
                     count,
                     &buckets,
                     None,
