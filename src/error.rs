@@ -56,6 +56,10 @@ sqlstates! {
     OBJECT_NOT_IN_PREREQUISITE_STATE = "55000";
     /// F0000: configuration file error (RELOAD).
     CONFIG_FILE_ERROR = "F0000";
+    /// 22023: invalid parameter value (the console's SET).
+    INVALID_PARAMETER_VALUE = "22023";
+    /// 55P02: a setting that cannot change at run time (the console's SET).
+    CANT_CHANGE_RUNTIME_PARAM = "55P02";
     /// 42704: undefined object (an unknown database, client or setting on the console).
     UNDEFINED_OBJECT = "42704";
 }

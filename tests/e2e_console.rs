@@ -190,8 +190,16 @@ async fn pause_resume_kill_client_disable_enable() {
         // Unknown names are errors, not silent no-ops.
         let e = console.simple_query("PAUSE no_such_db").await.expect_err("unknown database");
         assert_eq!(sqlstate(&e).as_deref(), Some("3D000"));
-        let e = console.simple_query("SET pool_size = 3").await.expect_err("SET");
-        assert_eq!(sqlstate(&e).as_deref(), Some("0A000"));
+        // SET changes what can change at run time, at once.
+        console.simple_query("SET pool_size = 3").await.expect("SET pool_size");
+        let db = row(&console, "SHOW DATABASES", "name", DB).await.expect("database row");
+        assert_eq!(num(&db, "pool_size"), 3);
+        let cfg = row(&console, "SHOW CONFIG", "key", "pool_size").await.expect("config row");
+        assert_eq!((cfg["value"].as_deref(), cfg["changeable"].as_deref()), (Some("3"), Some("yes")));
+        let e = console.simple_query("SET listen = '0.0.0.0:1'").await.expect_err("SET listen");
+        assert_eq!(sqlstate(&e).as_deref(), Some("55P02"));
+        let e = console.simple_query("SET pool_size = many").await.expect_err("SET pool_size = many");
+        assert_eq!(sqlstate(&e).as_deref(), Some("22023"));
     })
     .await;
 }

@@ -2,6 +2,7 @@
 //! (secrets left out; databases and users are `SHOW DATABASES` and `SHOW USERS`).
 
 use super::Config;
+use crate::error::{Error, SqlState};
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(ToString::to_string).unwrap_or_default()
@@ -81,5 +82,94 @@ mod tests {
         assert_eq!(get("server_tls_sslmode"), Some("prefer"));
         let c = Config { server_tls_sslmode: crate::config::ServerTlsMode::VerifyFull, ..Config::default() };
         assert!(c.entries().contains(&("server_tls_sslmode", "verify-full".into())));
+    }
+}
+
+/// The settings the console's `SET key = value` changes (what a reload applies at once and
+/// is one scalar value).
+pub(crate) const CHANGEABLE: &[&str] = &[
+    "pool_size",
+    "min_pool_size",
+    "max_client_conn",
+    "server_connect_timeout_ms",
+    "server_login_retry_ms",
+    "server_connect_attempts",
+    "query_wait_timeout_ms",
+    "server_lifetime_ms",
+    "server_idle_timeout_ms",
+    "client_idle_timeout_ms",
+    "idle_transaction_timeout_ms",
+    "client_login_timeout_ms",
+    "max_message_size",
+    "pipeline_depth",
+    "pipeline_max_statement_ms",
+    "server_reset_query",
+    "shutdown_timeout_ms",
+    "autodb_idle_timeout_ms",
+    "log_level",
+];
+
+fn parse<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, Error> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| Error::new(SqlState::INVALID_PARAMETER_VALUE, format!("invalid value for {key}: \"{value}\"")))
+}
+
+impl Config {
+    /// The console's `SET key = value` (one of `CHANGEABLE`), checked as a file would be.
+    pub(crate) fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
+        match key {
+            "pool_size" => self.pool_size = parse(key, value)?,
+            "min_pool_size" => self.min_pool_size = parse(key, value)?,
+            "max_client_conn" => self.max_client_conn = parse(key, value)?,
+            "server_connect_timeout_ms" => self.server_connect_timeout_ms = parse(key, value)?,
+            "server_login_retry_ms" => self.server_login_retry_ms = parse(key, value)?,
+            "server_connect_attempts" => self.server_connect_attempts = parse(key, value)?,
+            "query_wait_timeout_ms" => self.query_wait_timeout_ms = parse(key, value)?,
+            "server_lifetime_ms" => self.server_lifetime_ms = parse(key, value)?,
+            "server_idle_timeout_ms" => self.server_idle_timeout_ms = parse(key, value)?,
+            "client_idle_timeout_ms" => self.client_idle_timeout_ms = parse(key, value)?,
+            "idle_transaction_timeout_ms" => self.idle_transaction_timeout_ms = parse(key, value)?,
+            "client_login_timeout_ms" => self.client_login_timeout_ms = parse(key, value)?,
+            "max_message_size" => self.max_message_size = parse(key, value)?,
+            "pipeline_depth" => self.pipeline_depth = parse(key, value)?,
+            "pipeline_max_statement_ms" => self.pipeline_max_statement_ms = parse(key, value)?,
+            "server_reset_query" => self.server_reset_query = value.to_owned(),
+            "shutdown_timeout_ms" => self.shutdown_timeout_ms = parse(key, value)?,
+            "autodb_idle_timeout_ms" => self.autodb_idle_timeout_ms = parse(key, value)?,
+            "log_level" => self.log_level = value.to_owned(),
+            _ if self.entries().iter().any(|(k, _)| *k == key) => {
+                return Err(Error::new(
+                    SqlState::CANT_CHANGE_RUNTIME_PARAM,
+                    format!("{key} cannot be changed with SET: change the file and RELOAD"),
+                ));
+            }
+            _ => return Err(Error::new(SqlState::UNDEFINED_OBJECT, format!("unknown setting \"{key}\""))),
+        }
+        self.validate().map_err(|e| Error::new(SqlState::INVALID_PARAMETER_VALUE, e.0))
+    }
+}
+
+#[cfg(test)]
+mod set_tests {
+    use super::*;
+
+    #[test]
+    fn set_changes_the_changeable_and_refuses_the_rest() {
+        let mut c = Config::default();
+        c.databases.insert("db".into(), Default::default());
+        c.databases.get_mut("db").expect("db").host = "h".into();
+        c.databases.get_mut("db").expect("db").port = 5432;
+        c.set("pool_size", "33").expect("pool_size");
+        assert_eq!(c.pool_size, 33);
+        c.set("log_level", "debug").expect("log_level");
+        assert_eq!(c.log_level, "debug");
+        assert_eq!(c.set("pool_size", "many").unwrap_err().code, SqlState::INVALID_PARAMETER_VALUE);
+        assert_eq!(c.set("listen", "0.0.0.0:1").unwrap_err().code, SqlState::CANT_CHANGE_RUNTIME_PARAM);
+        assert_eq!(c.set("nonsense", "1").unwrap_err().code, SqlState::UNDEFINED_OBJECT);
+        for k in CHANGEABLE {
+            assert!(c.entries().iter().any(|(e, _)| e == k), "{k} is not a setting");
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod cli;
 mod entries;
+pub(crate) use entries::CHANGEABLE;
 mod tls;
 mod url;
 

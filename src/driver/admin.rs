@@ -150,10 +150,16 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             shared.reload()?;
             Ok("RELOAD")
         }
-        Action::Set(key, _) => Err(Error::new(
-            SqlState::FEATURE_NOT_SUPPORTED,
-            format!("SET {key}: settings cannot be changed at run time yet; change the file and restart"),
-        )),
+        Action::Set(key, value) => {
+            let mut cfg = Config::clone(&shared.cfg.load());
+            cfg.set(key, value)?;
+            shared.apply(Arc::new(cfg)).map_err(|why| Error::new(SqlState::INVALID_PARAMETER_VALUE, why))?;
+            if let Some(r) = shared.reloader.get() {
+                (r.applied)(&shared.cfg.load());
+            }
+            tracing::info!("SET {key} = {value:?}");
+            Ok("SET")
+        }
         Action::Suspend => Err(Error::new(
             SqlState::FEATURE_NOT_SUPPORTED,
             "SUSPEND is not supported: parsnip has no online restart by socket handover",
@@ -427,7 +433,7 @@ impl View for Live<'_> {
                 key,
                 value,
                 default: defaults.get(key).cloned().unwrap_or_default(),
-                changeable: false,
+                changeable: crate::config::CHANGEABLE.contains(&key),
             })
             .collect()
     }
