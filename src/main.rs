@@ -166,6 +166,9 @@ async fn run(cfg: Arc<Config>, reload: Reloader) -> ExitCode {
     let mut stops = handle.stop_requests();
     let stop = loop {
         tokio::select! {
+            // In this order when several are pending at once (a pause and a resume sent
+            // together end resumed).
+            biased;
             _ = term.recv() => {
                 tracing::info!("SIGTERM: graceful shutdown, waiting for transactions to finish");
                 break Stop::Graceful;

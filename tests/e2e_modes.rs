@@ -301,8 +301,10 @@ async fn server_with_cancel_in_flight_is_not_handed_on() {
 }
 
 /// A backend terminated under a client idle in a transaction: the client gets PostgreSQL's
-/// own FATAL 57P01 (not a pooler 08P01), in both modes. And the pid a client is given is
-/// never a live backend's, so `pg_terminate_backend` with it cannot hit another session.
+/// own FATAL 57P01 (not a pooler 08P01), in both modes. The pid a client is given is never
+/// another session's backend, so `pg_terminate_backend` with it cannot hit another session:
+/// in transaction mode it is no backend's; in session mode it is the client's own backend
+/// (bound at login), as directly.
 #[tokio::test]
 async fn terminated_backend_reaches_the_client_as_57p01() {
     for mode in ["transaction", "session"] {
@@ -310,11 +312,16 @@ async fn terminated_backend_reaches_the_client_as_57p01() {
         bounded(60, "terminated_backend_reaches_the_client_as_57p01", async {
             let mut c = p.raw_login("postgres", SUPER_PW, "postgres").await;
             let (client_pid, _) = c.key.expect("BackendKeyData");
-            assert!(client_pid > 1 << 22, "{mode}: client pid {client_pid} is in the range of OS pids");
-            let live = format!("select count(*) from pg_stat_activity where pid = {client_pid}");
-            assert_eq!(psql_async("postgres", &live).await.trim(), "0");
             c.simple_query("BEGIN").await.expect("begin");
             let backend = c.scalar("select pg_backend_pid()").await.expect("pid").expect("a pid");
+            let live = format!("select count(*) from pg_stat_activity where pid = {client_pid}");
+            if mode == "session" {
+                assert_eq!(client_pid.to_string(), backend, "session mode: the client's pid is its backend's");
+                assert_eq!(psql_async("postgres", &live).await.trim(), "1");
+            } else {
+                assert!(client_pid > 1 << 22, "{mode}: client pid {client_pid} is in the range of OS pids");
+                assert_eq!(psql_async("postgres", &live).await.trim(), "0");
+            }
             let killed = psql_async("postgres", &format!("select pg_terminate_backend({backend})")).await;
             assert_eq!(killed.trim(), "t");
             let e = c.expect_error_and_close(Duration::from_secs(10), mode).await;
@@ -322,4 +329,49 @@ async fn terminated_backend_reaches_the_client_as_57p01() {
         })
         .await;
     }
+}
+
+/// Session mode binds the server at login: the client's pid is its backend's, a cancel
+/// with it reaches its query, and a client that logs in while the pool is full still gets
+/// in (a pid of parsnip's own) and is served once a server is free.
+#[tokio::test]
+async fn session_mode_gives_the_real_pid_and_cancel_works() {
+    let p = Parsnip::trust("pool_size = 2\npool_mode = \"session\"");
+    bounded(60, "session_mode_gives_the_real_pid_and_cancel_works", async {
+        let mut first = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        let (first_pid, _) = first.key.expect("BackendKeyData");
+        assert_eq!(first.scalar("select pg_backend_pid()").await.expect("pid"), Some(first_pid.to_string()));
+        // The second server: `a`'s cancel key carries its real backend pid.
+        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+        assert!(pid(&a).await.parse::<i32>().expect("pid") < 1 << 22);
+        let token = a.cancel_token();
+        let sleeper = tokio::spawn(async move {
+            let r = a.simple_query("select pg_sleep(30)").await;
+            (a, r)
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while psql_async(
+            "postgres",
+            "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'",
+        )
+        .await
+        .trim()
+            != "1"
+        {
+            assert!(std::time::Instant::now() < deadline, "the sleep never started\n{}", p.log_tail());
+            tokio::task::yield_now().await;
+        }
+        token.cancel_query(tokio_postgres::NoTls).await.expect("cancel request");
+        let (a, r) = sleeper.await.expect("task");
+        let e = r.expect_err("the sleep was not cancelled");
+        assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{}", describe(&e));
+        // The pool (size 2) is held by `first` and `a`: a new client still logs in, with a
+        // pid of parsnip's own, and is served once `a` leaves.
+        let mut late = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        let (late_pid, _) = late.key.expect("BackendKeyData");
+        assert!(late_pid > 1 << 22, "pid {late_pid} while the pool was full");
+        drop(a);
+        assert_eq!(late.scalar("select 7").await.expect("served"), Some("7".into()));
+    })
+    .await;
 }

@@ -128,16 +128,35 @@ async fn stray_signals_are_harmless_and_sigkill_takes_the_embedded_cluster_along
         .next()
         .and_then(|l| l.trim().parse().ok())
         .expect("postmaster pid");
-    for sig in [libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
-        p.signal(sig);
-    }
     bounded(60, "stray signals", async {
+        // SIGHUP reloads (nothing changed), SIGUSR1 pauses, SIGUSR2 resumes: none ends it.
+        let console = p.connect("postgres", "unused", "parsnip").await;
+        let paused = async || {
+            let rows = console.simple_query("SHOW STATE").await.expect("SHOW STATE");
+            rows.iter().any(|m| {
+                matches!(m, tokio_postgres::SimpleQueryMessage::Row(r)
+                    if r.get("key") == Some("paused") && r.get("value") == Some("yes"))
+            })
+        };
+        p.signal(libc::SIGHUP);
+        p.signal(libc::SIGUSR1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !paused().await {
+            assert!(Instant::now() < deadline, "SIGUSR1 did not pause\n{}", p.log_tail());
+            tokio::task::yield_now().await;
+        }
+        p.signal(libc::SIGUSR2);
+        while paused().await {
+            assert!(Instant::now() < deadline, "SIGUSR2 did not resume\n{}", p.log_tail());
+            tokio::task::yield_now().await;
+        }
         let c = p.connect("postgres", "unused", "postgres").await;
         assert_eq!(c.scalar("select 1").await.expect("query after the signals"), "1");
     })
     .await;
     assert!(p.alive(), "a signal ended parsnip\n{}", p.log_tail());
     assert!(p.logs().contains("SIGHUP"), "SIGHUP not logged\n{}", p.log_tail());
+    assert!(p.logs().contains("configuration reloaded"), "the embedded mode's reload failed\n{}", p.log_tail());
 
     p.signal(libc::SIGKILL);
     assert!(p.wait_exit(Duration::from_secs(10)).is_some(), "SIGKILL");

@@ -160,6 +160,19 @@ impl CancelRegistry {
             }
         }
     }
+    /// A key pair whose pid is `real` (a session-mode client's backend pid), unless a
+    /// connected client holds it; else as `register`.
+    pub(crate) fn register_as(&self, real: Option<i32>) -> (i32, i32) {
+        if let Some(pid) = real.filter(|p| *p > 0) {
+            let key: i32 = rand::random();
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            if let std::collections::hash_map::Entry::Vacant(e) = map.entry(pid) {
+                e.insert((key, Arc::new(CancelSlot { pid, ..CancelSlot::default() })));
+                return (pid, key);
+            }
+        }
+        self.register()
+    }
     /// The slot of a registered pid.
     pub(crate) fn slot(&self, pid: i32) -> Arc<CancelSlot> {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).get(&pid).map(|(_, s)| s.clone()).unwrap_or_default()

@@ -41,7 +41,7 @@ pub(crate) async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     };
     tracing::debug!(user = %client.user, db = %client.db, pid = client.pid, "client logged in");
     // Only what the proxy needs lives on in the task (names and strings are dropped here).
-    let login::LoggedIn { pool, settings, pid, .. } = client;
+    let login::LoggedIn { pool, settings, pid, server, .. } = client;
     let slot = shared.cancels.slot(pid);
     slot.bind_pool(&pool);
     pool.stats.logins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -55,6 +55,9 @@ pub(crate) async fn serve(mut stream: Stream, shared: Arc<Shared>) {
         (pool.mode != PoolMode::Session && shared.cfg.load().prepared_statements).then(|| pool.stmts.clone());
     let session = Session::new(pool.mode, settings, pid as u64, registry);
     let mut p = Proxy::new(stream, buf, session, pool, slot, shared);
+    if let Some(s) = server {
+        p.link_at_login(s);
+    }
     p.run().await;
     p.meter_finish();
     p.shared().cancels.unregister(pid);

@@ -27,6 +27,9 @@ pub(crate) struct LoggedIn {
     pub(crate) user: String,
     /// Its database name.
     pub(crate) db: String,
+    /// Session mode: the server connection bound at login, whose backend pid the client
+    /// was given (None: bound at its first query, with a pid of parsnip's own).
+    pub(crate) server: Option<Box<super::server_conn::ServerConn>>,
 }
 
 /// How login ended without a session.
@@ -139,11 +142,34 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
     if normalize_them {
         normalize(&pool, &mut settings).await?;
     }
-    let (pid, key) = shared.cancels.register();
+    let server = if pool.mode == crate::config::PoolMode::Session { bind_at_login(&pool).await } else { None };
+    let (pid, key) = shared.cancels.register_as(server.as_ref().map(|s| s.cancel.pid));
     m.welcome(&defaults.params, &settings, pid, key);
-    send(stream, &mut m.to_client).await?;
+    if let Err(e) = send(stream, &mut m.to_client).await {
+        if let Some(s) = server {
+            servers::release(&pool, s, true);
+        }
+        shared.cancels.unregister(pid);
+        return Err(e);
+    }
     let settings = pool.intern_settings(settings);
-    Ok(LoggedIn { pool, settings, pid, user: std::mem::take(&mut m.user), db: std::mem::take(&mut m.db) })
+    Ok(LoggedIn { pool, settings, pid, user: std::mem::take(&mut m.user), db: std::mem::take(&mut m.db), server })
+}
+
+/// Session mode: a server connection for the client's whole session, taken at login when
+/// one is idle or a slot is free, so the client is given its backend's real pid
+/// (`pg_backend_pid()`, `pg_terminate_backend`, `pg_stat_activity` and NOTIFY's sender
+/// agree with it, as directly). When the pool is full the client logs in anyway and waits
+/// at its first query, as in PgBouncer (with a pid of parsnip's own).
+async fn bind_at_login(pool: &Arc<ServerPool>) -> Option<Box<super::server_conn::ServerConn>> {
+    match pool.checkout() {
+        crate::pool::Checkout::Ready(c) => Some(c),
+        crate::pool::Checkout::Slow => pool.acquire().await.ok(),
+        crate::pool::Checkout::Queued(q) => {
+            servers::abandon(pool, q);
+            None
+        }
+    }
 }
 
 /// Applies the client's reported startup parameters on a server to learn their normalized

@@ -74,6 +74,14 @@ impl Proxy {
         }
     }
 
+    /// Session mode: the server bound at login (`login::bind_at_login`) is the client's from
+    /// the start.
+    pub(in crate::driver) fn link_at_login(&mut self, mut s: Box<ServerConn>) {
+        self.session.handle_server_linked(&mut s.state);
+        self.slot.set(&s.cancel);
+        self.server = Some(Linked::Own(s));
+    }
+
     pub(super) async fn wait_in_queue(
         &self,
         mut q: crate::pool::Queued<servers::ServerConnector>,
