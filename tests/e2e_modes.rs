@@ -375,3 +375,40 @@ async fn session_mode_gives_the_real_pid_and_cancel_works() {
     })
     .await;
 }
+
+/// Under transaction pooling, a client that creates session state (here a temporary table
+/// and a session advisory lock) keeps its server connection from then on: its state stays
+/// its own across transactions and never reaches another client; SHOW CLIENTS says so.
+#[tokio::test]
+async fn session_state_pins_the_client_under_transaction_pooling() {
+    let p = Parsnip::trust("pool_size = 2\npool_mode = \"transaction\"");
+    bounded(60, "session_state_pins_the_client", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+        let b = p.connect("postgres", SUPER_PW, "postgres").await;
+        // Before: a is not pinned and shares the pool with b.
+        a.simple_query("create temp table pinned_t (x int)").await.expect("create temp");
+        let pid_a = pid(&a).await;
+        for i in 0..5 {
+            a.simple_query(&format!("insert into pinned_t values ({i})")).await.expect("insert");
+            // b runs between a's transactions: never on a's connection, never sees its table.
+            assert_ne!(pid(&b).await, pid_a, "b got the pinned connection");
+            let e = b.simple_query("select count(*) from pinned_t").await.expect_err("b saw a's temp table");
+            assert_eq!(sqlstate(&e).as_deref(), Some("42P01"));
+        }
+        assert_eq!(a.scalar("select count(*) from pinned_t").await.unwrap(), "5");
+        assert_eq!(pid(&a).await, pid_a, "a changed server connection");
+        // Extended protocol: a session advisory lock pins b too (the pool has two).
+        let got: bool = b.query_one("select pg_try_advisory_lock($1)", &[&42i64]).await.expect("lock").get(0);
+        assert!(got);
+        let pid_b = pid(&b).await;
+        assert_eq!(pid(&b).await, pid_b);
+        let msgs = console.simple_query("SHOW CLIENTS").await.expect("SHOW CLIENTS");
+        let pinned = msgs
+            .iter()
+            .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get("pinned") == Some("1")))
+            .count();
+        assert_eq!(pinned, 2, "SHOW CLIENTS: a and b pinned");
+    })
+    .await;
+}

@@ -128,7 +128,7 @@ fn show_pools(v: &dyn View) -> Table {
     table
 }
 
-const CONN_COLUMNS: [(&str, Ty); 22] = [
+const CONN_COLUMNS: [(&str, Ty); 23] = [
     ("type", S),
     ("user", S),
     ("database", S),
@@ -150,8 +150,11 @@ const CONN_COLUMNS: [(&str, Ty); 22] = [
     ("application_name", S),
     ("prepared_statements", I),
     ("id", Q),
-    // parsnip's own: the pid a client was given (its cancel key).
+    // parsnip's own: the pid a client was given (its cancel key); whether session state
+    // (LISTEN, a temporary table, a WITH HOLD cursor, a session advisory lock) pins it to
+    // its server connection under transaction pooling.
     ("pid", I),
+    ("pinned", I),
 ];
 
 fn conn_table(rows: Vec<ConnRow>, server: bool) -> Table {
@@ -180,6 +183,7 @@ fn conn_table(rows: Vec<ConnRow>, server: bool) -> Table {
             n(r.prepared),
             n(r.id),
             n(r.client_pid),
+            yes(r.pinned),
         ]);
     }
     table

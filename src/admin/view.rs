@@ -39,6 +39,8 @@ pub(crate) struct ConnRow {
     pub(crate) client_pid: i32,
     /// A server's RECONNECT generation is older than its pool's: it closes when released.
     pub(crate) close_needed: bool,
+    /// A client pinned to its server connection by session state (transaction pooling).
+    pub(crate) pinned: bool,
 }
 
 impl ConnRow {

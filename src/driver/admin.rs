@@ -315,6 +315,7 @@ impl View for Live<'_> {
                     prepared: s.live.prepared.load(Ordering::Relaxed),
                     client_pid: s.pid,
                     close_needed: false,
+                    pinned: s.live.pinned.load(Ordering::Relaxed),
                 })
             })
             .collect()
@@ -355,6 +356,7 @@ impl View for Live<'_> {
                     application_name: String::new(),
                     prepared: i.prepared.load(Ordering::Relaxed),
                     client_pid: 0,
+                    pinned: false,
                     close_needed: epochs.get(k).is_some_and(|e| i.epoch.load(Ordering::Relaxed) < *e),
                 }
             })

@@ -83,6 +83,8 @@ pub(crate) struct ClientLive {
     pub(crate) waiting_since_us: AtomicU64,
     /// Prepared statements it holds.
     pub(crate) prepared: AtomicU32,
+    /// Pinned to its server connection by session state (`Session::is_pinned`).
+    pub(crate) pinned: std::sync::atomic::AtomicBool,
 }
 
 /// A server connection, for `SHOW SERVERS` (part of its `CancelTarget`).

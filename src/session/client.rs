@@ -6,6 +6,7 @@ use super::reply_queue::{Pending, Req};
 use super::settings;
 use super::stmts::Unnamed;
 use super::{Action, Fed, Link, Phase, Session, wire_trace};
+use crate::config::PoolMode;
 use crate::error::Error;
 use crate::protocol::{backend, body, frontend, tags};
 use crate::state::{ServerState, TxStatus};
@@ -65,6 +66,9 @@ impl Session {
             }
             return true;
         }
+        if !self.pinned && self.mode != PoolMode::Session && matches!(tag, tags::QUERY | tags::PARSE) {
+            self.pin_if_stateful(frame);
+        }
         // A server the session has already given back (a release queued, not yet carried
         // out) must not be used.
         match server.filter(|_| self.link == Link::Linked) {
@@ -119,6 +123,19 @@ impl Session {
         }
         self.forward_client(frame);
         true
+    }
+
+    /// A Query or Parse whose SQL leaves session state pins the client to its server.
+    fn pin_if_stateful(&mut self, frame: &[u8]) {
+        let text = match frame[0] {
+            tags::QUERY => frontend::query_text(body(frame)),
+            tags::PARSE => frontend::parse_fields(body(frame)).map(|p| p.query),
+            _ => None,
+        };
+        if text.is_some_and(crate::stmt::sql::holds_session_state) {
+            tracing::debug!(session = self.uid, "pinned to its server connection: session state");
+            self.pinned = true;
+        }
     }
 
     /// The server discards everything up to Sync, as PostgreSQL does after an error: pass

@@ -129,6 +129,11 @@ pub struct Session {
     /// The linked server took another client's batch behind this session's replies
     /// (`pipeline`): nothing more may be written to it.
     lent: bool,
+    /// Under transaction pooling, the client ran something that leaves state in the server
+    /// session (`stmt::sql::holds_session_state`: LISTEN, temporary tables, WITH HOLD
+    /// cursors, session advisory locks): it keeps its server connection, as in session
+    /// mode, until it leaves.
+    pinned: bool,
     /// The client's transaction.
     tx: TxState,
     /// The client's prepared statements.
@@ -201,6 +206,7 @@ impl Session {
             param_desc: None,
             server_dirty: false,
             lent: false,
+            pinned: false,
             tx: TxState::default(),
             stmts: ClientStmts::new(registry),
             retry: Retry::default(),
@@ -245,6 +251,10 @@ impl Session {
     pub(crate) fn take_tally(&mut self) -> Option<Tally> {
         (self.tally.queries > 0 || self.tally.binds > 0 || self.tally.has_errors())
             .then(|| std::mem::take(&mut self.tally))
+    }
+    /// Pinned to its server connection (see the field).
+    pub(crate) fn is_pinned(&self) -> bool {
+        self.pinned
     }
     /// Prepared statements the client holds.
     pub(crate) fn prepared_count(&self) -> usize {

@@ -56,6 +56,7 @@ impl Session {
     pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         if self.link != Link::Linked
             || self.mode == PoolMode::Session
+            || self.pinned
             || self.tx.status != TxStatus::Idle
             || self.tx.opening
             || matches!(self.phase, Phase::CopyIn | Phase::Held | Phase::ServerSkipping)

@@ -338,6 +338,7 @@ impl Session {
             && !matches!(self.phase, Phase::CopyIn | Phase::ServerSkipping)
             && !self.replies.is_unsynced()
             && self.mode != PoolMode::Session
+            && !self.pinned
         {
             self.link = Link::Unlinked;
             let reusable = !std::mem::take(&mut self.server_dirty);

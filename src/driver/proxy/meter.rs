@@ -73,6 +73,9 @@ impl Proxy {
             add(&t.xact_us, since(m.xact_start));
             m.xact_start = if more || self.session.in_transaction() { now } else { 0 };
             self.slot.live.prepared.store(self.session.prepared_count() as u32, Ordering::Relaxed);
+            if self.session.is_pinned() {
+                self.slot.live.pinned.store(true, Ordering::Relaxed);
+            }
         }
         add(&t.queries, u64::from(tally.queries));
         add(&t.xacts, u64::from(tally.xacts));
