@@ -409,6 +409,18 @@ async fn session_state_pins_the_client_under_transaction_pooling() {
             .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get("pinned") == Some("1")))
             .count();
         assert_eq!(pinned, 2, "SHOW CLIENTS: a and b pinned");
+        // When a leaves, its connection (and its temporary table) goes with it.
+        drop(a);
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while psql_async("postgres", &format!("select count(*) from pg_stat_activity where pid = {pid_a}")).await.trim()
+            != "0"
+        {
+            assert!(Instant::now() < deadline, "a's pinned connection stayed open\n{}", p.log_tail());
+            tokio::task::yield_now().await;
+        }
+        let e = c.simple_query("select count(*) from pinned_t").await.expect_err("c saw a's temp table");
+        assert_eq!(sqlstate(&e).as_deref(), Some("42P01"));
     })
     .await;
 }

@@ -207,6 +207,12 @@ impl Proxy {
                 s.state.settings.reset_all_extra();
             }
         }
+        // A pinned client's session state (temporary tables, LISTEN, advisory locks, held
+        // cursors) must not reach the next client; the connection's server statements are
+        // the cache's, so DISCARD ALL is no answer: it is closed.
+        if self.session.is_pinned() {
+            ok = false;
+        }
         servers::release(&self.pool, s, ok);
     }
 
