@@ -73,13 +73,16 @@ fn known(shared: &Shared, db: &str) -> Result<(), Error> {
     }
 }
 
+/// `known` for a command's optional database.
+fn known_if_named(shared: &Shared, db: &Option<String>) -> Result<(), Error> {
+    db.as_deref().map_or(Ok(()), |d| known(shared, d))
+}
+
 /// Carries out one console command; the tag PgBouncer answers with, or the error.
 async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Error> {
     match action {
         Action::Pause(db) => {
-            if let Some(d) = db {
-                known(shared, d)?;
-            }
+            known_if_named(shared, db)?;
             shared.pause(db.as_deref());
             wait_until_closed(shared, db.as_deref()).await;
             Ok("PAUSE")
@@ -89,18 +92,14 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             Ok("RESUME")
         }
         Action::Reconnect(db) => {
-            if let Some(d) = db {
-                known(shared, d)?;
-            }
+            known_if_named(shared, db)?;
             for p in pools_of(shared, db.as_deref()) {
                 p.reconnect();
             }
             Ok("RECONNECT")
         }
         Action::Kill(db) => {
-            if let Some(d) = db {
-                known(shared, d)?;
-            }
+            known_if_named(shared, db)?;
             shared.pause(db.as_deref());
             for slot in shared.cancels.clients() {
                 if slot.info.get().is_some_and(|i| db.as_ref().is_none_or(|d| i.key.db == *d)) {
@@ -133,9 +132,7 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             Ok("ENABLE")
         }
         Action::WaitClose(db) => {
-            if let Some(d) = db {
-                known(shared, d)?;
-            }
+            known_if_named(shared, db)?;
             while outdated_servers(shared, db.as_deref()) > 0 {
                 tokio::time::sleep(POLL).await;
             }

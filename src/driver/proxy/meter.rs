@@ -83,16 +83,20 @@ impl Proxy {
         for (class, n) in tally.errors() {
             t.errors(class, u64::from(n));
         }
-        add(&t.received, u64::from(std::mem::take(&mut m.received)));
-        add(&t.sent, u64::from(std::mem::take(&mut m.sent)));
+        self.meter_bytes();
+    }
+
+    /// The bytes counted since the last call go to the pool.
+    fn meter_bytes(&mut self) {
+        let t = &self.pool.stats.traffic;
+        add(&t.received, u64::from(std::mem::take(&mut self.meter.received)));
+        add(&t.sent, u64::from(std::mem::take(&mut self.meter.sent)));
     }
 
     /// The client is leaving: what is not added yet is added now.
     pub(in crate::driver) fn meter_finish(&mut self) {
         self.meter_replies();
-        let t = &self.pool.stats.traffic;
-        add(&t.received, u64::from(std::mem::take(&mut self.meter.received)));
-        add(&t.sent, u64::from(std::mem::take(&mut self.meter.sent)));
+        self.meter_bytes();
     }
 
     /// The client starts waiting for a server.
