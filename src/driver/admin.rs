@@ -102,7 +102,8 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             known_if_named(shared, db)?;
             shared.pause(db.as_deref());
             for slot in shared.cancels.clients() {
-                if slot.info.get().is_some_and(|i| db.as_ref().is_none_or(|d| i.key.db == *d)) {
+                if slot.info.get().is_some() && slot.pool().is_some_and(|p| db.as_ref().is_none_or(|d| p.key.db == *d))
+                {
                     slot.kill();
                 }
             }
@@ -264,7 +265,7 @@ fn listen_port(cfg: &Config) -> i32 {
 impl Live<'_> {
     /// (addr, port, local_addr, local_port) of a connection's ends.
     fn addresses(&self, ends: &super::census::Endpoints) -> (String, i32, String, i32) {
-        match ends.tcp {
+        match ends.tcp() {
             Some((peer, local)) => {
                 (peer.ip().to_string(), i32::from(peer.port()), local.ip().to_string(), i32::from(local.port()))
             }
@@ -291,12 +292,13 @@ impl View for Live<'_> {
             .iter()
             .filter_map(|s| {
                 let info = s.info.get()?;
+                let pool = s.pool()?;
                 let waiting_since = s.live.waiting_since_us.load(Ordering::Relaxed);
                 let (addr, port, local_addr, local_port) = self.addresses(&info.ends);
                 Some(ConnRow {
                     id: s.pid as u64,
-                    database: info.key.db.clone(),
-                    user: info.key.user.clone(),
+                    database: pool.key.db.clone(),
+                    user: pool.key.user.clone(),
                     state: if waiting_since > 0 { "waiting" } else { "active" },
                     addr,
                     port,
@@ -306,9 +308,9 @@ impl View for Live<'_> {
                     request_us: s.live.request_us.load(Ordering::Relaxed),
                     wait_us: if waiting_since > 0 { now.saturating_sub(waiting_since) } else { 0 },
                     link: s.linked_server().map(|id| ConnRow::ptr(true, id)),
-                    remote_pid: info.ends.peer_pid.unwrap_or(0),
+                    remote_pid: info.ends.peer_pid().unwrap_or(0),
                     tls: info.ends.tls.as_deref().unwrap_or("").into(),
-                    application_name: info.application_name.to_string(),
+                    application_name: info.settings.reported("application_name").unwrap_or("").to_owned(),
                     prepared: s.live.prepared.load(Ordering::Relaxed),
                     client_pid: s.pid,
                     close_needed: false,
@@ -329,7 +331,7 @@ impl View for Live<'_> {
             .map(|(k, t)| {
                 let i = &t.info;
                 let client = i.client.load(Ordering::Relaxed);
-                let (addr, port, local_addr, local_port) = match i.ends.tcp {
+                let (addr, port, local_addr, local_port) = match i.ends.tcp() {
                     Some((peer, local)) => {
                         (peer.ip().to_string(), i32::from(peer.port()), local.ip().to_string(), i32::from(local.port()))
                     }
@@ -376,7 +378,7 @@ impl View for Live<'_> {
             .filter_map(|name| {
                 let (db, server_db) = cfg.database(&name)?;
                 let current: usize = pools.iter().filter(|p| p.key.db == name).map(|p| p.counts().1).sum();
-                let client_count = clients.iter().filter(|s| s.info.get().is_some_and(|i| i.key.db == name)).count();
+                let client_count = clients.iter().filter(|s| s.pool().is_some_and(|p| p.key.db == name)).count();
                 Some(DatabaseRow {
                     host: db.host.clone(),
                     port: i32::from(db.port),
@@ -409,7 +411,7 @@ impl View for Live<'_> {
             .map(|name| {
                 let u = cfg.users.get(&name);
                 let current: usize = pools.iter().filter(|p| p.key.user == name).map(|p| p.counts().1).sum();
-                let client_count = clients.iter().filter(|s| s.info.get().is_some_and(|i| i.key.user == name)).count();
+                let client_count = clients.iter().filter(|s| s.pool().is_some_and(|p| p.key.user == name)).count();
                 UserRow {
                     pool_size: u.and_then(|u| u.pool_size).map(|s| s as i32),
                     pool_mode: u.and_then(|u| u.pool_mode).map(|m| m.as_str().to_owned()),

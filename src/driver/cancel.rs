@@ -50,7 +50,8 @@ impl CancelSlot {
     pub(crate) fn bind_pool(&self, pool: &Arc<ServerPool>) {
         let _ = self.pool.set(Arc::downgrade(pool));
     }
-    fn pool(&self) -> Option<Arc<ServerPool>> {
+    /// Its pool (None before login, or once the pool is gone).
+    pub(crate) fn pool(&self) -> Option<Arc<ServerPool>> {
         self.pool.get().and_then(Weak::upgrade)
     }
     /// The client was linked to a server (its batch is the one the backend runs next).
@@ -305,5 +306,16 @@ mod tests {
             let (p, _) = r.register();
             assert!(p >= FIRST_CLIENT_PID && p != a && p != c);
         }
+    }
+}
+#[cfg(test)]
+mod size {
+    /// Every connected client holds one slot: what the console needs of it (its socket's
+    /// descriptor, not its addresses; its session's shared settings, not a copy of its
+    /// application_name; its pool's key through the pool) keeps it small.
+    #[test]
+    fn a_client_slot_stays_small() {
+        let slot = std::mem::size_of::<super::CancelSlot>();
+        assert!(slot <= 184, "CancelSlot is {slot} B");
     }
 }

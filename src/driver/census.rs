@@ -38,39 +38,66 @@ pub(crate) fn mono_us(t: Instant) -> u64 {
     1 + t.saturating_duration_since(base().0).as_micros() as u64
 }
 
-/// Where a connection comes from or goes to.
-#[derive(Debug, Default, Clone)]
+/// Where a connection comes from or goes to: its socket, asked for its addresses only when
+/// the console lists it (an idle client keeps 4 bytes, not two addresses), and its TLS.
+#[derive(Debug, Clone)]
 pub(crate) struct Endpoints {
-    /// Peer and local TCP addresses; None over a unix socket.
-    pub(crate) tcp: Option<(SocketAddr, SocketAddr)>,
+    /// The socket's descriptor (-1: none). Read while the connection is registered; a
+    /// console listing that races its close may read a reused descriptor's addresses.
+    fd: i32,
     /// The negotiated TLS, if any.
     pub(crate) tls: Option<Box<str>>,
-    /// The peer's pid over a unix socket (a client's, as the kernel names it).
-    pub(crate) peer_pid: Option<i32>,
 }
 
-impl Endpoints {
-    /// What `stream` tells of its ends.
-    pub(crate) fn of(stream: &super::stream::Stream) -> Endpoints {
-        Endpoints {
-            tcp: stream.addresses(),
-            tls: stream.tls_description().map(String::into_boxed_str),
-            peer_pid: stream.peer_pid(),
-        }
+impl Default for Endpoints {
+    fn default() -> Self {
+        Endpoints { fd: -1, tls: None }
     }
 }
 
-/// A logged-in client, for `SHOW CLIENTS`.
+impl Endpoints {
+    /// `stream`'s ends.
+    pub(crate) fn of(stream: &super::stream::Stream) -> Endpoints {
+        Endpoints { fd: stream.raw_fd().unwrap_or(-1), tls: stream.tls_description().map(String::into_boxed_str) }
+    }
+
+    /// Peer and local TCP addresses; None over a unix socket.
+    pub(crate) fn tcp(&self) -> Option<(SocketAddr, SocketAddr)> {
+        if self.fd < 0 {
+            return None;
+        }
+        // SAFETY: the descriptor is borrowed for two getsockname-style calls and never
+        // closed here (ManuallyDrop); a descriptor that is not a TCP socket gives errors.
+        let s = std::mem::ManuallyDrop::new(unsafe {
+            <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(self.fd)
+        });
+        Some((s.peer_addr().ok()?, s.local_addr().ok()?))
+    }
+
+    /// The peer's process id over a unix socket, as the kernel names it.
+    pub(crate) fn peer_pid(&self) -> Option<i32> {
+        if self.fd < 0 {
+            return None;
+        }
+        let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+        let r =
+            unsafe { libc::getsockopt(self.fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len) };
+        (r == 0 && cred.pid > 0).then_some(cred.pid)
+    }
+}
+
+/// A logged-in client, for `SHOW CLIENTS` (its database and user are its pool's, in its
+/// cancel slot).
 #[derive(Debug)]
 pub(crate) struct ClientInfo {
-    /// Its pool's key (database and user).
-    pub(crate) key: PoolKey,
     /// Its ends.
     pub(crate) ends: Endpoints,
     /// When it connected (µs since the epoch).
     pub(crate) connected_us: u64,
-    /// Its application_name at login.
-    pub(crate) application_name: Box<str>,
+    /// Its settings as its session holds them (shared: no copy), for application_name.
+    pub(crate) settings: Arc<crate::state::Settings>,
 }
 
 /// What a client's task reports about itself as it goes (all relaxed: a console reading it

@@ -46,10 +46,9 @@ pub(crate) async fn serve(mut stream: Stream, shared: Arc<Shared>) {
     slot.bind_pool(&pool);
     pool.stats.logins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let _ = slot.info.set(super::census::ClientInfo {
-        key: pool.key.clone(),
         ends: super::census::Endpoints::of(&stream),
         connected_us,
-        application_name: settings.reported("application_name").unwrap_or("").into(),
+        settings: settings.clone(),
     });
     let registry =
         (pool.mode != PoolMode::Session && shared.cfg.load().prepared_statements).then(|| pool.stmts.clone());

@@ -75,21 +75,14 @@ impl Stream {
             Stream::Unix(_) | Stream::Closed => "[local]".into(),
         }
     }
-    /// The (peer, local) TCP addresses; None for a unix socket. For `SHOW CLIENTS` and
-    /// `SHOW SERVERS`.
-    pub(crate) fn addresses(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+    /// The socket's descriptor (`census::Endpoints` asks it for addresses when listed).
+    pub(crate) fn raw_fd(&self) -> Option<i32> {
+        use std::os::fd::AsRawFd;
         match self {
-            Stream::Tcp(s) => Some((s.peer_addr().ok()?, s.local_addr().ok()?)),
-            Stream::Tls(t) => t.socket().addresses(),
-            Stream::Unix(_) | Stream::Closed => None,
-        }
-    }
-    /// The peer's process id, for a unix socket whose peer the kernel names.
-    pub(crate) fn peer_pid(&self) -> Option<i32> {
-        match self {
-            Stream::Unix(s) => s.peer_cred().ok()?.pid(),
-            Stream::Tls(t) => t.socket().peer_pid(),
-            _ => None,
+            Stream::Tcp(s) => Some(s.as_raw_fd()),
+            Stream::Unix(s) => Some(s.as_raw_fd()),
+            Stream::Tls(t) => t.socket().raw_fd(),
+            Stream::Closed => None,
         }
     }
     /// TLS in use, as `SHOW CLIENTS` shows it ("TLSv1.3/TLS13_AES_256_GCM_SHA384"); None
