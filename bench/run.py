@@ -99,6 +99,7 @@ class Bench:
         self.systems = systems
         self.parsnip_bin = parsnip_bin
         self.pgb_bin = pgb_bin
+        self.pgb_version = ""
         self.user = user
         self.skipped: dict[str, str] = {}
         self.runs: list[Run] = []
@@ -106,7 +107,7 @@ class Bench:
     def make_pooler(self, system: str, pool: int) -> Pooler:
         if system == "parsnip":
             return Parsnip(self.pg, self.tmp, pool, self.parsnip_bin, self.args.parsnip_config)
-        return PgBouncer(self.pg, self.tmp, pool, self.pgb_bin, self.user)
+        return PgBouncer(self.pg, self.tmp, pool, self.pgb_bin, self.user, self.pgb_version)
 
     def start_pooler(self, system: str, pool: int) -> Pooler | None:
         pooler = self.make_pooler(system, pool)
@@ -306,6 +307,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release first")
     ap.add_argument("--pg-bindir", help="PostgreSQL bin directory (default: $PARSNIP_PG_BIN, else pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)")
     ap.add_argument("--no-install", action="store_true", help="never apt-get install postgresql/pgbouncer")
+    ap.add_argument("--pgbouncer-bin", help="a PgBouncer binary (e.g. 1.25 from bench/build_pgbouncer.sh) instead of "
+                    "Debian's 1.18, which cannot run -M prepared")
     ap.add_argument("--settle", type=float, default=0, help="before each run, wait up to this many seconds for "
                     "other processes to go quiet (default 0: don't wait)")
     ap.add_argument("--idle-load", type=float, default=0.3, help="CPUs of other load that count as quiet for "
@@ -401,7 +404,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         else:
             parsnip_version = f"parsnip {git_describe()}" if not args.parsnip_bin else f"parsnip ({parsnip_bin})"
     if "pgbouncer" in systems:
-        pgb_bin, why = pgbouncer_binary(install)
+        pgb_bin, why = pgbouncer_binary(install, args.pgbouncer_bin)
         if pgb_bin is None:
             skipped["pgbouncer"] = why
         else:
@@ -429,6 +432,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     pg.init_pgbench(args.scale)
 
     bench = Bench(args, pg, tmp, systems, parsnip_bin, pgb_bin, user)
+    bench.pgb_version = pgb_version
     bench.skipped = skipped
     # A pooler that cannot start at all is skipped for the whole run.
     for s in ("parsnip", "pgbouncer"):

@@ -6,6 +6,7 @@ them; nothing here decides what a run measures or how it is reported."""
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import signal
@@ -224,10 +225,14 @@ class Parsnip(Pooler):
 class PgBouncer(Pooler):
     name = "pgbouncer"
 
-    def __init__(self, pg, tmp, pool_size, binary: Path, user) -> None:
+    def __init__(self, pg, tmp, pool_size, binary: Path, user, version: str = "") -> None:
         super().__init__(pg, tmp, pool_size)
         self.binary = binary
         self.user = user
+        # PgBouncer 1.21 on caches prepared statements (max_prepared_statements); older
+        # ones refuse the key.
+        m = re.search(r"(\d+)\.(\d+)", version)
+        self.prepared = bool(m) and (int(m.group(1)), int(m.group(2))) >= (1, 21)
 
     def command(self):
         users = self.tmp / "pgbouncer-users.txt"
@@ -251,6 +256,7 @@ class PgBouncer(Pooler):
             "log_connections = 0\n"
             "log_disconnections = 0\n"
             "ignore_startup_parameters = extra_float_digits\n"
+            + ("max_prepared_statements = 200\n" if self.prepared else "")
             + (f"client_tls_sslmode = require\nclient_tls_cert_file = {TRANSPORT['tls'][0]}\n"
                f"client_tls_key_file = {TRANSPORT['tls'][1]}\nserver_tls_sslmode = require\n"
                if TRANSPORT["tls"] else "")
@@ -261,17 +267,20 @@ class PgBouncer(Pooler):
         return [str(self.binary), str(ini)], as_user(self.user)
 
 
-def pgbouncer_binary(install: bool) -> tuple[Path | None, str]:
-    """(binary, version) or (None, reason it is unavailable)."""
+def pgbouncer_binary(install: bool, explicit: str | None = None) -> tuple[Path | None, str]:
+    """(binary, version) or (None, reason it is unavailable). `explicit`: a binary built from
+    source (bench/build_pgbouncer.sh), else Debian's."""
 
     def find():
+        if explicit:
+            return Path(explicit) if Path(explicit).exists() else None
         for c in (shutil.which("pgbouncer"), "/usr/sbin/pgbouncer"):
             if c and Path(c).exists():
                 return Path(c)
         return None
 
     b = find()
-    if b is None and install and apt_install("pgbouncer"):
+    if b is None and not explicit and install and apt_install("pgbouncer"):
         b = find()
     if b is None:
         return None, "pgbouncer not installed and could not be installed"
