@@ -7,7 +7,11 @@
 # Installs what is missing (PostgreSQL server binaries) on a Debian machine.
 #
 # PARSNIP_SKIP_PG2=1 skips the PostgreSQL 18 pass (and its download);
-# PARSNIP_SKIP_DRIVERS=1 skips the driver matrix.
+# PARSNIP_SKIP_DRIVERS=1 skips the driver matrix;
+# PSYCOPG_SRC=DIR (a checkout of github.com/psycopg/psycopg, which package registries do not
+# carry) adds psycopg's own test suite through parsnip (scripts/psycopg_suite.py, about two
+# minutes): every test that passes directly must pass in session mode, and in transaction mode
+# fail only as scripts/psycopg_suite_known.txt says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -115,6 +119,15 @@ if [ "${PARSNIP_SKIP_DRIVERS:-0}" != 1 ]; then
     fi
 fi
 
+suite_status=0
+if [ -n "${PSYCOPG_SRC:-}" ]; then
+    echo "== psycopg's test suite (scripts/psycopg_suite.py --src $PSYCOPG_SRC)"
+    set +e
+    python3 scripts/psycopg_suite.py --src "$PSYCOPG_SRC" 2>&1 | tee /tmp/parsnip-psycopg-suite.log
+    suite_status=${PIPESTATUS[0]}
+    set -e
+fi
+
 # The verdict last, where a log cut to its tail still shows it.
 echo "== summary"
 echo "cargo: $total_passed passed, $total_failed failed"
@@ -123,5 +136,9 @@ for log in "${matrix_logs[@]}"; do
     sed -n '/^driver-matrix: failed scenarios:/,/^driver-matrix: [0-9]* passed/p' "$log" | sed '$d'
     rm -f "$log"
 done
+if [ -n "${PSYCOPG_SRC:-}" ]; then
+    grep -E "^psycopg-suite" /tmp/parsnip-psycopg-suite.log || echo "psycopg-suite: no result line"
+fi
 [ "$cargo_status" = 0 ] || exit "$cargo_status"
+[ "$suite_status" = 0 ] || exit "$suite_status"
 exit "$drivers_status"
