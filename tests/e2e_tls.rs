@@ -431,3 +431,59 @@ fn reload_rereads_the_certificate_files() {
     assert!(with(&second), "the renewed certificate is not shown after RELOAD\n{}", p.log_tail());
     assert!(!with(&first), "the old certificate is still shown after RELOAD");
 }
+
+/// A driver over TLS: tokio-postgres (rustls, the CA checked, the name 127.0.0.1 verified)
+/// through parsnip requiring TLS from clients: prepared statements through the statement
+/// cache, a transaction, and a cancel request reaching its query.
+#[tokio::test]
+async fn tokio_postgres_over_tls_prepares_and_cancels() {
+    let p = tls_front("require");
+    bounded(60, "tokio_postgres_over_tls_prepares_and_cancels", async {
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = std::fs::read(&CERTS.ca_file).expect("CA file");
+        for c in rustls_pemfile_certs(&pem) {
+            roots.add(c).expect("CA certificate");
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(config);
+        let mut cfg = pg_config(p.port(), "postgres", Some(SUPER_PW), "postgres");
+        cfg.ssl_mode(tokio_postgres::config::SslMode::Require);
+        let (client, conn) =
+            cfg.connect(tls.clone()).await.unwrap_or_else(|e| panic!("TLS connect: {e}\n{}", p.log_tail()));
+        tokio::spawn(conn);
+        let st = client.prepare("select $1::int * 2").await.expect("prepare");
+        for i in 0..5i32 {
+            assert_eq!(client.query_one(&st, &[&i]).await.expect("execute").get::<_, i32>(0), i * 2);
+        }
+        client.batch_execute("begin; select 1; commit").await.expect("tx");
+        let token = client.cancel_token();
+        let sleeper = tokio::spawn(async move { client.simple_query("select pg_sleep(30)").await.map(|_| ()) });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while psql_async(
+            "postgres",
+            "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'",
+        )
+        .await
+        .trim()
+            != "1"
+        {
+            assert!(std::time::Instant::now() < deadline, "the sleep never started\n{}", p.log_tail());
+            tokio::task::yield_now().await;
+        }
+        token.cancel_query(tls).await.expect("cancel over TLS");
+        let e = sleeper.await.expect("task").expect_err("the sleep was not cancelled");
+        assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{}", describe(&e));
+    })
+    .await;
+}
+
+/// The certificates of a PEM file (rustls' own PEM reader).
+fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem).map(|c| c.expect("PEM certificate")).collect()
+}

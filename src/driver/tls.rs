@@ -197,7 +197,11 @@ async fn handshake(sock: Stream, mut conn: Connection, mut initial: &[u8]) -> io
         }
         std::future::poll_fn(|cx| sock.poll_read_ready(cx)).await?;
         match st.read_records(&sock) {
-            Ok(()) if st.closed => return Err(io::ErrorKind::UnexpectedEof.into()),
+            // A peer may finish the handshake, send its request and close in one flight (a
+            // CancelRequest over TLS): the handshake is done, the plaintext waits to be read.
+            Ok(()) if st.closed && st.conn.is_handshaking() => return Err(io::ErrorKind::UnexpectedEof.into()),
+            // Nothing more to write to a peer that has gone (a session ticket would only fail).
+            Ok(()) if st.closed => break,
             Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(e),
             _ => {}
         }
