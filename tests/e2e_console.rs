@@ -179,6 +179,26 @@ async fn pause_resume_kill_client_disable_enable() {
         let b = p.connect("postgres", SUPER_PW, DB).await;
         assert_eq!(b.scalar("select 1").await.unwrap(), "1");
 
+        // KILL closes a client waiting for a server too (here: held by PAUSE).
+        console.simple_query(&format!("PAUSE {DB}")).await.expect("PAUSE");
+        let waiter = p.connect("postgres", SUPER_PW, DB).await;
+        let waiter = std::sync::Arc::new(waiter);
+        let q = tokio::spawn({
+            let w = waiter.clone();
+            async move { w.scalar("select 1").await }
+        });
+        until(&p, "the query waits", async || {
+            row(&console, "SHOW POOLS", "database", DB).await.is_some_and(|r| num(&r, "cl_waiting") == 1)
+        })
+        .await;
+        console.simple_query(&format!("KILL {DB}")).await.expect("KILL");
+        let e = q.await.expect("task").expect_err("a waiting client survived KILL");
+        assert_eq!(sqlstate(&e).as_deref(), Some("57P01"), "{}", describe(&e));
+        console.simple_query("RESUME").await.expect("RESUME after KILL");
+        drop(waiter);
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        assert_eq!(b.scalar("select 1").await.unwrap(), "1");
+
         // KILL closes every client of the database and pauses it until RESUME.
         console.simple_query(&format!("KILL {DB}")).await.expect("KILL");
         let end = b.ended(Duration::from_secs(10)).await.expect("KILL left a client open");

@@ -73,7 +73,22 @@ impl CancelSlot {
     /// `KILL`: its task closes the client at its next turn.
     pub(crate) fn kill(&self) {
         self.killed.store(true, Ordering::Release);
+        // Every wait (the proxy loop's, a queued checkout's), and a permit for a wait not
+        // registered yet.
+        self.kicked.notify_waiters();
         self.kicked.notify_one();
+    }
+    /// Returns once `kill` was called (a client waiting for a server is closed too).
+    pub(crate) async fn killed_while_queued(&self) {
+        loop {
+            let notified = self.kicked.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_killed() {
+                return;
+            }
+            notified.await;
+        }
     }
     /// Whether `kill` was called.
     pub(crate) fn is_killed(&self) -> bool {

@@ -90,6 +90,7 @@ impl Proxy {
             biased;
             r = self.pool.wait_queued(&mut q) => r,
             _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+            _ = self.slot.killed_while_queued() => Err(killed_by_admin()),
         };
         if r.is_err() {
             servers::abandon(&self.pool, q);
@@ -106,6 +107,7 @@ impl Proxy {
         tokio::select! {
             r = Box::pin(async { if woken { self.pool.acquire_woken().await } else { self.pool.acquire().await } }) => r,
             _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+            _ = self.slot.killed_while_queued() => Err(killed_by_admin()),
         }
     }
 
@@ -167,7 +169,7 @@ impl Proxy {
     /// `KILL`ed from the console: the client gets PostgreSQL's error for a terminated
     /// backend and is closed; its server (whatever it is doing) is closed too.
     pub(super) async fn killed(&mut self) {
-        let e = Error::fatal(SqlState::ADMIN_SHUTDOWN, "terminating connection due to administrator command");
+        let e = killed_by_admin();
         let _ = tokio::time::timeout(Duration::from_secs(1), self.client.write_all(&e.to_bytes())).await;
         self.slot.clear();
         match self.server.take() {
@@ -331,6 +333,12 @@ fn drop_replies(c: &mut ServerConn, owed: &mut usize) -> bool {
     }
     c.consume(at);
     eof && *owed > 0
+}
+
+/// `KILL` or `KILL_CLIENT` while the client waited for a server: PostgreSQL's error for a
+/// terminated backend.
+fn killed_by_admin() -> Error {
+    Error::fatal(SqlState::ADMIN_SHUTDOWN, "terminating connection due to administrator command")
 }
 
 fn canceled_by_user() -> Error {
