@@ -349,18 +349,9 @@ async fn session_mode_gives_the_real_pid_and_cancel_works() {
             let r = a.simple_query("select pg_sleep(30)").await;
             (a, r)
         });
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while psql_async(
-            "postgres",
-            "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'",
-        )
-        .await
-        .trim()
-            != "1"
-        {
-            assert!(std::time::Instant::now() < deadline, "the sleep never started\n{}", p.log_tail());
-            tokio::task::yield_now().await;
-        }
+        wait_query_active("select pg_sleep(30)", std::time::Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", p.log_tail()));
         token.cancel_query(tokio_postgres::NoTls).await.expect("cancel request");
         let (a, r) = sleeper.await.expect("task");
         let e = r.expect_err("the sleep was not cancelled");

@@ -463,18 +463,9 @@ async fn tokio_postgres_over_tls_prepares_and_cancels() {
         client.batch_execute("begin; select 1; commit").await.expect("tx");
         let token = client.cancel_token();
         let sleeper = tokio::spawn(async move { client.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while psql_async(
-            "postgres",
-            "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'",
-        )
-        .await
-        .trim()
-            != "1"
-        {
-            assert!(std::time::Instant::now() < deadline, "the sleep never started\n{}", p.log_tail());
-            tokio::task::yield_now().await;
-        }
+        wait_query_active("select pg_sleep(30)", std::time::Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", p.log_tail()));
         token.cancel_query(tls).await.expect("cancel over TLS");
         let e = sleeper.await.expect("task").expect_err("the sleep was not cancelled");
         assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{}", describe(&e));

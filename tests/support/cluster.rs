@@ -158,6 +158,23 @@ pub async fn wait_backends(
     }
 }
 
+/// Waits (bounded) until the shared cluster runs exactly one backend whose active query is
+/// `sql` (a query sent through the pooler has reached a server), e.g. before a cancel.
+pub async fn wait_query_active(sql: &str, within: Duration) -> Result<(), String> {
+    let check = format!(
+        "select count(*) from pg_stat_activity where query = '{}' and state = 'active'",
+        sql.replace('\'', "''")
+    );
+    let deadline = Instant::now() + within;
+    while psql_async("postgres", &check).await.trim() != "1" {
+        if Instant::now() > deadline {
+            return Err(format!("{sql:?} not active after {within:?}"));
+        }
+        tokio::task::yield_now().await;
+    }
+    Ok(())
+}
+
 extern "C" fn stop_clusters_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let handles = std::mem::take(&mut *CLEANUP.lock().unwrap_or_else(|p| p.into_inner()));
