@@ -4,6 +4,7 @@
 //! to know which request a reply answers. Entries answered by the pooler itself
 //! (`OnReply::Synth`) sit in the same queue so local answers keep pipeline order.
 
+use super::stmts::script::Script;
 use crate::error::Error;
 use crate::protocol::{backend, tags};
 use crate::stmt::Statement;
@@ -166,6 +167,9 @@ pub(crate) struct Fx {
     /// The SQL sent differs from the client's (a statement name rewritten): how to word
     /// an error so the client sees its own name and positions.
     pub(crate) rename: Option<Box<Rename>>,
+    /// A multi-statement Query rewritten for the cache (`stmts::script`): what the pooler
+    /// does as its statements complete.
+    pub(crate) script: Option<Box<Script>>,
 }
 
 /// How the text sent to the server differs from the client's.
@@ -355,7 +359,9 @@ impl ReplyQueue {
             && let Some(next) = self.q.get_mut(1)
         {
             next.on_reply = OnReply::Answered;
-            next.fx = Fx::default();
+            // A script's statements never ran: what it would have prepared is undone when
+            // its ReadyForQuery comes.
+            next.fx = Fx { script: next.fx.script.take(), ..Fx::default() };
         }
     }
     /// In COPY FROM STDIN mode the server ignores Sync and Flush: drop the Syncs queued

@@ -136,6 +136,13 @@ impl Session {
             }
             return;
         }
+        if forwarded && head.fx.script.is_some() {
+            self.on_script_reply(frame);
+            if req.completed_by(tag) {
+                self.complete_head(tag);
+            }
+            return;
+        }
         if forwarded {
             if let Some(pd) = self.param_desc.take() {
                 self.to_client.extend_from_slice(&pd);
@@ -236,6 +243,9 @@ impl Session {
         {
             self.tally.error(backend::error_field(body(frame), b'C').unwrap_or_default());
         }
+        if head.fx.script.is_some() && matches!(head.on_reply, OnReply::Forward) {
+            return self.on_script_error(frame, code, server);
+        }
         match &head.on_reply {
             OnReply::Forward | OnReply::Inject => match &head.fx.rename {
                 Some(r) => r.rewrite_error(frame, &mut self.to_client),
@@ -281,6 +291,12 @@ impl Session {
         let status = TxStatus::from_byte(frame.get(5).copied().unwrap_or(b'I'));
         self.replies.mark_synced();
         self.tx.opening = false;
+        if let Some(sc) = &p.fx.script
+            && matches!(p.on_reply, OnReply::Answered)
+        {
+            // The PREPARE run ahead of the script failed: none of it ran.
+            sc.undo_from(0, server, self.registry());
+        }
         if p.purpose == Purpose::Retried {
             // The hidden end of a failed batch being retried: the client's transaction
             // status is the retried batch's.
@@ -395,6 +411,7 @@ impl Session {
             }
             self.replies.pop();
         }
+        self.script_catch_up();
         self.maybe_release();
     }
 

@@ -37,8 +37,10 @@ pub(crate) enum Classified {
     Plain,
     /// Exactly one statement, and it is one of ours.
     Single(SqlStmt),
-    /// Several statements, at least one of ours: not supported.
-    Multi,
+    /// Several statements, at least one of ours: each non-empty statement (as PostgreSQL's
+    /// parser counts them: whitespace and comments alone are none) with its byte range, and
+    /// what it is if ours (`session::stmts::script`).
+    Multi(Vec<(Range<usize>, Option<SqlStmt>)>),
 }
 
 /// Byte classes for `contains_keyword`: 0 ends a word, 1 continues one, 2 continues one
@@ -154,22 +156,21 @@ pub(crate) fn classify(sql: &[u8]) -> Classified {
     if !contains_keyword(sql) {
         return Classified::Plain;
     }
-    let stmts = split(sql);
-    let mut ours = Vec::new();
-    let mut count = 0;
-    for r in &stmts {
-        if first_word(&sql[r.clone()]).is_none() {
-            continue;
-        }
-        count += 1;
-        if let Some(s) = parse_one(sql, r.clone()) {
-            ours.push(s);
-        }
-    }
-    match (count, ours.len()) {
+    let mut stmts: Vec<(Range<usize>, Option<SqlStmt>)> = split(sql)
+        .into_iter()
+        .filter(|r| skip_ws(sql, r.start, r.end) < r.end)
+        .map(|r| {
+            let ours = parse_one(sql, r.clone());
+            (r, ours)
+        })
+        .collect();
+    match (stmts.len(), stmts.iter().filter(|(_, s)| s.is_some()).count()) {
         (_, 0) => Classified::Plain,
-        (1, 1) => Classified::Single(ours.remove(0)),
-        _ => Classified::Multi,
+        (1, 1) => match stmts.pop() {
+            Some((_, Some(s))) => Classified::Single(s),
+            _ => Classified::Plain,
+        },
+        _ => Classified::Multi(stmts),
     }
 }
 
@@ -183,8 +184,17 @@ pub(crate) fn split(sql: &[u8]) -> Vec<Range<usize>> {
         match sql[i] {
             b'\'' | b'"' => {
                 let q = sql[i];
+                // E'…' (not the end of a longer word): a backslash escapes the next byte.
+                let escapes = q == b'\''
+                    && i > 0
+                    && sql[i - 1].eq_ignore_ascii_case(&b'e')
+                    && (i < 2 || !is_word_byte(sql[i - 2]));
                 i += 1;
                 while i < n {
+                    if escapes && sql[i] == b'\\' {
+                        i += 2;
+                        continue;
+                    }
                     if sql[i] == q {
                         if i + 1 < n && sql[i + 1] == q {
                             i += 2;
@@ -556,9 +566,22 @@ mod tests {
             Classified::Single(SqlStmt::Execute { name: b"q1".to_vec(), span: 8..10 })
         );
         assert_eq!(classify(b"PREPARE TRANSACTION 'x'"), Classified::Plain);
-        assert_eq!(classify(b"select 1; deallocate all"), Classified::Multi);
-        assert_eq!(classify(b"select 1;Deallocate all"), Classified::Multi);
-        assert_eq!(classify(b"select 1;/**/EXECUTE q"), Classified::Multi);
+        let multi = |sql: &[u8]| match classify(sql) {
+            Classified::Multi(v) => v.iter().map(|(r, s)| (sql[r.clone()].to_vec(), s.is_some())).collect(),
+            _ => Vec::new(),
+        };
+        assert_eq!(
+            multi(b"select 1; deallocate all"),
+            [(b"select 1".to_vec(), false), (b" deallocate all".to_vec(), true)]
+        );
+        assert_eq!(multi(b"select 1;Deallocate all;;").len(), 2);
+        assert_eq!(multi(b"select 1;/**/EXECUTE q; -- c\n").len(), 2);
+        // A statement that starts with a parenthesis counts; comments alone do not.
+        assert_eq!(multi(b"(select 1); deallocate all").len(), 2);
+        assert_eq!(multi(b"/* a */; deallocate all; -- b"), Vec::new());
+        // E'…' strings: an escaped quote does not end them.
+        assert_eq!(multi(b"select E'it\\'s; x'; execute q").len(), 2);
+        assert_eq!(multi(b"select 'a\\'; execute q").len(), 2);
         let exec = |sql: &[u8], name: &[u8]| {
             let Classified::Single(SqlStmt::Execute { name: n, span }) = classify(sql) else {
                 panic!("{} is not an EXECUTE", String::from_utf8_lossy(sql))

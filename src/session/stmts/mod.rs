@@ -6,12 +6,13 @@
 //!
 //! `ClientStmts` is what one client holds; the handlers are per message: `parse` (Parse),
 //! `portal` (Bind, Describe, Close, Execute), `sql` (PREPARE, EXECUTE, DEALLOCATE in a
-//! simple Query), `shape` (result-shape checks), `guard` (the savepoint guard). Retrying a
+//! simple Query), `script` (those in a multi-statement Query), `shape` (result-shape checks), `guard` (the savepoint guard). Retrying a
 //! batch after a stale plan is `session::retry`.
 
 pub(in crate::session) mod guard;
 mod parse;
 mod portal;
+pub(in crate::session) mod script;
 mod shape;
 mod sql;
 

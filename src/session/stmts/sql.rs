@@ -4,7 +4,6 @@
 
 use super::guard::GuardCmd;
 use super::{Unnamed, char_len, duplicate, missing, stale_plan, too_many};
-use crate::error::{Error, SqlState};
 use crate::protocol::{body, frontend};
 use crate::session::Session;
 use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Purpose, Rename, Req, Synth};
@@ -35,13 +34,7 @@ impl Session {
                 self.note_tx_start(text);
                 self.forward_query(frame)
             }
-            Classified::Multi => {
-                let e = Error::new(
-                    SqlState::FEATURE_NOT_SUPPORTED,
-                    "parsnip: PREPARE, EXECUTE, DEALLOCATE and DISCARD ALL must be sent alone, not in a multi-statement query string",
-                );
-                self.statement_error(e, Some(srv), true);
-            }
+            Classified::Multi(stmts) => return self.on_sql_script(text, stmts, srv),
             Classified::Single(SqlStmt::Deallocate(name)) => self.on_sql_deallocate(name, srv),
             Classified::Single(SqlStmt::DiscardAll) => self.on_sql_discard_all(frame, srv),
             Classified::Single(SqlStmt::Prepare { name, rest }) => self.on_sql_prepare(text, &name, rest, srv),
