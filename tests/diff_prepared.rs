@@ -57,6 +57,7 @@ scenarios! {
         same_sql_different_search_path,
         describe_statement_with_params,
         concurrent_pipelines_three_clients,
+        describe_from_cache_follows_schema_changes,
     ],
     errors => [
         parse_existing_name_42p05,

@@ -122,6 +122,63 @@ async fn stats_count_what_clients_did_and_clients_show_their_links() {
     .await;
 }
 
+/// A statement Describe of a cached statement whose description a server gave since the
+/// last schema change is answered by parsnip (SHOW PREPARED_STATEMENTS' describes_saved
+/// counts it), with what PostgreSQL would answer; DDL through parsnip sends the next
+/// Describe to a server, and clients get the new shape.
+#[tokio::test]
+async fn describe_answered_from_cache_until_a_schema_change() {
+    const DB: &str = "console_describe";
+    create_db(DB);
+    let p = Parsnip::trust("");
+    if direct_mode() {
+        return;
+    }
+    bounded(60, "describe_answered_from_cache_until_a_schema_change", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let saved = async || {
+            let r = row(&console, "SHOW PREPARED_STATEMENTS", "database", DB).await.expect("PREPARED_STATEMENTS");
+            num(&r, "describes_saved")
+        };
+        let names = |s: &tokio_postgres::Statement| s.columns().iter().map(|c| c.name().to_owned()).collect::<Vec<_>>();
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        a.batch_execute("DROP TABLE IF EXISTS d; CREATE TABLE d (a int, t text); INSERT INTO d VALUES (1, 'one')")
+            .await
+            .unwrap();
+        let sql = "SELECT * FROM d WHERE a = $1";
+        // Parse + Describe + Sync: the first goes to a server.
+        let s1 = a.prepare(sql).await.unwrap();
+        let n0 = saved().await;
+        // Another client's Parse and Describe of the same text: both answered by parsnip.
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let s2 = b.prepare(sql).await.unwrap();
+        assert_eq!(saved().await, n0 + 1, "the second Describe is answered from the cache");
+        assert_eq!(names(&s2), ["a", "t"]);
+        assert_eq!(s2.params(), [tokio_postgres::types::Type::INT4]);
+        let r = b.query_one(&s2, &[&1i32]).await.unwrap();
+        assert_eq!(r.get::<_, &str>(1), "one");
+        // A schema change through parsnip: the next Describe goes to a server, which finds
+        // the cached statement's result type changed; the client gets the new shape.
+        a.batch_execute("ALTER TABLE d ADD COLUMN b int").await.unwrap();
+        let c = p.connect("postgres", SUPER_PW, DB).await;
+        let s3 = c.prepare(sql).await.unwrap();
+        assert_eq!(names(&s3), ["a", "t", "b"]);
+        assert_eq!(saved().await, n0 + 1, "no Describe answered locally across DDL");
+        // That description is current again: the next client's is answered locally.
+        let d = p.connect("postgres", SUPER_PW, DB).await;
+        let s4 = d.prepare(sql).await.unwrap();
+        assert_eq!(names(&s4), ["a", "t", "b"]);
+        assert_eq!(saved().await, n0 + 2);
+        let r = d.query_one(&s4, &[&1i32]).await.unwrap();
+        assert_eq!(r.get::<_, Option<i32>>(2), None);
+        // The client that holds the old statement gets PostgreSQL's 0A000, never rows of
+        // the new shape.
+        let e = a.query(&s1, &[&1i32]).await.expect_err("stale statement");
+        assert_eq!(e.code().map(|c| c.code()), Some("0A000"), "{}", describe(&e));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn pause_resume_kill_client_disable_enable() {
     const DB: &str = "console_pause";

@@ -181,6 +181,13 @@ impl Collector for Scrape {
         counters(e, "server_parses", "Parses sent to servers.", pools, stmt(|s| &s.server_parses))?;
         counters(
             e,
+            "describes_saved",
+            "Statement Describes answered from the cache without a server.",
+            pools,
+            stmt(|s| &s.describes_saved),
+        )?;
+        counters(
+            e,
             "cache_hits",
             "Client Parses served by a statement already on the server.",
             pools,

@@ -390,6 +390,7 @@ fn show_prepared_statements(v: &dyn View) -> Table {
         ("promotions", Q),
         ("invalidations", Q),
         ("retries", Q),
+        ("describes_saved", Q),
     ]);
     for p in v.pools() {
         let s = &p.stmts.stats;
@@ -405,6 +406,7 @@ fn show_prepared_statements(v: &dyn View) -> Table {
             c(&s.promotions),
             c(&s.invalidations),
             c(&s.retries),
+            c(&s.describes_saved),
         ]);
     }
     table

@@ -69,6 +69,9 @@ impl Session {
         if !self.pinned && self.mode != PoolMode::Session && matches!(tag, tags::QUERY | tags::PARSE) {
             self.pin_if_stateful(frame);
         }
+        if self.stmts.registry.is_some() && matches!(tag, tags::QUERY | tags::PARSE) {
+            self.note_schema_change(frame);
+        }
         // A server the session has already given back (a release queued, not yet carried
         // out) must not be used.
         match server.filter(|_| self.link == Link::Linked) {
@@ -87,6 +90,7 @@ impl Session {
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {}
             tags::CLOSE if self.stmts.registry.is_some() => self.on_close(frame, None),
             tags::PARSE if self.stmts.registry.is_some() => return self.on_parse(frame, None),
+            tags::DESCRIBE if self.stmts.registry.is_some() && self.on_describe_unlinked(frame) => {}
             tags::QUERY
             | tags::PARSE
             | tags::BIND
@@ -135,6 +139,20 @@ impl Session {
         if text.is_some_and(crate::stmt::sql::holds_session_state) {
             tracing::debug!(session = self.uid, "pinned to its server connection: session state");
             self.pinned = true;
+        }
+    }
+
+    /// A Query or Parse whose SQL may change the schema moves the shape epoch now and when
+    /// its transaction ends (`stmt::epoch`): no description confirmed before is answered
+    /// locally after.
+    fn note_schema_change(&mut self, frame: &[u8]) {
+        let text = match frame[0] {
+            tags::QUERY => frontend::query_text(body(frame)),
+            _ => frontend::parse_fields(body(frame)).map(|p| p.query),
+        };
+        if text.is_some_and(crate::stmt::sql::may_change_schema) {
+            crate::stmt::epoch::advance();
+            self.tx.schema_change = true;
         }
     }
 

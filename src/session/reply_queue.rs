@@ -65,6 +65,9 @@ pub(crate) enum Synth {
     Tag(&'static str),
     /// CommandComplete with this tag, then ReadyForQuery: a whole simple Query answered.
     TagAndReady(&'static str),
+    /// The description of a cached statement a server gave at the current shape epoch
+    /// (ParameterDescription, then RowDescription or NoData): a Describe answered here.
+    Describe(Arc<Statement>),
 }
 
 /// What happens to the replies of one request.
@@ -170,6 +173,9 @@ pub(crate) struct Fx {
     /// A multi-statement Query rewritten for the cache (`stmts::script`): what the pooler
     /// does as its statements complete.
     pub(crate) script: Option<Box<Script>>,
+    /// For a Describe of a cached statement: the shape epoch when it was sent (a reply
+    /// confirms the statement's description as of then).
+    pub(crate) epoch: u64,
 }
 
 /// How the text sent to the server differs from the client's.

@@ -143,9 +143,10 @@ impl Session {
             }
             return;
         }
+        let param_desc = if forwarded { self.param_desc.take() } else { None };
         if forwarded {
-            if let Some(pd) = self.param_desc.take() {
-                self.to_client.extend_from_slice(&pd);
+            if let Some(pd) = &param_desc {
+                self.to_client.extend_from_slice(pd);
             }
             if tag == tags::COMMAND_COMPLETE && matches!(head.fx.client, reply_queue::ClientFx::ClearedAll { .. }) {
                 // The server ran the stand-in; the client ran DEALLOCATE ALL.
@@ -155,7 +156,7 @@ impl Session {
             }
         }
         if req == Req::Describe && (tag == tags::ROW_DESCRIPTION || tag == tags::NO_DATA) {
-            self.on_row_shape(frame, server);
+            self.on_row_shape(frame, param_desc.as_deref(), server);
         }
         if tag == tags::COMMAND_COMPLETE && forwarded {
             let cmd = body(frame);
@@ -180,7 +181,7 @@ impl Session {
 
     /// A RowDescription or NoData answering a Describe: a shape check's answer, or what a
     /// client is told a cached statement returns.
-    fn on_row_shape(&mut self, frame: &[u8], server: &mut ServerState) {
+    fn on_row_shape(&mut self, frame: &[u8], param_desc: Option<&[u8]>, server: &mut ServerState) {
         let Some(head) = self.replies.head() else { return };
         if let OnReply::ShapeCheck(s) = &head.on_reply {
             let s = s.clone();
@@ -192,6 +193,16 @@ impl Session {
             let s = s.clone();
             if same_shape(s.shape.get_or_init(|| frame.into()), frame) {
                 self.stmts.described.insert(s.id);
+                if let Some(pd) = param_desc
+                    && head.fx.uses.is_some()
+                    && head.fx.epoch != 0
+                {
+                    // A statement Describe: what the next one would answer, as of when it was sent.
+                    let mut desc = Vec::with_capacity(pd.len() + frame.len());
+                    desc.extend_from_slice(pd);
+                    desc.extend_from_slice(frame);
+                    s.confirm_description(&desc, head.fx.epoch);
+                }
             } else {
                 self.on_new_shape(&s, frame);
             }
@@ -222,7 +233,10 @@ impl Session {
 
     pub(super) fn on_error(&mut self, frame: &[u8], server: &mut ServerState) {
         self.leave(Phase::CopyIn);
-        self.param_desc = None;
+        // A ParameterDescription held back for a Describe of a cached statement: PostgreSQL
+        // sent it before finding the statement stale; the client gets it too, unless the
+        // Describe is retried.
+        let param_desc = self.param_desc.take();
         let Some(head) = self.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
         head.failed = true;
         let req = head.req;
@@ -238,6 +252,11 @@ impl Session {
             _ => {}
         }
         let Some(head) = self.replies.head_mut() else { return };
+        if let Some(pd) = param_desc
+            && matches!(head.on_reply, OnReply::Forward)
+        {
+            self.to_client.extend_from_slice(&pd);
+        }
         if head.purpose == Purpose::Client
             && matches!(head.on_reply, OnReply::Forward | OnReply::Inject | OnReply::ReplaceError(_))
         {
@@ -312,6 +331,12 @@ impl Session {
             self.tally.xacts = self.tally.xacts.wrapping_add(u32::from(status == TxStatus::Idle));
         }
         let before = self.tx.status;
+        if status == TxStatus::Idle && self.tx.schema_change {
+            // A transaction that may have changed the schema ended (committed or not):
+            // descriptions confirmed while it ran may be stale now.
+            self.tx.schema_change = false;
+            crate::stmt::epoch::advance();
+        }
         self.tx.status = status;
         server.tx_status = status;
         if status != TxStatus::InBlock {
@@ -391,6 +416,7 @@ impl Session {
             Synth::CloseComplete => Req::Close,
             Synth::Tag(_) => Req::Execute,
             Synth::TagAndReady(_) => Req::Query,
+            Synth::Describe(_) => Req::Describe,
         };
         self.replies.push(Pending::with(req, OnReply::Synth(s), fx));
         self.drain_synth();
@@ -407,6 +433,11 @@ impl Session {
                 Synth::TagAndReady(t) => {
                     backend::command_complete(&mut self.to_client, t);
                     backend::ready_for_query(&mut self.to_client, self.tx.status.as_byte());
+                }
+                Synth::Describe(s) => {
+                    if let Some(d) = s.desc.get() {
+                        self.to_client.extend_from_slice(d);
+                    }
                 }
             }
             self.replies.pop();

@@ -28,6 +28,9 @@ pub(super) struct TxState {
     pub(super) ext_done: Vec<Box<str>>,
     /// An extended-protocol request failed since the last ReadyForQuery.
     pub(super) ext_failed: bool,
+    /// A statement that may change the schema was sent (`stmt::sql::may_change_schema`):
+    /// the shape epoch moves again when the transaction it ran in ends.
+    pub(super) schema_change: bool,
 }
 
 impl Session {

@@ -4,11 +4,13 @@
 //!   type OIDs), each with a unique server-side name (`pn_<n>`) and a ready-to-send Parse.
 //!   Also counts unnamed-statement sightings for promotion, and the cache counters.
 //! * `server`: per server connection, which statements are prepared on it, with LRU order.
+//! * `epoch`: the shape epoch, which says when a description a server gave is still current.
 //! * `sql`: recognizing SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD in simple queries.
 //!
 //! The session (`crate::session`) decides when to register, inject, rewrite and evict; this
 //! module only keeps the books. It must not know about sockets, pools or the reply queue.
 
+pub(crate) mod epoch;
 pub(crate) mod idmap;
 pub(crate) mod registry;
 pub(crate) mod runtime;

@@ -56,6 +56,12 @@ pub struct Statement {
     /// The RowDescription (or NoData) frame a Describe of it returned: what clients that
     /// described it decode rows by.
     pub(crate) shape: std::sync::OnceLock<Box<[u8]>>,
+    /// What a server answered to a Describe of it (ParameterDescription, then
+    /// RowDescription or NoData), the same for every server of the pool: a later Describe
+    /// is answered from it while no schema change may have happened since (`desc_epoch`).
+    pub(crate) desc: std::sync::OnceLock<Box<[u8]>>,
+    /// The shape epoch (`super::epoch`) at which a server last confirmed `desc`; 0: never.
+    pub(crate) desc_epoch: AtomicU64,
     /// Whether its text is one plain read (`sql::is_plain_read`), worked out on first
     /// need: 0 not yet, 1 yes, 2 no (`session::pipeline`).
     pub(crate) plain_read: std::sync::atomic::AtomicU8,
@@ -108,10 +114,27 @@ impl Statement {
             validated: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             shape: std::sync::OnceLock::new(),
+            desc: std::sync::OnceLock::new(),
+            desc_epoch: AtomicU64::new(0),
             plain_read: Default::default(),
             runs: Default::default(),
             key: key.into(),
             types: types.into(),
+        }
+    }
+
+    /// Its description, if a server confirmed it since the last possible schema change
+    /// (`super::epoch`) and it is not stale: what a Describe of it would answer now.
+    pub(crate) fn known_description(&self) -> Option<&[u8]> {
+        let desc = self.desc.get()?;
+        let current = self.desc_epoch.load(Ordering::Acquire) == super::epoch::current();
+        (current && !self.stale.load(Ordering::Relaxed)).then_some(&**desc)
+    }
+
+    /// A server answered a Describe of it sent at shape epoch `epoch` with `desc`.
+    pub(crate) fn confirm_description(&self, desc: &[u8], epoch: u64) {
+        if **self.desc.get_or_init(|| desc.into()) == *desc {
+            self.desc_epoch.fetch_max(epoch, Ordering::AcqRel);
         }
     }
 
@@ -140,6 +163,8 @@ pub struct StmtStats {
     pub(crate) invalidations: AtomicU64,
     /// Batches re-prepared and retried transparently after 0A000 or 26000.
     pub(crate) retries: AtomicU64,
+    /// Describe messages of cached statements answered without a server.
+    pub(crate) describes_saved: AtomicU64,
 }
 
 #[derive(Debug, Default)]

@@ -103,6 +103,63 @@ pub(crate) fn is_plain_dml(sql: &[u8]) -> bool {
     }
 }
 
+/// Whether running the text may change the schema under cached statements (DDL): any
+/// statement whose first word is not one of those that cannot (data statements, settings,
+/// transaction control, cursors, statement commands, COPY, EXPLAIN, LOCK, maintenance).
+/// Cheap for the usual one-statement text; a multi-statement text is checked statement by
+/// statement.
+pub(crate) fn may_change_schema(sql: &[u8]) -> bool {
+    const SAFE: [&[u8]; 37] = [
+        b"select",
+        b"insert",
+        b"update",
+        b"delete",
+        b"merge",
+        b"with",
+        b"values",
+        b"table",
+        b"set",
+        b"reset",
+        b"show",
+        b"begin",
+        b"start",
+        b"commit",
+        b"end",
+        b"rollback",
+        b"abort",
+        b"savepoint",
+        b"release",
+        b"prepare",
+        b"execute",
+        b"deallocate",
+        b"listen",
+        b"notify",
+        b"unlisten",
+        b"discard",
+        b"fetch",
+        b"move",
+        b"close",
+        b"declare",
+        b"copy",
+        b"explain",
+        b"lock",
+        b"checkpoint",
+        b"vacuum",
+        b"analyze",
+        b"analyse",
+    ];
+    let one = |stmt: &[u8]| match first_word(stmt) {
+        Some(w) => !SAFE.iter().any(|k| w.eq_ignore_ascii_case(k)),
+        // Empty, or starting with '(' (a parenthesized SELECT): no DDL.
+        None => false,
+    };
+    let single = match sql.iter().position(|&b| b == b';') {
+        Some(i) => sql[i..].iter().all(|&b| b == b';' || b.is_ascii_whitespace()),
+        None => true,
+    };
+    if single { one(sql) } else { split(sql).into_iter().any(|r| one(&sql[r])) }
+}
+
 /// Whether the text is surely one plain read (SELECT, VALUES, TABLE) that takes no row
 /// locks: it waits on no other transaction's row lock, so a batch of it ends in the time it
 /// needs to run (`session::pipeline`). Conservative: a locking clause anywhere in the text
@@ -612,6 +669,32 @@ mod tests {
         assert_eq!(classify(b"do $$ begin execute 'select 1'; end $$"), Classified::Plain);
         assert_eq!(classify(b"-- execute x\nselect 1"), Classified::Plain);
         assert_eq!(classify(b"select $1::int; -- discard all"), Classified::Plain);
+    }
+
+    #[test]
+    fn schema_changes_recognized() {
+        for ddl in [
+            &b"ALTER TABLE t ADD COLUMN b int"[..],
+            b" /* c */ drop table t",
+            b"CREATE OR REPLACE VIEW v AS SELECT 1",
+            b"select 1; alter table t drop column b",
+            b"DO $$ BEGIN EXECUTE 'drop table t'; END $$",
+            b"CALL migrate()",
+            b"COMMENT ON TABLE t IS 'x'",
+        ] {
+            assert!(may_change_schema(ddl), "{}", String::from_utf8_lossy(ddl));
+        }
+        for plain in [
+            &b"SELECT * FROM t"[..],
+            b"insert into t values (1);",
+            b"BEGIN; UPDATE t SET a = 1; COMMIT",
+            b"SET search_path = x",
+            b"(select 1)",
+            b"select 'alter table t; drop table t'",
+            b"",
+        ] {
+            assert!(!may_change_schema(plain), "{}", String::from_utf8_lossy(plain));
+        }
     }
 
     #[test]

@@ -336,7 +336,12 @@ impl Session {
             // cached plan must not change result type: new Parses of this text get a new
             // statement (a new generation) everywhere; clients holding this one keep
             // getting 0A000, as their own backend would give them, until they re-prepare.
-            b"0A000" => self.registry().mark_stale(s),
+            b"0A000" => {
+                self.registry().mark_stale(s);
+                // The schema changed where the pooler did not see it: other descriptions
+                // may be stale too.
+                crate::stmt::epoch::advance();
+            }
             // The server lost its statements (DISCARD ALL or DEALLOCATE ALL from elsewhere):
             // forget what we believed prepared there, so the next use prepares again.
             b"26000" => {

@@ -81,6 +81,9 @@ impl Session {
             self.replies.push(Pending::with(Req::Describe, OnReply::Forward, Fx { portal_of, ..Fx::default() }));
             return true;
         }
+        if self.describe_locally(name) {
+            return true;
+        }
         let guard = self.guard_wanted(name, srv);
         match self.resolve(name, srv) {
             Resolved::Held => return false,
@@ -90,6 +93,44 @@ impl Session {
                 self.send_use(Req::Describe, s, guard, srv, frontend::describe_statement);
             }
         }
+        true
+    }
+
+    /// A Describe of a statement with no server linked: answered here if it can be (see
+    /// `describe_locally`). False: it needs a server.
+    pub(in crate::session) fn on_describe_unlinked(&mut self, frame: &[u8]) -> bool {
+        matches!(frontend::describe_or_close(body(frame)), Some((b'S', name)) if self.describe_locally(name))
+    }
+
+    /// `Describe S name` of a cached statement whose description a server confirmed at
+    /// the current shape epoch (`stmt::epoch`): answered from it, in pipeline order, and
+    /// the client is then known to decode its rows by that shape (a server that prepares
+    /// the statement for it later is checked against it, `ensure_on_server`). Not in a
+    /// failed transaction (PostgreSQL answers 25P02), nor while a change to the client's
+    /// names is in flight (whether the name holds this statement depends on it).
+    fn describe_locally(&mut self, name: &[u8]) -> bool {
+        if self.tx.status == crate::state::TxStatus::Failed
+            || self.replies.iter().any(|p| !matches!(p.fx.client, ClientFx::None))
+        {
+            return false;
+        }
+        let s = if name.is_empty() {
+            match &self.stmts.unnamed {
+                Unnamed::Cached(s) => s.clone(),
+                _ => return false,
+            }
+        } else {
+            match self.stmts.named.get(name) {
+                Some(s) => s.clone(),
+                None => return false,
+            }
+        };
+        if s.known_description().is_none() {
+            return false;
+        }
+        self.stmts.described.insert(s.id);
+        self.registry().stats.describes_saved.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.push_synth(Synth::Describe(s), Fx::default());
         true
     }
 
@@ -108,9 +149,11 @@ impl Session {
         if guarded {
             self.open_guard(&s, srv);
         }
+        // Read before the Describe is sent: its answer confirms the description as of then.
+        let epoch = if req == Req::Describe { crate::stmt::epoch::current() } else { 0 };
         write(&mut self.to_server, s.server_name.as_bytes());
         let replay_from = if guarded { Some(self.retry.frame_at) } else { self.retry_point() };
-        let fx = Fx { uses: Some(s), replay_from, guarded, ..Fx::default() };
+        let fx = Fx { uses: Some(s), replay_from, guarded, epoch, ..Fx::default() };
         self.replies.push(Pending::with(req, OnReply::Forward, fx));
         if guarded {
             self.guard_command(GuardCmd::Release, srv);
