@@ -85,22 +85,30 @@ pub struct Error {
     /// The routine field (`R`), for errors drivers recognize by it (0A000's
     /// RevalidateCachedQuery).
     pub(crate) routine: Option<&'static str>,
+    /// The detail field (`D`), where PostgreSQL gives one.
+    pub(crate) detail: Option<Cow<'static, str>>,
 }
 
 impl Error {
     /// A FATAL error: the connection is closed after it is sent.
     pub(crate) fn fatal(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
-        Error { severity: Severity::Fatal, code, message: message.into(), routine: None }
+        Error { severity: Severity::Fatal, code, message: message.into(), routine: None, detail: None }
     }
 
     /// A statement-level ERROR.
     pub(crate) fn new(code: SqlState, message: impl Into<Cow<'static, str>>) -> Error {
-        Error { severity: Severity::Error, code, message: message.into(), routine: None }
+        Error { severity: Severity::Error, code, message: message.into(), routine: None, detail: None }
     }
 
     /// 08P01 FATAL.
     pub(crate) fn protocol(message: impl Into<Cow<'static, str>>) -> Error {
         Error::fatal(SqlState::PROTOCOL_VIOLATION, message)
+    }
+
+    /// The same error with a detail field.
+    pub(crate) fn with_detail(mut self, detail: impl Into<Cow<'static, str>>) -> Error {
+        self.detail = Some(detail.into());
+        self
     }
 
     /// Appends this error as an ErrorResponse message.
@@ -109,7 +117,18 @@ impl Error {
             Severity::Error => "ERROR",
             Severity::Fatal => "FATAL",
         };
-        crate::protocol::backend::error_response_routine(buf, sev, self.code.0, &self.message, self.routine);
+        let Some(detail) = &self.detail else {
+            crate::protocol::backend::error_response_routine(buf, sev, self.code.0, &self.message, self.routine);
+            return;
+        };
+        let text = |s: &'_ str| Cow::Owned(s.as_bytes().to_vec());
+        let mut fields =
+            vec![(b'S', text(sev)), (b'V', text(sev)), (b'C', text(self.code.0)), (b'M', text(&self.message))];
+        fields.push((b'D', text(detail)));
+        if let Some(r) = self.routine {
+            fields.push((b'R', text(r)));
+        }
+        crate::protocol::backend::error_response_fields(buf, fields);
     }
 
     /// This error as a standalone ErrorResponse.

@@ -7,7 +7,11 @@
 //! * servers: a PostgreSQL that accepts only `hostssl` is reached with `sslmode=verify-full`
 //!   from the URL, its certificate checked (a certificate for another name passes
 //!   verify-ca and fails verify-full); `require` against a server without TLS is an error;
-//!   cancel works behind TLS; pgbench runs over TLS on both sides.
+//!   cancel works behind TLS; pgbench runs over TLS on both sides;
+//! * SCRAM channel binding: psql with `channel_binding=require` binds to parsnip's
+//!   certificate (SCRAM-SHA-256-PLUS) whether parsnip holds a plain password or
+//!   PostgreSQL's SCRAM secret; parsnip's `channel_binding=require` binds to a TLS
+//!   PostgreSQL and refuses a plaintext one.
 
 mod support;
 
@@ -477,4 +481,119 @@ async fn tokio_postgres_over_tls_prepares_and_cancels() {
 fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static>> {
     use rustls::pki_types::pem::PemObject;
     rustls::pki_types::CertificateDer::pem_slice_iter(pem).map(|c| c.expect("PEM certificate")).collect()
+}
+
+/// parsnip with SCRAM for clients, showing them `CERTS`, in front of the shared cluster:
+/// `postgres` with its plain password, `app` with PostgreSQL's own SCRAM secret, `md5user`
+/// with its md5 secret.
+fn scram_tls_front() -> Parsnip {
+    Parsnip::with_config(&format!(
+        "auth_type = \"scram-sha-256\"\nclient_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\n\n\
+         [databases.\"*\"]\nhost = \"127.0.0.1\"\nport = {}\n\n\
+         [users.postgres]\npassword = \"{SUPER_PW}\"\n\n\
+         [users.app]\npassword = \"{}\"\n\n\
+         [users.md5user]\npassword = \"{}\"\n",
+        CERTS.cert(),
+        CERTS.key(),
+        cluster().port(),
+        stored_secret("app"),
+        stored_secret("md5user"),
+    ))
+}
+
+/// libpq's channel_binding=require succeeds only when the exchange was SCRAM-SHA-256-PLUS
+/// bound to the certificate its TLS connection saw: parsnip offered PLUS and checked the
+/// binding against the certificate it showed.
+#[test]
+fn psql_with_channel_binding_require_binds_to_parsnips_certificate() {
+    let p = scram_tls_front();
+    let conninfo = |user: &str, password: &str, extra: &str| {
+        format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname=postgres sslmode=verify-full \
+             sslrootcert={} {extra}",
+            p.port(),
+            CERTS.ca()
+        )
+    };
+    // A plain password (parsnip derives a SCRAM secret) and PostgreSQL's SCRAM secret
+    // (whose ClientKey then logs parsnip in to the server).
+    for (user, password) in [("postgres", SUPER_PW), ("app", APP_PW)] {
+        let (ok, out, err) = psql_with(&conninfo(user, password, "channel_binding=require"), "select current_user");
+        assert!(ok, "{user}: {err}\n{}", p.log_tail());
+        assert_eq!(out, user);
+    }
+    // Binding does not let a wrong password in.
+    let (ok, _, err) = psql_with(&conninfo("app", "wrong", "channel_binding=require"), "select 1");
+    assert!(!ok);
+    assert!(err.contains("password authentication failed for user \"app\""), "{err}");
+    // Without binding (disable: "n"), the same login works as before.
+    let (ok, out, err) = psql_with(&conninfo("app", APP_PW, "channel_binding=disable"), "select 'unbound'");
+    assert!(ok && out == "unbound", "{err}");
+    // An md5 secret cannot do SCRAM: parsnip asks for md5, which binds nothing, and libpq
+    // refuses to answer it under require.
+    let (ok, _, err) = psql_with(&conninfo("md5user", MD5_PW, "channel_binding=require"), "select 1");
+    assert!(!ok, "an md5 login passed channel_binding=require");
+    assert!(err.contains("channel binding required but not supported by server's authentication request"), "{err}");
+}
+
+/// parsnip's own `channel_binding=require` (URL): against the hostssl SCRAM cluster it
+/// binds (else the login would fail), against the plaintext shared cluster it refuses with
+/// libpq's wording instead of logging in unbound.
+#[test]
+fn parsnip_channel_binding_require_binds_to_a_tls_server_and_refuses_plaintext() {
+    let p = tls_back(&format!("sslmode=verify-full&sslrootcert={}&channel_binding=require", CERTS.ca()));
+    let (ok, out, err) = through(&p, SSL_IN_USE);
+    assert!(ok, "{err}\n{}", p.log_tail());
+    assert_eq!(out, "t");
+    // With TLS only "required", the certificate unchecked, binding is what proves the server.
+    let p = tls_back("sslmode=require&channel_binding=require");
+    let (ok, out, err) = through(&p, "select 'bound'");
+    assert!(ok && out == "bound", "{err}\n{}", p.log_tail());
+
+    let p = Parsnip::start(&[&format!("{}?channel_binding=require", cluster().url())]);
+    let (ok, _, err) = through(&p, "select 1");
+    assert!(!ok, "channel_binding=require logged in over plaintext");
+    assert!(err.contains("channel binding required, but SSL not in use"), "{err}\n{}", p.log_tail());
+}
+
+/// After a reload swaps the certificate, a bound login checks the binding against the
+/// certificate its own handshake showed (the new one), not the one parsnip started with.
+#[test]
+fn channel_binding_follows_a_reloaded_certificate() {
+    let (first, second) = (Certs::new(&["127.0.0.1"]), Certs::new(&["127.0.0.1"]));
+    let dir = temp_path("tls-binding-reload");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let install = |c: &Certs| {
+        std::fs::write(&cert, &c.cert_pem).expect("cert");
+        std::fs::write(&key, &c.key_pem).expect("key");
+    };
+    install(&first);
+    let p = Parsnip::with_config(&format!(
+        "auth_type = \"scram-sha-256\"\nadmin_users = [\"postgres\"]\nclient_tls_cert_file = \"{}\"\n\
+         client_tls_key_file = \"{}\"\n\n[databases.\"*\"]\nhost = \"127.0.0.1\"\nport = {}\n\n\
+         [users.postgres]\npassword = \"{SUPER_PW}\"\n",
+        cert.display(),
+        key.display(),
+        cluster().port()
+    ));
+    let run = |c: &Certs, db: &str, sql: &str| {
+        psql_with(
+            &format!(
+                "host=127.0.0.1 port={} user=postgres password={SUPER_PW} dbname={db} sslmode=verify-full \
+                 sslrootcert={} channel_binding=require",
+                p.port(),
+                c.ca()
+            ),
+            sql,
+        )
+    };
+    let (ok, _, err) = run(&first, "postgres", "select 1");
+    assert!(ok, "{err}\n{}", p.log_tail());
+    install(&second);
+    let (ok, _, err) = run(&first, "parsnip", "RELOAD");
+    assert!(ok, "RELOAD: {err}\n{}", p.log_tail());
+    let (ok, out, err) = run(&second, "postgres", "select 'bound to the new certificate'");
+    assert!(ok, "{err}\n{}", p.log_tail());
+    assert_eq!(out, "bound to the new certificate");
 }

@@ -6,8 +6,8 @@
 //!   formatting a [`ScramSecret`] back ([`Secret::parse`]; `ScramSecret::to_pg_string` in tests).
 //! * Password checks for clients that log in to parsnip: cleartext ([`verify_cleartext`]) and
 //!   md5 ([`verify_md5`], [`md5_response`]).
-//! * SCRAM-SHA-256 (RFC 5802 / RFC 7677, as PostgreSQL does it, without channel binding) in
-//!   both directions: as a server towards clients ([`ScramServer`]) and as a client towards
+//! * SCRAM-SHA-256 and SCRAM-SHA-256-PLUS (RFC 5802 / RFC 7677, channel binding of type
+//!   `tls-server-end-point` from RFC 5929, as PostgreSQL does it) in both directions: as a server towards clients ([`ScramServer`]) and as a client towards
 //!   PostgreSQL ([`ScramClient`]), including logging in to PostgreSQL with a ClientKey recovered
 //!   from a client's exchange ([`ScramServer::client_key`], [`ScramClient::with_client_key`]).
 //!
@@ -34,9 +34,12 @@ use std::fmt;
 pub(crate) enum AuthError {
     /// The peer's message could not be parsed or violates the protocol; the string says how.
     Malformed(&'static str),
-    /// The client asked for channel binding (gs2 flag `p=`), which parsnip does not offer, or
-    /// its channel-binding attribute does not match the gs2 header it sent first.
-    ChannelBinding,
+    /// The client says it supports channel binding but thinks the server does not (gs2 flag
+    /// `y`), while SCRAM-SHA-256-PLUS was offered: a downgrade, refused as PostgreSQL refuses it.
+    ChannelBindingNegotiation,
+    /// The channel-binding data of client-final-message (`c=`) is not the hash of the
+    /// certificate this connection's TLS showed.
+    ChannelBindingCheck,
     /// The client's proof (or password) does not match the stored secret.
     WrongPassword,
     /// PostgreSQL answered the SCRAM exchange with a `e=...` server error; the value is its text.
@@ -49,7 +52,8 @@ impl fmt::Display for AuthError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AuthError::Malformed(what) => write!(f, "malformed authentication message: {what}"),
-            AuthError::ChannelBinding => f.write_str("SCRAM channel binding is not supported or does not match"),
+            AuthError::ChannelBindingNegotiation => f.write_str("SCRAM channel binding negotiation error"),
+            AuthError::ChannelBindingCheck => f.write_str("SCRAM channel binding check failed"),
             AuthError::WrongPassword => f.write_str("password authentication failed"),
             AuthError::ServerRejected(msg) => {
                 write!(f, "server rejected SCRAM authentication: {msg}")

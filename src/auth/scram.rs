@@ -1,14 +1,20 @@
-//! SCRAM-SHA-256 as PostgreSQL does it (RFC 5802 / RFC 7677), no channel binding.
+//! SCRAM-SHA-256 as PostgreSQL does it (RFC 5802 / RFC 7677), with channel binding of type
+//! `tls-server-end-point` (RFC 5929) as SCRAM-SHA-256-PLUS.
 //!
-//! The mechanism name is [`SCRAM_SHA_256`]; parsnip never advertises SCRAM-SHA-256-PLUS.
-//! [`ScramServer`] authenticates clients, [`ScramClient`] authenticates parsnip to PostgreSQL.
-//! This file holds what both sides share: the primitives, the attribute parser and nonces.
+//! The mechanism names are [`SCRAM_SHA_256`] and [`SCRAM_SHA_256_PLUS`]; parsnip advertises
+//! PLUS to clients on TLS connections (first, as PostgreSQL lists it) and uses it towards
+//! servers that offer it over TLS (`channel_binding`, as libpq). [`ScramServer`]
+//! authenticates clients, [`ScramClient`] authenticates parsnip to PostgreSQL, and
+//! [`tls_server_end_point`] computes the binding data from a certificate. This file holds
+//! what both sides share: the primitives, the attribute parser and nonces.
 
+mod binding;
 mod client;
 mod server;
 
-pub(crate) use self::client::ScramClient;
-pub(crate) use self::server::ScramServer;
+pub(crate) use self::binding::{TLS_SERVER_END_POINT, tls_server_end_point};
+pub(crate) use self::client::{ClientBinding, ScramClient};
+pub(crate) use self::server::{ScramServer, ServerBinding};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -17,8 +23,11 @@ use sha2::{Digest, Sha256};
 
 use super::AuthError;
 
-/// The SASL mechanism name parsnip offers and uses.
+/// The SASL mechanism name of SCRAM without channel binding.
 pub(crate) const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
+
+/// The SASL mechanism name of SCRAM with channel binding (`tls-server-end-point`).
+pub(crate) const SCRAM_SHA_256_PLUS: &str = "SCRAM-SHA-256-PLUS";
 
 /// Iteration count for SCRAM secrets parsnip derives itself (PostgreSQL's default).
 pub(crate) const DEFAULT_ITERATIONS: u32 = 4096;
@@ -286,7 +295,8 @@ mod tests {
             (b"n,,n=,r=abc,garbage", AuthError::Malformed("")),
             (b"n,,n=,r=a b", AuthError::Malformed("")),
             (b"n,,n=,r=abc\xff", AuthError::Malformed("")),
-            (b"p=tls-server-end-point,,n=,r=abc", AuthError::ChannelBinding),
+            // Binding data where SCRAM-SHA-256 was chosen (or PLUS not offered).
+            (b"p=tls-server-end-point,,n=,r=abc", AuthError::Malformed("")),
         ];
         for (msg, want) in cases {
             let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
@@ -326,7 +336,7 @@ mod tests {
             let got = server.handle_client_final(msg);
             assert!(matches!(got, Err(AuthError::Malformed(_))), "{:?}: got {got:?}", String::from_utf8_lossy(msg));
         }
-        // Channel-binding attribute that does not match the gs2 header.
+        // Channel-binding attribute that does not repeat the gs2 header.
         for (first, cb) in [
             (&b"n,,n=,r=cli"[..], "eSws"),
             (b"y,,n=,r=cli", "biws"),
@@ -335,13 +345,112 @@ mod tests {
             let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
             server.handle_client_first(first).expect("valid client-first");
             let msg = format!("c={cb},r=clisrv,p=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");
-            assert_eq!(server.handle_client_final(msg.as_bytes()), Err(AuthError::ChannelBinding));
+            let got = server.handle_client_final(msg.as_bytes());
+            assert!(matches!(got, Err(AuthError::Malformed(_))), "{first:?} {cb}: {got:?}");
         }
         // Out of order.
         let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
         assert!(matches!(server.handle_client_final(b"c=biws,r=clisrv,p=AAAA"), Err(AuthError::Malformed(_))));
         server.handle_client_first(b"n,,n=,r=cli").expect("still usable");
         assert!(server.handle_client_first(b"n,,n=,r=cli").is_err());
+    }
+
+    /// A certificate hash as a TLS connection would give one (any bytes do here).
+    const CERT_HASH: [u8; 32] = [0xab; 32];
+
+    #[test]
+    fn plus_round_trip_with_every_kind_of_secret() {
+        let scram = cheap_secret("pw");
+        let Secret::Scram(keys) = &scram else { unreachable!() };
+        // Plain passwords are turned into SCRAM secrets, and bind the same way.
+        for secret in [Secret::Plain("pw".into()), scram.clone()] {
+            let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
+            server.set_binding(ServerBinding::Selected(CERT_HASH.to_vec()));
+            let mut client =
+                ScramClient::with_password("pw", "cli".into()).with_binding(ClientBinding::Plus(CERT_HASH.to_vec()));
+            assert_eq!(client.mechanism(), SCRAM_SHA_256_PLUS);
+            assert!(client.client_first().starts_with(b"p=tls-server-end-point,,n=,r=cli"));
+            exchange(&mut client, &mut server).expect("bound exchange succeeds");
+            assert!(client.channel_bound());
+            assert!(server.client_key().is_some());
+        }
+        // The ClientKey recovered from a bound exchange logs in to a bound server too.
+        let mut front = ScramServer::new(&scram, "front".into()).expect("scram");
+        front.set_binding(ServerBinding::Selected(CERT_HASH.to_vec()));
+        let mut client =
+            ScramClient::with_password("pw", "c1".into()).with_binding(ClientBinding::Plus(CERT_HASH.to_vec()));
+        exchange(&mut client, &mut front).expect("client binds to parsnip");
+        let client_key = front.client_key().expect("client key");
+        let mut backend = ScramServer::new(&scram, "pg".into()).expect("scram");
+        backend.set_binding(ServerBinding::Selected(vec![7; 48]));
+        let mut pooler = ScramClient::with_client_key(client_key, Some(keys.server_key), "c2".into())
+            .with_binding(ClientBinding::Plus(vec![7; 48]));
+        exchange(&mut pooler, &mut backend).expect("parsnip binds to PostgreSQL with the client key");
+        assert!(pooler.channel_bound());
+    }
+
+    #[test]
+    fn plus_with_another_certificate_hash_is_refused() {
+        let secret = cheap_secret("pw");
+        let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
+        server.set_binding(ServerBinding::Selected(CERT_HASH.to_vec()));
+        // A man in the middle: the client saw another certificate.
+        let mut client =
+            ScramClient::with_password("pw", "cli".into()).with_binding(ClientBinding::Plus(vec![0xcd; 32]));
+        assert_eq!(exchange(&mut client, &mut server), Err(AuthError::ChannelBindingCheck));
+        assert_eq!(server.client_key(), None);
+        assert!(!client.channel_bound());
+        // The gs2 header alone, without the hash, does not do either.
+        let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
+        server.set_binding(ServerBinding::Selected(CERT_HASH.to_vec()));
+        server.handle_client_first(b"p=tls-server-end-point,,n=,r=cli").expect("client-first");
+        let msg = b"c=cD10bHMtc2VydmVyLWVuZC1wb2ludCws,r=clisrv,p=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+        assert_eq!(server.handle_client_final(msg), Err(AuthError::ChannelBindingCheck));
+    }
+
+    #[test]
+    fn gs2_flags_follow_what_was_offered_and_chosen() {
+        let secret = cheap_secret("pw");
+        let first = |binding: ServerBinding, msg: &[u8]| {
+            let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
+            server.set_binding(binding);
+            server.handle_client_first(msg).map(|_| ())
+        };
+        let plus = || ServerBinding::Selected(CERT_HASH.to_vec());
+        // PLUS offered, SCRAM-SHA-256 chosen: "y" is a downgrade (28000 in PostgreSQL).
+        assert_eq!(first(ServerBinding::Declined, b"y,,n=,r=abc"), Err(AuthError::ChannelBindingNegotiation));
+        assert_eq!(first(ServerBinding::Declined, b"n,,n=,r=abc"), Ok(()));
+        // Not offered (plaintext): "y" is fine.
+        assert_eq!(first(ServerBinding::NotOffered, b"y,,n=,r=abc"), Ok(()));
+        // "p=" without PLUS chosen.
+        for b in [ServerBinding::NotOffered, ServerBinding::Declined] {
+            let got = first(b, b"p=tls-server-end-point,,n=,r=abc");
+            assert!(matches!(got, Err(AuthError::Malformed(m)) if m.contains("without channel binding")), "{got:?}");
+        }
+        // PLUS chosen without "p=".
+        for msg in [&b"n,,n=,r=abc"[..], b"y,,n=,r=abc"] {
+            let got = first(plus(), msg);
+            assert!(matches!(got, Err(AuthError::Malformed(m)) if m.contains("SCRAM-SHA-256-PLUS")), "{got:?}");
+        }
+        // Another binding type, an authzid.
+        assert!(matches!(first(plus(), b"p=tls-unique,,n=,r=abc"), Err(AuthError::Malformed(_))));
+        assert!(matches!(first(plus(), b"p=tls-server-end-point,a=x,n=,r=abc"), Err(AuthError::Malformed(_))));
+        assert_eq!(first(plus(), b"p=tls-server-end-point,,n=,r=abc"), Ok(()));
+    }
+
+    #[test]
+    fn a_client_that_could_bind_says_y_and_a_binding_server_refuses_it() {
+        let secret = cheap_secret("pw");
+        let mut client = ScramClient::with_password("pw", "cli".into()).with_binding(ClientBinding::NotOffered);
+        assert_eq!(client.mechanism(), SCRAM_SHA_256);
+        assert!(client.client_first().starts_with(b"y,,"));
+        let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
+        exchange(&mut client, &mut server).expect("a server offering no binding accepts y");
+        assert!(!client.channel_bound(), "y is not a bound exchange");
+        let mut server = ScramServer::new(&secret, "srv".into()).expect("scram");
+        server.set_binding(ServerBinding::Declined);
+        let client = ScramClient::with_password("pw", "cli".into()).with_binding(ClientBinding::NotOffered);
+        assert_eq!(server.handle_client_first(&client.client_first()), Err(AuthError::ChannelBindingNegotiation));
     }
 
     #[test]
@@ -440,6 +549,9 @@ mod tests {
         #[test]
         fn client_first_never_panics(msg in scramish()) {
             let _ = fresh_server().handle_client_first(&msg);
+            let mut server = fresh_server();
+            server.set_binding(ServerBinding::Selected(vec![1; 32]));
+            let _ = server.handle_client_first(&msg);
         }
 
         #[test]

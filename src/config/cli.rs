@@ -126,6 +126,9 @@ pub fn apply_url(cfg: &mut Config, url: &DbUrl, set_auth: bool) {
     if let Some(m) = url.sslmode {
         cfg.server_tls_sslmode = m;
     }
+    if let Some(b) = url.channel_binding {
+        cfg.server_channel_binding = b;
+    }
     for (key, v) in [
         (&mut cfg.server_tls_ca_file, &url.sslrootcert),
         (&mut cfg.server_tls_cert_file, &url.sslcert),

@@ -54,6 +54,7 @@ impl Config {
             ("server_tls_ca_file", opt(&self.server_tls_ca_file)),
             ("server_tls_cert_file", opt(&self.server_tls_cert_file)),
             ("server_tls_key_file", opt(&self.server_tls_key_file)),
+            ("server_channel_binding", self.server_channel_binding.as_str().into()),
             ("admin_users", self.admin_users.join(",")),
             ("stats_users", self.stats_users.join(",")),
             ("stats_period", self.stats_period.to_string()),

@@ -9,7 +9,7 @@ mod tls;
 mod url;
 
 pub use cli::Cli;
-pub use tls::{ClientTlsMode, ServerTlsMode};
+pub use tls::{ChannelBinding, ClientTlsMode, ServerTlsMode};
 pub use url::DbUrl;
 
 use serde::Deserialize;
@@ -160,6 +160,9 @@ pub struct Config {
     pub server_tls_cert_file: Option<String>,
     /// Private key (PEM) of `server_tls_cert_file`.
     pub server_tls_key_file: Option<String>,
+    /// SCRAM channel binding to servers, as libpq's channel_binding: disable, prefer (the
+    /// default: SCRAM-SHA-256-PLUS when a server offers it over TLS), require.
+    pub server_channel_binding: ChannelBinding,
     /// Users allowed on the admin console (database `parsnip`). Empty: anyone, but only
     /// when auth_type is trust.
     pub admin_users: Vec<String>,
@@ -255,6 +258,7 @@ impl Default for Config {
             server_tls_ca_file: None,
             server_tls_cert_file: None,
             server_tls_key_file: None,
+            server_channel_binding: ChannelBinding::Prefer,
             admin_users: Vec::new(),
             stats_users: Vec::new(),
             stats_period: 60,
@@ -372,6 +376,12 @@ impl Config {
                 "server_tls_sslmode verify-ca and verify-full need server_tls_ca_file (sslrootcert)".into(),
             ));
         }
+        if self.server_channel_binding == ChannelBinding::Require && self.server_tls_sslmode == ServerTlsMode::Disable {
+            return Err(ConfigError(
+                "server_channel_binding require (channel_binding) needs TLS: server_tls_sslmode (sslmode) is disable"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 
@@ -478,6 +488,8 @@ mod tests {
             ("server_tls_cert_file = '/c'\n", "go together"),
             ("server_tls_sslmode = 'verify-full'\n", "server_tls_ca_file"),
             ("server_tls_sslmode = 'verify_full'\n", "unknown variant"),
+            ("server_channel_binding = 'required'\n", "unknown variant"),
+            ("server_channel_binding = 'require'\nserver_tls_sslmode = 'disable'\n", "needs TLS"),
         ];
         for (top, want) in bad {
             let e = Config::from_toml(&format!("{top}{db}")).unwrap_err();
@@ -488,6 +500,9 @@ mod tests {
         let cfg = Config::from_toml(db).unwrap();
         assert_eq!(cfg.client_tls_mode(), ClientTlsMode::Disable);
         assert_eq!(cfg.server_tls_sslmode, ServerTlsMode::Prefer, "libpq's default");
+        assert_eq!(cfg.server_channel_binding, ChannelBinding::Prefer, "libpq's default");
+        let cfg = Config::from_toml(&format!("server_channel_binding = 'require'\n{db}")).unwrap();
+        assert_eq!(cfg.server_channel_binding, ChannelBinding::Require);
     }
 
     #[test]

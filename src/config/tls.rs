@@ -1,5 +1,6 @@
 //! TLS settings as PgBouncer and libpq spell them: the client side's `client_tls_sslmode`
-//! and the server side's `server_tls_sslmode` (also a URL's `sslmode`).
+//! and the server side's `server_tls_sslmode` (also a URL's `sslmode`) and
+//! `server_channel_binding` (a URL's `channel_binding`).
 
 use super::ConfigError;
 use serde::Deserialize;
@@ -36,6 +37,43 @@ pub enum ServerTlsMode {
     /// As `verify-ca`, and the certificate names the host connected to.
     #[serde(rename = "verify-full")]
     VerifyFull,
+}
+
+/// SCRAM channel binding towards servers (libpq's `channel_binding`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChannelBinding {
+    /// Never: SCRAM-SHA-256 even where SCRAM-SHA-256-PLUS is offered.
+    Disable,
+    /// SCRAM-SHA-256-PLUS when the server offers it over TLS.
+    #[default]
+    Prefer,
+    /// SCRAM-SHA-256-PLUS or no connection: a server that authenticates parsnip any other
+    /// way (no TLS, no PLUS offered, trust, md5, a cleartext password) is refused.
+    Require,
+}
+
+impl ChannelBinding {
+    /// Parses libpq's spelling.
+    pub(crate) fn parse(s: &str) -> Result<ChannelBinding, ConfigError> {
+        Ok(match s {
+            "disable" => ChannelBinding::Disable,
+            "prefer" => ChannelBinding::Prefer,
+            "require" => ChannelBinding::Require,
+            _ => {
+                return Err(ConfigError(format!("invalid channel_binding value: \"{s}\" (disable, prefer, require)")));
+            }
+        })
+    }
+
+    /// libpq's spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ChannelBinding::Disable => "disable",
+            ChannelBinding::Prefer => "prefer",
+            ChannelBinding::Require => "require",
+        }
+    }
 }
 
 impl ServerTlsMode {

@@ -1,9 +1,9 @@
 //! `postgres://user:password@host:port/dbname?param=value` URLs, as given on the command
 //! line, parsed with the `url` crate. The query takes libpq's parameters that parsnip
 //! honours (`host`, `port`, `user`, `password`, `dbname`, `sslmode`, `sslrootcert`,
-//! `sslcert`, `sslkey`); any other is an error, not silently ignored.
+//! `sslcert`, `sslkey`, `channel_binding`); any other is an error, not silently ignored.
 
-use super::{ConfigError, ServerTlsMode};
+use super::{ChannelBinding, ConfigError, ServerTlsMode};
 
 /// The parts of a database URL.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -26,6 +26,8 @@ pub struct DbUrl {
     pub sslcert: Option<String>,
     /// `sslkey`: its key.
     pub sslkey: Option<String>,
+    /// `channel_binding`: SCRAM channel binding (disable, prefer, require).
+    pub channel_binding: Option<ChannelBinding>,
 }
 
 fn decode(s: &str) -> Result<String, ConfigError> {
@@ -78,10 +80,11 @@ impl DbUrl {
                 "sslrootcert" => url.sslrootcert = Some(v),
                 "sslcert" => url.sslcert = Some(v),
                 "sslkey" => url.sslkey = Some(v),
+                "channel_binding" => url.channel_binding = Some(ChannelBinding::parse(&v)?),
                 other => {
                     return Err(ConfigError(format!(
                         "URL parameter \"{other}\" is not one parsnip honours (host, port, user, password, \
-                         dbname, sslmode, sslrootcert, sslcert, sslkey)"
+                         dbname, sslmode, sslrootcert, sslcert, sslkey, channel_binding)"
                     )));
                 }
             }
@@ -136,6 +139,11 @@ mod tests {
         assert_eq!((u.sslcert.as_deref(), u.sslkey.as_deref()), (Some("/c"), Some("/k")));
         let e = DbUrl::parse("postgres://a@h/d?sslmode=required").unwrap_err();
         assert!(e.0.contains("invalid sslmode value"), "{e}");
+        let u = DbUrl::parse("postgres://a@h/d?channel_binding=require").unwrap();
+        assert_eq!(u.channel_binding, Some(ChannelBinding::Require));
+        assert_eq!(DbUrl::parse("postgres://a@h/d").unwrap().channel_binding, None);
+        let e = DbUrl::parse("postgres://a@h/d?channel_binding=on").unwrap_err();
+        assert!(e.0.contains("invalid channel_binding value"), "{e}");
         let e = DbUrl::parse("postgres://a@h/d?connect_timeuot=3").unwrap_err();
         assert!(e.0.contains("connect_timeuot"), "{e}");
     }

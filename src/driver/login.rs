@@ -105,10 +105,12 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
             }
             Step::StartTls { direct } => {
                 send(stream, &mut m.to_client).await?;
-                let Some(cfg) = shared.tls_clients.load_full() else { return Err(LoginEnd::Close(None)) };
+                // The configuration and its certificate's hash from one load: a reload
+                // meanwhile cannot give this login another certificate's hash.
+                let Some(tls_cfg) = shared.tls_clients.load_full() else { return Err(LoginEnd::Close(None)) };
                 let initial = std::mem::take(buf);
                 let plain = std::mem::replace(stream, Stream::Closed);
-                let tls = match super::tls::accept(plain, cfg, &initial).await {
+                let tls = match super::tls::accept(plain, tls_cfg.config.clone(), &initial).await {
                     Ok(t) => t,
                     Err(e) => {
                         tracing::debug!(error = %e, "client TLS handshake failed");
@@ -117,7 +119,7 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
                 };
                 let alpn = tls.alpn();
                 *stream = Stream::Tls(Box::new(tls));
-                m.handle_tls_started(direct, alpn.as_deref())
+                m.handle_tls_started(direct, alpn.as_deref(), tls_cfg.end_point.clone())
             }
             Step::Close(err) => return Err(LoginEnd::Close(err)),
             Step::Authenticated(creds) => break creds,

@@ -52,7 +52,7 @@ pub struct Shared {
     /// The same, read with one atomic load on every turn of a client's loop.
     pub(crate) stopping: AtomicBool,
     /// TLS for clients (None: no certificate configured).
-    pub(crate) tls_clients: ArcSwapOption<rustls::ServerConfig>,
+    pub(crate) tls_clients: ArcSwapOption<tls_config::ClientTls>,
     /// TLS to servers.
     pub(crate) tls_servers: ArcSwap<tls_config::ServerTls>,
     /// The open server connections (`SHOW SERVERS`).

@@ -1,9 +1,11 @@
 //! Opening a server connection: connect, StartupMessage, authenticate as the pool's user
-//! (cleartext, md5 or SCRAM-SHA-256, from a password, an md5 secret or SCRAM keys), and
+//! (cleartext, md5 or SCRAM-SHA-256, from a password, an md5 secret or SCRAM keys; over TLS
+//! SCRAM-SHA-256-PLUS when the server offers it, as libpq's `channel_binding` says), and
 //! collect the ParameterStatus and BackendKeyData the server sends before ReadyForQuery.
 
 use super::stream::Stream;
-use crate::auth::{self, Credentials, ScramClient};
+use crate::auth::{self, ClientBinding, Credentials, ScramClient};
+use crate::config::ChannelBinding;
 use crate::error::{Error, SqlState};
 use crate::protocol::{backend, body, frontend, split_frame, startup, tags};
 use crate::state::settings::tracked_name;
@@ -44,6 +46,7 @@ impl ServerTarget {
             tls: Arc::new(crate::driver::tls_config::ServerTls {
                 mode: crate::config::ServerTlsMode::Disable,
                 config: None,
+                channel_binding: ChannelBinding::Prefer,
             }),
         }
     }
@@ -243,6 +246,14 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
     stream.write_all(&out).await.map_err(io)?;
     out.clear();
     let mut rbuf = BytesMut::with_capacity(4096);
+    let binding = Binding {
+        mode: target.tls.channel_binding,
+        tls: matches!(stream, Stream::Tls(_)),
+        end_point: match &stream {
+            Stream::Tls(t) => t.peer_end_point(),
+            _ => None,
+        },
+    };
     let mut scram: Option<ScramClient> = None;
     let mut params = Vec::new();
     let mut state = ServerState::default();
@@ -253,7 +264,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         match frame[0] {
             tags::AUTHENTICATION => {
                 let code = backend::read_i32(b).unwrap_or(-1);
-                let reply = auth_reply(code, &b[4.min(b.len())..], target, creds, &mut scram)?;
+                let reply = auth_reply(code, &b[4.min(b.len())..], target, creds, &binding, &mut scram)?;
                 if let Some(reply) = reply {
                     stream.write_all(&reply).await.map_err(io)?;
                 }
@@ -312,15 +323,80 @@ fn major_version(v: &str) -> u32 {
     v[..digits].parse().unwrap_or(0)
 }
 
+/// What a server login can bind its SCRAM exchange to.
+struct Binding {
+    /// `channel_binding`.
+    mode: ChannelBinding,
+    /// The connection is TLS.
+    tls: bool,
+    /// The `tls-server-end-point` hash of the server's certificate.
+    end_point: Option<Vec<u8>>,
+}
+
+impl Binding {
+    /// The binding of a SCRAM exchange with a server that offers `mechanisms`, as libpq
+    /// chooses it (pg_SASL_init): PLUS when offered over TLS and not disabled; else, on TLS,
+    /// "y" (parsnip could bind, the server did not offer it), or "n".
+    fn choose(&self, mechanisms: &[&[u8]]) -> Result<ClientBinding, String> {
+        let require = self.mode == ChannelBinding::Require;
+        if require && !self.tls {
+            return Err("channel binding required, but SSL not in use".into());
+        }
+        let plus = mechanisms.contains(&auth::SCRAM_SHA_256_PLUS.as_bytes());
+        let binding = match (plus, self.tls, self.mode) {
+            (_, _, ChannelBinding::Disable) => ClientBinding::No,
+            // A proxy may have stripped TLS: binding was possible and is not (libpq refuses).
+            (true, false, _) => {
+                return Err("server offered SCRAM-SHA-256-PLUS authentication over a non-SSL connection".into());
+            }
+            (true, true, _) => match &self.end_point {
+                Some(hash) => ClientBinding::Plus(hash.clone()),
+                // A certificate whose signature algorithm names no hash: no binding possible.
+                None => ClientBinding::No,
+            },
+            (false, true, _) => ClientBinding::NotOffered,
+            (false, false, _) => ClientBinding::No,
+        };
+        if require && !matches!(binding, ClientBinding::Plus(_)) {
+            return Err("channel binding is required, but server did not offer an authentication method that \
+                        supports channel binding"
+                .into());
+        }
+        if !matches!(binding, ClientBinding::Plus(_)) && !mechanisms.contains(&auth::SCRAM_SHA_256.as_bytes()) {
+            return Err("server offers no SASL mechanism we support".into());
+        }
+        Ok(binding)
+    }
+}
+
 fn auth_reply(
     code: i32,
     data: &[u8],
     target: &ServerTarget,
     creds: &Credentials,
+    binding: &Binding,
     scram: &mut Option<ScramClient>,
 ) -> Result<Option<BytesMut>, ConnectError> {
     let mut out = BytesMut::new();
     let no_creds = || ConnectError::Auth(format!("no password known for server login as \"{}\"", target.user));
+    // As libpq's check_expected_areq: with channel_binding=require, nothing but SCRAM is
+    // answered, and the login must have ended with a bound exchange.
+    if binding.mode == ChannelBinding::Require {
+        match code {
+            10..=12 => {}
+            0 if scram.as_ref().is_some_and(ScramClient::channel_bound) => {}
+            0 => {
+                return Err(ConnectError::Auth(
+                    "channel binding required, but server authenticated client without channel binding".into(),
+                ));
+            }
+            _ => {
+                return Err(ConnectError::Auth(
+                    "channel binding required but not supported by server's authentication request".into(),
+                ));
+            }
+        }
+    }
     match code {
         0 => return Ok(None),
         3 => match creds {
@@ -338,10 +414,8 @@ fn auth_reply(
             frontend::password(&mut out, auth::md5_response(&secret, salt).as_bytes(), true);
         }
         10 => {
-            let offers_scram = data.split(|&c| c == 0).any(|m| m == auth::SCRAM_SHA_256.as_bytes());
-            if !offers_scram {
-                return Err(ConnectError::Auth("server offers no SASL mechanism we support".into()));
-            }
+            let mechanisms: Vec<&[u8]> = data.split(|&c| c == 0).filter(|m| !m.is_empty()).collect();
+            let chosen = binding.choose(&mechanisms).map_err(ConnectError::Auth)?;
             let client = match creds {
                 Credentials::Password(p) => ScramClient::with_password(p, ScramClient::random_nonce()),
                 Credentials::ScramKeys { client_key, server_key } => {
@@ -349,7 +423,9 @@ fn auth_reply(
                 }
                 _ => return Err(no_creds()),
             };
-            frontend::sasl_initial_response(&mut out, auth::SCRAM_SHA_256, &client.client_first());
+            let client = client.with_binding(chosen);
+            tracing::debug!(user = %target.user, mechanism = client.mechanism(), "SCRAM login to the server");
+            frontend::sasl_initial_response(&mut out, client.mechanism(), &client.client_first());
             *scram = Some(client);
         }
         11 => {
@@ -516,5 +592,65 @@ mod tests {
         assert_eq!(super::major_version("9.6.24"), 9);
         assert_eq!(super::major_version("devel"), 0);
         assert_eq!(super::major_version(""), 0);
+    }
+
+    use super::*;
+
+    fn binding(mode: ChannelBinding, tls: bool) -> Binding {
+        Binding { mode, tls, end_point: tls.then(|| vec![9; 32]) }
+    }
+
+    const PLUS: &[&[u8]] = &[b"SCRAM-SHA-256-PLUS", b"SCRAM-SHA-256"];
+    const PLAIN: &[&[u8]] = &[b"SCRAM-SHA-256"];
+
+    #[test]
+    fn the_binding_is_chosen_as_libpq_chooses_it() {
+        use ChannelBinding::*;
+        let plus = ClientBinding::Plus(vec![9; 32]);
+        assert_eq!(binding(Prefer, true).choose(PLUS), Ok(plus.clone()));
+        assert_eq!(binding(Require, true).choose(PLUS), Ok(plus));
+        assert_eq!(binding(Disable, true).choose(PLUS), Ok(ClientBinding::No));
+        // TLS, no PLUS offered: "y" (parsnip could bind), or an error under require.
+        assert_eq!(binding(Prefer, true).choose(PLAIN), Ok(ClientBinding::NotOffered));
+        assert_eq!(binding(Disable, true).choose(PLAIN), Ok(ClientBinding::No));
+        let e = binding(Require, true).choose(PLAIN).unwrap_err();
+        assert!(e.contains("server did not offer an authentication method that supports channel binding"), "{e}");
+        // Plaintext.
+        assert_eq!(binding(Prefer, false).choose(PLAIN), Ok(ClientBinding::No));
+        assert_eq!(binding(Require, false).choose(PLAIN), Err("channel binding required, but SSL not in use".into()));
+        let e = binding(Prefer, false).choose(PLUS).unwrap_err();
+        assert!(e.contains("over a non-SSL connection"), "{e}");
+        // A server certificate without a usable hash: no binding.
+        let no_hash = Binding { mode: Prefer, tls: true, end_point: None };
+        assert_eq!(no_hash.choose(PLUS), Ok(ClientBinding::No));
+        assert!(binding(Prefer, true).choose(&[b"OTHER"]).is_err());
+    }
+
+    #[test]
+    fn require_refuses_every_login_but_a_bound_scram_one() {
+        let target = ServerTarget::plain("h", 1, "d", "u");
+        let creds = Credentials::Password("pw".into());
+        let require = binding(ChannelBinding::Require, true);
+        for code in [0, 3, 5] {
+            let r = auth_reply(code, &[0; 4], &target, &creds, &require, &mut None);
+            let Err(ConnectError::Auth(m)) = r else { panic!("{code}: {r:?}") };
+            assert!(m.starts_with("channel binding required"), "{m}");
+            assert_eq!(ConnectError::Auth(m).to_error().code.0, "28000");
+        }
+        // An unbound SCRAM exchange that ends in AuthenticationOk is refused too.
+        let mut scram = Some(ScramClient::with_password("pw", "n".into()));
+        let r = auth_reply(0, &[], &target, &creds, &require, &mut scram);
+        let Err(ConnectError::Auth(m)) = r else { panic!("{r:?}") };
+        assert_eq!(m, "channel binding required, but server authenticated client without channel binding");
+        // prefer: a cleartext password is answered.
+        let prefer = binding(ChannelBinding::Prefer, true);
+        assert!(auth_reply(3, &[], &target, &creds, &prefer, &mut None).is_ok());
+        // The SASL start names the mechanism chosen.
+        let mut scram = None;
+        let out = auth_reply(10, b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0", &target, &creds, &require, &mut scram)
+            .expect("SASLInitialResponse")
+            .expect("a reply");
+        assert!(out.windows(18).any(|w| w == b"SCRAM-SHA-256-PLUS"));
+        assert!(out.windows(24).any(|w| w == b"p=tls-server-end-point,,"));
     }
 }

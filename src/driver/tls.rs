@@ -68,6 +68,14 @@ impl TlsStream {
         self.lock().conn.alpn_protocol().map(<[u8]>::to_vec)
     }
 
+    /// The `tls-server-end-point` channel-binding hash of the peer's certificate (a server's:
+    /// the first certificate it showed); None without one or with an unusable algorithm.
+    pub(crate) fn peer_end_point(&self) -> Option<Vec<u8>> {
+        let g = self.lock();
+        let cert = g.conn.peer_certificates()?.first()?;
+        crate::auth::tls_server_end_point(cert)
+    }
+
     /// Protocol version and cipher suite, as `SHOW CLIENTS` shows them.
     pub(crate) fn description(&self) -> String {
         let g = self.lock();

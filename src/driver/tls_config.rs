@@ -1,10 +1,12 @@
 //! The rustls configurations built from parsnip's: what clients are shown (certificate,
-//! key, ALPN `postgresql`) and how servers are checked (libpq's sslmode: `require` checks
-//! nothing, `verify-ca` the chain, `verify-full` the chain and the host name).
+//! key, ALPN `postgresql`, and the certificate's SCRAM channel-binding hash, kept with the
+//! configuration that shows it so a reload cannot part them) and how servers are checked
+//! (libpq's sslmode: `require` checks nothing, `verify-ca` the chain, `verify-full` the
+//! chain and the host name; libpq's channel_binding).
 //!
 //! Owns: reading the PEM files and choosing the verifier. Must not touch sockets.
 
-use crate::config::{Config, ServerTlsMode};
+use crate::config::{ChannelBinding, Config, ServerTlsMode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{ClientConfig, WebPkiServerVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
@@ -22,6 +24,20 @@ pub(crate) struct ServerTls {
     pub(crate) mode: ServerTlsMode,
     /// The rustls configuration (None: `disable`).
     pub(crate) config: Option<Arc<ClientConfig>>,
+    /// SCRAM channel binding (libpq's `channel_binding`).
+    pub(crate) channel_binding: ChannelBinding,
+}
+
+/// What clients are shown: the rustls configuration and, computed from the same
+/// certificate, its `tls-server-end-point` hash (None: its signature algorithm names no
+/// hash, so SCRAM-SHA-256-PLUS is not offered). A login takes both from one load, so the
+/// hash is the one of the certificate its handshake showed, whatever a reload swaps in.
+#[derive(Debug)]
+pub(crate) struct ClientTls {
+    /// The rustls configuration.
+    pub(crate) config: Arc<ServerConfig>,
+    /// The channel-binding hash of its end-entity certificate.
+    pub(crate) end_point: Option<Vec<u8>>,
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -43,25 +59,35 @@ fn key(path: &str) -> Result<PrivateKeyDer<'static>, String> {
 }
 
 /// What clients are shown, when a certificate is configured.
-pub(crate) fn for_clients(cfg: &Config) -> Result<Option<Arc<ServerConfig>>, String> {
+pub(crate) fn for_clients(cfg: &Config) -> Result<Option<Arc<ClientTls>>, String> {
     let (Some(cert), Some(k)) = (&cfg.client_tls_cert_file, &cfg.client_tls_key_file) else {
         return Ok(None);
     };
+    let chain = certs(cert)?;
+    // The end-entity certificate comes first in the file (rustls shows the chain as given).
+    let end_point = chain.first().and_then(|c| crate::auth::tls_server_end_point(c));
+    if end_point.is_none() {
+        tracing::warn!(
+            "{cert}: the certificate's signature algorithm names no hash function: SCRAM-SHA-256-PLUS \
+             (channel binding) is not offered to clients"
+        );
+    }
     let mut sc = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
-        .with_single_cert(certs(cert)?, key(k)?)
+        .with_single_cert(chain, key(k)?)
         .map_err(|e| format!("client_tls_cert_file / client_tls_key_file: {e}"))?;
     sc.alpn_protocols = vec![ALPN.to_vec()];
-    Ok(Some(Arc::new(sc)))
+    Ok(Some(Arc::new(ClientTls { config: Arc::new(sc), end_point })))
 }
 
 /// How servers are checked.
 pub(crate) fn for_servers(cfg: &Config) -> Result<ServerTls, String> {
     let mut mode = cfg.server_tls_sslmode;
+    let channel_binding = cfg.server_channel_binding;
     if mode == ServerTlsMode::Disable {
-        return Ok(ServerTls { mode, config: None });
+        return Ok(ServerTls { mode, config: None, channel_binding });
     }
     let provider = provider();
     let algs = provider.signature_verification_algorithms;
@@ -101,7 +127,7 @@ pub(crate) fn for_servers(cfg: &Config) -> Result<ServerTls, String> {
         _ => builder.with_no_client_auth(),
     };
     cc.alpn_protocols = vec![ALPN.to_vec()];
-    Ok(ServerTls { mode, config: Some(Arc::new(cc)) })
+    Ok(ServerTls { mode, config: Some(Arc::new(cc)), channel_binding })
 }
 
 /// The name a server's certificate is checked against (an IP address or a DNS name).

@@ -2,7 +2,7 @@
 //! the kind of secret held), the challenge, and checking the answer.
 
 use super::{Login, Phase, Step};
-use crate::auth::{self, Credentials, ScramServer, Secret};
+use crate::auth::{self, AuthError, Credentials, ScramServer, Secret, ServerBinding};
 use crate::config::AuthType;
 use crate::error::{Error, SqlState};
 use crate::protocol::{backend, body, frontend, tags};
@@ -23,6 +23,27 @@ pub(super) enum Pending {
 
 fn wrong_password(user: &str) -> Error {
     Error::fatal(SqlState::INVALID_PASSWORD, format!("password authentication failed for user \"{user}\""))
+}
+
+/// What the client is told when its SCRAM exchange fails, as PostgreSQL tells it.
+fn scram_error(e: AuthError, user: &str) -> Error {
+    match e {
+        AuthError::WrongPassword => wrong_password(user),
+        AuthError::ChannelBindingNegotiation => {
+            tracing::info!(user, "SCRAM channel binding downgrade refused (gs2 flag 'y' on TLS)");
+            Error::fatal(SqlState::INVALID_AUTHORIZATION_SPECIFICATION, "SCRAM channel binding negotiation error")
+                .with_detail(
+                    "The client supports SCRAM channel binding but thinks the server does not.  \
+                     However, this server does support channel binding.",
+                )
+        }
+        AuthError::ChannelBindingCheck => {
+            tracing::info!(user, "SCRAM channel binding check failed (another certificate on the client's side)");
+            Error::fatal(SqlState::INVALID_AUTHORIZATION_SPECIFICATION, "SCRAM channel binding check failed")
+        }
+        AuthError::Malformed(detail) => Error::protocol("malformed SCRAM message").with_detail(detail),
+        e => Error::protocol(format!("malformed SCRAM message: {e}")),
+    }
 }
 
 impl Login {
@@ -92,7 +113,12 @@ impl Login {
                     let user = self.user.clone();
                     return self.close(wrong_password(&user));
                 };
-                backend::auth_sasl(&mut self.to_client, auth::SCRAM_SHA_256);
+                // As PostgreSQL: over TLS, the channel-binding variant first.
+                if self.end_point.is_some() {
+                    backend::auth_sasl(&mut self.to_client, &[auth::SCRAM_SHA_256_PLUS, auth::SCRAM_SHA_256]);
+                } else {
+                    backend::auth_sasl(&mut self.to_client, &[auth::SCRAM_SHA_256]);
+                }
                 Pending::ScramFirst { server: Box::new(server), secret }
             }
         };
@@ -134,12 +160,20 @@ impl Login {
                 let Some((mech, first)) = frontend::sasl_initial_fields(data) else {
                     return self.close(Error::protocol("malformed SASLInitialResponse message"));
                 };
-                if mech != auth::SCRAM_SHA_256.as_bytes() {
-                    return self.close(Error::protocol("client selected an invalid SASL authentication mechanism"));
-                }
+                let binding = match (mech, &self.end_point) {
+                    (m, Some(hash)) if m == auth::SCRAM_SHA_256_PLUS.as_bytes() => {
+                        ServerBinding::Selected(hash.clone())
+                    }
+                    (m, Some(_)) if m == auth::SCRAM_SHA_256.as_bytes() => ServerBinding::Declined,
+                    (m, None) if m == auth::SCRAM_SHA_256.as_bytes() => ServerBinding::NotOffered,
+                    _ => {
+                        return self.close(Error::protocol("client selected an invalid SASL authentication mechanism"));
+                    }
+                };
+                server.set_binding(binding);
                 match server.handle_client_first(first) {
                     Ok(reply) => backend::auth_sasl_continue(&mut self.to_client, &reply),
-                    Err(e) => return self.close(Error::protocol(format!("malformed SCRAM message: {e}"))),
+                    Err(e) => return self.close(scram_error(e, &user)),
                 }
                 self.phase = Phase::Password(Pending::ScramFinal { server, secret });
                 Step::NeedBytes
@@ -147,8 +181,7 @@ impl Login {
             Pending::ScramFinal { mut server, secret } => {
                 let fin = match server.handle_client_final(data) {
                     Ok(m) => m,
-                    Err(auth::AuthError::WrongPassword) => return self.close(wrong_password(&user)),
-                    Err(e) => return self.close(Error::protocol(format!("malformed SCRAM message: {e}"))),
+                    Err(e) => return self.close(scram_error(e, &user)),
                 };
                 backend::auth_sasl_final(&mut self.to_client, &fin);
                 let creds = match (&secret, server.client_key()) {

@@ -2,12 +2,14 @@
 //! (SSLRequest answered 'S' when TLS is configured, else 'N', as is GSSENCRequest; a
 //! direct TLS ClientHello recognized; CancelRequest handed to the driver),
 //! protocol version negotiation, the database lookup, password authentication (trust,
-//! cleartext, md5, SCRAM-SHA-256) and the welcome (AuthenticationOk, ParameterStatus,
+//! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS) and the welcome (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery).
 //!
 //! The driver feeds it the client's bytes (`handle_bytes`) and the answers to what it asks
 //! for (`Step::NeedSecret` → `handle_secret`; `Step::Authenticated` → the pool's server
-//! defaults and a cancel key → `welcome`), and writes `to_client`. Randomness (the md5
+//! defaults and a cancel key → `welcome`; `Step::StartTls` → a handshake, then
+//! `handle_tls_started` with the channel-binding hash of the certificate that handshake
+//! showed), and writes `to_client`. Randomness (the md5
 //! salt, the SCRAM nonce) is injected (`Entropy`), so tests run without sockets or luck.
 //!
 //! Owns: what is said to a client before its session starts. Must not touch sockets,
@@ -138,6 +140,10 @@ pub(crate) struct Login {
     transport: Transport,
     /// The connection is encrypted.
     encrypted: bool,
+    /// The `tls-server-end-point` hash of the certificate the client was shown (None:
+    /// plaintext, or a certificate without a usable hash): SCRAM-SHA-256-PLUS is offered
+    /// with it.
+    end_point: Option<Vec<u8>>,
     /// Bytes to write to the client.
     pub(crate) to_client: BytesMut,
     /// The user name of the startup packet.
@@ -160,6 +166,7 @@ impl Login {
             phase: Phase::Startup,
             transport: Transport::default(),
             encrypted: false,
+            end_point: None,
             to_client: BytesMut::with_capacity(512),
             user: String::new(),
             db: String::new(),
@@ -179,9 +186,12 @@ impl Login {
         self.transport.tls && !self.encrypted && self.transport.mode != crate::config::ClientTlsMode::Disable
     }
 
-    /// The handshake `Step::StartTls` asked for is done; `alpn`: the protocol it agreed.
-    pub(crate) fn handle_tls_started(&mut self, direct: bool, alpn: Option<&[u8]>) -> Step {
+    /// The handshake `Step::StartTls` asked for is done; `alpn`: the protocol it agreed;
+    /// `end_point`: the `tls-server-end-point` hash of the certificate it showed (see
+    /// `auth::tls_server_end_point`; None when it has none, then PLUS is not offered).
+    pub(crate) fn handle_tls_started(&mut self, direct: bool, alpn: Option<&[u8]>, end_point: Option<Vec<u8>>) -> Step {
         self.encrypted = true;
+        self.end_point = end_point;
         if direct && alpn != Some(crate::protocol::startup::ALPN) {
             return self.close(Error::protocol(
                 "received direct SSL connection request without ALPN protocol negotiation extension",

@@ -276,7 +276,7 @@ fn an_ssl_request_gets_s_and_a_handshake_when_tls_is_offered() {
         assert!(matches!(m.handle_bytes(&mut buf), Step::StartTls { direct: false }), "{mode:?}");
         assert_eq!(&m.to_client[..], b"S");
         m.to_client.clear();
-        assert!(matches!(m.handle_tls_started(false, None), Step::NeedBytes));
+        assert!(matches!(m.handle_tls_started(false, None, None), Step::NeedBytes));
         buf.extend_from_slice(&startup(&[("user", "u")]));
         assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)), "{mode:?}");
     }
@@ -301,7 +301,7 @@ fn a_second_ssl_request_on_an_encrypted_connection_is_refused() {
     let mut m = tls_login(crate::config::ClientTlsMode::Prefer, false);
     let mut buf = request(80877103);
     assert!(matches!(m.handle_bytes(&mut buf), Step::StartTls { .. }));
-    m.handle_tls_started(false, None);
+    m.handle_tls_started(false, None, None);
     let mut buf = request(80877103);
     closed_with(m.handle_bytes(&mut buf), "08P01");
 }
@@ -328,7 +328,7 @@ fn require_refuses_plaintext_tcp_with_postgres_wording_and_lets_unix_sockets_in(
     let mut m = tls_login(ClientTlsMode::Require, false);
     let mut buf = request(80877103);
     m.handle_bytes(&mut buf);
-    m.handle_tls_started(false, None);
+    m.handle_tls_started(false, None, None);
     let mut buf = startup(&[("user", "alice"), ("database", "app")]);
     assert!(matches!(m.handle_bytes(&mut buf), Step::Authenticated(_)));
 }
@@ -343,13 +343,159 @@ fn a_direct_tls_hello_starts_tls_and_needs_alpn() {
     assert!(matches!(m.handle_bytes(&mut buf), Step::StartTls { direct: true }));
     assert!(m.to_client.is_empty(), "nothing is answered before the handshake");
     assert_eq!(buf.len(), hello.len(), "the hello is left for the handshake");
-    closed_with(m.handle_tls_started(true, None), "08P01");
+    closed_with(m.handle_tls_started(true, None, None), "08P01");
     let mut m = tls_login(ClientTlsMode::Prefer, false);
     let mut buf = BytesMut::from(&hello[..]);
     m.handle_bytes(&mut buf);
-    assert!(matches!(m.handle_tls_started(true, Some(b"postgresql")), Step::NeedBytes));
+    assert!(matches!(m.handle_tls_started(true, Some(b"postgresql"), None), Step::NeedBytes));
     // Without TLS configured the same bytes are a bad startup packet.
     let mut m = login(config(AuthType::Trust, &[]));
     let mut buf = BytesMut::from(&hello[..]);
     closed_with(m.handle_bytes(&mut buf), "08P01");
+}
+
+/// The mechanisms an AuthenticationSASL frame at the start of `out` lists.
+fn sasl_mechanisms(out: &[u8]) -> Vec<String> {
+    assert_eq!(auth_code(out), 10, "AuthenticationSASL");
+    let len = u32::from_be_bytes(out[1..5].try_into().unwrap()) as usize;
+    out[9..1 + len].split(|&b| b == 0).filter(|m| !m.is_empty()).map(|m| String::from_utf8_lossy(m).into()).collect()
+}
+
+/// The channel-binding hash of the certificate "shown" in these tests.
+const END_POINT: [u8; 32] = [0x5a; 32];
+
+/// A SCRAM login (`secret` for user "u") on a TLS connection whose certificate hash is
+/// `END_POINT`, up to AuthenticationSASL.
+fn scram_over_tls(secret: &str) -> Login {
+    let cfg = config(AuthType::ScramSha256, &[("u", secret)]);
+    let mut m = login(cfg).with_transport(Transport {
+        tls: true,
+        mode: crate::config::ClientTlsMode::Prefer,
+        unix: false,
+        peer: String::new(),
+    });
+    assert!(matches!(m.handle_bytes(&mut request(80877103)), Step::StartTls { direct: false }));
+    m.to_client.clear();
+    assert!(matches!(m.handle_tls_started(false, None, Some(END_POINT.to_vec())), Step::NeedBytes));
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
+    m
+}
+
+/// Runs the rest of a SCRAM exchange with `client` naming `mechanism`: the step after
+/// client-final (or after client-first, if that one ends the login).
+fn finish_scram(m: &mut Login, mechanism: &str, client: &mut ScramClient) -> Step {
+    m.to_client.clear();
+    let mut b = BytesMut::new();
+    frontend::sasl_initial_response(&mut b, mechanism, &client.client_first());
+    match m.handle_bytes(&mut b) {
+        Step::NeedBytes => {}
+        other => return other,
+    }
+    assert_eq!(auth_code(&m.to_client), 11, "AuthenticationSASLContinue");
+    let server_first = m.to_client[9..].to_vec();
+    m.to_client.clear();
+    let client_final = client.handle_server_first(&server_first).expect("server-first");
+    m.handle_bytes(&mut password_msg(&client_final, false))
+}
+
+#[test]
+fn scram_sha_256_plus_is_offered_first_over_tls_and_binds() {
+    use crate::auth::ClientBinding;
+    let scram_secret = ScramSecret::from_password("pw", b"0123456789abcdef", 4096).to_pg_string();
+    // A SCRAM secret, and a plain password parsnip turns into one.
+    for secret in [scram_secret.as_str(), "pw"] {
+        let mut m = scram_over_tls(secret);
+        assert_eq!(sasl_mechanisms(&m.to_client), ["SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"], "as PostgreSQL lists them");
+        let mut client =
+            ScramClient::with_password("pw", "c".into()).with_binding(ClientBinding::Plus(END_POINT.into()));
+        let step = finish_scram(&mut m, crate::auth::SCRAM_SHA_256_PLUS, &mut client);
+        assert!(matches!(step, Step::Authenticated(_)), "{secret}: {step:?}");
+        assert_eq!(tags_of(&m.to_client), "RR", "SASLFinal, then AuthenticationOk");
+        let fin = &m.to_client[9..m.to_client.len() - 9];
+        client.handle_server_final(fin).expect("server signature");
+        assert!(client.channel_bound());
+    }
+    // Plain SCRAM-SHA-256 ("n") still works on TLS.
+    let mut m = scram_over_tls("pw");
+    let mut client = ScramClient::with_password("pw", "c".into());
+    assert!(matches!(finish_scram(&mut m, crate::auth::SCRAM_SHA_256, &mut client), Step::Authenticated(_)));
+}
+
+#[test]
+fn plus_with_another_certificates_hash_is_refused_with_28000() {
+    use crate::auth::ClientBinding;
+    let mut m = scram_over_tls("pw");
+    // The client saw another certificate: someone in the middle.
+    let mut client = ScramClient::with_password("pw", "c".into()).with_binding(ClientBinding::Plus(vec![1; 32]));
+    match finish_scram(&mut m, crate::auth::SCRAM_SHA_256_PLUS, &mut client) {
+        Step::Close(Some(e)) => {
+            assert_eq!((e.code.0, &*e.message), ("28000", "SCRAM channel binding check failed"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn y_over_tls_is_a_downgrade_and_refused_as_postgres_does() {
+    use crate::auth::ClientBinding;
+    let mut m = scram_over_tls("pw");
+    let mut client = ScramClient::with_password("pw", "c".into()).with_binding(ClientBinding::NotOffered);
+    match finish_scram(&mut m, crate::auth::SCRAM_SHA_256, &mut client) {
+        Step::Close(Some(e)) => {
+            assert_eq!((e.code.0, &*e.message), ("28000", "SCRAM channel binding negotiation error"));
+            assert!(e.detail.as_deref().is_some_and(|d| d.contains("this server does support channel binding")));
+            let frame = e.to_bytes();
+            assert!(frame.windows(2).any(|w| w == b"\0D"), "the detail is sent");
+        }
+        other => panic!("{other:?}"),
+    }
+    // On plaintext nothing was offered: "y" is fine.
+    let mut m = login(config(AuthType::ScramSha256, &[("u", "pw")]));
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
+    assert_eq!(sasl_mechanisms(&m.to_client), ["SCRAM-SHA-256"], "no PLUS without TLS");
+    let mut client = ScramClient::with_password("pw", "c".into()).with_binding(ClientBinding::NotOffered);
+    assert!(matches!(finish_scram(&mut m, crate::auth::SCRAM_SHA_256, &mut client), Step::Authenticated(_)));
+}
+
+#[test]
+fn binding_flags_that_do_not_fit_the_mechanism_are_protocol_violations() {
+    use crate::auth::ClientBinding;
+    // "p=" while choosing SCRAM-SHA-256.
+    let mut m = scram_over_tls("pw");
+    let mut client = ScramClient::with_password("pw", "c".into()).with_binding(ClientBinding::Plus(END_POINT.into()));
+    match finish_scram(&mut m, crate::auth::SCRAM_SHA_256, &mut client) {
+        Step::Close(Some(e)) => {
+            assert_eq!((e.code.0, &*e.message), ("08P01", "malformed SCRAM message"));
+            assert!(e.detail.as_deref().is_some_and(|d| d.contains("includes channel binding data")), "{e:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // SCRAM-SHA-256-PLUS without "p=".
+    let mut m = scram_over_tls("pw");
+    let mut client = ScramClient::with_password("pw", "c".into());
+    closed_with(finish_scram(&mut m, crate::auth::SCRAM_SHA_256_PLUS, &mut client), "08P01");
+    // SCRAM-SHA-256-PLUS on plaintext, where it was not offered.
+    let mut m = login(config(AuthType::ScramSha256, &[("u", "pw")]));
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
+    let mut client = ScramClient::with_password("pw", "c".into()).with_binding(ClientBinding::Plus(END_POINT.into()));
+    match finish_scram(&mut m, crate::auth::SCRAM_SHA_256_PLUS, &mut client) {
+        Step::Close(Some(e)) => assert!(e.message.contains("invalid SASL authentication mechanism"), "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_certificate_without_a_hash_offers_no_plus() {
+    let cfg = config(AuthType::ScramSha256, &[("u", "pw")]);
+    let mut m = login(cfg).with_transport(Transport {
+        tls: true,
+        mode: crate::config::ClientTlsMode::Prefer,
+        unix: false,
+        peer: String::new(),
+    });
+    m.handle_bytes(&mut request(80877103));
+    m.to_client.clear();
+    m.handle_tls_started(false, None, None);
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
+    assert_eq!(sasl_mechanisms(&m.to_client), ["SCRAM-SHA-256"]);
 }

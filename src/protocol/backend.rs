@@ -21,10 +21,12 @@ pub(crate) fn auth_md5(buf: &mut BytesMut, salt: [u8; 4]) {
     });
 }
 /// AuthenticationSASL with one mechanism.
-pub(crate) fn auth_sasl(buf: &mut BytesMut, mechanism: &str) {
+pub(crate) fn auth_sasl(buf: &mut BytesMut, mechanisms: &[&str]) {
     write_msg(buf, tags::AUTHENTICATION, |b| {
         b.put_i32(10);
-        put_cstr(b, mechanism.as_bytes());
+        for m in mechanisms {
+            put_cstr(b, m.as_bytes());
+        }
         b.put_u8(0);
     });
 }

@@ -1,4 +1,4 @@
-//! SCRAM-SHA-256 client side: parsnip authenticating to PostgreSQL.
+//! SCRAM-SHA-256 and SCRAM-SHA-256-PLUS client side: parsnip authenticating to PostgreSQL.
 
 use std::fmt;
 
@@ -6,8 +6,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use super::{
-    as_str, auth_message, check_extensions, decode_base64, decode_key, expect_attribute, hmac_sha256, is_valid_nonce,
-    random_nonce, salted_password, saslprep, sha256, xor,
+    SCRAM_SHA_256, SCRAM_SHA_256_PLUS, TLS_SERVER_END_POINT, as_str, auth_message, check_extensions, decode_base64,
+    decode_key, expect_attribute, hmac_sha256, is_valid_nonce, random_nonce, salted_password, saslprep, sha256, xor,
 };
 use crate::auth::{AuthError, ct_eq};
 
@@ -20,10 +20,25 @@ use crate::auth::{AuthError, ct_eq};
 /// of order return `AuthError::Malformed` and leave the state unchanged.
 pub(crate) struct ScramClient {
     credential: Credential,
+    binding: ClientBinding,
     nonce: String,
     /// Always empty outside tests: PostgreSQL ignores it (RFC 7677's vector needs "user").
     user: String,
     state: State,
+}
+
+/// The channel binding parsnip uses towards a server, as libpq chooses it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ClientBinding {
+    /// gs2 flag `n`: plaintext, or `channel_binding=disable`.
+    #[default]
+    No,
+    /// gs2 flag `y`: parsnip could bind (TLS is on) but the server offered no
+    /// SCRAM-SHA-256-PLUS; a server that does support binding refuses this as a downgrade.
+    NotOffered,
+    /// SCRAM-SHA-256-PLUS with `p=tls-server-end-point`: the hash of the server's
+    /// certificate (see `tls_server_end_point`).
+    Plus(Vec<u8>),
 }
 
 enum Credential {
@@ -70,7 +85,49 @@ impl ScramClient {
     }
 
     fn new(credential: Credential, nonce: String) -> ScramClient {
-        ScramClient { credential, nonce, user: String::new(), state: State::Initial }
+        ScramClient { credential, binding: ClientBinding::No, nonce, user: String::new(), state: State::Initial }
+    }
+
+    /// Uses `binding` (default: none, gs2 flag `n`).
+    #[must_use]
+    pub(crate) fn with_binding(mut self, binding: ClientBinding) -> ScramClient {
+        self.binding = binding;
+        self
+    }
+
+    /// The SASL mechanism to name in SASLInitialResponse.
+    #[must_use]
+    pub(crate) fn mechanism(&self) -> &'static str {
+        match self.binding {
+            ClientBinding::Plus(_) => SCRAM_SHA_256_PLUS,
+            _ => SCRAM_SHA_256,
+        }
+    }
+
+    /// The exchange succeeded with channel binding: the server proved it knows the secret
+    /// over this very TLS connection (libpq's `channel_bound`).
+    #[must_use]
+    pub(crate) fn channel_bound(&self) -> bool {
+        matches!(self.state, State::Done) && matches!(self.binding, ClientBinding::Plus(_))
+    }
+
+    /// gs2-header: the channel-binding flag and an empty authzid.
+    fn gs2_header(&self) -> String {
+        match self.binding {
+            ClientBinding::No => "n,,".to_owned(),
+            ClientBinding::NotOffered => "y,,".to_owned(),
+            ClientBinding::Plus(_) => format!("p={TLS_SERVER_END_POINT},,"),
+        }
+    }
+
+    /// The channel-binding attribute of client-final-message: base64 of the gs2 header and,
+    /// with PLUS, the certificate hash.
+    fn channel_binding_attribute(&self) -> String {
+        let mut input = self.gs2_header().into_bytes();
+        if let ClientBinding::Plus(hash) = &self.binding {
+            input.extend_from_slice(hash);
+        }
+        STANDARD.encode(input)
     }
 
     /// A fresh client nonce: 18 random bytes, base64.
@@ -83,10 +140,11 @@ impl ScramClient {
         format!("n={},r={}", self.user, self.nonce)
     }
 
-    /// client-first-message: `"n,,n=,r=<nonce>"` (PostgreSQL ignores the user name).
+    /// client-first-message: `"n,,n=,r=<nonce>"` (PostgreSQL ignores the user name), with
+    /// `y,,` or `p=tls-server-end-point,,` as the binding says.
     #[must_use]
     pub(crate) fn client_first(&self) -> Vec<u8> {
-        format!("n,,{}", self.client_first_bare()).into_bytes()
+        format!("{}{}", self.gs2_header(), self.client_first_bare()).into_bytes()
     }
 
     /// Consumes server-first-message (checks the nonce starts with ours, parses salt and iterations,
@@ -127,8 +185,7 @@ impl ScramClient {
             Credential::ClientKey { client_key, server_key } => (*client_key, *server_key),
         };
 
-        // No channel binding: c = base64("n,,").
-        let without_proof = format!("c=biws,r={nonce}");
+        let without_proof = format!("c={},r={nonce}", self.channel_binding_attribute());
         let auth_message = auth_message(&self.client_first_bare(), msg, &without_proof);
         let client_signature = hmac_sha256(&sha256(&client_key), &[auth_message.as_bytes()]);
         let proof = xor(&client_key, &client_signature);
@@ -193,6 +250,7 @@ impl fmt::Debug for ScramClient {
         };
         f.debug_struct("ScramClient")
             .field("credential", &credential)
+            .field("binding", &self.gs2_header())
             .field("nonce", &self.nonce)
             .field("state", &state)
             .finish_non_exhaustive()

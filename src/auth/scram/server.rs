@@ -1,4 +1,4 @@
-//! SCRAM-SHA-256 server side: parsnip authenticating a client.
+//! SCRAM-SHA-256 and SCRAM-SHA-256-PLUS server side: parsnip authenticating a client.
 
 use std::fmt;
 
@@ -6,8 +6,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use super::{
-    DEFAULT_ITERATIONS, as_str, attribute, auth_message, check_extensions, decode_key, expect_attribute, hmac_sha256,
-    is_valid_nonce, random_salt, sha256, xor,
+    DEFAULT_ITERATIONS, TLS_SERVER_END_POINT, as_str, attribute, auth_message, check_extensions, decode_key,
+    expect_attribute, hmac_sha256, is_valid_nonce, random_salt, sha256, xor,
 };
 use crate::auth::{AuthError, ScramSecret, Secret, ct_eq};
 
@@ -18,10 +18,30 @@ use crate::auth::{AuthError, ScramSecret, Secret, ct_eq};
 /// [`handle_client_final`](Self::handle_client_final) with the SASLResponse data and send the
 /// result in AuthenticationSASLFinal. Any error ends the exchange; calls out of order return
 /// `AuthError::Malformed` and leave the state unchanged.
+///
+/// Channel binding follows the connection and the mechanism the client chose
+/// ([`set_binding`](Self::set_binding), before client-first-message); without it, the
+/// exchange is plain SCRAM-SHA-256 on a connection that offers no binding.
 pub(crate) struct ScramServer {
     secret: ScramSecret,
     server_nonce: String,
+    binding: ServerBinding,
     state: State,
+}
+
+/// What channel binding an exchange runs with (PostgreSQL's rules, auth-scram.c).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ServerBinding {
+    /// SCRAM-SHA-256-PLUS was not offered (plaintext, or a certificate whose signature
+    /// algorithm names no hash): gs2 flags `n` and `y` are accepted, `p=` is not.
+    #[default]
+    NotOffered,
+    /// SCRAM-SHA-256-PLUS was offered and the client chose SCRAM-SHA-256: `n` is accepted;
+    /// `y` ("I support binding, and you do not") is a downgrade and refused.
+    Declined,
+    /// The client chose SCRAM-SHA-256-PLUS: `p=tls-server-end-point` is required, and the
+    /// channel-binding data must be this hash of parsnip's certificate.
+    Selected(Vec<u8>),
 }
 
 enum State {
@@ -37,8 +57,9 @@ enum State {
 
 /// What the server remembers between its two messages.
 struct Exchange {
-    /// The channel-binding attribute client-final must carry: base64 of the gs2 header.
-    channel_binding: &'static str,
+    /// The channel-binding attribute client-final must carry: base64 of the gs2 header
+    /// (and of the certificate hash, with SCRAM-SHA-256-PLUS).
+    channel_binding: String,
     /// Client nonce + server nonce.
     nonce: String,
     client_first_bare: String,
@@ -47,7 +68,7 @@ struct Exchange {
 
 /// A parsed client-first-message.
 struct ClientFirst<'a> {
-    channel_binding: &'static str,
+    channel_binding: String,
     bare: &'a str,
     client_nonce: &'a str,
 }
@@ -68,7 +89,13 @@ impl ScramServer {
             Secret::Scram(scram) => scram.clone(),
             Secret::Md5(_) => return None,
         };
-        Some(ScramServer { secret, server_nonce, state: State::Initial })
+        Some(ScramServer { secret, server_nonce, binding: ServerBinding::NotOffered, state: State::Initial })
+    }
+
+    /// The channel binding of this exchange: what the connection offered and which mechanism
+    /// the client chose. Call before [`handle_client_first`](Self::handle_client_first).
+    pub(crate) fn set_binding(&mut self, binding: ServerBinding) {
+        self.binding = binding;
     }
 
     /// Same, but generates an 18-byte random nonce, base64-encoded.
@@ -78,9 +105,12 @@ impl ScramServer {
         ScramServer::new(secret, super::random_nonce())
     }
 
-    /// Consumes client-first-message (the SASLInitialResponse data). Accepts gs2 headers "n,," and "y,,"
-    /// (reject "p=..." with AuthError::ChannelBinding); ignores the user name attribute (PostgreSQL does,
-    /// it may be empty); rejects extensions ('m=') and malformed input. Returns server-first-message.
+    /// Consumes client-first-message (the SASLInitialResponse data). Accepts gs2 headers "n,,",
+    /// "y,," and "p=tls-server-end-point,," as the binding allows (see [`ServerBinding`]: a "y"
+    /// where PLUS was offered is `AuthError::ChannelBindingNegotiation`, a flag that does not
+    /// fit the mechanism `AuthError::Malformed`); ignores the user name attribute (PostgreSQL
+    /// does, it may be empty); rejects extensions ('m=') and malformed input. Returns
+    /// server-first-message.
     ///
     /// An authorization identity ("n,a=...,") is rejected as malformed, as PostgreSQL does.
     /// Optional extension attributes after the nonce are ignored.
@@ -89,7 +119,7 @@ impl ScramServer {
             return Err(AuthError::Malformed("unexpected client-first-message"));
         }
         self.state = State::Failed;
-        let first = parse_client_first(as_str(msg)?)?;
+        let first = parse_client_first(as_str(msg)?, &self.binding)?;
         let nonce = format!("{}{}", first.client_nonce, self.server_nonce);
         let server_first = format!("r={nonce},s={},i={}", STANDARD.encode(&self.secret.salt), self.secret.iterations);
         let reply = server_first.clone().into_bytes();
@@ -102,11 +132,13 @@ impl ScramServer {
         Ok(reply)
     }
 
-    /// Consumes client-final-message, checks channel-binding attribute ("biws" for "n,,", "eSws" for "y,,"),
+    /// Consumes client-final-message, checks channel-binding attribute ("biws" for "n,,", "eSws" for "y,,",
+    /// base64 of the gs2 header and the certificate hash for "p=tls-server-end-point,,"),
     /// nonce, and proof (constant-time). Returns server-final-message ("v=..."). Wrong proof -> AuthError::WrongPassword.
     ///
-    /// A mismatched channel-binding attribute gives `AuthError::ChannelBinding`, a nonce mismatch
-    /// or unparsable message `AuthError::Malformed`.
+    /// Channel-binding data that does not match the certificate gives
+    /// `AuthError::ChannelBindingCheck`; a channel-binding attribute that does not repeat the
+    /// gs2 header, a nonce mismatch or an unparsable message `AuthError::Malformed`.
     pub(crate) fn handle_client_final(&mut self, msg: &[u8]) -> Result<Vec<u8>, AuthError> {
         let exchange = match std::mem::replace(&mut self.state, State::Failed) {
             State::SentFirst(exchange) => exchange,
@@ -125,7 +157,10 @@ impl ScramServer {
         let channel_binding =
             expect_attribute(parts.next(), b'c', "expected channel-binding attribute in client-final-message")?;
         if channel_binding != exchange.channel_binding {
-            return Err(AuthError::ChannelBinding);
+            return Err(match self.binding {
+                ServerBinding::Selected(_) => AuthError::ChannelBindingCheck,
+                _ => AuthError::Malformed("unexpected SCRAM channel-binding attribute in client-final-message"),
+            });
         }
         let nonce = expect_attribute(parts.next(), b'r', "expected nonce attribute in client-final-message")?;
         if nonce != exchange.nonce {
@@ -167,13 +202,31 @@ impl ScramServer {
     }
 }
 
-fn parse_client_first(msg: &str) -> Result<ClientFirst<'_>, AuthError> {
+/// PostgreSQL's details for a gs2 flag that does not fit the mechanism chosen.
+const PLUS_WITHOUT_DATA: &str =
+    "The client selected SCRAM-SHA-256-PLUS, but the SCRAM message does not include channel binding data.";
+const DATA_WITHOUT_PLUS: &str =
+    "The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data.";
+
+fn parse_client_first<'a>(msg: &'a str, binding: &ServerBinding) -> Result<ClientFirst<'a>, AuthError> {
     // gs2-header = gs2-cbind-flag "," [ authzid ] ","
     let (flag, rest) = msg.split_once(',').ok_or(AuthError::Malformed("missing gs2 header"))?;
-    let channel_binding = match flag {
-        "n" => "biws", // base64("n,,")
-        "y" => "eSws", // base64("y,,")
-        _ if flag.starts_with("p=") => return Err(AuthError::ChannelBinding),
+    let channel_binding = match (flag, binding) {
+        ("n" | "y", ServerBinding::Selected(_)) => return Err(AuthError::Malformed(PLUS_WITHOUT_DATA)),
+        ("n", _) => "biws".to_owned(), // base64("n,,")
+        // The client supports binding and thinks parsnip does not: a downgrade if it was offered.
+        ("y", ServerBinding::Declined) => return Err(AuthError::ChannelBindingNegotiation),
+        ("y", ServerBinding::NotOffered) => "eSws".to_owned(), // base64("y,,")
+        (_, ServerBinding::Selected(hash)) if flag.starts_with("p=") => {
+            if &flag[2..] != TLS_SERVER_END_POINT {
+                return Err(AuthError::Malformed("unsupported SCRAM channel-binding type"));
+            }
+            // cbind-input = gs2-header cbind-data; the authzid is checked empty below.
+            let mut input = format!("{flag},,").into_bytes();
+            input.extend_from_slice(hash);
+            STANDARD.encode(input)
+        }
+        _ if flag.starts_with("p=") => return Err(AuthError::Malformed(DATA_WITHOUT_PLUS)),
         _ => return Err(AuthError::Malformed("invalid channel-binding flag")),
     };
     let (authzid, bare) = rest.split_once(',').ok_or(AuthError::Malformed("missing gs2 header"))?;
@@ -207,7 +260,16 @@ impl fmt::Debug for ScramServer {
             State::Done { .. } => "Done",
             State::Failed => "Failed",
         };
-        f.debug_struct("ScramServer").field("secret", &self.secret).field("state", &state).finish_non_exhaustive()
+        let binding = match self.binding {
+            ServerBinding::NotOffered => "NotOffered",
+            ServerBinding::Declined => "Declined",
+            ServerBinding::Selected(_) => "Selected",
+        };
+        f.debug_struct("ScramServer")
+            .field("secret", &self.secret)
+            .field("binding", &binding)
+            .field("state", &state)
+            .finish_non_exhaustive()
     }
 }
 
