@@ -58,6 +58,7 @@ scenarios! {
         describe_statement_with_params,
         concurrent_pipelines_three_clients,
         describe_from_cache_follows_schema_changes,
+        intentional_describe_from_cache_misses_ddl_it_cannot_see,
     ],
     errors => [
         parse_existing_name_42p05,

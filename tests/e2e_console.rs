@@ -125,12 +125,13 @@ async fn stats_count_what_clients_did_and_clients_show_their_links() {
 /// A statement Describe of a cached statement whose description a server gave since the
 /// last schema change is answered by parsnip (SHOW PREPARED_STATEMENTS' describes_saved
 /// counts it), with what PostgreSQL would answer; DDL through parsnip sends the next
-/// Describe to a server, and clients get the new shape.
+/// Describe to a server, and clients get the new shape. RECONNECT (after a migration run
+/// elsewhere) also sends the next Describe to a server.
 #[tokio::test]
 async fn describe_answered_from_cache_until_a_schema_change() {
     const DB: &str = "console_describe";
     create_db(DB);
-    let p = Parsnip::trust("");
+    let p = Parsnip::trust("describe_from_cache = true");
     if direct_mode() {
         return;
     }
@@ -171,6 +172,13 @@ async fn describe_answered_from_cache_until_a_schema_change() {
         assert_eq!(saved().await, n0 + 2);
         let r = d.query_one(&s4, &[&1i32]).await.unwrap();
         assert_eq!(r.get::<_, Option<i32>>(2), None);
+        // RECONNECT: the next Describe is confirmed by a server again, then trusted.
+        console.simple_query("RECONNECT").await.expect("RECONNECT");
+        let e2 = p.connect("postgres", SUPER_PW, DB).await;
+        assert_eq!(names(&e2.prepare(sql).await.unwrap()), ["a", "t", "b"]);
+        assert_eq!(saved().await, n0 + 2, "after RECONNECT the Describe goes to a server");
+        assert_eq!(names(&e2.prepare(sql).await.unwrap()), ["a", "t", "b"]);
+        assert_eq!(saved().await, n0 + 3);
         // The client that holds the old statement gets PostgreSQL's 0A000, never rows of
         // the new shape.
         let e = a.query(&s1, &[&1i32]).await.expect_err("stale statement");

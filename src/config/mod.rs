@@ -127,6 +127,10 @@ pub struct Config {
     /// An unnamed statement whose text was seen this many times is served by a cached
     /// named server statement, skipping parse and plan (0 = never).
     pub promote_unnamed_after: u32,
+    /// A statement Describe is answered from the description a server gave for the same
+    /// cached statement, while no schema change was seen since (`stmt::epoch`). Off by
+    /// default: DDL that does not go through parsnip is not seen.
+    pub describe_from_cache: bool,
     /// Batches in flight at once on one server connection when clients wait for one:
     /// another client's qualifying batch may be written behind the one whose replies are
     /// still coming (`driver::pipe`). 1 = one batch at a time (no pipelining).
@@ -246,6 +250,7 @@ impl Default for Config {
             max_client_prepared_statements: 10_000,
             max_cached_statements: 100_000,
             promote_unnamed_after: 3,
+            describe_from_cache: false,
             pipeline_depth: 8,
             pipeline_max_statement_ms: 2.0,
             server_reset_query: "DISCARD ALL".into(),
@@ -452,6 +457,7 @@ impl Config {
             client_cap: self.max_client_prepared_statements,
             registry_cap: self.max_cached_statements,
             promote_unnamed_after: self.promote_unnamed_after,
+            describe_from_cache: self.describe_from_cache,
         }
     }
     /// See `client_login_timeout_ms` (never disabled).

@@ -96,6 +96,9 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             for p in pools_of(shared, db.as_deref()) {
                 p.reconnect();
             }
+            // After a schema change parsnip did not see (a migration run elsewhere):
+            // descriptions are confirmed by a server again (`describe_from_cache`).
+            crate::stmt::epoch::advance();
             Ok("RECONNECT")
         }
         Action::Kill(db) => {

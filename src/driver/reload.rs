@@ -39,8 +39,13 @@ const RESTART_ONLY: &[&str] =
 
 /// Settings that apply to pools created after the reload (a pool's statement cache is
 /// sized when it is made).
-const NEW_POOLS_ONLY: &[&str] =
-    &["max_prepared_statements", "max_client_prepared_statements", "max_cached_statements", "promote_unnamed_after"];
+const NEW_POOLS_ONLY: &[&str] = &[
+    "max_prepared_statements",
+    "max_client_prepared_statements",
+    "max_cached_statements",
+    "promote_unnamed_after",
+    "describe_from_cache",
+];
 
 impl Shared {
     /// RELOAD and SIGHUP: re-reads and applies the configuration, or changes nothing and

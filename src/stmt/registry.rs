@@ -19,11 +19,19 @@ pub struct StmtConfig {
     pub(crate) registry_cap: usize,
     /// Unnamed statements seen this many times become cached named server statements (0: never).
     pub(crate) promote_unnamed_after: u32,
+    /// Statement Describes may be answered from the cache (`session::stmts::portal`).
+    pub(crate) describe_from_cache: bool,
 }
 
 impl Default for StmtConfig {
     fn default() -> Self {
-        StmtConfig { server_cap: 500, client_cap: 10_000, registry_cap: 100_000, promote_unnamed_after: 3 }
+        StmtConfig {
+            server_cap: 500,
+            client_cap: 10_000,
+            registry_cap: 100_000,
+            promote_unnamed_after: 3,
+            describe_from_cache: false,
+        }
     }
 }
 

@@ -109,7 +109,8 @@ impl Session {
     /// failed transaction (PostgreSQL answers 25P02), nor while a change to the client's
     /// names is in flight (whether the name holds this statement depends on it).
     fn describe_locally(&mut self, name: &[u8]) -> bool {
-        if self.tx.status == crate::state::TxStatus::Failed
+        if !self.stmts.registry.as_ref().is_some_and(|r| r.cfg.describe_from_cache)
+            || self.tx.status == crate::state::TxStatus::Failed
             || self.replies.iter().any(|p| !matches!(p.fx.client, ClientFx::None))
         {
             return false;
