@@ -467,7 +467,8 @@ def main() -> int:
                             failures.extend(f"  {mr.mode}: {p}"[:1000] for p in mr.problems)
             sp = px.counters.get("server_parses", 0)
             out(f"driver-matrix: {s.name} direct={direct.status} parsnip={px.status} tx={px.get('transactions')}"
-                f" errors={px.get('errors')} expected={px.get('expected_errors')} server_parses={sp}")
+                f" errors={px.get('errors')} expected={px.get('expected_errors')} (direct {direct.get('expected_errors')})"
+                f" server_parses={sp}")
             if not direct.passed:
                 out("  BROKEN SCENARIO: it fails against PostgreSQL directly")
             c = px.counters
