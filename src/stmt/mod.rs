@@ -12,6 +12,7 @@
 
 pub(crate) mod epoch;
 pub(crate) mod idmap;
+pub mod lift;
 pub(crate) mod registry;
 pub(crate) mod runtime;
 pub(crate) mod server;
