@@ -11,7 +11,14 @@ import re
 import statistics
 from pathlib import Path
 
-from systems import ALL_SYSTEMS
+from systems import NOT_RUN
+
+# pgbench's scripts: --workload name -> (pgbench argument, label in the tables' headings).
+WORKLOADS = {
+    "select": (["-S"], "pgbench -S (select-only: one primary-key SELECT per transaction)"),
+    "tpcb": ([], "pgbench's default TPC-B-like script (three UPDATEs, a SELECT and an INSERT in BEGIN ... END)"),
+}
+
 
 @dataclasses.dataclass
 class Case:
@@ -19,10 +26,12 @@ class Case:
     mode: str
     clients: int
     latency: bool = False  # the one-client latency case
+    workload: str = "select"
 
     @property
     def label(self) -> str:
-        return f"latency -c 1 -M {self.mode}" if self.latency else f"-S -M {self.mode}"
+        script = "-S" if self.workload == "select" else "TPC-B"
+        return f"latency -c 1 {script} -M {self.mode}" if self.latency else f"{script} -M {self.mode}"
 
 
 @dataclasses.dataclass
@@ -33,10 +42,16 @@ class Run:
     clients: int
     latency_case: bool
     round: int
+    workload: str = "select"
     ok: bool = False
     error: str = ""
     tps: float | None = None
     latency_ms: float | None = None
+    # Percentiles of the per-transaction latency in pgbench's log (sampled: log_samples of them).
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    log_samples: int | None = None
     processed: int | None = None
     failed_txns: int | None = None
     errors_logged: int = 0  # error lines pgbench printed (e.g. a failed Prepare it carried on after)
@@ -83,23 +98,27 @@ def with_median(cells: list[str], nums: list[float], fmt: str) -> str:
     return s
 
 
-def render_table(pool: int, cases: list[Case], runs: list[Run], args, skipped: dict[str, str]) -> str:
-    cols = ["case", "clients", "direct TPS", "parsnip TPS", "parsnip/direct", "pgbouncer TPS", "pgbouncer/direct",
-            "parsnip µs CPU/txn", "pgbouncer µs CPU/txn", "latency (direct / parsnip / pgbouncer)"]
-    if args.count_parses:
-        cols.append("server parses per 1000 txn (direct / parsnip / pgbouncer)")
-    lines = [f"#### Pool of {pool} server connections (transaction mode)", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for case in cases:
-        sel = [r for r in runs if r.pool == pool and r.mode == case.mode and r.clients == case.clients
-               and r.latency_case == case.latency]
-        by: dict[str, dict[int, Run]] = {s: {} for s in ALL_SYSTEMS}
-        for r in sel:
-            by[r.system][r.round] = r
-        rounds = sorted({r.round for r in sel})
+def fmt_ms(v: float) -> str:
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 10 else f"{v:.1f}"
 
-        def tps_cell(system):
-            return join_rounds([fmt_tps(by[system].get(i)) for i in rounds])
+
+def render_table(pool: int, workload: str, cases: list[Case], runs: list[Run], args, skipped: dict[str, str],
+                 systems: list[str]) -> str:
+    """One row per case and system: TPS and its ratio to direct per round, the pooler's CPU per
+    transaction per round, and latency percentiles (medians over rounds)."""
+    systems = [s for s in systems if s not in skipped]
+    cols = ["case", "clients", "system", "TPS", "× direct", "pooler µs CPU/txn", "p50 ms", "p95 ms", "p99 ms"]
+    if args.count_parses:
+        cols.append("server parses per 1000 txn")
+    lines = [f"#### Pool of {pool} server connections (transaction mode), {WORKLOADS[workload][1]}", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    mine = [r for r in runs if r.pool == pool and r.workload == workload]
+    for case in cases:
+        sel = [r for r in mine if r.mode == case.mode and r.clients == case.clients and r.latency_case == case.latency]
+        by: dict[str, dict[int, Run]] = {s: {} for s in systems}
+        for r in sel:
+            by.setdefault(r.system, {})[r.round] = r
+        rounds = sorted({r.round for r in sel})
 
         def ratio_cell(system):
             cells, nums = [], []
@@ -135,47 +154,50 @@ def render_table(pool: int, cases: list[Case], runs: list[Run], args, skipped: d
             vals = [getattr(r, attr) for r in by[system].values() if r.ok and getattr(r, attr) is not None]
             return statistics.median(vals) if vals else None
 
-        if case.latency:
-            d = med("direct", "latency_ms")
-            parts = []
-            for s in ALL_SYSTEMS:
-                v = med(s, "latency_ms")
-                if v is None:
-                    parts.append(f"{s} " + ("FAILED" if by[s] else "—"))
-                elif s == "direct" or d is None:
-                    parts.append(f"{s} {v * 1000:.0f} µs")
-                else:
-                    parts.append(f"{s} {v * 1000:.0f} µs ({(v - d) * 1000:+.0f})")
-            lat = "; ".join(parts)
-        else:
-            vals = []
-            for s in ALL_SYSTEMS:
-                v = med(s, "latency_ms")
-                vals.append("FAILED" if v is None and by[s] else ("—" if v is None else f"{v:.2f}"))
-            lat = " / ".join(vals) + " ms"
-        row = [case.label, str(case.clients), tps_cell("direct"), tps_cell("parsnip"), ratio_cell("parsnip"),
-               tps_cell("pgbouncer"), ratio_cell("pgbouncer"), cpu_cell("parsnip"), cpu_cell("pgbouncer"), lat]
-        if args.count_parses:
-            vals = []
-            for s in ALL_SYSTEMS:
-                v = med(s, "parses_per_1k")
-                vals.append("—" if v is None else (f"{v:.1f}" if v < 100 else f"{v:.0f}"))
-            row.append(" / ".join(vals))
-        lines.append("| " + " | ".join(md(c) for c in row) + " |")
+        def pct_cell(system, attr):
+            v = med(system, attr)
+            if v is None:
+                return "—"
+            d = med("direct", attr)
+            # With one client, what a pooler adds to each transaction's latency is the point.
+            if case.clients == 1 and system != "direct" and d is not None:
+                return f"{fmt_ms(v)} ({(v - d) * 1000:+.0f} µs)"
+            return fmt_ms(v)
+
+        for system in systems:
+            if (system, case.mode) in NOT_RUN:
+                lines.append(f"| {case.label} | {case.clients} | {system} | not run (see below) |" + " |" * (len(cols) - 4))
+                continue
+            row = [case.label, str(case.clients), system,
+                   join_rounds([fmt_tps(by[system].get(i)) for i in rounds]),
+                   "" if system == "direct" else ratio_cell(system),
+                   "" if system == "direct" else cpu_cell(system),
+                   pct_cell(system, "p50_ms"), pct_cell(system, "p95_ms"), pct_cell(system, "p99_ms")]
+            if args.count_parses:
+                v = med(system, "parses_per_1k")
+                row.append("—" if v is None else (f"{v:.1f}" if v < 100 else f"{v:.0f}"))
+            lines.append("| " + " | ".join(md(c) for c in row) + " |")
     notes = []
-    if len({r.round for r in runs}) > 1:
+    if len({r.round for r in mine}) > 1:
         notes.append("Comma-separated values are rounds 1, 2, …; each ratio divides a pooler's TPS by direct's "
-                     "TPS of the same round. Latency and parses are medians over rounds.")
-    loads = [r.other_load for r in runs if r.pool == pool and r.other_load is not None]
+                     "TPS of the same round. Latency percentiles (from pgbench's per-transaction log)"
+                     + (" and parses" if args.count_parses else "") + " are medians over rounds.")
+    else:
+        notes.append("Latency percentiles come from pgbench's per-transaction log.")
+    if any(c.clients == 1 for c in cases):
+        notes.append("One client: a pooler's latency cells add in brackets the difference to direct's.")
+    loads = [r.other_load for r in mine if r.other_load is not None]
     if loads:
         notes.append(f"Other processes on the machine used {statistics.mean(loads):.2f} CPUs on average during "
                      f"these runs (max {max(loads):.2f}, of {len(os.sched_getaffinity(0))}).")
     for s, why in skipped.items():
         notes.append(f"{s} not measured: {why}.")
+    for (s, mode), why in NOT_RUN.items():
+        if s in systems and any(c.mode == mode for c in cases):
+            notes.append(f"{s} not run with -M {mode}: {why}.")
     if args.count_parses:
         notes.append("Run with --count-parses: log_parser_stats was on during every run, which costs throughput.")
-    if notes:
-        lines += [""] + [f"- {md(n)}" for n in notes]
+    lines += [""] + [f"- {md(n)}" for n in notes]
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""parsnip benchmark harness: pgbench -S directly against PostgreSQL, through parsnip and
-through PgBouncer, alternated in one run, printed as Markdown tables of throughput ratios,
-pooler CPU per transaction and latency.
+"""parsnip benchmark harness: pgbench (-S, or its TPC-B-like script) directly against PostgreSQL,
+through parsnip (statement cache on and off) and through PgBouncer, alternated in one run, printed
+as Markdown tables of throughput ratios, pooler CPU per transaction and latency percentiles.
 
 Python 3.11 standard library only. See bench/README.md and docs/benchmarks.md.
 """
@@ -30,18 +30,22 @@ import throwaway  # noqa: E402  (scripts/throwaway.py: clusters, processes, bina
 from throwaway import log, service_user, stop_process  # noqa: E402
 from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
-from report import Case, Run, machine_info, render_table  # noqa: E402
+from report import WORKLOADS, Case, Run, machine_info, render_table  # noqa: E402
 from systems import (  # noqa: E402
-    ALL_MODES, ALL_SYSTEMS, CLK_TCK, DB, DB_USER, TRANSPORT, Parsnip, PgBouncer, Pooler, Postgres, cpu_ticks,
+    ALL_MODES, ALL_SYSTEMS, CLK_TCK, DEFAULT_SYSTEMS, NOT_RUN, DB, DB_USER, TRANSPORT, Parsnip, PgBouncer, Pooler, Postgres, cpu_ticks,
     git_describe, machine_busy_s, own_children_s, parsnip_binary, pgbouncer_binary, process_tree_s,
 )
 
 
-# The two tables the issues ask for: (pool size, modes, client counts).
+# The tables the issues ask for: parts of (pool size, workload, modes, client counts), and the
+# systems a preset runs when --systems is not given.
 TABLES = {
-    "issue2": (16, ("simple", "extended"), (16, 256)),
-    "issue3": (8, ("simple", "extended", "prepared"), (64,)),
+    "issue2": [(16, "select", ("simple", "extended"), (16, 256))],
+    "issue3": [(8, "select", ("simple", "extended", "prepared"), (64,))],
+    "issue13": [(8, "select", ("simple", "extended", "prepared"), (1, 64, 256)),
+                (8, "tpcb", ("simple", "extended", "prepared"), (64,))],
 }
+TABLE_SYSTEMS = {"issue13": ALL_SYSTEMS}
 
 # --------------------------------------------------------------------------- pgbench runs
 
@@ -54,11 +58,34 @@ def first_error(text: str) -> str:
     return pick[:160]
 
 
-def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int, host: str = "127.0.0.1") -> dict:
+def percentiles(prefix: Path) -> dict:
+    """p50/p95/p99 (ms) of the latencies in pgbench's per-transaction logs PREFIX.PID[.THREAD]
+    (3rd field, µs; 'failed' or 'skipped' there for transactions that have none); deletes them."""
+    lat = []
+    for f in prefix.parent.glob(prefix.name + ".*"):
+        with open(f) as fh:
+            for line in fh:
+                fields = line.split(maxsplit=3)
+                if len(fields) > 2 and fields[2].isdigit():
+                    lat.append(int(fields[2]))
+        f.unlink()
+    if not lat:
+        return {}
+    lat.sort()
+    pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] / 1000  # noqa: E731
+    return {"p50_ms": pick(0.50), "p95_ms": pick(0.95), "p99_ms": pick(0.99), "log_samples": len(lat)}
+
+
+def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int, host: str = "127.0.0.1",
+                log_prefix: Path | None = None, sampling: float = 1.0) -> dict:
+    """One pgbench run; with log_prefix, pgbench logs (a sample of) its transactions there
+    (read them with percentiles())."""
     clients = case.clients
     j = 1 if case.latency else max(1, min(jobs, clients))
-    argv = [pg.bin("pgbench"), "-n", "-S", "-M", case.mode, "-c", str(clients), "-j", str(j), "-T", str(duration),
-            "-h", host, "-p", str(port), "-U", DB_USER, DB]
+    argv = [pg.bin("pgbench"), "-n", *WORKLOADS[case.workload][0], "-M", case.mode, "-c", str(clients),
+            "-j", str(j), "-T", str(duration), "-h", host, "-p", str(port), "-U", DB_USER, DB]
+    if log_prefix is not None:
+        argv[1:1] = ["--log", f"--log-prefix={log_prefix}"] + ([f"--sampling-rate={sampling:g}"] if sampling < 1 else [])
     if TRANSPORT["connect"]:
         argv.insert(1, "-C")
     env = dict(os.environ, PGSSLMODE="require") if TRANSPORT["tls"] else None
@@ -105,8 +132,8 @@ class Bench:
         self.runs: list[Run] = []
 
     def make_pooler(self, system: str, pool: int) -> Pooler:
-        if system == "parsnip":
-            return Parsnip(self.pg, self.tmp, pool, self.parsnip_bin, self.args.parsnip_config)
+        if system.startswith("parsnip"):
+            return Parsnip(self.pg, self.tmp, pool, self.parsnip_bin, self.args.parsnip_config, system)
         return PgBouncer(self.pg, self.tmp, pool, self.pgb_bin, self.user, self.pgb_version)
 
     def start_pooler(self, system: str, pool: int) -> Pooler | None:
@@ -126,15 +153,14 @@ class Bench:
 
     def run_case(self, case: Case) -> None:
         poolers: dict[str, Pooler | None] = {}
+        systems = [s for s in self.systems if s not in self.skipped and (s, case.mode) not in NOT_RUN]
         try:
-            for system in self.systems:
-                if system != "direct" and system not in self.skipped:
+            for system in systems:
+                if system != "direct":
                     poolers[system] = self.start_pooler(system, case.pool)
             for rnd in range(1, self.args.rounds + 1):
-                for system in self.systems:
-                    if system in self.skipped:
-                        continue
-                    run = Run(system, case.pool, case.mode, case.clients, case.latency, rnd)
+                for system in systems:
+                    run = Run(system, case.pool, case.mode, case.clients, case.latency, rnd, case.workload)
                     self.measure(run, case, poolers, system)
                     self.runs.append(run)
                     self.report(run)
@@ -169,10 +195,12 @@ class Bench:
         before = cpu_ticks(pooler.pid()) if pooler else None
         load0 = self.load_snapshot(ours)
         t0 = time.monotonic()
-        res = run_pgbench(self.pg, port, case, self.args.duration, self.args.jobs, host)
+        res = run_pgbench(self.pg, port, case, self.args.duration, self.args.jobs, host,
+                          self.tmp / "pgbench-log", self.args.sampling_rate)
         run.wall_s = round(time.monotonic() - t0, 2)
         after = cpu_ticks(pooler.pid()) if pooler else None
         load1 = self.load_snapshot(ours)
+        res.update(percentiles(self.tmp / "pgbench-log"))  # after the snapshots: reading the log is ours
         busy, mine = load1[0] - load0[0], load1[1] - load0[1]
         run.other_load = round(max(0.0, busy - mine) / max(run.wall_s, 0.1), 2)
         if counting:
@@ -180,7 +208,8 @@ class Bench:
             self.pg.set_parser_stats(False)
             run.server_parses = self.pg.count_parses(log_start, log_end)
             self.pg.trim_log()
-        for k in ("tps", "latency_ms", "processed", "failed_txns", "aborted", "ok", "errors_logged"):
+        for k in ("tps", "latency_ms", "p50_ms", "p95_ms", "p99_ms", "log_samples", "processed", "failed_txns",
+                  "aborted", "ok", "errors_logged"):
             if k in res:
                 setattr(run, k, res[k])
         run.error = res.get("error", "")
@@ -221,12 +250,16 @@ class Bench:
 
     def report(self, r: Run) -> None:
         load = f" [other load {r.other_load:.2f} CPUs]" if r.other_load is not None else ""
-        head = f"pool {r.pool} | {'latency ' if r.latency_case else ''}{r.mode} c={r.clients} | round {r.round} | {r.system}:"
+        script = "" if r.workload == "select" else f"{r.workload} "
+        head = (f"pool {r.pool} | {'latency ' if r.latency_case else ''}{script}{r.mode} c={r.clients} | "
+                f"round {r.round} | {r.system}:")
         if not r.ok:
             extra = f" (partial: {r.tps:.0f} tps)" if r.tps else ""
             log(f"{head} FAILED: {r.error}{extra}{load}")
             return
         parts = [f"{r.tps:.0f} tps", f"{r.latency_ms:.3f} ms"]
+        if r.p50_ms is not None:
+            parts.append(f"p50 {r.p50_ms:.3f} p95 {r.p95_ms:.3f} p99 {r.p99_ms:.3f} ms")
         if r.cpu_us_per_txn is not None:
             parts.append(f"cpu {r.cpu_us_per_txn:.1f} us/txn ({r.pooler_cpu_s:.2f} s)")
         if r.failed_txns:
@@ -245,42 +278,49 @@ def parse_list(text: str, conv=str) -> list:
     return [conv(x) for x in re.split(r"[,\s]+", text.strip()) if x]
 
 
-def build_cases(args) -> dict[int, list[Case]]:
-    tables = list(TABLES) if args.table == "all" else [args.table]
-    grid: dict[int, list[Case]] = {}
+def build_cases(args) -> dict[tuple[int, str], list[Case]]:
+    """The cases, grouped by (pool size, workload): one table each."""
+    tables = ["issue2", "issue3"] if args.table == "all" else [args.table]
+    grid: dict[tuple[int, str], list[Case]] = {}
     last_pool = None
     for t in tables:
-        pool, modes, clients = TABLES[t]
-        pools = args.pool_size or [pool]
-        modes = args.modes or list(modes)
-        clients = args.clients or list(clients)
-        for p in pools:
-            lst = grid.setdefault(p, [])
-            for m in modes:
-                for c in clients:
-                    case = Case(p, m, c)
-                    if case not in lst:
-                        lst.append(case)
-            last_pool = p
-    if args.latency and last_pool is not None:
-        grid[last_pool].append(Case(last_pool, "prepared", 1, latency=True))
+        for pool, workload, modes, clients in TABLES[t]:
+            for p in args.pool_size or [pool]:
+                for w in args.workload or [workload]:
+                    lst = grid.setdefault((p, w), [])
+                    for m in args.modes or modes:
+                        for c in args.clients or clients:
+                            case = Case(p, m, c, workload=w)
+                            if case not in lst:
+                                lst.append(case)
+                last_pool = p
+    # The one-client latency case, unless the grid has one-client runs already.
+    has_one = any(c.clients == 1 for cases in grid.values() for c in cases)
+    if args.latency and last_pool is not None and not has_one:
+        w = (args.workload or ["select"])[0]
+        grid.setdefault((last_pool, w), []).append(Case(last_pool, "prepared", 1, latency=True, workload=w))
     return grid
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
-        description="pgbench -S directly against PostgreSQL vs through parsnip vs through PgBouncer, "
-        "alternated in one run; prints Markdown tables of ratios.",
+        description="pgbench (-S or TPC-B) directly against PostgreSQL vs through parsnip (cache on/off) vs "
+        "through PgBouncer, alternated in one run; prints Markdown tables of ratios, pooler CPU and latency.",
     )
-    ap.add_argument("--table", choices=["issue2", "issue3", "all"], default="all",
+    ap.add_argument("--table", choices=["issue2", "issue3", "issue13", "all"], default="all",
                     help="preset grid: issue2 = simple,extended x 16,256 clients, pool 16; issue3 = "
-                         "simple,extended,prepared x 64 clients, pool 8 (default: all)")
+                         "simple,extended,prepared x 64 clients, pool 8; issue13 = pool 8, simple,extended,prepared "
+                         "x 1,64,256 clients with -S plus x 64 clients with TPC-B, systems "
+                         "direct,parsnip,parsnip-nocache,pgbouncer; all = issue2 + issue3 (default)")
+    ap.add_argument("--workload", type=parse_list, help="pgbench scripts, comma-separated: select (-S) and/or "
+                    "tpcb (pgbench's default TPC-B-like script); replaces the preset's")
     ap.add_argument("--pool-size", type=lambda s: parse_list(s, int), help="pool sizes, e.g. 16 or 16,8 "
                     "(overrides the tables' pool sizes)")
     ap.add_argument("--clients", type=lambda s: parse_list(s, int), help="client counts, e.g. 16,64,256")
     ap.add_argument("--modes", type=parse_list, help="pgbench -M modes: simple,extended,prepared")
-    ap.add_argument("--systems", type=parse_list, default=list(ALL_SYSTEMS),
-                    help="direct,parsnip,pgbouncer (default all; direct is needed for ratios)")
+    ap.add_argument("--systems", type=parse_list,
+                    help="of direct,parsnip,parsnip-nocache,pgbouncer (parsnip-nocache: prepared_statements = false); "
+                         "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
     ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
     ap.add_argument("--rounds", type=int, help="rounds per case, systems alternated within each (default 2)")
     ap.add_argument("--jobs", "-j", type=int, default=2, help="pgbench -j (default 2)")
@@ -297,6 +337,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke check: -T 3, one round, 16 and 64 clients")
     ap.add_argument("--no-latency", dest="latency", action="store_false",
                     help="skip the one-client -M prepared latency case")
+    ap.add_argument("--sampling-rate", type=float, default=1.0, help="fraction of transactions pgbench logs "
+                    "for the latency percentiles (pgbench --sampling-rate; default 1: all)")
     ap.add_argument("--count-parses", action="store_true",
                     help="count server parses (log_parser_stats) during each run; costs throughput")
     ap.add_argument("--out", help="append the tables, with date, machine and command, to this Markdown file")
@@ -328,9 +370,13 @@ def main(argv: list[str]) -> int:
         args.clients = args.clients or [16, 64]
     args.duration = args.duration or 10
     args.rounds = args.rounds or 2
+    args.systems = args.systems or list(TABLE_SYSTEMS.get(args.table, DEFAULT_SYSTEMS))
     bad = [s for s in args.systems if s not in ALL_SYSTEMS] + [m for m in (args.modes or []) if m not in ALL_MODES]
+    bad += [w for w in (args.workload or []) if w not in WORKLOADS]
     if bad:
-        ap.error(f"unknown system/mode: {', '.join(bad)}")
+        ap.error(f"unknown system/mode/workload: {', '.join(bad)}")
+    if not 0 < args.sampling_rate <= 1:
+        ap.error("--sampling-rate must be in (0, 1]")
     systems = [s for s in ALL_SYSTEMS if s in args.systems]
     grid = build_cases(args)
     command = "python3 " + shlex.join([os.path.relpath(sys.argv[0], os.getcwd())] + argv)
@@ -397,10 +443,10 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     parsnip_bin = pgb_bin = None
     pgb_version = ""
     parsnip_version = ""
-    if "parsnip" in systems:
+    if "parsnip" in systems or "parsnip-nocache" in systems:
         parsnip_bin, why = parsnip_binary(args.parsnip_bin, build=not args.no_build and not args.parsnip_bin)
         if parsnip_bin is None:
-            skipped["parsnip"] = why
+            skipped.update({s: why for s in systems if s.startswith("parsnip")})
         else:
             parsnip_version = f"parsnip {git_describe()}" if not args.parsnip_bin else f"parsnip ({parsnip_bin})"
     if "pgbouncer" in systems:
@@ -435,7 +481,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     bench.pgb_version = pgb_version
     bench.skipped = skipped
     # A pooler that cannot start at all is skipped for the whole run.
-    for s in ("parsnip", "pgbouncer"):
+    for s in ("parsnip", "parsnip-nocache", "pgbouncer"):
         if s in systems and s not in skipped:
             p = bench.make_pooler(s, 2)
             try:
@@ -451,7 +497,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     n_sys = len([s for s in systems if s not in skipped])
     est = n_cases * args.rounds * n_sys * (args.duration + args.pause + 1.5)
     log(f"{n_cases} cases x {args.rounds} rounds x {n_sys} systems, -T {args.duration}: about {est / 60:.1f} min")
-    for pool, cases in grid.items():
+    for cases in grid.values():
         for case in cases:
             bench.run_case(case)
 
@@ -463,21 +509,26 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         f"- machine: {machine_info()}",
         f"- {pg.version}: fsync, synchronous_commit and full_page_writes off, shared_buffers 256MB, "
         f"max_connections 400; pgbench scale {args.scale}",
-        f"- pgbench -S -j {args.jobs} -T {args.duration}, {args.rounds} round(s), systems alternated "
+        f"- pgbench {' and '.join(sorted({'-S' if w == 'select' else 'TPC-B' for _, w in grid}))} -j {args.jobs} "
+        f"-T {args.duration}, {args.rounds} round(s), systems alternated "
         f"({', '.join(s for s in systems if s not in skipped)}) within each case"
         + (f", niceness {args.nice}" if args.nice else "")
         + (", unix sockets on every hop" if args.unix
            else ", pgbench on TCP 127.0.0.1, poolers to PostgreSQL over its unix socket" if args.server_unix
            else ", TCP on 127.0.0.1 on every hop")
         + (", TLS (sslmode=require, a P-256 certificate) on every TCP hop" if args.tls else "")
-        + (", a new connection per transaction (pgbench -C)" if args.connect else ""),
+        + (", a new connection per transaction (pgbench -C)" if args.connect else "")
+        + f"; latency percentiles from pgbench --log"
+        + (f" --sampling-rate {args.sampling_rate:g}" if args.sampling_rate < 1 else " (every transaction)"),
     ]
     if parsnip_version and "parsnip" not in skipped:
         extra = "".join(f", `{l}`" for l in args.parsnip_config)
-        header.append(f"- {parsnip_version}, transaction mode{extra}")
+        header.append(f"- {parsnip_version}, transaction mode{extra}"
+                      + ("; parsnip-nocache: the same with `prepared_statements = false`"
+                         if "parsnip-nocache" in systems else ""))
     if pgb_version and "pgbouncer" not in skipped:
         header.append(f"- {pgb_version}, transaction mode, max_client_conn 2000")
-    body = [render_table(pool, cases, bench.runs, args, skipped) for pool, cases in grid.items()]
+    body = [render_table(pool, w, cases, bench.runs, args, skipped, systems) for (pool, w), cases in grid.items()]
     text = "\n".join(header) + "\n\n" + "\n\n".join(body) + "\n"
     print(text, flush=True)
     if args.out:

@@ -23,7 +23,14 @@ from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SYSTEMS = ("direct", "parsnip", "pgbouncer")
+ALL_SYSTEMS = ("direct", "parsnip", "parsnip-nocache", "pgbouncer")
+# parsnip-nocache: parsnip with its statement cache off, to show what the cache costs and saves.
+DEFAULT_SYSTEMS = ("direct", "parsnip", "pgbouncer")
+NOCACHE = "prepared_statements = false"
+# (system, pgbench -M mode) pairs that cannot work, so are not run: without the cache, pgbench's
+# statement names collide on shared server connections ("prepared statement P_0 already exists").
+NOT_RUN = {("parsnip-nocache", "prepared"): "-M prepared needs the statement cache (pgbench's statement "
+           "names collide on shared server connections without it)"}
 ALL_MODES = ("simple", "extended", "prepared")
 DB = "bench"
 DB_USER = "postgres"
@@ -197,13 +204,17 @@ class Pooler:
 class Parsnip(Pooler):
     name = "parsnip"
 
-    def __init__(self, pg, tmp, pool_size, binary: Path, extra_config: list[str]) -> None:
+    def __init__(self, pg, tmp, pool_size, binary: Path, extra_config: list[str], name: str = "parsnip") -> None:
+        self.name = name  # before Pooler.__init__: it names the log and socket directory
         super().__init__(pg, tmp, pool_size)
         self.binary = binary
         self.extra_config = extra_config
+        if name == "parsnip-nocache":
+            keep = [l for l in extra_config if not l.strip().startswith("prepared_statements")]
+            self.extra_config = keep + [NOCACHE]
 
     def command(self):
-        cfg = self.tmp / "parsnip.toml"
+        cfg = self.tmp / f"{self.name}.toml"
         cfg.write_text('log_level = "warn"\nauth_type = "trust"\n' + "".join(f"{l}\n" for l in self.extra_config))
         env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
         tls = TRANSPORT["tls"]
