@@ -45,6 +45,10 @@ macro_rules! scenarios {
 }
 
 scenarios! {
+    autoprepare => [
+        autoprepare_select_insert_update,
+        autoprepare_after_ddl,
+    ],
     named => [
         named_one_batch,
         named_split_across_syncs_three_clients,

@@ -791,3 +791,45 @@ async fn pool_of_four_never_exceeds_four_backends() {
     })
     .await;
 }
+
+/// Issue 14: with `autoprepare = true`, `pgbench -S -M simple` (literal SELECTs that differ
+/// only in their key) runs from one cached statement per server connection: the cache's
+/// server Parses stay at most one per connection, against none without it (every simple
+/// Query parsed and planned by the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autoprepare_serves_simple_queries_from_cached_statements() {
+    const DB: &str = "pgb_autoprep";
+    const C: u64 = 16;
+    const T: u64 = 40;
+    create_db_async(DB).await;
+    init_direct(DB).await;
+    bounded(300, "autoprepare_serves_simple_queries_from_cached_statements", async {
+        for on in [false, true] {
+            let p = Parsnip::trust(&format!("{}\nautoprepare = {on}\nautoprepare_after = 2", pool_config(3)));
+            let run =
+                pgbench(via(&p), DB, &["-n", "-S", "-M", "simple", "-c", &C.to_string(), "-t", &T.to_string()]).await;
+            assert_clean(&run, C, T, Some(&p));
+            let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+            let rows = console.simple_query("SHOW PREPARED_STATEMENTS").await.expect("SHOW PREPARED_STATEMENTS");
+            let row = rows
+                .iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some(DB) => Some(r),
+                    _ => None,
+                })
+                .expect("a row for the database");
+            let n = |c: &str| row.get(c).and_then(|v| v.parse::<u64>().ok()).unwrap_or_else(|| panic!("{c}"));
+            let (parses, promotions) = (n("server_parses"), n("promotions"));
+            if on {
+                assert!(promotions >= 1, "the lifted SELECT was cached\n{}", p.log_tail());
+                assert!(
+                    (1..=POOL as u64).contains(&parses),
+                    "server Parses of cached statements: {parses}, at most one per server connection"
+                );
+            } else {
+                assert_eq!((parses, promotions), (0, 0), "without autoprepare nothing is cached");
+            }
+        }
+    })
+    .await;
+}

@@ -43,6 +43,8 @@ impl Config {
             ("max_cached_statements", self.max_cached_statements.to_string()),
             ("promote_unnamed_after", self.promote_unnamed_after.to_string()),
             ("describe_from_cache", self.describe_from_cache.to_string()),
+            ("autoprepare", self.autoprepare.to_string()),
+            ("autoprepare_after", self.autoprepare_after.to_string()),
             ("pipeline_depth", self.pipeline_depth.to_string()),
             ("pipeline_max_statement_ms", self.pipeline_max_statement_ms.to_string()),
             ("server_reset_query", self.server_reset_query.clone()),

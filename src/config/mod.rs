@@ -131,6 +131,13 @@ pub struct Config {
     /// cached statement, while no schema change was seen since (`stmt::epoch`). Off by
     /// default: DDL that does not go through parsnip is not seen.
     pub describe_from_cache: bool,
+    /// A simple Query holding one data statement (SELECT, INSERT, UPDATE, DELETE, VALUES,
+    /// WITH) outside a transaction block has its numeric literals lifted into parameters
+    /// and runs as a cached statement once its lifted text was seen `autoprepare_after`
+    /// times (`stmt::lift`).
+    pub autoprepare: bool,
+    /// Sightings of a lifted text before it is cached (0 = never).
+    pub autoprepare_after: u32,
     /// Batches in flight at once on one server connection when clients wait for one:
     /// another client's qualifying batch may be written behind the one whose replies are
     /// still coming (`driver::pipe`). 1 = one batch at a time (no pipelining).
@@ -251,6 +258,8 @@ impl Default for Config {
             max_cached_statements: 100_000,
             promote_unnamed_after: 3,
             describe_from_cache: false,
+            autoprepare: false,
+            autoprepare_after: 3,
             pipeline_depth: 8,
             pipeline_max_statement_ms: 2.0,
             server_reset_query: "DISCARD ALL".into(),
@@ -458,6 +467,8 @@ impl Config {
             registry_cap: self.max_cached_statements,
             promote_unnamed_after: self.promote_unnamed_after,
             describe_from_cache: self.describe_from_cache,
+            autoprepare: self.autoprepare,
+            autoprepare_after: self.autoprepare_after,
         }
     }
     /// See `client_login_timeout_ms` (never disabled).

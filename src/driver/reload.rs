@@ -45,6 +45,8 @@ const NEW_POOLS_ONLY: &[&str] = &[
     "max_cached_statements",
     "promote_unnamed_after",
     "describe_from_cache",
+    "autoprepare",
+    "autoprepare_after",
 ];
 
 impl Shared {

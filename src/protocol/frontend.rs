@@ -59,6 +59,28 @@ pub(crate) fn describe_statement(buf: &mut BytesMut, name: &[u8]) {
         put_cstr(b, name);
     });
 }
+/// Describe of a portal.
+pub(crate) fn describe_portal(buf: &mut BytesMut, name: &[u8]) {
+    write_msg(buf, tags::DESCRIBE, |b| {
+        b.put_u8(b'P');
+        put_cstr(b, name);
+    });
+}
+/// Bind of `statement` to `portal` with these parameter values in text format, results in
+/// text.
+pub(crate) fn bind_text(buf: &mut BytesMut, portal: &[u8], statement: &[u8], values: &[&[u8]]) {
+    write_msg(buf, tags::BIND, |b| {
+        put_cstr(b, portal);
+        put_cstr(b, statement);
+        b.put_i16(0);
+        b.put_i16(values.len() as i16);
+        for v in values {
+            b.put_i32(v.len() as i32);
+            b.put_slice(v);
+        }
+        b.put_i16(0);
+    });
+}
 /// Execute of `portal`, all rows.
 pub fn execute(buf: &mut BytesMut, portal: &[u8]) {
     write_msg(buf, tags::EXECUTE, |b| {

@@ -22,7 +22,10 @@ impl Session {
         if traced {
             wire_trace::frames(self.uid, "client>", true, frame);
         }
-        let fed = if self.on_client_frame(frame, server) {
+        self.autoprep_before_frame();
+        let consumed = self.on_client_frame(frame, server);
+        self.autoprep_after_frame(consumed);
+        let fed = if consumed {
             Fed::Consumed
         } else if self.link == Link::Linked {
             Fed::AwaitsReplies

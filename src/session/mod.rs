@@ -270,8 +270,14 @@ impl Session {
     }
     /// Client frames the driver must feed again before the ones it holds (a batch retried
     /// after a transparent re-prepare).
+    /// Frames queued to be fed before the client's next ones (a retry, an autoprepared
+    /// Query): the driver stops feeding after the frame that queued them.
+    pub(crate) fn has_replay(&self) -> bool {
+        self.retry.replay.is_some()
+    }
+
     pub(crate) fn take_replay(&mut self) -> Option<Vec<u8>> {
-        self.retry.replay.take().map(Vec::from)
+        self.retry.replay.take().map(|b| *b)
     }
     /// Actions are waiting for the driver.
     pub(crate) fn has_actions(&self) -> bool {

@@ -215,6 +215,41 @@ impl Rename {
     }
 }
 
+/// A 1-based character position in the text sent to the server, in the client's text:
+/// `edits` are (server start, server end, client start, client end) in characters, in
+/// order; a position inside a replaced span maps to the start of the client's.
+pub(crate) fn client_position(edits: &[[i64; 4]], p: i64) -> i64 {
+    let q = p - 1;
+    let mut delta = 0;
+    for &[ss, se, cs, ce] in edits {
+        if q < ss {
+            break;
+        }
+        if q < se {
+            return cs + 1;
+        }
+        delta = ce - se;
+    }
+    (q + delta + 1).max(1)
+}
+
+/// The ErrorResponse `frame` with its position mapped through `edits`.
+pub(crate) fn map_error_position(frame: &[u8], edits: &[[i64; 4]], out: &mut bytes::BytesMut) {
+    use std::borrow::Cow;
+    let body = frame.get(5..).unwrap_or_default();
+    let fields = backend::error_fields(body).map(|(t, v)| {
+        let value = match t {
+            b'P' => match std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()) {
+                Some(p) => Cow::Owned(client_position(edits, p).to_string().into_bytes()),
+                None => Cow::Borrowed(v),
+            },
+            _ => Cow::Borrowed(v),
+        };
+        (t, value)
+    });
+    backend::error_response_fields(out, fields);
+}
+
 /// One queue entry.
 #[derive(Clone, Debug)]
 pub(crate) struct Pending {
@@ -234,6 +269,10 @@ pub(crate) struct Pending {
     pub(crate) plain_read: bool,
     /// Side effects.
     pub(crate) fx: Fx,
+    /// Part of a client's simple Query run as an autoprepared statement
+    /// (`stmts::autoprepare`): its ParseComplete, BindComplete and NoData are not the
+    /// client's, and error positions map back to the client's text through these edits.
+    pub(crate) simple: Option<Arc<Vec<[i64; 4]>>>,
 }
 
 impl Pending {
@@ -245,7 +284,16 @@ impl Pending {
     /// A request with explicit reply handling and effects.
     #[inline]
     pub(crate) fn with(req: Req, on_reply: OnReply, fx: Fx) -> Pending {
-        Pending { req, on_reply, purpose: Purpose::Client, tracked_sql: None, failed: false, plain_read: false, fx }
+        Pending {
+            req,
+            on_reply,
+            purpose: Purpose::Client,
+            tracked_sql: None,
+            failed: false,
+            plain_read: false,
+            fx,
+            simple: None,
+        }
     }
     /// A request of the pooler's own.
     pub(crate) fn internal(req: Req, purpose: Purpose) -> Pending {
@@ -257,6 +305,7 @@ impl Pending {
             failed: false,
             plain_read: false,
             fx: Fx::default(),
+            simple: None,
         }
     }
     /// True for an entry the pooler answers itself.
@@ -282,6 +331,8 @@ pub(crate) struct ReplyQueue {
     /// an implicit transaction (and maybe portals) open until the next Sync, even when
     /// every reply has arrived (a batch ended with Flush).
     unsynced: bool,
+    /// Requests pushed so far (wrapping): how many a client frame added.
+    pub(crate) pushes: u32,
 }
 
 impl ReplyQueue {
@@ -306,6 +357,7 @@ impl ReplyQueue {
     /// Appends a request written to the server.
     #[inline]
     pub(crate) fn push(&mut self, p: Pending) {
+        self.pushes = self.pushes.wrapping_add(1);
         if p.opens_batch() {
             self.unsynced = true;
         } else if p.req == Req::Sync {

@@ -27,7 +27,11 @@ pub(super) struct Retry {
     /// A transparent retry is in flight: never retry it again.
     pub(super) retried: bool,
     /// Client frames to feed again (a retried batch), before any newer ones.
-    pub(super) replay: Option<Box<[u8]>>,
+    /// (Boxed twice: one pointer in every session.)
+    #[allow(clippy::box_collection)]
+    pub(super) replay: Option<Box<Vec<u8>>>,
+    /// An autoprepared simple Query whose batch is being fed (`stmts::autoprepare`).
+    pub(super) autoprep: Option<Box<crate::session::stmts::autoprepare::AutoPrep>>,
 }
 
 impl Session {
@@ -54,6 +58,8 @@ impl Session {
         if code == b"0A000" && self.stmts.described.contains(&stmt.id) && !describes_portal(tail) {
             return false;
         }
+        // An autoprepared Query's batch: its replay is fed as one again.
+        let simple = self.replies.head().and_then(|p| p.simple.clone());
         // The failed Bind and what the server skips after it.
         if let Some(p) = self.replies.pop() {
             self.rollback(p, srv);
@@ -94,7 +100,19 @@ impl Session {
         // The driver feeds these frames again before anything else the client sent, through
         // the normal path (so a frame that must wait, waits).
         let frames = std::mem::take(&mut self.retry.last_batch);
-        self.retry.replay = frames.get(from as usize..).map(Box::from);
+        // An autoprepared Query's batch is replayed whole: its unnamed statement is gone
+        // once its Sync was fed.
+        let from = if simple.is_some() { 0 } else { from };
+        self.retry.replay = frames.get(from as usize..).map(|f| Box::new(f.to_vec()));
+        if let (Some(edits), Some(replay)) = (simple, self.retry.replay.as_deref()) {
+            let mut n = 0u8;
+            let mut rest: &[u8] = replay;
+            while let Ok(Some(len)) = crate::protocol::split_frame(rest, usize::MAX) {
+                n = n.saturating_add(1);
+                rest = &rest[len..];
+            }
+            self.autoprep_replay(edits, n);
+        }
         true
     }
 
@@ -128,7 +146,7 @@ impl Session {
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(statement = %stmt.server_name, "SQL EXECUTE re-prepared and retried transparently");
         self.retry.retried = true;
-        self.retry.replay = Some(std::mem::take(&mut self.retry.last_batch).into_boxed_slice());
+        self.retry.replay = Some(Box::new(std::mem::take(&mut self.retry.last_batch)));
         true
     }
 

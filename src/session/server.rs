@@ -144,7 +144,9 @@ impl Session {
             return;
         }
         let param_desc = if forwarded { self.param_desc.take() } else { None };
-        if forwarded {
+        let hidden = head.simple.is_some()
+            && matches!(tag, tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::NO_DATA | tags::PARAMETER_DESCRIPTION);
+        if forwarded && !hidden {
             if let Some(pd) = &param_desc {
                 self.to_client.extend_from_slice(pd);
             }
@@ -266,9 +268,10 @@ impl Session {
             return self.on_script_error(frame, code, server);
         }
         match &head.on_reply {
-            OnReply::Forward | OnReply::Inject => match &head.fx.rename {
-                Some(r) => r.rewrite_error(frame, &mut self.to_client),
-                None => self.to_client.extend_from_slice(frame),
+            OnReply::Forward | OnReply::Inject => match (&head.fx.rename, &head.simple) {
+                (Some(r), _) => r.rewrite_error(frame, &mut self.to_client),
+                (None, Some(edits)) => reply_queue::map_error_position(frame, edits, &mut self.to_client),
+                (None, None) => self.to_client.extend_from_slice(frame),
             },
             OnReply::ReplaceError(e) if code == b"26000" => e.write_to(&mut self.to_client),
             OnReply::ReplaceError(_) => self.to_client.extend_from_slice(frame),
@@ -427,6 +430,7 @@ impl Session {
         while let Some(p) = self.replies.head() {
             let OnReply::Synth(s) = &p.on_reply else { break };
             match s {
+                Synth::ParseComplete if p.simple.is_some() || self.autoprep_feeding() => {}
                 Synth::ParseComplete => backend::empty(&mut self.to_client, tags::PARSE_COMPLETE),
                 Synth::CloseComplete => backend::empty(&mut self.to_client, tags::CLOSE_COMPLETE),
                 Synth::Tag(t) => backend::command_complete(&mut self.to_client, t),

@@ -21,6 +21,11 @@ pub struct StmtConfig {
     pub(crate) promote_unnamed_after: u32,
     /// Statement Describes may be answered from the cache (`session::stmts::portal`).
     pub(crate) describe_from_cache: bool,
+    /// Simple-protocol data statements have their numeric literals lifted into parameters
+    /// and run as cached statements (`session::stmts::autoprepare`).
+    pub(crate) autoprepare: bool,
+    /// Sightings of a lifted text before it is cached (like `promote_unnamed_after`).
+    pub(crate) autoprepare_after: u32,
 }
 
 impl Default for StmtConfig {
@@ -31,6 +36,8 @@ impl Default for StmtConfig {
             registry_cap: 100_000,
             promote_unnamed_after: 3,
             describe_from_cache: false,
+            autoprepare: false,
+            autoprepare_after: 3,
         }
     }
 }
@@ -243,8 +250,14 @@ impl Registry {
     }
 
     /// Counts a sighting of an unnamed statement; true when it should now be promoted.
+    #[cfg(test)]
     pub(crate) fn see_unnamed(&self, key: &[u8]) -> bool {
-        let n = self.cfg.promote_unnamed_after;
+        self.see_unnamed_after(key, self.cfg.promote_unnamed_after)
+    }
+
+    /// `see_unnamed` with the threshold `n` (autoprepared statements count by
+    /// `autoprepare_after`).
+    pub(crate) fn see_unnamed_after(&self, key: &[u8], n: u32) -> bool {
         if n == 0 {
             return false;
         }

@@ -192,8 +192,9 @@ fn feed_frames(session: &mut Session, cbuf: &mut BytesMut, mut state: Option<&mu
                     }
                 }
                 at += n;
-                // Carry out releases and closes before the next frame.
-                if session.is_closing() || session.has_actions() {
+                // Carry out releases and closes before the next frame; frames the session
+                // queued to be fed (`take_replay`) go before the client's next ones.
+                if session.is_closing() || session.has_actions() || session.has_replay() {
                     break;
                 }
             }

@@ -6,9 +6,10 @@
 //!
 //! `ClientStmts` is what one client holds; the handlers are per message: `parse` (Parse),
 //! `portal` (Bind, Describe, Close, Execute), `sql` (PREPARE, EXECUTE, DEALLOCATE in a
-//! simple Query), `script` (those in a multi-statement Query), `shape` (result-shape checks), `guard` (the savepoint guard). Retrying a
+//! simple Query), `autoprepare` (a simple Query run as a cached statement), `script` (those in a multi-statement Query), `shape` (result-shape checks), `guard` (the savepoint guard). Retrying a
 //! batch after a stale plan is `session::retry`.
 
+pub(in crate::session) mod autoprepare;
 pub(in crate::session) mod guard;
 mod parse;
 mod portal;

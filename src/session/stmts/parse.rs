@@ -113,7 +113,13 @@ impl Session {
         // Promoted only outside transactions, with no earlier batch in flight: a promoted
         // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and only
         // there can that be retried transparently.
-        if idle && registry.see_unnamed(key) {
+        // An autoprepared Query's statement is cached after `autoprepare_after` sightings.
+        let after = if self.retry.autoprep.is_some() {
+            registry.cfg.autoprepare_after
+        } else {
+            registry.cfg.promote_unnamed_after
+        };
+        if idle && registry.see_unnamed_after(key, after) {
             return Lookup::Cached(registry.get_or_insert(key, StmtKind::Protocol, p.query, p.param_types));
         }
         Lookup::Plain

@@ -432,18 +432,7 @@ impl Script {
 
     /// A 1-based character position in the server's text, in the client's.
     fn client_position(&self, p: i64) -> i64 {
-        let q = p - 1;
-        let mut delta = 0;
-        for &[ss, se, cs, ce] in &self.edits {
-            if q < ss {
-                break;
-            }
-            if q < se {
-                return cs + 1;
-            }
-            delta = ce - se;
-        }
-        (q + delta + 1).max(1)
+        crate::session::reply_queue::client_position(&self.edits, p)
     }
 }
 

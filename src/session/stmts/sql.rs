@@ -31,6 +31,9 @@ impl Session {
         }
         match class {
             Classified::Plain => {
+                if self.try_autoprepare(text) {
+                    return true;
+                }
                 self.note_tx_start(text);
                 self.forward_query(frame)
             }

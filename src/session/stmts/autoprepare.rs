@@ -1,0 +1,108 @@
+//! Autoprepare: a simple Query holding one data statement, outside a transaction block,
+//! runs as a cached statement. Its numeric literals are lifted into typed parameters
+//! (`stmt::lift`), and the Query becomes the extended-protocol batch a driver would send
+//! for it (Parse of the lifted text, Bind of the literals as text, Describe of the portal,
+//! Execute, Sync), fed through the session like the client's own frames: the unnamed
+//! statement's promotion (counted by `autoprepare_after`) caches it, the shape guard and
+//! the transparent retry after a stale plan apply as they do to any unnamed statement.
+//! The client sees the replies of its simple Query: the batch's ParseComplete,
+//! BindComplete and NoData are dropped (`Pending::simple`), error positions are mapped
+//! back to its text, and the unnamed statement the batch used is not the client's.
+
+use crate::protocol::frontend;
+use crate::session::Session;
+use crate::state::TxStatus;
+use crate::stmt::lift::lift;
+use bytes::BytesMut;
+use std::sync::Arc;
+
+/// An autoprepared Query whose frames are being fed.
+#[derive(Debug)]
+pub(in crate::session) struct AutoPrep {
+    /// Frames of the batch still to be consumed.
+    pub(in crate::session) frames_left: u8,
+    /// How the lifted text differs from the client's (for error positions).
+    pub(in crate::session) edits: Arc<Vec<[i64; 4]>>,
+    /// The reply queue's push count when the frame being fed began.
+    pushes_before: u32,
+}
+
+/// Frames in the batch an autoprepared Query becomes.
+const FRAMES: u8 = 5;
+
+impl Session {
+    /// A simple Query (`text`) with the cache on and no server work outstanding: if
+    /// autoprepare applies, the batch it becomes is queued to be fed (`take_replay`) and
+    /// true is returned (nothing was sent).
+    pub(in crate::session) fn try_autoprepare(&mut self, text: &[u8]) -> bool {
+        let Some(registry) = self.stmts.registry.as_ref() else { return false };
+        if !registry.cfg.autoprepare
+            || self.tx.status != TxStatus::Idle
+            || !self.replies.is_empty()
+            || self.replies.is_unsynced()
+            || self.retry.replay.is_some()
+            || self.retry.autoprep.is_some()
+        {
+            return false;
+        }
+        let escapes_everywhere = self.settings.reported("standard_conforming_strings") == Some("off");
+        let Some(l) = lift(text, escapes_everywhere) else { return false };
+        let mut types = Vec::with_capacity(4 * l.types.len());
+        for t in &l.types {
+            types.extend_from_slice(&t.to_be_bytes());
+        }
+        let values: Vec<&[u8]> = l.values.iter().map(|r| &text[r.clone()]).collect();
+        let mut f = BytesMut::with_capacity(l.text.len() + 64 + 8 * values.len());
+        frontend::parse(&mut f, b"", &l.text, &types);
+        frontend::bind_text(&mut f, b"", b"", &values);
+        frontend::describe_portal(&mut f, b"");
+        frontend::execute(&mut f, b"");
+        frontend::sync(&mut f);
+        self.retry.replay = Some(Box::new(f.to_vec()));
+        self.retry.autoprep =
+            Some(Box::new(AutoPrep { frames_left: FRAMES, edits: Arc::new(l.edits), pushes_before: 0 }));
+        true
+    }
+
+    /// True while an autoprepared Query's frames are fed: what is answered now is part of
+    /// it (a ParseComplete the cache makes at once is not the client's).
+    pub(in crate::session) fn autoprep_feeding(&self) -> bool {
+        self.retry.autoprep.is_some()
+    }
+
+    /// Before a client frame is handled.
+    #[inline]
+    pub(in crate::session) fn autoprep_before_frame(&mut self) {
+        if let Some(a) = self.retry.autoprep.as_mut() {
+            a.pushes_before = self.replies.pushes;
+        }
+    }
+
+    /// After a frame was handled: the requests it pushed belong to the autoprepared Query
+    /// (`Pending::simple`); one frame less of it; after its Sync, the unnamed statement it
+    /// used is not the client's (PostgreSQL has none after a simple Query).
+    #[inline]
+    pub(in crate::session) fn autoprep_after_frame(&mut self, consumed: bool) {
+        let Some(a) = self.retry.autoprep.as_mut() else { return };
+        let pushed = self.replies.pushes.wrapping_sub(a.pushes_before) as usize;
+        let edits = a.edits.clone();
+        let n = self.replies.len();
+        for p in self.replies.iter_mut().skip(n.saturating_sub(pushed)) {
+            p.simple = Some(edits.clone());
+        }
+        if !consumed {
+            return;
+        }
+        let Some(a) = self.retry.autoprep.as_mut() else { return };
+        a.frames_left = a.frames_left.saturating_sub(1);
+        if a.frames_left == 0 {
+            self.retry.autoprep = None;
+            self.stmts.unnamed = super::Unnamed::None;
+        }
+    }
+
+    /// A retry replays an autoprepared Query's batch: feed it as one again.
+    pub(in crate::session) fn autoprep_replay(&mut self, edits: Arc<Vec<[i64; 4]>>, frames: u8) {
+        self.retry.autoprep = Some(Box::new(AutoPrep { frames_left: frames, edits, pushes_before: 0 }));
+    }
+}
