@@ -319,7 +319,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--clients", type=lambda s: parse_list(s, int), help="client counts, e.g. 16,64,256")
     ap.add_argument("--modes", type=parse_list, help="pgbench -M modes: simple,extended,prepared")
     ap.add_argument("--systems", type=parse_list,
-                    help="of direct,parsnip,parsnip-nocache,pgbouncer (parsnip-nocache: prepared_statements = false); "
+                    help="of direct,parsnip,parsnip-nocache,parsnip-autoprepare,pgbouncer (parsnip-nocache: "
+                    "prepared_statements = false; parsnip-autoprepare: autoprepare = true); "
                          "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
     ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
     ap.add_argument("--rounds", type=int, help="rounds per case, systems alternated within each (default 2)")
@@ -443,7 +444,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     parsnip_bin = pgb_bin = None
     pgb_version = ""
     parsnip_version = ""
-    if "parsnip" in systems or "parsnip-nocache" in systems:
+    if any(s.startswith("parsnip") for s in systems):
         parsnip_bin, why = parsnip_binary(args.parsnip_bin, build=not args.no_build and not args.parsnip_bin)
         if parsnip_bin is None:
             skipped.update({s: why for s in systems if s.startswith("parsnip")})
@@ -481,7 +482,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     bench.pgb_version = pgb_version
     bench.skipped = skipped
     # A pooler that cannot start at all is skipped for the whole run.
-    for s in ("parsnip", "parsnip-nocache", "pgbouncer"):
+    for s in ("parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer"):
         if s in systems and s not in skipped:
             p = bench.make_pooler(s, 2)
             try:
@@ -525,7 +526,9 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         extra = "".join(f", `{l}`" for l in args.parsnip_config)
         header.append(f"- {parsnip_version}, transaction mode{extra}"
                       + ("; parsnip-nocache: the same with `prepared_statements = false`"
-                         if "parsnip-nocache" in systems else ""))
+                         if "parsnip-nocache" in systems else "")
+                      + ("; parsnip-autoprepare: the same with `autoprepare = true`"
+                         if "parsnip-autoprepare" in systems else ""))
     if pgb_version and "pgbouncer" not in skipped:
         header.append(f"- {pgb_version}, transaction mode, max_client_conn 2000")
     body = [render_table(pool, w, cases, bench.runs, args, skipped, systems) for (pool, w), cases in grid.items()]

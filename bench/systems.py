@@ -23,8 +23,12 @@ from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SYSTEMS = ("direct", "parsnip", "parsnip-nocache", "pgbouncer")
+ALL_SYSTEMS = ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer")
 # parsnip-nocache: parsnip with its statement cache off, to show what the cache costs and saves.
+# parsnip-autoprepare: parsnip with `autoprepare = true` (simple-protocol queries from cached
+# statements).
+AUTOPREPARE = "autoprepare = true"
+
 DEFAULT_SYSTEMS = ("direct", "parsnip", "pgbouncer")
 NOCACHE = "prepared_statements = false"
 # (system, pgbench -M mode) pairs that cannot work, so are not run: without the cache, pgbench's
@@ -212,6 +216,9 @@ class Parsnip(Pooler):
         if name == "parsnip-nocache":
             keep = [l for l in extra_config if not l.strip().startswith("prepared_statements")]
             self.extra_config = keep + [NOCACHE]
+        if name == "parsnip-autoprepare":
+            keep = [l for l in extra_config if not l.strip().startswith("autoprepare ")]
+            self.extra_config = keep + [AUTOPREPARE]
 
     def command(self):
         cfg = self.tmp / f"{self.name}.toml"

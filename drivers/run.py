@@ -66,8 +66,9 @@ class Parsnip:
     server connection, the admin console open (trust), Prometheus metrics on a port of
     its own (METRICS_URL)."""
 
-    def __init__(self, binary: Path, pg: Postgres, db: str, work: Path) -> None:
+    def __init__(self, binary: Path, pg: Postgres, db: str, work: Path, extra: list[str] | None = None) -> None:
         self.binary, self.pg, self.db, self.work = binary, pg, db, work
+        self.extra = extra or []
         self.port = free_port()
         self.metrics_port = free_port()
         self.log_path = work / f"parsnip-{db}.log"
@@ -83,6 +84,7 @@ class Parsnip:
             f'log_level = "{os.environ.get("PARSNIP_LOG", "warn")}"\n'
             "max_client_conn = 5000\n"
             f'metrics_listen = "127.0.0.1:{self.metrics_port}"\n'
+            + "".join(f"{line}\n" for line in self.extra)
         )
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -293,7 +295,7 @@ def run_mode(s: Scenario, mode: str, pg: Postgres, parsnip_bin: Path | None, wor
     else:
         assert parsnip_bin is not None
         pg.psql(f"ALTER DATABASE {db} SET log_min_duration_statement = 0")
-        px = Parsnip(parsnip_bin, pg, db, work)
+        px = Parsnip(parsnip_bin, pg, db, work, s.parsnip_config)
         try:
             px.start()
         except MatrixError as e:

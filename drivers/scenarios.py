@@ -33,6 +33,9 @@ class Scenario:
     # A parsnip failure already understood and written down (docs/design.md "Known gaps"):
     # reported as KNOWN, not counted as failed. Direct failures always count.
     known_issue: str = ""
+    # Extra lines for parsnip's configuration in this scenario's parsnip run (an opt-in
+    # feature judged by a driver that already runs elsewhere in the matrix without it).
+    parsnip_config: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def mode(self) -> str:
@@ -55,6 +58,7 @@ def discover() -> tuple[list[Scenario], list[str]]:
                     run=list(e["run"]), timeout_s=float(e.get("timeout_s", DEFAULT_TIMEOUT_S)),
                     setup_inputs=[str(x) for x in e.get("setup_inputs") or []],
                     known_issue=str(e.get("known_issue", "")),
+                    parsnip_config=[str(x) for x in e.get("parsnip_config") or []],
                 ))
         except (ValueError, KeyError, TypeError) as e:
             problems.append(f"{f.relative_to(REPO)}: {type(e).__name__}: {e}")
