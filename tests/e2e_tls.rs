@@ -397,6 +397,26 @@ fn libpq_direct_tls_negotiation_gets_in() {
     assert_eq!(out, "direct");
 }
 
+/// A certificate and key at paths that stay the same while a test replaces the files (and
+/// reloads).
+struct CertFiles {
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+impl CertFiles {
+    fn new(name: &str) -> CertFiles {
+        let dir = temp_path(name);
+        std::fs::create_dir_all(&dir).expect("dir");
+        CertFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem") }
+    }
+
+    fn install(&self, c: &Certs) {
+        std::fs::write(&self.cert, &c.cert_pem).expect("cert");
+        std::fs::write(&self.key, &c.key_pem).expect("key");
+    }
+}
+
 /// A reload re-reads the certificate files: after the files are replaced (a renewed
 /// certificate from another CA) and SIGHUP, new clients are shown the new certificate;
 /// before it, the old one.
@@ -405,13 +425,9 @@ fn reload_rereads_the_certificate_files() {
     let first = Certs::new(&["127.0.0.1", "localhost"]);
     let second = Certs::new(&["127.0.0.1", "localhost"]);
     // parsnip reads the certificate from paths that stay the same.
-    let dir = temp_path("tls-reload");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let install = |c: &Certs| {
-        std::fs::write(&cert, &c.cert_pem).expect("cert");
-        std::fs::write(&key, &c.key_pem).expect("key");
-    };
+    let files = CertFiles::new("tls-reload");
+    let (cert, key) = (&files.cert, &files.key);
+    let install = |c: &Certs| files.install(c);
     install(&first);
     let p = Parsnip::trust(&format!(
         "client_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\nclient_tls_sslmode = \"require\"",
@@ -561,13 +577,9 @@ fn parsnip_channel_binding_require_binds_to_a_tls_server_and_refuses_plaintext()
 #[test]
 fn channel_binding_follows_a_reloaded_certificate() {
     let (first, second) = (Certs::new(&["127.0.0.1"]), Certs::new(&["127.0.0.1"]));
-    let dir = temp_path("tls-binding-reload");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let install = |c: &Certs| {
-        std::fs::write(&cert, &c.cert_pem).expect("cert");
-        std::fs::write(&key, &c.key_pem).expect("key");
-    };
+    let files = CertFiles::new("tls-binding-reload");
+    let (cert, key) = (&files.cert, &files.key);
+    let install = |c: &Certs| files.install(c);
     install(&first);
     let p = Parsnip::with_config(&format!(
         "auth_type = \"scram-sha-256\"\nadmin_users = [\"postgres\"]\nclient_tls_cert_file = \"{}\"\n\

@@ -9,7 +9,7 @@
 #[allow(unused_imports)] // this test uses the cluster and the raw client, not the pooler helpers
 mod support;
 
-use parsnip::stmt::lift::lift;
+use parsnip::stmt::lift::{client_position, lift};
 use support::*;
 
 /// The replies that must match, as comparable strings.
@@ -32,21 +32,6 @@ fn normalized(frames: &[Frame], edits: Option<&[[i64; 4]]>) -> Vec<String> {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn client_position(edits: &[[i64; 4]], p: i64) -> i64 {
-    let q = p - 1;
-    let mut delta = 0;
-    for &[ss, se, cs, ce] in edits {
-        if q < ss {
-            break;
-        }
-        if q < se {
-            return cs + 1;
-        }
-        delta = ce - se;
-    }
-    q + delta + 1
 }
 
 fn cstr(out: &mut Vec<u8>, s: &[u8]) {

@@ -215,23 +215,7 @@ impl Rename {
     }
 }
 
-/// A 1-based character position in the text sent to the server, in the client's text:
-/// `edits` are (server start, server end, client start, client end) in characters, in
-/// order; a position inside a replaced span maps to the start of the client's.
-pub(crate) fn client_position(edits: &[[i64; 4]], p: i64) -> i64 {
-    let q = p - 1;
-    let mut delta = 0;
-    for &[ss, se, cs, ce] in edits {
-        if q < ss {
-            break;
-        }
-        if q < se {
-            return cs + 1;
-        }
-        delta = ce - se;
-    }
-    (q + delta + 1).max(1)
-}
+pub(crate) use crate::stmt::lift::client_position;
 
 /// The ErrorResponse `frame` with its position mapped through `edits`.
 pub(crate) fn map_error_position(frame: &[u8], edits: &[[i64; 4]], out: &mut bytes::BytesMut) {

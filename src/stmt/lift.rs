@@ -43,6 +43,25 @@ pub struct Lifted {
     pub edits: Vec<[i64; 4]>,
 }
 
+/// A 1-based character position in the text sent to the server, in the client's text:
+/// `edits` are (server start, server end, client start, client end) in characters, in
+/// order, as `Lifted::edits`; a position inside a replaced span maps to the start of the
+/// client's.
+pub fn client_position(edits: &[[i64; 4]], p: i64) -> i64 {
+    let q = p - 1;
+    let mut delta = 0;
+    for &[ss, se, cs, ce] in edits {
+        if q < ss {
+            break;
+        }
+        if q < se {
+            return cs + 1;
+        }
+        delta = ce - se;
+    }
+    (q + delta + 1).max(1)
+}
+
 /// At most this many literals are lifted (beyond, the statement is left as it is: a long
 /// `IN (…)` list of varying length would make one statement per length anyway).
 const MAX_PARAMS: usize = 64;
