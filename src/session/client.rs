@@ -72,6 +72,8 @@ impl Session {
         if !self.pinned && self.mode != PoolMode::Session && matches!(tag, tags::QUERY | tags::PARSE) {
             self.pin_if_stateful(frame);
         }
+        // Watched whether or not this pool answers Describe from the cache: the epoch is
+        // the whole process's, and another pool's may (after a reload turned it on).
         if self.stmts.registry.is_some() && matches!(tag, tags::QUERY | tags::PARSE) {
             self.note_schema_change(frame);
         }

@@ -150,8 +150,10 @@ impl Session {
         if guarded {
             self.open_guard(&s, srv);
         }
-        // Read before the Describe is sent: its answer confirms the description as of then.
-        let epoch = if req == Req::Describe { crate::stmt::epoch::current() } else { 0 };
+        // Read before the Describe is sent: its answer confirms the description as of then
+        // (0: nothing to confirm, the description is never answered locally in this pool).
+        let keep = req == Req::Describe && self.registry().cfg.describe_from_cache;
+        let epoch = if keep { crate::stmt::epoch::current() } else { 0 };
         write(&mut self.to_server, s.server_name.as_bytes());
         let replay_from = if guarded { Some(self.retry.frame_at) } else { self.retry_point() };
         let fx = Fx { uses: Some(s), replay_from, guarded, epoch, ..Fx::default() };
