@@ -69,13 +69,8 @@ impl Session {
             }
             return true;
         }
-        if !self.pinned && self.mode != PoolMode::Session && matches!(tag, tags::QUERY | tags::PARSE) {
-            self.pin_if_stateful(frame);
-        }
-        // Watched whether or not this pool answers Describe from the cache: the epoch is
-        // the whole process's, and another pool's may (after a reload turned it on).
-        if self.stmts.registry.is_some() && matches!(tag, tags::QUERY | tags::PARSE) {
-            self.note_schema_change(frame);
+        if matches!(tag, tags::QUERY | tags::PARSE) {
+            self.look_at_sql(frame);
         }
         // A server the session has already given back (a release queued, not yet carried
         // out) must not be used.
@@ -135,27 +130,28 @@ impl Session {
     }
 
     /// A Query or Parse whose SQL leaves session state pins the client to its server.
-    fn pin_if_stateful(&mut self, frame: &[u8]) {
-        let text = match frame[0] {
-            tags::QUERY => frontend::query_text(body(frame)),
-            tags::PARSE => frontend::parse_fields(body(frame)).map(|p| p.query),
-            _ => None,
-        };
-        if text.is_some_and(crate::stmt::sql::holds_session_state) {
-            tracing::debug!(session = self.uid, "pinned to its server connection: session state");
-            self.pinned = true;
+    /// The SQL of a Query or Parse, read once for what it tells before it is handled: SQL
+    /// that leaves session state pins the client to its server (transaction pooling), and
+    /// SQL that may change the schema moves the shape epoch now and when its transaction
+    /// ends (`stmt::epoch`: no description confirmed before is answered locally after;
+    /// watched whether or not this pool answers Describe from the cache, as the epoch is
+    /// the whole process's and another pool's may, after a reload turned it on).
+    fn look_at_sql(&mut self, frame: &[u8]) {
+        let pin = !self.pinned && self.mode != PoolMode::Session;
+        let watch = self.stmts.registry.is_some();
+        if !pin && !watch {
+            return;
         }
-    }
-
-    /// A Query or Parse whose SQL may change the schema moves the shape epoch now and when
-    /// its transaction ends (`stmt::epoch`): no description confirmed before is answered
-    /// locally after.
-    fn note_schema_change(&mut self, frame: &[u8]) {
         let text = match frame[0] {
             tags::QUERY => frontend::query_text(body(frame)),
             _ => frontend::parse_fields(body(frame)).map(|p| p.query),
         };
-        if text.is_some_and(crate::stmt::sql::may_change_schema) {
+        let Some(text) = text else { return };
+        if pin && crate::stmt::sql::holds_session_state(text) {
+            tracing::debug!(session = self.uid, "pinned to its server connection: session state");
+            self.pinned = true;
+        }
+        if watch && crate::stmt::sql::may_change_schema(text) {
             crate::stmt::epoch::advance();
             self.tx.schema_change = true;
         }

@@ -62,6 +62,61 @@ pub fn client_position(edits: &[[i64; 4]], p: i64) -> i64 {
     (q + delta + 1).max(1)
 }
 
+/// A text rewritten from the client's by replacing byte ranges, in order, keeping the
+/// character edits `client_position` maps error positions through. The one builder of
+/// rewritten texts: lifted literals here, renamed and removed statements in
+/// `session::stmts::script`.
+pub(crate) struct Rewrite<'a> {
+    client: &'a [u8],
+    out: Vec<u8>,
+    /// Client bytes consumed so far.
+    copied: usize,
+    client_chars: i64,
+    server_chars: i64,
+    edits: Vec<[i64; 4]>,
+}
+
+/// Characters (as PostgreSQL counts error positions) in a UTF-8 byte string.
+fn char_len(b: &[u8]) -> i64 {
+    String::from_utf8_lossy(b).chars().count() as i64
+}
+
+impl<'a> Rewrite<'a> {
+    pub(crate) fn new(client: &'a [u8]) -> Rewrite<'a> {
+        Rewrite {
+            client,
+            out: Vec::with_capacity(client.len() + 32),
+            copied: 0,
+            client_chars: 0,
+            server_chars: 0,
+            edits: Vec::new(),
+        }
+    }
+    fn copy_to(&mut self, at: usize) {
+        let chunk = &self.client[self.copied..at];
+        let n = char_len(chunk);
+        self.out.extend_from_slice(chunk);
+        self.client_chars += n;
+        self.server_chars += n;
+        self.copied = at;
+    }
+    /// The client's bytes `range` (at or after what was consumed) are sent as `with`.
+    pub(crate) fn replace(&mut self, range: Range<usize>, with: &[u8]) {
+        self.copy_to(range.start);
+        let (cs, ss) = (self.client_chars, self.server_chars);
+        self.client_chars += char_len(&self.client[range.clone()]);
+        self.server_chars += char_len(with);
+        self.out.extend_from_slice(with);
+        self.copied = range.end;
+        self.edits.push([ss, self.server_chars, cs, self.client_chars]);
+    }
+    /// The rewritten text and its edits.
+    pub(crate) fn finish(mut self) -> (Vec<u8>, Vec<[i64; 4]>) {
+        self.copy_to(self.client.len());
+        (self.out, self.edits)
+    }
+}
+
 /// At most this many literals are lifted (beyond, the statement is left as it is: a long
 /// `IN (…)` list of varying length would make one statement per length anyway).
 const MAX_PARAMS: usize = 64;
@@ -417,30 +472,16 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
     if lift_at.is_empty() || lift_at.len() > MAX_PARAMS {
         return None;
     }
-    let mut text = Vec::with_capacity(sql.len() + 2 * lift_at.len());
+    let mut rw = Rewrite::new(sql);
     let mut types = Vec::with_capacity(lift_at.len());
     let mut values = Vec::with_capacity(lift_at.len());
-    let mut edits = Vec::with_capacity(lift_at.len());
-    let (mut copied, mut client_chars, mut server_chars) = (0usize, 0i64, 0i64);
-    let chars = |b: &[u8]| String::from_utf8_lossy(b).chars().count() as i64;
     for (n, (k, ty)) in lift_at.iter().enumerate() {
         let r = toks[*k].1.clone();
-        let before = &sql[copied..r.start];
-        text.extend_from_slice(before);
-        let c = chars(before);
-        client_chars += c;
-        server_chars += c;
-        let param = format!("${}", n + 1);
-        let (cs, ss) = (client_chars, server_chars);
-        client_chars += r.len() as i64;
-        server_chars += param.len() as i64;
-        text.extend_from_slice(param.as_bytes());
-        edits.push([ss, server_chars, cs, client_chars]);
+        rw.replace(r.clone(), format!("${}", n + 1).as_bytes());
         types.push(*ty);
-        values.push(r.clone());
-        copied = r.end;
+        values.push(r);
     }
-    text.extend_from_slice(&sql[copied..]);
+    let (text, edits) = rw.finish();
     Some(Lifted { text, types, values, edits })
 }
 

@@ -96,7 +96,12 @@ pub(crate) fn is_plain_dml(sql: &[u8]) -> bool {
     if !DML.iter().any(|k| w.eq_ignore_ascii_case(k)) {
         return false;
     }
-    // One statement: no ';' but trailing ones.
+    one_statement(sql)
+}
+
+/// Whether the text has no `;` but trailing ones (a `;` inside a literal makes it seem not:
+/// callers that must be exact split the text instead).
+fn one_statement(sql: &[u8]) -> bool {
     match sql.iter().position(|&b| b == b';') {
         Some(i) => sql[i..].iter().all(|&b| b == b';' || b.is_ascii_whitespace()),
         None => true,
@@ -153,11 +158,7 @@ pub(crate) fn may_change_schema(sql: &[u8]) -> bool {
         // Empty, or starting with '(' (a parenthesized SELECT): no DDL.
         None => false,
     };
-    let single = match sql.iter().position(|&b| b == b';') {
-        Some(i) => sql[i..].iter().all(|&b| b == b';' || b.is_ascii_whitespace()),
-        None => true,
-    };
-    if single { one(sql) } else { split(sql).into_iter().any(|r| one(&sql[r])) }
+    if one_statement(sql) { one(sql) } else { split(sql).into_iter().any(|r| one(&sql[r])) }
 }
 
 /// Whether the text is surely one plain read (SELECT, VALUES, TABLE) that takes no row

@@ -27,6 +27,7 @@ use crate::session::Session;
 use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Purpose, Req};
 use crate::state::ServerState;
 use crate::stmt::Statement;
+use crate::stmt::lift::Rewrite;
 use crate::stmt::registry::{StmtKind, make_key};
 use crate::stmt::sql::{SqlStmt, skip_space, words};
 use std::collections::HashMap;
@@ -105,52 +106,6 @@ impl Names {
     }
 }
 
-/// The server's text, built from the client's with edits.
-struct Text<'a> {
-    client: &'a [u8],
-    out: Vec<u8>,
-    /// Client bytes consumed so far.
-    copied: usize,
-    client_chars: i64,
-    server_chars: i64,
-    edits: Vec<[i64; 4]>,
-}
-
-impl<'a> Text<'a> {
-    fn new(client: &'a [u8]) -> Text<'a> {
-        Text {
-            client,
-            out: Vec::with_capacity(client.len() + 32),
-            copied: 0,
-            client_chars: 0,
-            server_chars: 0,
-            edits: Vec::new(),
-        }
-    }
-    fn copy_to(&mut self, at: usize) {
-        let chunk = &self.client[self.copied..at];
-        let n = super::char_len(chunk);
-        self.out.extend_from_slice(chunk);
-        self.client_chars += n;
-        self.server_chars += n;
-        self.copied = at;
-    }
-    /// The client's bytes `range` are sent as `with`.
-    fn replace(&mut self, range: Range<usize>, with: &[u8]) {
-        self.copy_to(range.start);
-        let (cs, ss) = (self.client_chars, self.server_chars);
-        self.client_chars += super::char_len(&self.client[range.clone()]);
-        self.server_chars += super::char_len(with);
-        self.out.extend_from_slice(with);
-        self.copied = range.end;
-        self.edits.push([ss, self.server_chars, cs, self.client_chars]);
-    }
-    fn finish(mut self) -> (Vec<u8>, Vec<[i64; 4]>) {
-        self.copy_to(self.client.len());
-        (self.out, self.edits)
-    }
-}
-
 /// Stand-in for a statement that must fail: it names a statement no server has (26000),
 /// which puts the server in the error state PostgreSQL would be in.
 const FAIL: &[u8] = b"DEALLOCATE parsnip_probe";
@@ -180,7 +135,7 @@ impl Session {
         let registry = self.registry().clone();
         let cap = registry.cfg.client_cap;
         let mut names = Names { count: self.stmts.named.len(), ..Names::default() };
-        let mut t = Text::new(text);
+        let mut t = Rewrite::new(text);
         let mut sc = Script::default();
         let mut ordinal: u16 = 0;
         let mut prepared_ahead = false;
@@ -445,7 +400,7 @@ mod tests {
         // client: "PREPARE a AS SELECT 1; EXECUTE a; SELECT x"
         // server: "; EXECUTE pn_1; SELECT x"
         let client = b"PREPARE a AS SELECT 1; EXECUTE a; SELECT x";
-        let mut t = Text::new(client);
+        let mut t = Rewrite::new(client);
         t.replace(0..21, b"");
         t.replace(31..32, b"pn_1");
         let (sql, edits) = t.finish();
