@@ -3,8 +3,8 @@
 
 use clap::Parser;
 use parsnip::config::{Cli, Config, DbUrl, LogFormat, cli::apply_url};
-use parsnip::driver::Stop;
 use parsnip::driver::reload::Reloader;
+use parsnip::driver::{Stop, Threads};
 use parsnip::embedded::{Cluster, ClusterOptions};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -62,17 +62,22 @@ fn reloader(cli: Cli, embedded_url: Option<DbUrl>, log: Option<LogFilter>) -> Re
     Reloader { load: Box::new(load), applied: Box::new(applied) }
 }
 
-/// The runtime: `PARSNIP_WORKERS` worker threads (default: one per core).
-fn runtime_builder() -> tokio::runtime::Builder {
-    match std::env::var("PARSNIP_WORKERS").ok().and_then(|v| v.parse::<usize>().ok()) {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
+/// How many event loops, and of which kind: `PARSNIP_WORKERS` threads (default: one per
+/// core), each a single-threaded event loop with its own clients and server connections
+/// (`driver::shards`); 1 runs everything on the main thread. `PARSNIP_SCHEDULER=stealing`
+/// runs tokio's work-stealing runtime with that many workers instead (for comparison: it
+/// moves tasks between threads, which costs a one-client transaction a cross-thread wake).
+fn runtime() -> std::io::Result<(tokio::runtime::Runtime, Threads)> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = std::env::var("PARSNIP_WORKERS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|n| *n > 0);
+    let n = workers.unwrap_or(cores);
+    let stealing = std::env::var("PARSNIP_SCHEDULER").is_ok_and(|v| v == "stealing");
+    if stealing && n > 1 {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?;
+        return Ok((rt, Threads::One));
     }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    Ok((rt, if n > 1 { Threads::PerCore(n) } else { Threads::One }))
 }
 
 fn main() -> ExitCode {
@@ -127,20 +132,20 @@ fn main() -> ExitCode {
     };
     let log = init_logging(&cfg);
     let reload = reloader(cli, embedded_url, log);
-    let rt = match runtime_builder().enable_all().build() {
+    let (rt, threads) = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("parsnip: cannot start runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let code = rt.block_on(run(Arc::new(cfg), reload));
+    let code = rt.block_on(run(Arc::new(cfg), reload, threads));
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     drop(embedded);
     code
 }
 
-async fn run(cfg: Arc<Config>, reload: Reloader) -> ExitCode {
+async fn run(cfg: Arc<Config>, reload: Reloader, threads: Threads) -> ExitCode {
     use tokio::signal::unix::{SignalKind, signal};
     let signals = (
         signal(SignalKind::terminate()),
@@ -153,7 +158,7 @@ async fn run(cfg: Arc<Config>, reload: Reloader) -> ExitCode {
         tracing::error!("cannot install signal handlers");
         return ExitCode::FAILURE;
     };
-    let handle = match parsnip::driver::start(cfg).await {
+    let handle = match parsnip::driver::start(cfg, threads).await {
         Ok(h) => h,
         Err(e) => {
             tracing::error!("cannot listen: {e}");

@@ -16,6 +16,7 @@ mod proxy;
 pub mod reload;
 pub mod server_conn;
 pub mod servers;
+pub(crate) mod shards;
 pub(crate) mod stream;
 pub(crate) mod tls;
 pub(crate) mod tls_config;
@@ -28,6 +29,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use cancel::CancelRegistry;
 use listen::Listener;
 use servers::ServerPool;
+pub use shards::Threads;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -69,6 +71,8 @@ pub struct Shared {
     pub(crate) stop_requests: watch::Sender<Option<ShutdownMode>>,
     /// How to re-read the configuration (`Handle::set_reloader`); unset: RELOAD fails.
     pub(crate) reloader: std::sync::OnceLock<reload::Reloader>,
+    /// The event-loop threads clients run on (None: the runtime that called `start`).
+    pub(crate) shards: Option<shards::Shards>,
 }
 
 /// How the process should stop, as the console's `SHUTDOWN` asked.
@@ -108,8 +112,14 @@ pub struct Handle {
     stop_requests: watch::Receiver<Option<ShutdownMode>>,
 }
 
-/// Binds every listen address and starts serving. Must run inside a tokio runtime.
-pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
+/// Binds every listen address and starts serving. Must run inside a tokio runtime, which
+/// runs the listeners, the janitor and the metrics endpoint, and with `Threads::One` the
+/// clients too; `Threads::PerCore(n)` starts n event-loop threads for the clients.
+pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Result<Handle> {
+    let shards = match threads {
+        shards::Threads::One => None,
+        shards::Threads::PerCore(n) => Some(shards::Shards::start(n.max(1))?),
+    };
     let (stop, shutdown) = watch::channel(false);
     let tls_clients = tls_config::for_clients(&cfg).map_err(std::io::Error::other)?;
     let tls_servers = Arc::new(tls_config::for_servers(&cfg).map_err(std::io::Error::other)?);
@@ -129,6 +139,7 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         consoles: AtomicUsize::new(0),
         stop_requests: watch::Sender::new(None),
         reloader: std::sync::OnceLock::new(),
+        shards,
     });
     let stop_requests = shared.stop_requests.subscribe();
     let metrics = match &cfg.metrics_listen {
@@ -255,11 +266,17 @@ async fn accept_loop(l: Listener, shared: Arc<Shared>) {
         };
         match shared.client_slots.clone().try_acquire_owned() {
             Ok(permit) => {
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    client::serve(stream, shared).await;
-                    drop(permit);
-                });
+                let serve = {
+                    let shared = shared.clone();
+                    move |stream| async move {
+                        client::serve(stream, shared).await;
+                        drop(permit);
+                    }
+                };
+                match &shared.shards {
+                    Some(shards) => shards.spawn(stream, serve),
+                    None => drop(tokio::spawn(serve(stream))),
+                }
             }
             Err(_) => {
                 tokio::spawn(async move {

@@ -119,6 +119,8 @@ pub struct ServerConn {
     /// Bytes of a large frame still to come that go straight to the client (or are
     /// dropped) as they arrive, not buffered whole (`Session::stream_server_frame`).
     pub(crate) streaming: usize,
+    /// The worker thread whose event loop watches its socket (`pool::home`).
+    pub(crate) home: u16,
 }
 
 /// Why a server connection could not be opened.
@@ -314,6 +316,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         last_used: now,
         timing: None,
         streaming: 0,
+        home: crate::pool::home::here(),
     })
 }
 

@@ -144,6 +144,9 @@ impl Pooled for ServerConn {
     fn set_epoch(&mut self, epoch: u64) {
         self.cancel.info.epoch.store(epoch, Ordering::Relaxed);
     }
+    fn home(&self) -> u16 {
+        self.home
+    }
 }
 
 /// Gives a client's connection back to `pool`. One with a cancel request on its way to its

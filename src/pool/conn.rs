@@ -28,6 +28,11 @@ pub trait Pooled: Send + 'static {
     fn epoch(&self) -> u64;
     /// Stamps it with the pool's epoch (when it enters the pool).
     fn set_epoch(&mut self, epoch: u64);
+    /// The worker thread whose event loop watches its socket (`home::here` when it was
+    /// opened): a checkout prefers the idle connections of its own thread.
+    fn home(&self) -> u16 {
+        0
+    }
 }
 
 /// A future a connector returns (boxed: connecting is the rare, slow path).

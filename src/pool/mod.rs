@@ -12,6 +12,7 @@
 //! Must not know about sockets, client sessions or protocol state beyond "reusable or not".
 
 mod conn;
+pub mod home;
 mod key;
 mod queue;
 mod stats;
@@ -179,7 +180,13 @@ impl<K: Connector> Pool<K> {
         if self.is_paused() {
             return None;
         }
-        while let Some(mut c) = g.idle.pop() {
+        // The most recently used connection of this thread's, else anyone's (it then
+        // keeps its socket's events on its own thread: correct, one wake-up dearer).
+        let here = home::here();
+        while let Some(mut c) = match g.idle.iter().rposition(|c| c.home() == here) {
+            Some(i) => Some(g.idle.remove(i)),
+            None => g.idle.pop(),
+        } {
             if c.is_healthy() && !self.expired(&c) && !self.outdated(&c) {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 return Some(c);

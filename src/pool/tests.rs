@@ -12,6 +12,7 @@ struct Dummy {
     last_used: Instant,
     settings: Settings,
     epoch: u64,
+    home: u16,
 }
 
 impl Pooled for Dummy {
@@ -39,6 +40,9 @@ impl Pooled for Dummy {
     fn set_epoch(&mut self, epoch: u64) {
         self.epoch = epoch;
     }
+    fn home(&self) -> u16 {
+        self.home
+    }
 }
 
 /// Opens numbered connections; fails while `fail` is set; `age` makes them look old.
@@ -62,7 +66,16 @@ impl Connector for Opener {
             let now = Instant::now();
             let created = now.checked_sub(self.age).unwrap_or(now);
             let id = self.opened.fetch_add(1, Ordering::Relaxed);
-            Ok(Box::new(Dummy { id, healthy: true, created, last_used: now, settings: Settings::default(), epoch: 0 }))
+            let home = super::home::here();
+            Ok(Box::new(Dummy {
+                id,
+                healthy: true,
+                created,
+                last_used: now,
+                settings: Settings::default(),
+                epoch: 0,
+                home,
+            }))
         })
     }
 }
@@ -183,4 +196,26 @@ fn a_waiter_whose_client_left_is_forgotten() {
     drop(q);
     p.expire_waiters();
     assert_eq!(p.counts(), (0, 0, 0));
+}
+
+/// Thread per core: a checkout takes the idle connection opened on its own thread, even
+/// when another thread's was given back later; with none of its own it takes another's.
+#[tokio::test]
+async fn a_checkout_prefers_a_connection_of_its_own_thread() {
+    let p = pool(3);
+    super::home::enter(1);
+    let mine = p.acquire().await.unwrap();
+    super::home::enter(2);
+    let theirs = p.acquire().await.unwrap();
+    let (mine_id, theirs_id) = (mine.id, theirs.id);
+    p.release(mine, true);
+    p.release(theirs, true);
+    super::home::enter(1);
+    let c = p.acquire().await.unwrap();
+    assert_eq!(c.id, mine_id, "thread 1 must get its own connection back, not the one released last");
+    super::home::enter(3);
+    let other = p.acquire().await.unwrap();
+    assert_eq!(other.id, theirs_id, "a thread with none of its own takes an idle one rather than opening one");
+    assert_eq!(p.stats.connects.load(Ordering::Relaxed), 2);
+    super::home::enter(0);
 }
