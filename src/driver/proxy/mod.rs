@@ -121,6 +121,11 @@ impl Proxy {
         Proxy { client, cbuf, session, server: None, pool, slot, shared, meter: Default::default() }
     }
 
+    /// The client's pid (its cancel key's first half).
+    pub(in crate::driver) fn pid(&self) -> i32 {
+        self.slot.pid
+    }
+
     /// What all clients share.
     pub(in crate::driver) fn shared(&self) -> &Arc<Shared> {
         &self.shared
