@@ -45,7 +45,7 @@ TABLES = {
     "issue13": [(8, "select", ("simple", "extended", "prepared"), (1, 64, 256)),
                 (8, "tpcb", ("simple", "extended", "prepared"), (64,))],
 }
-TABLE_SYSTEMS = {"issue13": ALL_SYSTEMS}
+TABLE_SYSTEMS = {"issue13": ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer")}
 
 # --------------------------------------------------------------------------- pgbench runs
 
@@ -319,8 +319,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--clients", type=lambda s: parse_list(s, int), help="client counts, e.g. 16,64,256")
     ap.add_argument("--modes", type=parse_list, help="pgbench -M modes: simple,extended,prepared")
     ap.add_argument("--systems", type=parse_list,
-                    help="of direct,parsnip,parsnip-nocache,parsnip-autoprepare,pgbouncer (parsnip-nocache: "
-                    "prepared_statements = false; parsnip-autoprepare: autoprepare = true); "
+                    help="of direct,parsnip,parsnip-nocache,parsnip-autoprepare,parsnip-w1,parsnip-stealing,pgbouncer "
+                    "(parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; "
+                    "parsnip-w1: PARSNIP_WORKERS=1; parsnip-stealing: PARSNIP_SCHEDULER=stealing); "
                          "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
     ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
     ap.add_argument("--rounds", type=int, help="rounds per case, systems alternated within each (default 2)")
@@ -482,7 +483,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     bench.pgb_version = pgb_version
     bench.skipped = skipped
     # A pooler that cannot start at all is skipped for the whole run.
-    for s in ("parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer"):
+    for s in ALL_SYSTEMS[1:]:
         if s in systems and s not in skipped:
             p = bench.make_pooler(s, 2)
             try:
@@ -528,7 +529,11 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
                       + ("; parsnip-nocache: the same with `prepared_statements = false`"
                          if "parsnip-nocache" in systems else "")
                       + ("; parsnip-autoprepare: the same with `autoprepare = true`"
-                         if "parsnip-autoprepare" in systems else ""))
+                         if "parsnip-autoprepare" in systems else "")
+                      + ("; parsnip-w1: the same with `PARSNIP_WORKERS=1` (one event loop for everything)"
+                         if "parsnip-w1" in systems else "")
+                      + ("; parsnip-stealing: the same on tokio's work-stealing runtime (`PARSNIP_SCHEDULER=stealing`)"
+                         if "parsnip-stealing" in systems else ""))
     if pgb_version and "pgbouncer" not in skipped:
         header.append(f"- {pgb_version}, transaction mode, max_client_conn 2000")
     body = [render_table(pool, w, cases, bench.runs, args, skipped, systems) for (pool, w), cases in grid.items()]

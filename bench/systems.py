@@ -23,7 +23,12 @@ from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SYSTEMS = ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer")
+ALL_SYSTEMS = ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "parsnip-w1", "parsnip-stealing",
+               "pgbouncer")
+# parsnip-w1 / parsnip-stealing: parsnip with one event loop for everything (PARSNIP_WORKERS=1),
+# or with tokio's work-stealing runtime instead of one event loop per core
+# (PARSNIP_SCHEDULER=stealing): the threading models side by side with the default.
+THREADING = {"parsnip-w1": {"PARSNIP_WORKERS": "1"}, "parsnip-stealing": {"PARSNIP_SCHEDULER": "stealing"}}
 # parsnip-nocache: parsnip with its statement cache off, to show what the cache costs and saves.
 # parsnip-autoprepare: parsnip with `autoprepare = true` (simple-protocol queries from cached
 # statements).
@@ -224,6 +229,7 @@ class Parsnip(Pooler):
         cfg = self.tmp / f"{self.name}.toml"
         cfg.write_text('log_level = "warn"\nauth_type = "trust"\n' + "".join(f"{l}\n" for l in self.extra_config))
         env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+        env.update(THREADING.get(self.name, {}))
         tls = TRANSPORT["tls"]
         if self.sockdir or TRANSPORT["server_unix"]:
             url = f"postgres://{DB_USER}@:{self.pg.port}/{DB}?host={self.pg.sock}"
