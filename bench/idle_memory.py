@@ -2,7 +2,9 @@
 """Memory per idle client: log N clients in through parsnip, run one query each, leave
 them idle, and divide parsnip's RSS growth by N (DESIGN.md budget: <= 1.5 KiB).
 
-Usage: bench/idle_memory.py [--clients 8000] [--no-build] [--pg-bin DIR]
+Usage: bench/idle_memory.py [--clients 8000] [--prepared] [--no-build] [--pg-bin DIR]
+--prepared: each client prepares a named statement and executes it (extended protocol, as
+pgx, asyncpg or pgjdbc do) instead of one simple Query, and keeps it while idle.
 Starts its own throwaway PostgreSQL via `parsnip --embedded` (trust auth), so it needs
 only the release binary (cargo build --release) and PostgreSQL's binaries."""
 import argparse
@@ -31,13 +33,21 @@ async def read_until_ready(reader):
             return
 
 
-async def client(port, conns):
+def msg(kind, body):
+    return kind + struct.pack("!I", 4 + len(body)) + body
+
+
+# Parse "s1", Bind it with one text parameter, Describe the portal, Execute, Sync.
+EXTENDED = (msg(b"P", b"s1\0select $1::int + 1\0\0\0") + msg(b"B", b"\0s1\0\0\0\0\1" + struct.pack("!I", 2) + b"41\0\0")
+            + msg(b"D", b"P\0") + msg(b"E", b"\0" + struct.pack("!I", 0)) + msg(b"S", b""))
+
+
+async def client(port, conns, prepared=False):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     params = b"user\0postgres\0database\0postgres\0\0"
     writer.write(struct.pack("!II", 8 + len(params), 196608) + params)
     await read_until_ready(reader)
-    q = b"select 1\0"
-    writer.write(b"Q" + struct.pack("!I", 4 + len(q)) + q)
+    writer.write(EXTENDED if prepared else msg(b"Q", b"select 1\0"))
     await read_until_ready(reader)
     conns.append(writer)
 
@@ -45,6 +55,8 @@ async def client(port, conns):
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=8000)
+    ap.add_argument("--prepared", action="store_true", help="clients prepare and execute a named statement "
+                    "(extended protocol) instead of one simple Query")
     ap.add_argument("--no-build", action="store_true", help="use target/release/parsnip as it is")
     ap.add_argument("--pg-bin", metavar="DIR", help="PostgreSQL bin dir of the embedded cluster (default: as"
                     " parsnip finds it: $PARSNIP_PG_BIN, pg_config --bindir, the newest /usr/lib/postgresql/*/bin)")
@@ -58,13 +70,13 @@ async def main():
     try:
         wait_listening(port, p, timeout=120)  # the embedded cluster's initdb comes first
         conns = []
-        await client(port, conns)  # warm-up: pool, runtime threads
+        await client(port, conns, a.prepared)  # warm-up: pool, runtime threads
         base = rss_kib(p.pid)
         sem = asyncio.Semaphore(200)
 
         async def one():
             async with sem:
-                await client(port, conns)
+                await client(port, conns, a.prepared)
         # Two steps: the first pays for what does not grow with the number of idle clients
         # (the login burst's buffers, allocator arenas); the second step's growth is the
         # marginal cost of one more idle client.
@@ -77,7 +89,8 @@ async def main():
         after = rss_kib(p.pid)
         per = (after - base) / a.clients
         marginal = (after - mid) / (a.clients - first)
-        print(f"idle-memory: {a.clients} idle clients, parsnip RSS {base/1024:.1f} -> {mid/1024:.1f} "
+        kind = "prepared-statement" if a.prepared else "simple-Query"
+        print(f"idle-memory: {a.clients} idle {kind} clients, parsnip RSS {base/1024:.1f} -> {mid/1024:.1f} "
               f"({first} clients) -> {after/1024:.1f} MiB; {per:.2f} KiB per idle client overall, "
               f"{marginal:.2f} KiB per additional idle client (clients {first + 1}..{a.clients})")
         for w in conns:
