@@ -48,6 +48,7 @@ scenarios! {
     autoprepare => [
         autoprepare_select_insert_update,
         autoprepare_after_ddl,
+        autoprepare_in_transaction_blocks,
     ],
     named => [
         named_one_batch,

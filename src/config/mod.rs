@@ -213,6 +213,8 @@ pub struct DatabaseConfig {
     pub(crate) pool_size: Option<usize>,
     /// Pool mode for this database (overrides the global one).
     pub(crate) pool_mode: Option<PoolMode>,
+    /// `autoprepare` for this database (overrides the global one).
+    pub(crate) autoprepare: Option<bool>,
 }
 
 /// One `[users.NAME]` entry.
@@ -226,6 +228,8 @@ pub struct UserConfig {
     pub(crate) pool_mode: Option<PoolMode>,
     /// Pool size for this user (overrides database and global).
     pub(crate) pool_size: Option<usize>,
+    /// `autoprepare` for this user (overrides database and global).
+    pub(crate) autoprepare: Option<bool>,
 }
 
 impl Default for Config {
@@ -419,6 +423,15 @@ impl Config {
     /// Pool mode for a (database, user) pair: user, then database, then global.
     pub(crate) fn pool_mode_for(&self, db: &DatabaseConfig, user: &str) -> PoolMode {
         self.users.get(user).and_then(|u| u.pool_mode).or(db.pool_mode).unwrap_or(self.pool_mode)
+    }
+
+    /// The statement cache's settings for the pool of clients reaching database `db` as
+    /// `user`: `autoprepare` from the user, then the database, then the global key.
+    pub(crate) fn stmt_config_for(&self, db: &str, user: &str) -> crate::stmt::StmtConfig {
+        let mut c = self.stmt_config();
+        let per_db = self.database(db).and_then(|(d, _)| d.autoprepare);
+        c.autoprepare = self.users.get(user).and_then(|u| u.autoprepare).or(per_db).unwrap_or(c.autoprepare);
+        c
     }
 
     /// Pool size for a (database, user) pair: user, then database, then global.

@@ -93,6 +93,7 @@ impl<K: Connector> std::fmt::Debug for Pool<K> {
 impl<K: Connector> Pool<K> {
     /// A pool with no connections yet, opening them with `connector`.
     pub fn new(key: PoolKey, mode: PoolMode, size: usize, connector: K, cfg: Arc<Config>) -> Pool<K> {
+        let stmt_config = cfg.stmt_config_for(&key.db, &key.user);
         Pool {
             key,
             mode,
@@ -100,7 +101,7 @@ impl<K: Connector> Pool<K> {
             connector,
             inner: Mutex::new(Inner { idle: Vec::new(), open: 0, waiters: VecDeque::new() }),
             defaults: OnceLock::new(),
-            stmts: Arc::new(crate::stmt::Registry::new(cfg.stmt_config())),
+            stmts: Arc::new(crate::stmt::Registry::new(stmt_config)),
             settings: Mutex::new(std::collections::HashMap::new()),
             cfg: ArcSwap::new(cfg),
             stats: PoolStats::default(),

@@ -256,3 +256,24 @@ async fn a_returned_connection_prefers_a_waiter_of_its_thread_within_bounds() {
     assert!(handed(&mut own[2]).is_some());
     super::home::enter(0);
 }
+
+/// `autoprepare` per database and per user: the user's key, then the database's, then the
+/// global one decide the pool's statement cache.
+#[test]
+fn autoprepare_is_chosen_per_database_and_user() {
+    let cfg = Config::from_toml(
+        "autoprepare = false\n[databases.db]\nhost = \"h\"\nport = 5432\nautoprepare = true\n\
+         [databases.other]\nhost = \"h\"\nport = 5432\n[users.u]\nautoprepare = false\n",
+    )
+    .expect("valid");
+    let cfg = Arc::new(cfg);
+    let on = |db: &str, user: &str| {
+        Pool::new(PoolKey::clients(db, user), PoolMode::Transaction, 1, Opener::default(), cfg.clone())
+            .stmts
+            .cfg
+            .autoprepare
+    };
+    assert!(on("db", "someone"), "the database's key");
+    assert!(!on("db", "u"), "the user's key wins over the database's");
+    assert!(!on("other", "someone"), "the global key");
+}

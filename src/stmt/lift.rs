@@ -19,7 +19,8 @@
 //! * anything that does not lex as a plain number (`0x1F`, `1_000`, `1e`, `12abc`).
 //!
 //! Only one data statement (SELECT, INSERT, UPDATE, DELETE, VALUES, WITH) is lifted, with no
-//! parameter of its own and no `SELECT … INTO`; strings are never lifted (an unknown-typed
+//! parameter of its own, no `SELECT … INTO`, no `RETURNING` and no data-changing query
+//! inside a `WITH` (see `lift`); strings are never lifted (an unknown-typed
 //! parameter does not resolve as an unknown-typed literal does). Pure, no IO.
 
 use std::ops::Range;
@@ -368,6 +369,7 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
         return None;
     }
     let insert = is(0, b"insert");
+    let with = is(0, b"with");
     // One statement: a `;` only at the very end.
     if let Some(k) = toks.iter().position(|(t, _)| *t == Tok::Punct(b';'))
         && toks[k + 1..].iter().any(|(t, _)| *t != Tok::Punct(b';'))
@@ -388,6 +390,17 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
             Tok::Word => {
                 let w = &sql[r.clone()];
                 if !insert && w.eq_ignore_ascii_case(b"into") {
+                    return None;
+                }
+                // A statement that changes rows and returns some (`… RETURNING`, or a `WITH`
+                // holding a data-changing query) runs to its end before PostgreSQL describes
+                // its rows for a simple Query: one that fails sends no RowDescription, where
+                // the prepared form's Describe has sent one already.
+                if w.eq_ignore_ascii_case(b"returning")
+                    || (with
+                        && depth > 0
+                        && [&b"insert"[..], b"update", b"delete", b"merge"].iter().any(|d| w.eq_ignore_ascii_case(d)))
+                {
                     return None;
                 }
                 if (w.eq_ignore_ascii_case(b"by")
@@ -497,6 +510,16 @@ mod tests {
     }
 
     #[test]
+    fn statements_that_change_rows_and_return_some_are_left_alone() {
+        assert_eq!(lifted("INSERT INTO t VALUES (1) RETURNING id"), None);
+        assert_eq!(lifted("UPDATE t SET a = 2 WHERE id = 1 RETURNING *"), None);
+        assert_eq!(lifted("WITH d AS (DELETE FROM t WHERE id = 3) SELECT 1"), None);
+        assert!(lifted("INSERT INTO t VALUES (1)").is_some());
+        assert!(lifted("WITH c AS (SELECT 1 AS x) SELECT x + 2 FROM c").is_some());
+        assert!(lifted("WITH c AS (SELECT 1 AS x) DELETE FROM t WHERE a IN (SELECT x FROM c)").is_some());
+    }
+
+    #[test]
     fn integers_typed_as_the_scanner_types_them() {
         assert_eq!(
             lifted("SELECT abalance FROM pgbench_accounts WHERE aid = 4711;"),
@@ -573,7 +596,7 @@ mod tests {
             assert_eq!(lifted(sql), None, "{sql}");
         }
         assert!(lifted("insert into t values (1, 'x')").is_some());
-        assert!(lifted("update t set a = 2 where b = 3 returning 4").is_some());
+        assert!(lifted("update t set a = 2 where b = 3").is_some());
         assert!(lifted("with x as (select 1) delete from t where a in (select * from x)").is_some());
         assert!(lifted("values (1), (2)").is_some());
     }
