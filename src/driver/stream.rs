@@ -155,6 +155,21 @@ impl Stream {
         }
         each!(self, s => s.write_all(buf).await, _t => unreachable!("handled above"))
     }
+    /// Moves the socket's registration to the current thread's event loop (`shards`): its
+    /// events then wake this thread directly. Two `epoll_ctl` calls; what is already
+    /// readable is reported again by the new registration.
+    pub(crate) fn rehome(&mut self) -> io::Result<()> {
+        *self = match std::mem::replace(self, Stream::Closed) {
+            Stream::Tcp(s) => Stream::Tcp(TcpStream::from_std(s.into_std()?)?),
+            Stream::Unix(s) => Stream::Unix(UnixStream::from_std(s.into_std()?)?),
+            Stream::Tls(mut t) => {
+                t.socket_mut().rehome()?;
+                Stream::Tls(t)
+            }
+            Stream::Closed => Stream::Closed,
+        };
+        Ok(())
+    }
     /// Disables Nagle on TCP.
     pub(crate) fn set_nodelay(&self) {
         if let Stream::Tcp(s) = self {

@@ -89,6 +89,11 @@ impl TlsStream {
         &self.sock
     }
 
+    /// The socket under the encryption, to move it (`Stream::rehome`).
+    pub(crate) fn socket_mut(&mut self) -> &mut Stream {
+        &mut self.sock
+    }
+
     /// Ready to read: plaintext is waiting, the peer closed, or the socket has bytes.
     pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         {

@@ -9,7 +9,7 @@ use crate::driver::pipe::Pipe;
 use crate::driver::server_conn::ServerConn;
 use crate::driver::servers::{self, ServerPool};
 use crate::error::{Error, SqlState};
-use crate::pool::{Checkout, Lease};
+use crate::pool::{Checkout, Lease, home};
 use crate::protocol::split_frame;
 use crate::state::TxStatus;
 use std::sync::Arc;
@@ -41,6 +41,17 @@ impl Proxy {
             };
             match got {
                 Ok(Lease::Own(mut s)) => {
+                    // Opened on (or last moved to) another thread's event loop: it moves to
+                    // this one, so its events wake this thread (`shards`). A socket that
+                    // cannot be moved is broken: it is closed and the client tries again.
+                    if s.home != home::here() {
+                        if let Err(e) = s.stream.rehome() {
+                            tracing::warn!(error = %e, "could not move a server connection to this thread");
+                            servers::release(&self.pool, s, false);
+                            continue;
+                        }
+                        s.home = home::here();
+                    }
                     self.session.handle_server_linked(&mut s.state);
                     self.slot.set(&s.cancel);
                     self.server = Some(Linked::Own(s));
