@@ -1,5 +1,5 @@
 //! The login phase's IO: moves bytes for the sans-IO `crate::login::Login` and does what it
-//! asks for (a CancelRequest forwarded, a secret looked up with auth_query, the pool and its
+//! asks for (a CancelRequest forwarded to a server or a peer, a secret looked up with auth_query, the pool and its
 //! server defaults, the client's startup settings normalized on a server).
 
 use super::Shared;
@@ -80,8 +80,10 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
         // Only a refusal under `require` names it: no getpeername per login otherwise.
         peer: if mode == ClientTlsMode::Require { stream.peer_host() } else { String::new() },
     };
-    let mut m =
-        Login::new(shared.cfg.load_full(), *shared.shutdown.borrow(), Entropy::random()).with_transport(transport);
+    // A connection accepted before the listener closed is served unless clients are being
+    // closed (SIGTERM): under `SHUTDOWN WAIT_FOR_CLIENTS` (an online restart) it logs in.
+    let stopping = shared.stopping.load(std::sync::atomic::Ordering::SeqCst);
+    let mut m = Login::new(shared.cfg.load_full(), stopping, Entropy::random()).with_transport(transport);
     let mut step = m.handle_bytes(buf);
     let creds = loop {
         step = match step {
@@ -91,7 +93,7 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
                 m.handle_bytes(buf)
             }
             Step::Cancel { pid, key } => {
-                shared.cancels.cancel(pid, &key).await;
+                shared.cancel_request(pid, &key).await;
                 return Err(LoginEnd::Cancel);
             }
             Step::NeedSecret => {

@@ -11,6 +11,7 @@ pub mod client;
 pub(crate) mod listen;
 pub(crate) mod login;
 mod metrics;
+pub(crate) mod peers;
 pub(crate) mod pipe;
 mod proxy;
 pub mod reload;
@@ -29,7 +30,6 @@ use cancel::CancelRegistry;
 use listen::Listener;
 use servers::ServerPool;
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -101,11 +101,13 @@ impl StopRequests {
 
 /// A running pooler.
 pub struct Handle {
-    /// Unix socket paths bound.
-    pub(crate) unix_paths: Vec<std::path::PathBuf>,
+    /// Unix socket files bound.
+    pub(crate) unix_paths: Vec<listen::SocketFile>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     stop_requests: watch::Receiver<Option<ShutdownMode>>,
+    /// The accept loops (a stop waits until each has closed its listener).
+    accepting: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Binds every listen address and starts serving. Must run inside a tokio runtime.
@@ -116,7 +118,7 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
     let shared = Arc::new(Shared {
         cfg: ArcSwap::new(cfg.clone()),
         pools: Mutex::new(HashMap::new()),
-        cancels: CancelRegistry::default(),
+        cancels: CancelRegistry::new(cfg.peer_id),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
         shutdown,
         stopping: AtomicBool::new(false),
@@ -138,15 +140,13 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
         None => None,
     };
     let listeners = listen::bind_all(&cfg).await?;
-    let unix_paths = listeners.iter().filter_map(|l| l.path().map(Path::to_path_buf)).collect();
-    for l in listeners {
-        tokio::spawn(accept_loop(l, shared.clone()));
-    }
+    let unix_paths = listeners.iter().filter_map(|l| l.socket_file().cloned()).collect();
+    let accepting = listeners.into_iter().map(|l| tokio::spawn(accept_loop(l, shared.clone()))).collect();
     tokio::spawn(janitor(shared.clone()));
     if let Some(l) = metrics {
         tokio::spawn(metrics::serve(l, shared.clone()));
     }
-    Ok(Handle { unix_paths, shared, stop, stop_requests })
+    Ok(Handle { unix_paths, shared, stop, stop_requests, accepting })
 }
 
 /// The socket files go on every way out of the pooler: a graceful shutdown (at its start),
@@ -158,9 +158,9 @@ impl Drop for Handle {
     }
 }
 
-fn remove_socket_files(paths: &mut Vec<std::path::PathBuf>) {
-    for p in paths.drain(..) {
-        let _ = std::fs::remove_file(p);
+fn remove_socket_files(paths: &mut Vec<listen::SocketFile>) {
+    for f in paths.drain(..) {
+        f.remove();
     }
 }
 
@@ -186,7 +186,11 @@ impl Handle {
             self.shared.stopping.store(true, Ordering::SeqCst);
             self.shared.cancels.kick_all();
         }
-        // New clients find no socket from now on.
+        // Every listener closed (the connections queued on it accepted first, each with its
+        // client slot: counted in the wait below), and new clients find no socket file.
+        for l in self.accepting.drain(..) {
+            let _ = l.await;
+        }
         remove_socket_files(&mut self.unix_paths);
         let all = self.shared.cfg.load().max_client_conn as u32;
         let wait = self.shared.client_slots.acquire_many(all);
@@ -244,30 +248,39 @@ async fn accept_loop(l: Listener, shared: Arc<Shared>) {
             r = accept(&l) => r,
             _ = shutdown.changed() => break,
         };
-        let stream = match accepted {
-            Ok(s) => s,
+        match accepted {
+            Ok(s) => admit(s, &shared),
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
                 // Out of file descriptors and the like: back off instead of spinning.
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
             }
-        };
-        match shared.client_slots.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    client::serve(stream, shared).await;
-                    drop(permit);
-                });
-            }
-            Err(_) => {
-                tokio::spawn(async move {
-                    let mut stream = stream;
-                    let e = Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already");
-                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&e.to_bytes())).await;
-                });
-            }
+        }
+    }
+    // Stopping: what the kernel already queued on this listener is served rather than reset
+    // by the close (under so_reuseport, another process takes the new connections).
+    for s in listen::drain(l) {
+        admit(s, &shared);
+    }
+}
+
+/// Serves an accepted connection in a task of its own, or refuses it (53300) beyond
+/// `max_client_conn`.
+fn admit(stream: Stream, shared: &Arc<Shared>) {
+    match shared.client_slots.clone().try_acquire_owned() {
+        Ok(permit) => {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                client::serve(stream, shared).await;
+                drop(permit);
+            });
+        }
+        Err(_) => {
+            tokio::spawn(async move {
+                let mut stream = stream;
+                let e = Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already");
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&e.to_bytes())).await;
+            });
         }
     }
 }
