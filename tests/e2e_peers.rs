@@ -502,3 +502,70 @@ async fn online_restart_hands_the_port_over_without_refusing_anyone() {
     drop(new);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The online restart under `PARSNIP_HANDOVER_CLIENTS` (default 16) clients connecting at
+/// once in a loop (TCP only), for measuring: prints how many attempts ran, how many ran
+/// during the handover, how many connections the old process accepted from its closing
+/// listener's queue, and fails on any failed attempt. Not run by default (it measures a
+/// race: `cargo test --test e2e_peers -- --ignored --nocapture`; docs/scaling.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore]
+async fn online_restart_under_concurrent_connects() {
+    let clients: usize = std::env::var("PARSNIP_HANDOVER_CLIENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    let port = free_port();
+    let top = trust_config("so_reuseport = true\nshutdown_timeout_ms = 60000");
+    let listen = format!("127.0.0.1:{port}");
+    let mut old = Parsnip::with_config_args(&top, &["--listen", &listen]);
+    let console = old.connect("postgres", SUPER_PW, "parsnip").await;
+    let new = Parsnip::with_config_args(&top, &["--listen", &listen]);
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (attempts, failures, stop) = (attempts.clone(), failures.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let r = async {
+                        Pg::connect(port, "postgres", Some(SUPER_PW), "postgres").await?.scalar("select 1").await
+                    };
+                    if let Err(e) = r.await {
+                        failures.lock().unwrap().push(describe(&e));
+                    }
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    let wait_for = async |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while attempts.load(Ordering::SeqCst) < n {
+            assert!(Instant::now() < deadline, "stuck below {n} attempts");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    wait_for(200).await;
+    let before = attempts.load(Ordering::SeqCst);
+    let t0 = Instant::now();
+    console.simple_query("SHUTDOWN WAIT_FOR_CLIENTS").await.expect("SHUTDOWN WAIT_FOR_CLIENTS");
+    drop(console);
+    let status = old.wait_exit_async(Duration::from_secs(30)).await;
+    let handover = t0.elapsed();
+    let during = attempts.load(Ordering::SeqCst) - before;
+    wait_for(before + during + 200).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let drained: Vec<String> =
+        old.logs().lines().filter(|l| l.contains("queued on a closing listener")).map(str::to_owned).collect();
+    let failures = failures.lock().unwrap().clone();
+    eprintln!(
+        "handover with {clients} connecting clients: {} attempts, {during} during the {handover:?} handover, \
+         {} failed; drained: {drained:?}",
+        attempts.load(Ordering::SeqCst),
+        failures.len()
+    );
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{}", old.log_tail());
+    assert!(failures.is_empty(), "{failures:?}\n{}\n{}", old.log_tail(), new.log_tail());
+}
