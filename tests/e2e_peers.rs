@@ -393,6 +393,53 @@ async fn a_second_process_cannot_share_a_port_without_so_reuseport() {
     assert_eq!(c.scalar("select 1").await.expect("query"), "1");
 }
 
+/// A stopping instance (`SHUTDOWN WAIT_FOR_CLIENTS`, as in an online restart) closes the
+/// shared port but keeps the address of its own `[peers]` entry open until it exits, for
+/// cancels only: a login there gets 57P03, and a cancel for its remaining client that lands
+/// on the other process is forwarded there and cancels the query.
+#[tokio::test]
+async fn a_stopping_instance_still_takes_the_cancels_its_peers_forward() {
+    if direct_mode() {
+        return;
+    }
+    const DB: &str = "peerstopdb";
+    create_db(DB);
+    let shared = free_port();
+    let mut ps = peers(2, "so_reuseport = true", &[format!("127.0.0.1:{shared}")]).await;
+    let b_port = ps[1].port();
+    let a = &mut ps[0];
+    bounded(60, "cancel to a stopping peer", async {
+        let (x, pid, key) = raw_client(a.port(), DB).await;
+        let long = "select pg_sleep(30)";
+        let q = run(x, long);
+        wait_active(DB, long, 1).await;
+        let console = a.connect("postgres", SUPER_PW, "parsnip").await;
+        console.simple_query("SHUTDOWN WAIT_FOR_CLIENTS").await.expect("SHUTDOWN WAIT_FOR_CLIENTS");
+        // Logins at its peer address are refused from now on (once the accept loop has
+        // seen the shutdown: bounded retry).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut raw = Raw::tcp(a.port()).await;
+            match raw.startup(&[("user", "postgres"), ("database", DB)], Some(SUPER_PW)).await {
+                Err(e) if e.code() == "57P03" => break,
+                Err(e) => panic!("login at the stopping peer: {e}\n{}", a.log_tail()),
+                Ok(()) => assert!(Instant::now() < deadline, "still taking clients\n{}", a.log_tail()),
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(a.alive(), "exited with a client connected\n{}", a.log_tail());
+        // The cancel lands on the other process, which forwards it to the stopping one.
+        send_cancel(b_port, pid, key).await;
+        let r = bounded(10, "the cancelled query", q).await.expect("task");
+        assert_cancelled(r, "cancel forwarded to a stopping peer", &a.log_tail());
+        drop(console);
+    })
+    .await;
+    // Its last client (the raw one, ended with its task) gone, it exits.
+    let status = a.wait_exit_async(Duration::from_secs(20)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{}", a.log_tail());
+}
+
 /// Online restart: process A serves port P (TCP, and a unix socket named after P) with
 /// so_reuseport; process B starts on the same port and takes the socket name over; A gets
 /// `SHUTDOWN WAIT_FOR_CLIENTS`, closes its listeners (accepting what was queued on them

@@ -41,6 +41,15 @@ impl Config {
         Ok(())
     }
 
+    /// This instance's own `[peers]` entry, if it has one: the address its peers forward
+    /// cancel requests to.
+    pub(crate) fn own_peer(&self) -> Option<&PeerConfig> {
+        if self.peer_id == 0 {
+            return None;
+        }
+        self.peers.get(self.peer_id.to_string().as_str())
+    }
+
     /// Where peer `id` listens (None: not in `[peers]`, or this instance itself).
     pub(crate) fn peer(&self, id: u16) -> Option<&PeerConfig> {
         if id == self.peer_id {
@@ -77,6 +86,7 @@ mod tests {
         .unwrap();
         assert!(cfg.so_reuseport);
         assert_eq!(cfg.peer(1), None, "its own entry is not a peer");
+        assert_eq!(cfg.own_peer(), Some(&PeerConfig { host: "127.0.0.1".into(), port: 6432 }));
         assert_eq!(cfg.peer(2), Some(&PeerConfig { host: "/tmp".into(), port: 6433 }));
         assert_eq!(cfg.peer(3), None);
         assert!(!Config::default().so_reuseport);

@@ -12,14 +12,17 @@ use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Serves one accepted client connection to the end.
-pub(crate) async fn serve(mut stream: Stream, shared: Arc<Shared>) {
+/// Serves one accepted client connection to the end; `cancel_only`: a CancelRequest is
+/// handled, a login refused (57P03: the instance is stopping).
+pub(crate) async fn serve(mut stream: Stream, shared: Arc<Shared>, cancel_only: bool) {
     stream.set_nodelay();
     let connected_us = super::census::unix_us();
     let mut buf = BytesMut::new();
     let timeout = shared.cfg.load().client_login_timeout();
     // Boxed: the login future is large and only needed once.
-    let res = match tokio::time::timeout(timeout, Box::pin(login::login(&mut stream, &shared, &mut buf))).await {
+    let res = match tokio::time::timeout(timeout, Box::pin(login::login(&mut stream, &shared, &mut buf, cancel_only)))
+        .await
+    {
         Ok(r) => r,
         Err(_) => Err(LoginEnd::Close(Some(Error::protocol(
             "timeout while waiting for the startup packet or authentication",

@@ -31,6 +31,12 @@ pub(crate) struct SocketFile {
 }
 
 impl SocketFile {
+    /// Whether this is the socket of the instance's own `[peers]` entry.
+    pub(crate) fn is_own_peer_address(&self, cfg: &Config) -> bool {
+        cfg.own_peer().is_some_and(|p| {
+            p.host.starts_with('/') && self.path == Path::new(&p.host).join(format!(".s.PGSQL.{}", p.port))
+        })
+    }
     fn of(path: &Path) -> io::Result<SocketFile> {
         let m = std::fs::symlink_metadata(path)?;
         Ok(SocketFile { path: path.to_path_buf(), dev: m.dev(), ino: m.ino() })
@@ -51,6 +57,23 @@ impl Listener {
     /// The socket file of a unix listener.
     pub(crate) fn path(&self) -> Option<&Path> {
         self.socket_file().map(|f| f.path.as_path())
+    }
+    /// Whether this listener serves the address of the instance's own `[peers]` entry: a
+    /// stopping process keeps that one open for the cancel requests its peers forward
+    /// (a TCP listener on the unspecified address serves every address of its port).
+    pub(crate) async fn is_own_peer_address(&self, cfg: &Config) -> bool {
+        let Some(p) = cfg.own_peer() else { return false };
+        match self {
+            Listener::Unix(_, f) => f.is_own_peer_address(cfg),
+            Listener::Tcp(l) => {
+                let Ok(local) = l.local_addr() else { return false };
+                if p.host.starts_with('/') || p.port != local.port() {
+                    return false;
+                }
+                let Ok(addrs) = tokio::net::lookup_host((p.host.as_str(), p.port)).await else { return false };
+                addrs.into_iter().any(|a| local.ip().is_unspecified() || a.ip() == local.ip())
+            }
+        }
     }
     /// The socket file of a unix listener, with its identity.
     pub(crate) fn socket_file(&self) -> Option<&SocketFile> {

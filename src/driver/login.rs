@@ -70,8 +70,14 @@ async fn send(stream: &mut Stream, out: &mut BytesMut) -> Result<(), LoginEnd> {
 }
 
 /// Runs the login phase: the sans-IO `Login` decides, this moves its bytes and performs
-/// what it asks for. `buf` keeps bytes the client sent beyond the login.
-pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> Result<LoggedIn, LoginEnd> {
+/// what it asks for. `buf` keeps bytes the client sent beyond the login. `cancel_only`: a
+/// startup is refused as under a shutdown (57P03), a CancelRequest handled.
+pub(crate) async fn login(
+    stream: &mut Stream,
+    shared: &Shared,
+    buf: &mut BytesMut,
+    cancel_only: bool,
+) -> Result<LoggedIn, LoginEnd> {
     let mode = shared.cfg.load().client_tls_mode();
     let transport = Transport {
         tls: shared.tls_clients.load().is_some(),
@@ -82,7 +88,7 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
     };
     // A connection accepted before the listener closed is served unless clients are being
     // closed (SIGTERM): under `SHUTDOWN WAIT_FOR_CLIENTS` (an online restart) it logs in.
-    let stopping = shared.stopping.load(std::sync::atomic::Ordering::SeqCst);
+    let stopping = cancel_only || shared.stopping.load(std::sync::atomic::Ordering::SeqCst);
     let mut m = Login::new(shared.cfg.load_full(), stopping, Entropy::random()).with_transport(transport);
     let mut step = m.handle_bytes(buf);
     let creds = loop {

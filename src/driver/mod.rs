@@ -106,8 +106,8 @@ pub struct Handle {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     stop_requests: watch::Receiver<Option<ShutdownMode>>,
-    /// The accept loops (a stop waits until each has closed its listener).
-    accepting: Vec<tokio::task::JoinHandle<()>>,
+    /// Each accept loop says here that it no longer takes clients (a stop waits for all).
+    accepting: Vec<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// Binds every listen address and starts serving. Must run inside a tokio runtime.
@@ -141,7 +141,14 @@ pub async fn start(cfg: Arc<Config>) -> std::io::Result<Handle> {
     };
     let listeners = listen::bind_all(&cfg).await?;
     let unix_paths = listeners.iter().filter_map(|l| l.socket_file().cloned()).collect();
-    let accepting = listeners.into_iter().map(|l| tokio::spawn(accept_loop(l, shared.clone()))).collect();
+    let accepting = listeners
+        .into_iter()
+        .map(|l| {
+            let (closed, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(accept_loop(l, shared.clone(), closed));
+            rx
+        })
+        .collect();
     tokio::spawn(janitor(shared.clone()));
     if let Some(l) = metrics {
         tokio::spawn(metrics::serve(l, shared.clone()));
@@ -186,12 +193,21 @@ impl Handle {
             self.shared.stopping.store(true, Ordering::SeqCst);
             self.shared.cancels.kick_all();
         }
-        // Every listener closed (the connections queued on it accepted first, each with its
-        // client slot: counted in the wait below), and new clients find no socket file.
+        // Every listener closed to clients (the connections queued on it accepted first,
+        // each with its client slot: counted in the wait below), and new clients find no
+        // socket file (but the one of the instance's own [peers] entry, still open for
+        // cancels: removed on exit).
         for l in self.accepting.drain(..) {
             let _ = l.await;
         }
-        remove_socket_files(&mut self.unix_paths);
+        let cfg = self.shared.cfg.load_full();
+        self.unix_paths.retain(|f| {
+            let keep = f.is_own_peer_address(&cfg);
+            if !keep {
+                f.remove();
+            }
+            keep
+        });
         let all = self.shared.cfg.load().max_client_conn as u32;
         let wait = self.shared.client_slots.acquire_many(all);
         match limit {
@@ -241,7 +257,7 @@ impl Handle {
     }
 }
 
-async fn accept_loop(l: Listener, shared: Arc<Shared>) {
+async fn accept_loop(l: Listener, shared: Arc<Shared>, closed: tokio::sync::oneshot::Sender<()>) {
     let mut shutdown = shared.shutdown.clone();
     loop {
         let accepted = tokio::select! {
@@ -257,10 +273,35 @@ async fn accept_loop(l: Listener, shared: Arc<Shared>) {
             }
         }
     }
+    if l.is_own_peer_address(&shared.cfg.load_full()).await {
+        let _ = closed.send(());
+        return cancels_only(l, shared).await;
+    }
     // Stopping: what the kernel already queued on this listener is served rather than reset
     // by the close (under so_reuseport, another process takes the new connections).
     for s in listen::drain(l) {
         admit(s, &shared);
+    }
+    let _ = closed.send(());
+}
+
+/// A stopping instance's own `[peers]` address stays open until the process exits, for the
+/// cancel requests its peers forward to its remaining clients (after an online restart,
+/// every new connection, cancels included, reaches the new process first). Anything else
+/// gets 57P03. No client slot is taken: a stop waits for those to come back.
+async fn cancels_only(l: Listener, shared: Arc<Shared>) {
+    tracing::info!("stopped accepting clients; this instance's [peers] address stays open for cancel requests");
+    loop {
+        match accept(&l).await {
+            Ok(s) => {
+                let shared = shared.clone();
+                tokio::spawn(async move { client::serve(s, shared, true).await });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 }
 
@@ -271,7 +312,7 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
         Ok(permit) => {
             let shared = shared.clone();
             tokio::spawn(async move {
-                client::serve(stream, shared).await;
+                client::serve(stream, shared, false).await;
                 drop(permit);
             });
         }
