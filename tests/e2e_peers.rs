@@ -77,6 +77,16 @@ async fn peers(n: usize, top: &str, listen: &[String]) -> Vec<Parsnip> {
         p.rewrite_config(&peer_config(i + 1, top, &ports));
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}\n{}", describe(&e), p.log_tail()));
+        let rows = console.simple_query("SHOW PEERS").await.expect("SHOW PEERS");
+        let listed: Vec<String> = rows
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(format!("{}:{}", r.get(0)?, r.get(2)?)),
+                _ => None,
+            })
+            .collect();
+        let want: Vec<String> = ports.iter().enumerate().map(|(j, port)| format!("{}:{port}", j + 1)).collect();
+        assert_eq!(listed, want, "SHOW PEERS after RELOAD");
     }
     ps
 }
