@@ -220,8 +220,10 @@ fn bind_unix(path: &Path, mode: u32, take_over: bool) -> io::Result<Listener> {
     let with_path = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
     let mut bind_at = path.to_path_buf();
     if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            if !take_over {
+        if let Ok(live) = std::os::unix::net::UnixStream::connect(path) {
+            // Only a process of this user is replaced (as SO_REUSEPORT shares a port only
+            // between one user's sockets): never, say, a PostgreSQL's socket.
+            if !take_over || !same_user(&live) {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     format!("{}: another process is listening on this socket", path.display()),
@@ -237,15 +239,29 @@ fn bind_unix(path: &Path, mode: u32, take_over: bool) -> io::Result<Listener> {
         }
     }
     let l = UnixListener::bind(&bind_at).map_err(with_path)?;
-    std::fs::set_permissions(&bind_at, std::fs::Permissions::from_mode(mode)).map_err(with_path)?;
+    let placed = std::fs::set_permissions(&bind_at, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| if bind_at != path { std::fs::rename(&bind_at, path) } else { Ok(()) });
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&bind_at);
+        return Err(with_path(e));
+    }
     if bind_at != path {
-        if let Err(e) = std::fs::rename(&bind_at, path) {
-            let _ = std::fs::remove_file(&bind_at);
-            return Err(with_path(e));
-        }
         tracing::info!("took over {} from the process listening there (so_reuseport)", path.display());
     }
     let file = SocketFile::of(path).map_err(with_path)?;
     tracing::info!("listening on {}", path.display());
     Ok(Listener::Unix(l, file))
+}
+
+/// Whether the process at the other end of `s` runs as this process's effective user.
+fn same_user(s: &std::os::unix::net::UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, on a descriptor `s` owns.
+    let r = unsafe {
+        libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len)
+    };
+    // SAFETY: geteuid has no preconditions.
+    r == 0 && cred.uid == unsafe { libc::geteuid() }
 }

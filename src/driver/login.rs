@@ -1,6 +1,7 @@
 //! The login phase's IO: moves bytes for the sans-IO `crate::login::Login` and does what it
-//! asks for (a CancelRequest forwarded to a server or a peer, a secret looked up with auth_query, the pool and its
-//! server defaults, the client's startup settings normalized on a server).
+//! asks for (a CancelRequest forwarded to a server or a peer, a secret looked up with
+//! auth_query, the pool and its server defaults, the client's startup settings normalized
+//! on a server).
 
 use super::Shared;
 use super::servers::{self, ServerConnector, ServerPool};
