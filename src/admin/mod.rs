@@ -18,4 +18,4 @@ mod view;
 pub(crate) use command::{Action, ShutdownMode};
 pub(crate) use console::{Console, ConsoleStep};
 pub(crate) use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, render as render_metrics};
-pub(crate) use view::{ConfigRow, ConnRow, DatabaseRow, UserRow, View};
+pub(crate) use view::{ConfigRow, ConnRow, DatabaseRow, PeerRow, UserRow, View};

@@ -23,6 +23,7 @@ pub(crate) const COMMANDS: &[(&str, Show)] = &[
     ("users", show_users),
     ("lists", show_lists),
     ("config", show_config),
+    ("peers", show_peers),
     ("state", show_state),
     ("mem", show_mem),
     ("fds", show_fds),
@@ -295,7 +296,7 @@ fn show_lists(v: &dyn View) -> Table {
     let items = [
         ("databases", v.databases().len() + 1),
         ("users", users.len()),
-        ("peers", 0),
+        ("peers", v.peers().len()),
         ("pools", v.pools().len() + 1),
         ("peer_pools", 0),
         ("free_clients", 0),
@@ -318,6 +319,16 @@ fn show_config(v: &dyn View) -> Table {
     let mut table = Table::new(&[("key", S), ("value", S), ("default", S), ("changeable", S)]);
     for c in v.config() {
         table.push(vec![t(c.key), t(c.value), t(c.default), t(if c.changeable { "yes" } else { "no" })]);
+    }
+    table
+}
+
+/// PgBouncer's columns but its `pool_size`: parsnip keeps no connections to its peers
+/// (each forwarded cancel opens one of its own).
+fn show_peers(v: &dyn View) -> Table {
+    let mut table = Table::new(&[("peer_id", I), ("host", S), ("port", I)]);
+    for p in v.peers() {
+        table.push(vec![n(p.peer_id), t(p.host), n(p.port)]);
     }
     table
 }

@@ -2,7 +2,7 @@
 
 use super::show::show;
 use super::table::Ty;
-use super::view::{ConfigRow, ConnRow, DatabaseRow, UserRow, View};
+use super::view::{ConfigRow, ConnRow, DatabaseRow, PeerRow, UserRow, View};
 use crate::config::PoolMode;
 use crate::pool::{Figures, LastPeriod, PoolSnapshot};
 use crate::pool::{PoolKey, PoolPurpose};
@@ -83,6 +83,9 @@ impl View for One {
     fn console_clients(&self) -> usize {
         1
     }
+    fn peers(&self) -> Vec<PeerRow> {
+        vec![PeerRow { peer_id: 2, host: "/run/parsnip-2".into(), port: 6502 }]
+    }
 }
 
 fn columns(what: &str) -> Vec<&'static str> {
@@ -138,6 +141,7 @@ fn columns_are_pgbouncers_in_its_order() {
         ),
         ("lists", "list items"),
         ("config", "key value default changeable"),
+        ("peers", "peer_id host port"),
         ("state", "key value"),
         ("mem", "name size used free memtotal"),
         ("version", "version"),
@@ -205,6 +209,12 @@ fn values_and_types_are_pgbouncers() {
     );
     let lists = show("lists", &One).expect("lists");
     assert_eq!((lists.get(6, "list"), lists.get(6, "items")), (Some("used_clients"), Some("3")));
+    let peers = show("peers", &One).expect("peers");
+    assert_eq!(
+        (peers.get(0, "peer_id"), peers.get(0, "host"), peers.get(0, "port")),
+        (Some("2"), Some("/run/parsnip-2"), Some("6502"))
+    );
+    assert_eq!((lists.get(2, "list"), lists.get(2, "items")), (Some("peers"), Some("1")));
     assert!(show("nonsense", &One).is_none());
 }
 

@@ -88,6 +88,14 @@ pub(crate) struct ConfigRow {
     pub(crate) changeable: bool,
 }
 
+/// One `[peers]` entry, for `SHOW PEERS`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PeerRow {
+    pub(crate) peer_id: i32,
+    pub(crate) host: String,
+    pub(crate) port: i32,
+}
+
 /// The running pooler, read by the console.
 pub(crate) trait View {
     /// The client pools, sorted by key.
@@ -106,4 +114,8 @@ pub(crate) trait View {
     fn paused(&self) -> bool;
     /// Console connections open now.
     fn console_clients(&self) -> usize;
+    /// The other instances cancel requests are forwarded to (`[peers]`), by id.
+    fn peers(&self) -> Vec<PeerRow> {
+        Vec::new()
+    }
 }

@@ -8,6 +8,16 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(ToString::to_string).unwrap_or_default()
 }
 
+impl Config {
+    /// `[peers]` on one line, "ID=HOST:PORT" by id, comma-separated.
+    fn peers_text(&self) -> String {
+        let mut v: Vec<(u16, String)> =
+            self.peers.iter().map(|(id, p)| (id.parse().unwrap_or(0), format!("{id}={}:{}", p.host, p.port))).collect();
+        v.sort();
+        v.into_iter().map(|(_, s)| s).collect::<Vec<_>>().join(",")
+    }
+}
+
 fn lower<T: std::fmt::Debug>(v: T) -> String {
     format!("{v:?}").to_lowercase()
 }
@@ -19,6 +29,9 @@ impl Config {
             ("listen", self.listen.join(",")),
             ("unix_socket_dir", self.unix_socket_dir.clone()),
             ("unix_socket_mode", self.unix_socket_mode.clone()),
+            ("so_reuseport", self.so_reuseport.to_string()),
+            ("peer_id", self.peer_id.to_string()),
+            ("peers", self.peers_text()),
             ("pool_mode", lower(self.pool_mode)),
             ("pool_size", self.pool_size.to_string()),
             ("min_pool_size", self.min_pool_size.to_string()),

@@ -5,6 +5,8 @@
 pub mod cli;
 mod entries;
 pub(crate) use entries::CHANGEABLE;
+mod peers;
+pub use peers::{MAX_PEER_ID, PeerConfig};
 mod tls;
 mod url;
 
@@ -78,6 +80,13 @@ pub struct Config {
     pub unix_socket_dir: String,
     /// Permissions of the unix socket files, octal as in PgBouncer ("0777").
     pub unix_socket_mode: String,
+    /// TCP listeners set SO_REUSEPORT: several parsnip processes may listen on one port
+    /// and the kernel spreads new connections over them (docs/scaling.md).
+    pub so_reuseport: bool,
+    /// This instance's id among its `[peers]` (1..=`MAX_PEER_ID`), carried in the cancel
+    /// keys it hands out so that a peer receiving a CancelRequest for one of its clients
+    /// forwards it here; 0 turns peering off.
+    pub peer_id: u16,
     /// Default pool mode.
     pub pool_mode: PoolMode,
     /// Server connections per (database, user) pool.
@@ -193,6 +202,9 @@ pub struct Config {
     pub databases: BTreeMap<String, DatabaseConfig>,
     /// Users and their secrets (plain, "md5…" or "SCRAM-SHA-256$…"), with per-user pool settings.
     pub users: BTreeMap<String, UserConfig>,
+    /// The other parsnip instances cancel requests are forwarded to, by peer id (the
+    /// table's key, "1".."1023"); an entry for this instance's own id is ignored.
+    pub peers: BTreeMap<String, PeerConfig>,
 }
 
 /// One `[databases.NAME]` entry.
@@ -238,6 +250,8 @@ impl Default for Config {
             listen: vec!["127.0.0.1:6432".into()],
             unix_socket_dir: "auto".into(),
             unix_socket_mode: "0777".into(),
+            so_reuseport: false,
+            peer_id: 0,
             pool_mode: PoolMode::Transaction,
             pool_size: 20,
             min_pool_size: 0,
@@ -285,6 +299,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             databases: BTreeMap::new(),
             users: BTreeMap::new(),
+            peers: BTreeMap::new(),
         }
     }
 }
@@ -374,6 +389,7 @@ impl Config {
         if self.auth_user.is_some() && self.auth_query.is_none() {
             return Err(ConfigError("auth_user is set but auth_query is not".into()));
         }
+        self.validate_peers()?;
         self.validate_tls()
     }
 

@@ -8,7 +8,7 @@ use super::Shared;
 use super::census::unix_us;
 use super::servers::ServerPool;
 use super::stream::Stream;
-use crate::admin::{Action, ConfigRow, ConnRow, Console, ConsoleStep, DatabaseRow, UserRow, View};
+use crate::admin::{Action, ConfigRow, ConnRow, Console, ConsoleStep, DatabaseRow, PeerRow, UserRow, View};
 use crate::config::Config;
 use crate::error::{Error, SqlState};
 use crate::pool::{PoolPurpose, PoolSnapshot};
@@ -448,5 +448,16 @@ impl View for Live<'_> {
 
     fn console_clients(&self) -> usize {
         self.0.consoles.load(Ordering::Relaxed)
+    }
+
+    fn peers(&self) -> Vec<PeerRow> {
+        let cfg = self.0.cfg.load();
+        let mut rows: Vec<PeerRow> = cfg
+            .peers
+            .iter()
+            .map(|(id, p)| PeerRow { peer_id: id.parse().unwrap_or(0), host: p.host.clone(), port: i32::from(p.port) })
+            .collect();
+        rows.sort_by_key(|r| r.peer_id);
+        rows
     }
 }

@@ -159,13 +159,29 @@ pub(crate) const FIRST_CLIENT_PID: i32 = (1 << 22) + 1;
 pub(crate) struct CancelRegistry {
     next_pid: AtomicI32,
     map: Mutex<HashMap<i32, (i32, Arc<CancelSlot>)>>,
+    /// This instance's `peer_id` as it started (0: none), written into every key
+    /// (`peers::stamp`).
+    peer_id: u16,
 }
 
 impl CancelRegistry {
+    /// A registry whose keys carry `peer_id` (0: all random).
+    pub(crate) fn new(peer_id: u16) -> CancelRegistry {
+        CancelRegistry { peer_id, ..CancelRegistry::default() }
+    }
+    /// The peer id its keys carry.
+    pub(crate) fn peer_id(&self) -> u16 {
+        self.peer_id
+    }
+    /// A fresh secret key.
+    fn new_key(&self) -> i32 {
+        super::peers::stamp(rand::random(), self.peer_id)
+    }
     /// A new key pair for a client; `slot` is filled in by `attach`.
-    /// The pid is in `FIRST_CLIENT_PID..=i32::MAX` and not held by a connected client.
+    /// The pid is in `FIRST_CLIENT_PID..=i32::MAX` and not held by a connected client; the
+    /// key carries the instance's peer id (`peers::stamp`).
     pub(crate) fn register(&self) -> (i32, i32) {
-        let key: i32 = rand::random();
+        let key = self.new_key();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let n = self.next_pid.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
@@ -180,7 +196,7 @@ impl CancelRegistry {
     /// connected client holds it; else as `register`.
     pub(crate) fn register_as(&self, real: Option<i32>) -> (i32, i32) {
         if let Some(pid) = real.filter(|p| *p > 0) {
-            let key: i32 = rand::random();
+            let key = self.new_key();
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
             if let std::collections::hash_map::Entry::Vacant(e) = map.entry(pid) {
                 e.insert((key, Arc::new(CancelSlot { pid, ..CancelSlot::default() })));
@@ -321,6 +337,20 @@ mod tests {
             let (p, _) = r.register();
             assert!(p >= FIRST_CLIENT_PID && p != a && p != c);
         }
+    }
+
+    #[test]
+    fn keys_carry_the_peer_id_for_both_kinds_of_pid() {
+        let r = CancelRegistry::new(5);
+        let (pid, key) = r.register();
+        assert!(pid >= FIRST_CLIENT_PID);
+        assert_eq!((key as u32) >> 22, 5);
+        // A session-mode client keeps its backend's real pid; the key still names the peer.
+        let (pid, key) = r.register_as(Some(4242));
+        assert_eq!(pid, 4242);
+        assert_eq!((key as u32) >> 22, 5);
+        let keys: std::collections::HashSet<i32> = (0..100).map(|_| r.register().1).collect();
+        assert!(keys.len() > 90, "the low 22 bits are random");
     }
 }
 #[cfg(test)]

@@ -12,11 +12,12 @@ use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Serves one accepted client connection to the end. The login's state and the proxy's
-/// share the task's memory (the login is over before the proxy starts): an idle client's
-/// task holds the proxy and its loop, and little else (`task_size`).
-pub(crate) async fn serve(stream: Stream, shared: Arc<Shared>) {
-    let Some(mut p) = log_in(stream, shared).await else { return };
+/// Serves one accepted client connection to the end; `cancel_only`: a CancelRequest is
+/// handled, a login refused (57P03: the instance is stopping). The login's state and the
+/// proxy's share the task's memory (the login is over before the proxy starts): an idle
+/// client's task holds the proxy and its loop, and little else (`task_size`).
+pub(crate) async fn serve(stream: Stream, shared: Arc<Shared>, cancel_only: bool) {
+    let Some(mut p) = log_in(stream, shared, cancel_only).await else { return };
     p.run().await;
     p.meter_finish();
     let pid = p.pid();
@@ -24,13 +25,15 @@ pub(crate) async fn serve(stream: Stream, shared: Arc<Shared>) {
 }
 
 /// The login (or the console, to its end): the proxy of a client that logged in.
-async fn log_in(mut stream: Stream, shared: Arc<Shared>) -> Option<Proxy> {
+async fn log_in(mut stream: Stream, shared: Arc<Shared>, cancel_only: bool) -> Option<Proxy> {
     stream.set_nodelay();
     let connected_us = super::census::unix_us();
     let mut buf = BytesMut::new();
     let timeout = shared.cfg.load().client_login_timeout();
     // Boxed: the login future is large and only needed once.
-    let res = match tokio::time::timeout(timeout, Box::pin(login::login(&mut stream, &shared, &mut buf))).await {
+    let res = match tokio::time::timeout(timeout, Box::pin(login::login(&mut stream, &shared, &mut buf, cancel_only)))
+        .await
+    {
         Ok(r) => r,
         Err(_) => Err(LoginEnd::Close(Some(Error::protocol(
             "timeout while waiting for the startup packet or authentication",
@@ -77,7 +80,7 @@ async fn log_in(mut stream: Stream, shared: Arc<Shared>) -> Option<Proxy> {
 /// function, 1112 B since).
 #[cfg(test)]
 mod task_size {
-    fn future_size<F: FnOnce(super::Stream, std::sync::Arc<super::Shared>) -> Fut, Fut>(_: F) -> usize {
+    fn future_size<F: FnOnce(super::Stream, std::sync::Arc<super::Shared>, bool) -> Fut, Fut>(_: F) -> usize {
         std::mem::size_of::<Fut>()
     }
 

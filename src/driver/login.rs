@@ -1,6 +1,7 @@
 //! The login phase's IO: moves bytes for the sans-IO `crate::login::Login` and does what it
-//! asks for (a CancelRequest forwarded, a secret looked up with auth_query, the pool and its
-//! server defaults, the client's startup settings normalized on a server).
+//! asks for (a CancelRequest forwarded to a server or a peer, a secret looked up with
+//! auth_query, the pool and its server defaults, the client's startup settings normalized
+//! on a server).
 
 use super::Shared;
 use super::servers::{self, ServerConnector, ServerPool};
@@ -70,8 +71,14 @@ async fn send(stream: &mut Stream, out: &mut BytesMut) -> Result<(), LoginEnd> {
 }
 
 /// Runs the login phase: the sans-IO `Login` decides, this moves its bytes and performs
-/// what it asks for. `buf` keeps bytes the client sent beyond the login.
-pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesMut) -> Result<LoggedIn, LoginEnd> {
+/// what it asks for. `buf` keeps bytes the client sent beyond the login. `cancel_only`: a
+/// startup is refused as under a shutdown (57P03), a CancelRequest handled.
+pub(crate) async fn login(
+    stream: &mut Stream,
+    shared: &Shared,
+    buf: &mut BytesMut,
+    cancel_only: bool,
+) -> Result<LoggedIn, LoginEnd> {
     let mode = shared.cfg.load().client_tls_mode();
     let transport = Transport {
         tls: shared.tls_clients.load().is_some(),
@@ -80,8 +87,10 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
         // Only a refusal under `require` names it: no getpeername per login otherwise.
         peer: if mode == ClientTlsMode::Require { stream.peer_host() } else { String::new() },
     };
-    let mut m =
-        Login::new(shared.cfg.load_full(), *shared.shutdown.borrow(), Entropy::random()).with_transport(transport);
+    // A connection accepted before the listener closed is served unless clients are being
+    // closed (SIGTERM): under `SHUTDOWN WAIT_FOR_CLIENTS` (an online restart) it logs in.
+    let stopping = cancel_only || shared.stopping.load(std::sync::atomic::Ordering::SeqCst);
+    let mut m = Login::new(shared.cfg.load_full(), stopping, Entropy::random()).with_transport(transport);
     let mut step = m.handle_bytes(buf);
     let creds = loop {
         step = match step {
@@ -91,7 +100,7 @@ pub(crate) async fn login(stream: &mut Stream, shared: &Shared, buf: &mut BytesM
                 m.handle_bytes(buf)
             }
             Step::Cancel { pid, key } => {
-                shared.cancels.cancel(pid, &key).await;
+                shared.cancel_request(pid, &key).await;
                 return Err(LoginEnd::Cancel);
             }
             Step::NeedSecret => {

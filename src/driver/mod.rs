@@ -11,6 +11,7 @@ pub mod client;
 pub(crate) mod listen;
 pub(crate) mod login;
 mod metrics;
+pub(crate) mod peers;
 pub(crate) mod pipe;
 mod proxy;
 pub mod reload;
@@ -31,7 +32,6 @@ use listen::Listener;
 use servers::ServerPool;
 pub use shards::Threads;
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -105,11 +105,13 @@ impl StopRequests {
 
 /// A running pooler.
 pub struct Handle {
-    /// Unix socket paths bound.
-    pub(crate) unix_paths: Vec<std::path::PathBuf>,
+    /// Unix socket files bound.
+    pub(crate) unix_paths: Vec<listen::SocketFile>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     stop_requests: watch::Receiver<Option<ShutdownMode>>,
+    /// Each accept loop says here that it no longer takes clients (a stop waits for all).
+    accepting: Vec<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// Binds every listen address and starts serving. Must run inside a tokio runtime, which
@@ -126,7 +128,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
     let shared = Arc::new(Shared {
         cfg: ArcSwap::new(cfg.clone()),
         pools: Mutex::new(HashMap::new()),
-        cancels: CancelRegistry::default(),
+        cancels: CancelRegistry::new(cfg.peer_id),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
         shutdown,
         stopping: AtomicBool::new(false),
@@ -149,15 +151,20 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
         None => None,
     };
     let listeners = listen::bind_all(&cfg).await?;
-    let unix_paths = listeners.iter().filter_map(|l| l.path().map(Path::to_path_buf)).collect();
-    for l in listeners {
-        tokio::spawn(accept_loop(l, shared.clone()));
-    }
+    let unix_paths = listeners.iter().filter_map(|l| l.socket_file().cloned()).collect();
+    let accepting = listeners
+        .into_iter()
+        .map(|l| {
+            let (closed, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(accept_loop(l, shared.clone(), closed));
+            rx
+        })
+        .collect();
     tokio::spawn(janitor(shared.clone()));
     if let Some(l) = metrics {
         tokio::spawn(metrics::serve(l, shared.clone()));
     }
-    Ok(Handle { unix_paths, shared, stop, stop_requests })
+    Ok(Handle { unix_paths, shared, stop, stop_requests, accepting })
 }
 
 /// The socket files go on every way out of the pooler: a graceful shutdown (at its start),
@@ -169,9 +176,9 @@ impl Drop for Handle {
     }
 }
 
-fn remove_socket_files(paths: &mut Vec<std::path::PathBuf>) {
-    for p in paths.drain(..) {
-        let _ = std::fs::remove_file(p);
+fn remove_socket_files(paths: &mut Vec<listen::SocketFile>) {
+    for f in paths.drain(..) {
+        f.remove();
     }
 }
 
@@ -197,8 +204,21 @@ impl Handle {
             self.shared.stopping.store(true, Ordering::SeqCst);
             self.shared.cancels.kick_all();
         }
-        // New clients find no socket from now on.
-        remove_socket_files(&mut self.unix_paths);
+        // Every listener closed to clients (the connections queued on it accepted first,
+        // each with its client slot: counted in the wait below), and new clients find no
+        // socket file (but the one of the instance's own [peers] entry, still open for
+        // cancels: removed on exit).
+        for l in self.accepting.drain(..) {
+            let _ = l.await;
+        }
+        let cfg = self.shared.cfg.load_full();
+        self.unix_paths.retain(|f| {
+            let keep = f.is_own_peer_address(&cfg);
+            if !keep {
+                f.remove();
+            }
+            keep
+        });
         let all = self.shared.cfg.load().max_client_conn as u32;
         let wait = self.shared.client_slots.acquire_many(all);
         match limit {
@@ -248,43 +268,77 @@ impl Handle {
     }
 }
 
-async fn accept_loop(l: Listener, shared: Arc<Shared>) {
+async fn accept_loop(l: Listener, shared: Arc<Shared>, closed: tokio::sync::oneshot::Sender<()>) {
     let mut shutdown = shared.shutdown.clone();
     loop {
         let accepted = tokio::select! {
             r = accept(&l) => r,
             _ = shutdown.changed() => break,
         };
-        let stream = match accepted {
-            Ok(s) => s,
+        match accepted {
+            Ok(s) => admit(s, &shared),
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
                 // Out of file descriptors and the like: back off instead of spinning.
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
             }
-        };
-        match shared.client_slots.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let serve = {
-                    let shared = shared.clone();
-                    move |stream| async move {
-                        client::serve(stream, shared).await;
-                        drop(permit);
-                    }
-                };
-                match &shared.shards {
-                    Some(shards) => shards.spawn(stream, serve),
-                    None => drop(tokio::spawn(serve(stream))),
+        }
+    }
+    if l.is_own_peer_address(&shared.cfg.load_full()).await {
+        let _ = closed.send(());
+        return cancels_only(l, shared).await;
+    }
+    // Stopping: what the kernel already queued on this listener is served rather than reset
+    // by the close (under so_reuseport, another process takes the new connections).
+    for s in listen::drain(l) {
+        admit(s, &shared);
+    }
+    let _ = closed.send(());
+}
+
+/// A stopping instance's own `[peers]` address stays open until the process exits, for the
+/// cancel requests its peers forward to its remaining clients (after an online restart,
+/// every new connection, cancels included, reaches the new process first). Anything else
+/// gets 57P03. No client slot is taken: a stop waits for those to come back.
+async fn cancels_only(l: Listener, shared: Arc<Shared>) {
+    tracing::info!("stopped accepting clients; this instance's [peers] address stays open for cancel requests");
+    loop {
+        match accept(&l).await {
+            Ok(s) => {
+                let shared = shared.clone();
+                tokio::spawn(async move { client::serve(s, shared, true).await });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Serves an accepted connection in a task of its own, or refuses it (53300) beyond
+/// `max_client_conn`.
+fn admit(stream: Stream, shared: &Arc<Shared>) {
+    match shared.client_slots.clone().try_acquire_owned() {
+        Ok(permit) => {
+            let serve = {
+                let shared = shared.clone();
+                move |stream| async move {
+                    client::serve(stream, shared, false).await;
+                    drop(permit);
                 }
+            };
+            match &shared.shards {
+                Some(shards) => shards.spawn(stream, serve),
+                None => drop(tokio::spawn(serve(stream))),
             }
-            Err(_) => {
-                tokio::spawn(async move {
-                    let mut stream = stream;
-                    let e = Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already");
-                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&e.to_bytes())).await;
-                });
-            }
+        }
+        Err(_) => {
+            tokio::spawn(async move {
+                let mut stream = stream;
+                let e = Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already");
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&e.to_bytes())).await;
+            });
         }
     }
 }

@@ -33,9 +33,18 @@ impl std::fmt::Debug for Reloader {
 }
 
 /// Settings that only a restart changes (listening sockets, the log format, the janitor's
-/// averaging period).
-const RESTART_ONLY: &[&str] =
-    &["listen", "unix_socket_dir", "unix_socket_mode", "metrics_listen", "log_format", "stats_period"];
+/// averaging period, and `peer_id`: the keys already handed out carry the old one).
+/// `[peers]` is not among them: each cancel request reads the current table.
+const RESTART_ONLY: &[&str] = &[
+    "listen",
+    "unix_socket_dir",
+    "unix_socket_mode",
+    "so_reuseport",
+    "peer_id",
+    "metrics_listen",
+    "log_format",
+    "stats_period",
+];
 
 /// Settings that apply to pools created after the reload (a pool's statement cache is
 /// sized when it is made).
