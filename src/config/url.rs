@@ -53,7 +53,11 @@ impl DbUrl {
             Err(url::ParseError::EmptyHost) => {
                 let (scheme, rest) = text.split_once("://").unwrap_or((text, ""));
                 let at = rest.find(['/', '?']).unwrap_or(rest.len());
-                url::Url::parse(&format!("{scheme}://{}{NO_HOST}{}", &rest[..at], &rest[at..])).map_err(bad)?
+                // The host goes after the user (`user@`) and before the port (`:5432`).
+                let (auth, tail) = rest.split_at(at);
+                let host_at = auth.rfind('@').map_or(0, |i| i + 1);
+                let (user, port) = auth.split_at(host_at);
+                url::Url::parse(&format!("{scheme}://{user}{NO_HOST}{port}{tail}")).map_err(bad)?
             }
             r => r.map_err(bad)?,
         };
@@ -124,6 +128,11 @@ mod tests {
         assert_eq!((u.host.as_str(), u.port, u.password), ("::1", 5432, None));
         let u = DbUrl::parse("postgres://a@/d?host=/tmp").unwrap();
         assert_eq!((u.user.as_str(), u.host.as_str(), u.dbname.as_str()), ("a", "/tmp", "d"));
+        // An empty host with a port (the unix socket `.s.PGSQL.6000` in `host`'s directory).
+        let u = DbUrl::parse("postgres://a@:6000/d?host=/tmp").unwrap();
+        assert_eq!((u.user.as_str(), u.host.as_str(), u.port, u.dbname.as_str()), ("a", "/tmp", 6000, "d"));
+        let u = DbUrl::parse("postgres://:6001/d?host=/tmp").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("/tmp", 6001));
         let u = DbUrl::parse("postgres://a@h/my%20db").unwrap();
         assert_eq!(u.dbname, "my db");
         assert!(DbUrl::parse("mysql://x").is_err());
