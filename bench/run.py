@@ -27,12 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import throwaway  # noqa: E402  (scripts/throwaway.py: clusters, processes, binaries)
-from throwaway import log, service_user, stop_process  # noqa: E402
+from throwaway import REPO, log, service_user, stop_process  # noqa: E402
 from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 from report import WORKLOADS, Case, Run, machine_info, render_table  # noqa: E402
 from systems import (  # noqa: E402
-    ALL_MODES, ALL_SYSTEMS, CLK_TCK, DEFAULT_SYSTEMS, NOT_RUN, DB, DB_USER, TRANSPORT, Parsnip, PgBouncer, Pooler, Postgres, cpu_ticks,
+    ALL_MODES, ALL_SYSTEMS, CLK_TCK, DEFAULT_SYSTEMS, NOT_RUN, DB, DB_USER, TRANSPORT, Parsnip, PgBouncer, Pooler, Postgres, Relay,
+    cpu_ticks,
     git_describe, machine_busy_s, own_children_s, parsnip_binary, pgbouncer_binary, process_tree_s,
 )
 
@@ -134,6 +135,8 @@ class Bench:
     def make_pooler(self, system: str, pool: int) -> Pooler:
         if system.startswith("parsnip"):
             return Parsnip(self.pg, self.tmp, pool, self.parsnip_bin, self.args.parsnip_config, system)
+        if system == "relay":
+            return Relay(self.pg, self.tmp, pool, self.relay_bin)
         return PgBouncer(self.pg, self.tmp, pool, self.pgb_bin, self.user, self.pgb_version)
 
     def start_pooler(self, system: str, pool: int) -> Pooler | None:
@@ -321,7 +324,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--systems", type=parse_list,
                     help="of direct,parsnip,parsnip-nocache,parsnip-autoprepare,parsnip-w1,parsnip-stealing,pgbouncer "
                     "(parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; "
-                    "parsnip-w1: PARSNIP_WORKERS=1; parsnip-stealing: PARSNIP_SCHEDULER=stealing); "
+                    "parsnip-w1: PARSNIP_WORKERS=1; parsnip-stealing: PARSNIP_SCHEDULER=stealing; relay: examples/relay.rs, "
+                    "a byte relay with no protocol work, the floor of a hop); "
                          "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
     ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
     ap.add_argument("--rounds", type=int, help="rounds per case, systems alternated within each (default 2)")
@@ -451,6 +455,14 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
             skipped.update({s: why for s in systems if s.startswith("parsnip")})
         else:
             parsnip_version = f"parsnip {git_describe()}" if not args.parsnip_bin else f"parsnip ({parsnip_bin})"
+    relay_bin = REPO / "target" / "release" / "examples" / "relay"
+    if "relay" in systems:
+        if not args.no_build:
+            r = subprocess.run(["cargo", "build", "--release", "--example", "relay"], cwd=REPO, capture_output=True)
+            if r.returncode != 0:
+                skipped["relay"] = "cargo build --release --example relay failed"
+        if not relay_bin.exists():
+            skipped.setdefault("relay", f"{relay_bin} does not exist (cargo build --release --example relay)")
     if "pgbouncer" in systems:
         pgb_bin, why = pgbouncer_binary(install, args.pgbouncer_bin)
         if pgb_bin is None:
@@ -481,6 +493,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
 
     bench = Bench(args, pg, tmp, systems, parsnip_bin, pgb_bin, user)
     bench.pgb_version = pgb_version
+    bench.relay_bin = relay_bin
     bench.skipped = skipped
     # A pooler that cannot start at all is skipped for the whole run.
     for s in ALL_SYSTEMS[1:]:
@@ -536,6 +549,9 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
                          if "parsnip-stealing" in systems else ""))
     if pgb_version and "pgbouncer" not in skipped:
         header.append(f"- {pgb_version}, transaction mode, max_client_conn 2000")
+    if "relay" in systems and "relay" not in skipped:
+        header.append("- relay: examples/relay.rs, one thread, one upstream connection per client (no pooling), "
+                      "bytes copied with no protocol work: what the extra hop costs any proxy (the floor)")
     body = [render_table(pool, w, cases, bench.runs, args, skipped, systems) for (pool, w), cases in grid.items()]
     text = "\n".join(header) + "\n\n" + "\n\n".join(body) + "\n"
     print(text, flush=True)

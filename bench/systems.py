@@ -24,7 +24,9 @@ from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALL_SYSTEMS = ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "parsnip-w1", "parsnip-stealing",
-               "pgbouncer")
+               "pgbouncer", "relay")
+# relay: examples/relay.rs, a one-thread byte relay with one upstream connection per client and
+# no protocol work: the CPU any proxy pays the kernel for the extra hop (the floor).
 # parsnip-w1 / parsnip-stealing: parsnip with one event loop for everything (PARSNIP_WORKERS=1),
 # or with tokio's work-stealing runtime instead of one event loop per core
 # (PARSNIP_SCHEDULER=stealing): the threading models side by side with the default.
@@ -244,6 +246,22 @@ class Parsnip(Pooler):
              "--pool-mode", "transaction", "--max-client-conn", "2000", "-c", str(cfg)],
             {"env": env},
         )
+
+
+class Relay(Pooler):
+    name = "relay"
+
+    def __init__(self, pg, tmp, pool_size, binary: Path) -> None:
+        super().__init__(pg, tmp, pool_size)
+        self.binary = binary
+
+    def command(self):
+        if self.sockdir:
+            raise BenchError("relay listens on TCP only (no --unix)")
+        up = f"{self.pg.sock}/.s.PGSQL.{self.pg.port}" if TRANSPORT["server_unix"] else f"127.0.0.1:{self.pg.port}"
+        if TRANSPORT["tls"]:
+            raise BenchError("relay does not speak TLS")
+        return [str(self.binary), f"127.0.0.1:{self.port}", up], {}
 
 
 class PgBouncer(Pooler):
