@@ -69,14 +69,26 @@ impl Session {
             }
             return true;
         }
-        if matches!(tag, tags::QUERY | tags::PARSE) {
-            self.look_at_sql(frame);
-        }
+        // The SQL is looked at once per frame: a frame that waits for a server is fed
+        // again once linked and looked at then (a Parse the cache may answer without a
+        // server is looked at now); the Parse an autoprepared Query becomes is not looked
+        // at again.
+        let sql = matches!(tag, tags::QUERY | tags::PARSE) && !self.autoprep_feeding();
         // A server the session has already given back (a release queued, not yet carried
         // out) must not be used.
         match server.filter(|_| self.link == Link::Linked) {
-            Some(srv) => self.on_client_linked(frame, srv),
-            None => self.on_client_unlinked(frame),
+            Some(srv) => {
+                if sql {
+                    self.look_at_sql(frame);
+                }
+                self.on_client_linked(frame, srv)
+            }
+            None => {
+                if sql && tag == tags::PARSE && self.stmts.registry.is_some() {
+                    self.look_at_sql(frame);
+                }
+                self.on_client_unlinked(frame)
+            }
         }
     }
 

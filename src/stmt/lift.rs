@@ -77,9 +77,11 @@ pub(crate) struct Rewrite<'a> {
     edits: Vec<[i64; 4]>,
 }
 
-/// Characters (as PostgreSQL counts error positions) in a UTF-8 byte string.
+/// Characters (as PostgreSQL counts error positions) in a UTF-8 byte string: the bytes
+/// that start one (not continuation bytes). No validation or copy on the per-query path;
+/// text that is not UTF-8 never gets as far as an error position (the server refuses it).
 fn char_len(b: &[u8]) -> i64 {
-    String::from_utf8_lossy(b).chars().count() as i64
+    b.iter().filter(|&&c| c & 0xC0 != 0x80).count() as i64
 }
 
 impl<'a> Rewrite<'a> {

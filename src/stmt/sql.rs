@@ -715,11 +715,28 @@ mod tests {
 /// transaction pooling such a client is pinned to its server connection. A cheap scan of
 /// word starts first: most texts name none of these words.
 pub(crate) fn holds_session_state(sql: &[u8]) -> bool {
+    // Per byte: is it a word character (bit 0), and can a word starting with it be one of
+    // the keywords below (bit 1: l, t, h, p in either case). Runs on every Query and Parse.
+    const CLASS: [u8; 256] = {
+        let mut t = [0u8; 256];
+        let mut c = 0;
+        while c < 256 {
+            let b = c as u8;
+            if b.is_ascii_alphanumeric() || b == b'_' {
+                t[c] = 1;
+                if matches!(b | 0x20, b'l' | b't' | b'h' | b'p') {
+                    t[c] |= 2;
+                }
+            }
+            c += 1;
+        }
+        t
+    };
     let mut prev_word = false;
     let mut maybe = false;
     for (i, &b) in sql.iter().enumerate() {
-        let word = b.is_ascii_alphanumeric() || b == b'_';
-        if word && !prev_word && matches!(b | 0x20, b'l' | b't' | b'h' | b'p') {
+        let class = CLASS[b as usize];
+        if class == 3 && !prev_word {
             let rest = &sql[i..];
             let hit = |kw: &[u8]| rest.len() >= kw.len() && rest[..kw.len()].eq_ignore_ascii_case(kw);
             if hit(b"listen")
@@ -732,7 +749,7 @@ pub(crate) fn holds_session_state(sql: &[u8]) -> bool {
                 break;
             }
         }
-        prev_word = word;
+        prev_word = class & 1 != 0;
     }
     maybe && split(sql).into_iter().any(|r| statement_holds_state(&sql[r]))
 }
