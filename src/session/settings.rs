@@ -45,10 +45,20 @@ pub(crate) fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
                     _ => {}
                 }
             }
-            if name == "transaction" {
+            if name == "transaction" || name == "constraints" {
+                // Transaction-level: ends with the transaction.
                 return None;
             }
-            let name = name.trim_matches('"').to_owned();
+            // SQL's own spellings of some settings (`SET TIME ZONE`, `SET NAMES`, `SET
+            // SCHEMA`, `SET XML OPTION`) name the setting they change differently.
+            let second = words.next();
+            let name = match (name.as_str(), second.as_deref()) {
+                ("time", Some("zone")) => "timezone".to_owned(),
+                ("names", _) => "client_encoding".to_owned(),
+                ("schema", _) => "search_path".to_owned(),
+                ("xml", Some("option")) => "xmloption".to_owned(),
+                _ => name.trim_matches('"').to_owned(),
+            };
             if name.is_empty() || name == "=" {
                 return None;
             }
@@ -62,7 +72,12 @@ pub(crate) fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
             if name == "session" {
                 return Some(SettingStmt::Reset("session_authorization".into()));
             }
-            Some(SettingStmt::Reset(name.trim_matches('"').to_owned()))
+            match (name.as_str(), words.next().as_deref()) {
+                ("time", Some("zone")) => Some(SettingStmt::Reset("timezone".into())),
+                // RESET TRANSACTION ISOLATION LEVEL: transaction-level.
+                ("transaction", _) => None,
+                _ => Some(SettingStmt::Reset(name.trim_matches('"').to_owned())),
+            }
         }
         "discard" => (words.next()? == "all").then_some(SettingStmt::ResetAll),
         _ => None,
@@ -210,6 +225,22 @@ fn starts_like_setting(sql: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sql_spellings_name_the_setting_they_change() {
+        let set = |sql: &str| match parse_setting_stmt(sql.as_bytes()) {
+            Some(SettingStmt::Set(name, _)) => name,
+            other => panic!("{sql}: {other:?}"),
+        };
+        assert_eq!(set("SET NAMES 'LATIN1'"), "client_encoding");
+        assert_eq!(set("SET TIME ZONE 'Europe/Paris'"), "timezone");
+        assert_eq!(set("SET SESSION TIME ZONE LOCAL"), "timezone");
+        assert_eq!(set("SET SCHEMA 'pg_catalog'"), "search_path");
+        assert_eq!(set("SET XML OPTION CONTENT"), "xmloption");
+        assert_eq!(parse_setting_stmt(b"RESET TIME ZONE"), Some(SettingStmt::Reset("timezone".into())));
+        assert_eq!(parse_setting_stmt(b"SET CONSTRAINTS ALL DEFERRED"), None);
+        assert_eq!(parse_setting_stmt(b"RESET TRANSACTION ISOLATION LEVEL"), None);
+    }
 
     #[test]
     fn recognizes_setting_statements() {
