@@ -5,6 +5,8 @@
 pub mod cli;
 mod entries;
 pub(crate) use entries::CHANGEABLE;
+mod hosts;
+pub use hosts::{HostList, LoadBalanceHosts, TargetSessionAttrs};
 mod tls;
 mod url;
 
@@ -199,10 +201,15 @@ pub struct Config {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// Server host name or IP, or a directory holding the server's unix socket.
-    pub(crate) host: String,
-    /// Server port.
+    /// Server host name or IP, or a directory holding the server's unix socket; or several
+    /// (a list, or one string with commas), each optionally with its own `:port`.
+    pub(crate) host: HostList,
+    /// Server port (of the hosts that name none).
     pub(crate) port: u16,
+    /// Which of the hosts new server connections go to (libpq's target_session_attrs).
+    pub(crate) target_session_attrs: TargetSessionAttrs,
+    /// Hosts tried in order (disable) or in a random order (random).
+    pub(crate) load_balance_hosts: LoadBalanceHosts,
     /// Database name on the server (default: the name clients use).
     pub(crate) dbname: Option<String>,
     /// Connect to the server as this user instead of the client's.
@@ -355,9 +362,10 @@ impl Config {
             if db.host.is_empty() {
                 return Err(ConfigError(format!("databases.{name}: host is required")));
             }
-            if db.port == 0 {
+            if db.port == 0 && !db.host.all_have_ports() {
                 return Err(ConfigError(format!("databases.{name}: port is required")));
             }
+            db.host.endpoints(db.port).map_err(|e| ConfigError(format!("databases.{name}: {e}")))?;
             if db.pool_size == Some(0) {
                 return Err(ConfigError(format!("databases.{name}: pool_size must be at least 1")));
             }
@@ -520,6 +528,34 @@ mod tests {
         assert_eq!(cfg.server_channel_binding, ChannelBinding::Prefer, "libpq's default");
         let cfg = Config::from_toml(&format!("server_channel_binding = 'require'\n{db}")).unwrap();
         assert_eq!(cfg.server_channel_binding, ChannelBinding::Require);
+    }
+
+    #[test]
+    fn several_hosts_and_how_to_choose_among_them() {
+        let cfg = Config::from_toml(
+            "[databases.x]\nhost=['a:1','b']\nport=5\ntarget_session_attrs='read-write'\nload_balance_hosts='random'\n\
+             [databases.y]\nhost='a:1,b:2'\n",
+        )
+        .unwrap();
+        let (x, _) = cfg.database("x").unwrap();
+        assert_eq!(x.host.endpoints(x.port).unwrap(), vec![("a".into(), 1), ("b".into(), 5)]);
+        assert_eq!(
+            (x.target_session_attrs, x.load_balance_hosts),
+            (TargetSessionAttrs::ReadWrite, LoadBalanceHosts::Random)
+        );
+        let (y, _) = cfg.database("y").unwrap();
+        assert_eq!(y.host.joined(), "a:1,b:2");
+        assert_eq!(y.target_session_attrs, TargetSessionAttrs::Any, "libpq's default");
+        let bad = [
+            ("host=['a:1','b']", "port is required"),
+            ("host=['a:x']\nport=1", "host entry"),
+            ("host='a'\nport=1\ntarget_session_attrs='master'", "unknown variant"),
+            ("host='a'\nport=1\nload_balance_hosts='round-robin'", "unknown variant"),
+        ];
+        for (body, want) in bad {
+            let e = Config::from_toml(&format!("[databases.x]\n{body}\n")).unwrap_err();
+            assert!(e.0.contains(want), "{body}: {e}");
+        }
     }
 
     #[test]

@@ -383,8 +383,9 @@ impl View for Live<'_> {
                 let current: usize = pools.iter().filter(|p| p.key.db == name).map(|p| p.counts().1).sum();
                 let client_count = clients.iter().filter(|s| s.pool().is_some_and(|p| p.key.db == name)).count();
                 Some(DatabaseRow {
-                    host: db.host.clone(),
+                    host: db.host.joined(),
                     port: i32::from(db.port),
+                    load_balance_hosts: db.load_balance_hosts.as_str().into(),
                     database: server_db,
                     force_user: db.user.clone().unwrap_or_default(),
                     pool_size: db.pool_size.unwrap_or(cfg.pool_size) as i32,

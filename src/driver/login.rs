@@ -232,9 +232,14 @@ pub(super) fn server_side(
             .map(Credentials::Password)
             .unwrap_or_default()
     });
+    let hosts: Arc<[(String, u16)]> = db_cfg.host.endpoints_or_skip(db_cfg.port).into();
+    let (host, port) = hosts.first().cloned().unwrap_or_default();
     let target = ServerTarget {
-        host: db_cfg.host.clone(),
-        port: db_cfg.port,
+        host,
+        port,
+        hosts,
+        attrs: db_cfg.target_session_attrs,
+        balance: db_cfg.load_balance_hosts,
         dbname: server_db.to_owned(),
         user: server_user,
         tls,
@@ -262,7 +267,9 @@ impl Shared {
         }
         let (target, forced) = server_side(&cfg, db_cfg, server_db, user, self.tls_servers.load_full());
         let creds = forced.unwrap_or(creds);
-        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone()).with_census(self.census.clone());
+        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
+            .with_census(self.census.clone())
+            .with_host_memory(self.hosts.clone());
         let pool = Arc::new(Pool::new(
             key.clone(),
             cfg.pool_mode_for(db_cfg, user),

@@ -4,7 +4,7 @@
 //! pipelining (`lend`, `retract_ticket`, `release_from_pipe`).
 
 use super::pipe::Pipe;
-use super::server_conn::{self, ConnectError, ServerConn, ServerTarget};
+use super::server_conn::{ConnectError, ServerConn, ServerTarget};
 use crate::auth::Credentials;
 use crate::config::Config;
 use crate::error::{Error, SqlState};
@@ -32,6 +32,8 @@ pub struct ServerConnector {
     cfg: ArcSwap<Config>,
     /// Where opened connections are listed (`SHOW SERVERS`).
     census: Arc<super::census::Census>,
+    /// What was learnt about the database's hosts, shared by all pools.
+    hosts: Arc<crate::pool::hosts::HostMemory>,
 }
 
 impl ServerConnector {
@@ -43,7 +45,14 @@ impl ServerConnector {
             creds: Mutex::new(creds),
             cfg: ArcSwap::new(cfg),
             census: Default::default(),
+            hosts: Default::default(),
         }
+    }
+
+    /// Shares `hosts` (what was learnt about servers' hosts) with the other pools.
+    pub(crate) fn with_host_memory(mut self, hosts: Arc<crate::pool::hosts::HostMemory>) -> ServerConnector {
+        self.hosts = hosts;
+        self
     }
 
     /// A reload: connect to `target` with `creds` from now on, under `cfg`. True if the
@@ -85,7 +94,7 @@ impl ServerConnector {
             }
             let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            match server_conn::connect(&target, &creds, cfg.server_connect_timeout()).await {
+            match super::hosts::connect(&target, &creds, cfg.server_connect_timeout(), &self.hosts).await {
                 Ok(c) => {
                     stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.census.add_server(&self.key, &c.cancel);
@@ -95,7 +104,8 @@ impl ServerConnector {
                 Err(e) => {
                     stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
-                    let retry = matches!(e, ConnectError::Io(_))
+                    // No host of the right role may be one being promoted: try again.
+                    let retry = matches!(e, ConnectError::Io(_) | ConnectError::NoHost(_))
                         || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
                     last = Some(e);
                     if !retry {

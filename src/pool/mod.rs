@@ -12,6 +12,7 @@
 //! Must not know about sockets, client sessions or protocol state beyond "reusable or not".
 
 mod conn;
+pub(crate) mod hosts;
 mod key;
 mod queue;
 mod stats;
