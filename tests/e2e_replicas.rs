@@ -1,0 +1,208 @@
+//! Databases with several hosts against real streaming replication (a primary and a hot
+//! standby made with pg_basebackup): target_session_attrs routes each database's server
+//! connections to the right server, a write through parsnip replays on the standby, no
+//! qualifying host gives a prompt 08006 naming the hosts, and after the primary is killed
+//! and the standby promoted a read-write database serves writes from the promoted server
+//! within seconds, with no write ever reaching a standby (no 25006).
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+use tokio_postgres::SimpleQueryMessage;
+
+fn db(name: &str, hosts: &[u16], attrs: &str) -> String {
+    let list: Vec<String> = hosts.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
+    format!(
+        "[databases.{name}]\nhost = [{}]\ndbname = \"postgres\"\ntarget_session_attrs = \"{attrs}\"\n",
+        list.join(", ")
+    )
+}
+
+fn config(dbs: &[String]) -> String {
+    format!(
+        "auth_type = \"trust\"\nunix_socket_dir = \"\"\nserver_connect_timeout_ms = 2000\n\
+         server_login_retry_ms = 100\nserver_connect_attempts = 2\n\n{}\n[users.postgres]\npassword = \"{SUPER_PW}\"\n",
+        dbs.join("\n")
+    )
+}
+
+/// True on success; else the error's SQLSTATE goes to `seen`.
+fn succeeded<T>(r: Result<T, tokio_postgres::Error>, seen: &mut Vec<String>) -> bool {
+    match r {
+        Ok(_) => true,
+        Err(e) => {
+            seen.push(sqlstate(&e).unwrap_or_else(|| format!("no sqlstate ({e})")));
+            false
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_session_attrs_route_to_the_primary_or_the_standby() {
+    if direct_mode() {
+        return;
+    }
+    let primary = blocking(start_primary).await;
+    primary
+        .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let primary = std::sync::Arc::new(primary);
+    let standby = {
+        let p = primary.clone();
+        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
+    };
+    let (pp, sp, dead) = (primary.port(), standby.port(), free_port());
+    let p = Parsnip::with_config(&config(&[
+        db("rw", &[sp, pp], "read-write"),
+        db("pri", &[sp, pp], "primary"),
+        db("ro", &[pp, sp], "read-only"),
+        db("sb", &[pp, sp], "standby"),
+        db("ps", &[pp, sp], "prefer-standby"),
+        db("ps_fallback", &[dead, pp], "prefer-standby"),
+        db("anyhost", &[dead, sp, pp], "any"),
+        db("nowhere", &[dead, sp], "read-write"),
+    ]));
+    bounded(120, "routing", async {
+        let recovery = "select pg_is_in_recovery()";
+        for (name, want) in
+            [("rw", "f"), ("pri", "f"), ("ro", "t"), ("sb", "t"), ("ps", "t"), ("ps_fallback", "f"), ("anyhost", "t")]
+        {
+            let c = p.connect("postgres", SUPER_PW, name).await;
+            let got = c.scalar(recovery).await.unwrap_or_else(|e| panic!("{name}: {}\n{}", describe(&e), p.log_tail()));
+            assert_eq!(got, want, "{name}: pg_is_in_recovery()");
+        }
+
+        // A write through the read-write database lands on the primary and replays.
+        let rw = p.connect("postgres", SUPER_PW, "rw").await;
+        rw.simple_query("INSERT INTO t VALUES (1, 'via parsnip')").await.expect("insert through rw");
+        let lsn = primary.psql("postgres", "SELECT pg_current_wal_lsn()").expect("primary LSN");
+        {
+            let s = standby.clone();
+            blocking(move || s.wait_replayed(&lsn, Duration::from_secs(30))).await;
+        }
+        let sb = p.connect("postgres", SUPER_PW, "sb").await;
+        assert_eq!(sb.scalar("SELECT note FROM t WHERE id = 1").await.unwrap(), "via parsnip");
+        // The standby database really is on a standby: a write there fails with 25006.
+        expect_code(sb.simple_query("INSERT INTO t VALUES (2, 'no')").await, "25006", "write on sb");
+
+        // No host qualifies: a prompt error naming each host and why.
+        let t0 = Instant::now();
+        let e = p.try_connect("postgres", Some(SUPER_PW), "nowhere").await.err().expect("nowhere must fail");
+        let elapsed = t0.elapsed();
+        let d = e.as_db_error().unwrap_or_else(|| panic!("not a server error: {e:?}"));
+        assert_eq!(d.code().code(), "08006", "{}", d.message());
+        assert!(d.message().contains("target_session_attrs=read-write"), "{}", d.message());
+        assert!(d.message().contains(&format!("127.0.0.1:{dead}")), "{}", d.message());
+        assert!(d.message().contains(&format!("127.0.0.1:{sp}: is a standby")), "{}", d.message());
+        assert!(elapsed < Duration::from_secs(2), "error took {elapsed:?}, over the connect timeout");
+
+        // SHOW DATABASES shows the host list.
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let rows = console.simple_query("SHOW DATABASES").await.expect("SHOW DATABASES");
+        let host = rows.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get("name") == Some("rw") => r.get("host").map(str::to_owned),
+            _ => None,
+        });
+        assert_eq!(host, Some(format!("127.0.0.1:{sp},127.0.0.1:{pp}")));
+    })
+    .await;
+
+    // libpq's multi-host URL, with target_session_attrs as a parameter (the standby,
+    // first, is up and skipped).
+    let url = format!(
+        "postgres://postgres:{SUPER_PW}@127.0.0.1:{sp},127.0.0.1:{pp}/postgres?target_session_attrs=read-write"
+    );
+    let u = Parsnip::start(&[&url]);
+    bounded(60, "url", async {
+        let c = u.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(c.scalar("select pg_is_in_recovery()").await.unwrap(), "f", "{}", u.log_tail());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_database_follows_a_promoted_standby() {
+    if direct_mode() {
+        return;
+    }
+    let primary = blocking(start_primary).await;
+    primary
+        .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let primary = std::sync::Arc::new(primary);
+    let standby = {
+        let p = primary.clone();
+        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
+    };
+    let (pp, sp) = (primary.port(), standby.port());
+    let p = Parsnip::with_config(&config(&[db("rw", &[sp, pp], "read-write")]));
+    bounded(120, "failover", async {
+        let mut w = p.connect("postgres", SUPER_PW, "rw").await;
+        assert_eq!(w.scalar("select pg_is_in_recovery()").await.unwrap(), "f");
+        for id in 1..=50 {
+            w.simple_query(&format!("INSERT INTO t VALUES ({id}, 'before')")).await.expect("insert before the kill");
+        }
+        let lsn = primary.psql("postgres", "SELECT pg_current_wal_lsn()").expect("primary LSN");
+        {
+            let s = standby.clone();
+            blocking(move || s.wait_replayed(&lsn, Duration::from_secs(30))).await;
+        }
+        let replayed: i64 = standby.psql("SELECT count(*) FROM t").parse().expect("count");
+        assert_eq!(replayed, 50, "all 50 rows replayed before the kill");
+
+        // The primary dies; writes fail meanwhile, and never on the standby.
+        let killed = Instant::now();
+        {
+            let pr = primary.clone();
+            blocking(move || kill_primary(&pr)).await;
+        }
+        let mut seen: Vec<String> = Vec::new();
+        for id in 51..=53 {
+            let ok = succeeded(w.simple_query(&format!("INSERT INTO t VALUES ({id}, 'no primary')")).await, &mut seen);
+            assert!(!ok, "a write succeeded with no primary up");
+            if w.is_closed() {
+                w = p.connect("postgres", SUPER_PW, "rw").await;
+            }
+        }
+        {
+            let s = standby.clone();
+            blocking(move || s.promote()).await;
+        }
+        let promoted = Instant::now();
+        let mut id = 100;
+        loop {
+            id += 1;
+            if succeeded(w.simple_query(&format!("INSERT INTO t VALUES ({id}, 'after')")).await, &mut seen) {
+                break;
+            }
+            assert!(promoted.elapsed() < Duration::from_secs(10), "no write succeeded 10 s after the promotion: {seen:?}");
+            if w.is_closed() {
+                match p.try_connect("postgres", Some(SUPER_PW), "rw").await {
+                    Ok(c) => w = c,
+                    Err(e) => seen.push(sqlstate(&e).unwrap_or_else(|| "no sqlstate".into())),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (after_kill, after_promote) = (killed.elapsed(), promoted.elapsed());
+        eprintln!(
+            "failover: first write {} ms after the kill, {} ms after pg_ctl promote returned; errors meanwhile: {seen:?}",
+            after_kill.as_millis(),
+            after_promote.as_millis()
+        );
+        assert!(!seen.iter().any(|c| c == "25006"), "a write reached a standby: {seen:?}");
+        assert_eq!(w.scalar("select pg_is_in_recovery()").await.unwrap(), "f");
+        assert_eq!(w.scalar("SELECT count(*) FROM t WHERE id <= 50").await.unwrap(), "50", "rows replayed before the kill");
+        assert_eq!(w.scalar(&format!("SELECT note FROM t WHERE id = {id}")).await.unwrap(), "after");
+        // A new client goes to the promoted server as well.
+        let fresh = p.connect("postgres", SUPER_PW, "rw").await;
+        fresh.simple_query(&format!("INSERT INTO t VALUES ({}, 'fresh')", id + 1)).await.expect("fresh client writes");
+        assert_eq!(standby.psql(&format!("SELECT note FROM t WHERE id = {}", id + 1)), "fresh");
+    })
+    .await;
+}
