@@ -33,6 +33,7 @@ pub use pg::*;
 pub use pooler::*;
 pub use raw::*;
 pub use raw_auth::*;
+#[allow(unused_imports)] // Only the replica tests use it.
 pub use replica::*;
 #[allow(unused_imports)] // Only the TLS tests use it.
 pub use tls::*;
