@@ -108,3 +108,46 @@ pub(crate) async fn connect(
         if tried.is_empty() { "no host configured".to_owned() } else { tried.join("; ") }
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LoadBalanceHosts;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_new_host_list_or_target_is_another_place_and_the_order_is_not() {
+        let a = ServerTarget::plain("h", 1, "d", "u");
+        let mut b = a.clone();
+        b.balance = LoadBalanceHosts::Random;
+        assert!(a.same_place(&b), "the order hosts are tried in applies to new connections only");
+        b.attrs = TargetSessionAttrs::ReadWrite;
+        assert!(!a.same_place(&b), "open connections may not suit the new target_session_attrs");
+        let mut c = a.clone();
+        c.hosts = Arc::from([("h".to_owned(), 1), ("g".to_owned(), 2)]);
+        assert!(!a.same_place(&c));
+        assert_eq!((c.at(1).host.as_str(), c.at(1).port), ("g", 2));
+        assert_eq!((c.at(7).host.as_str(), c.at(7).port), ("h", 1), "out of range: unchanged");
+    }
+
+    #[tokio::test]
+    async fn no_host_up_names_each_host() {
+        let dead = |p: u16| ("127.0.0.1".to_owned(), p);
+        let ports = [free(), free()];
+        let mut t = ServerTarget::plain("127.0.0.1", ports[0], "d", "u");
+        t.hosts = Arc::from([dead(ports[0]), dead(ports[1])]);
+        t.attrs = TargetSessionAttrs::ReadWrite;
+        let memory = HostMemory::default();
+        let e = connect(&t, &Credentials::None, Duration::from_secs(2), &memory).await.err().expect("no server");
+        let err = e.to_error();
+        assert_eq!(err.code.0, "08006");
+        for p in ports {
+            assert!(err.message.contains(&format!("127.0.0.1:{p}")), "{}", err.message);
+        }
+        assert!(err.message.starts_with("no server suits target_session_attrs=read-write"), "{}", err.message);
+    }
+
+    fn free() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a port")
+    }
+}

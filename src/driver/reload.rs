@@ -1,9 +1,10 @@
 //! Online reload (SIGHUP, the console's `RELOAD`): the configuration is read again by the
 //! loader the binary gave (`Reloader`), checked whole (TLS files included) before anything
 //! changes, and swapped in: logins, timeouts and limits read the new one from then on; each
-//! pool takes its new size, target and credentials (a database whose server, database
-//! name, user or password changed has its open server connections closed as they come
-//! back, as PgBouncer does); TLS certificates and keys are re-read. A pool whose pool_mode
+//! pool takes its new size, target and credentials (a database whose servers (host list),
+//! database name, user, password or target_session_attrs changed has its open server
+//! connections closed as they come back, as PgBouncer does; a new load_balance_hosts
+//! applies to new server connections); TLS certificates and keys are re-read. A pool whose pool_mode
 //! changed is replaced for new clients; its clients keep theirs. An invalid file changes
 //! nothing. No client is dropped: a client in a transaction finishes it undisturbed.
 
