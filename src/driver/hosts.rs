@@ -138,7 +138,9 @@ mod tests {
         t.hosts = Arc::from([dead(ports[0]), dead(ports[1])]);
         t.attrs = TargetSessionAttrs::ReadWrite;
         let memory = HostMemory::default();
-        let e = connect(&t, &Credentials::None, Duration::from_secs(2), &memory).await.err().expect("no server");
+        let Err(e) = connect(&t, &Credentials::None, Duration::from_secs(2), &memory).await else {
+            panic!("connected with no server up");
+        };
         let err = e.to_error();
         assert_eq!(err.code.0, "08006");
         for p in ports {
