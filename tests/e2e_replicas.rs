@@ -109,6 +109,14 @@ async fn target_session_attrs_route_to_the_primary_or_the_standby() {
             _ => None,
         });
         assert_eq!(host, Some(format!("127.0.0.1:{sp},127.0.0.1:{pp}")));
+
+        // A reload that changes target_session_attrs: rw's open connection (to the
+        // primary) is closed as it comes back, the next transaction runs on the standby.
+        let rw_pid = rw.scalar("select pg_backend_pid()").await.unwrap();
+        p.rewrite_config(&config(&[db("rw", &[sp, pp], "standby")]));
+        console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}\n{}", describe(&e), p.log_tail()));
+        assert_eq!(rw.scalar(recovery).await.unwrap(), "t", "after the reload rw goes to the standby");
+        assert_ne!(rw.scalar("select pg_backend_pid()").await.unwrap(), rw_pid);
     })
     .await;
 
@@ -121,6 +129,38 @@ async fn target_session_attrs_route_to_the_primary_or_the_standby() {
     bounded(60, "url", async {
         let c = u.connect("postgres", SUPER_PW, "postgres").await;
         assert_eq!(c.scalar("select pg_is_in_recovery()").await.unwrap(), "f", "{}", u.log_tail());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_load_balancing_spreads_connections_over_standbys() {
+    if direct_mode() {
+        return;
+    }
+    let primary = std::sync::Arc::new(blocking(start_primary).await);
+    let mut standbys = Vec::new();
+    for _ in 0..2 {
+        let p = primary.clone();
+        standbys.push(blocking(move || Standby::start(&p)).await);
+    }
+    let ports: Vec<u16> = standbys.iter().map(Standby::port).collect();
+    let spread = format!("{}load_balance_hosts = \"random\"\npool_size = 16\n", db("spread", &ports, "standby"));
+    let p = Parsnip::with_config(&config(&[spread]));
+    bounded(60, "spread", async {
+        // 16 clients each hold a server connection (a transaction open): 16 new server
+        // connections, each to a standby drawn at random (all on one: p = 2^-15).
+        let mut clients = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..16 {
+            let c = p.connect("postgres", SUPER_PW, "spread").await;
+            c.simple_query("BEGIN").await.expect("BEGIN");
+            assert_eq!(c.scalar("select pg_is_in_recovery()").await.unwrap(), "t");
+            seen.insert(c.scalar("select inet_server_port()").await.unwrap());
+            clients.push(c);
+        }
+        let want: std::collections::BTreeSet<String> = ports.iter().map(u16::to_string).collect();
+        assert_eq!(seen, want, "server connections went to both standbys");
     })
     .await;
 }
