@@ -85,6 +85,8 @@ fn split_port(entry: &str) -> Result<(&str, Option<u16>), ConfigError> {
         return Ok((entry, None));
     }
     match entry.rsplit_once(':') {
+        // A socket directory may hold a colon that is no port separator.
+        Some((_, p)) if entry.starts_with('/') && !p.bytes().all(|b| b.is_ascii_digit()) => Ok((entry, None)),
         Some((host, p)) if !host.is_empty() => Ok((host, Some(parse_port(p).ok_or_else(bad)?))),
         Some(_) => Err(bad()),
         None => Ok((entry, None)),
@@ -192,6 +194,7 @@ mod tests {
         );
         assert!(!l.all_have_ports());
         assert_eq!(HostList::from("/run/pg:6000").endpoints(1).unwrap(), vec![("/run/pg".into(), 6000)]);
+        assert_eq!(HostList::from("/run/a:b").endpoints(1).unwrap(), vec![("/run/a:b".into(), 1)]);
         assert_eq!(HostList::from("h1:1, h2:2").joined(), "h1:1,h2:2");
         assert!(HostList::from("h1:1,h2:2").all_have_ports());
         for bad in ["h:x", "h:0", ":5", "[::1", "[::1]x", "h:70000"] {
