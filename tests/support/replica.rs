@@ -116,6 +116,19 @@ impl Standby {
             primary.port()
         ));
         run(cmd, "pg_basebackup");
+        // -R wrote standby.signal and a primary_conninfo with every option this
+        // pg_basebackup's libpq knows; the server's walreceiver may load an older libpq
+        // (PostgreSQL 18 binaries on a system libpq of 15 refuse `sslnegotiation`), so
+        // the conninfo is rewritten with the options that matter.
+        let auto = data_dir.join("postgresql.auto.conf");
+        let text = std::fs::read_to_string(&auto).expect("postgresql.auto.conf");
+        let mut kept: String =
+            text.lines().filter(|l| !l.starts_with("primary_conninfo")).map(|l| format!("{l}\n")).collect();
+        kept.push_str(&format!(
+            "primary_conninfo = 'host=127.0.0.1 port={} user=replicator password={REPL_PW} application_name=standby'\n",
+            primary.port()
+        ));
+        std::fs::write(&auto, kept).expect("writing postgresql.auto.conf");
         let mut s = Standby {
             bin_dir: primary.bin_dir().to_path_buf(),
             log_file: root.join("server.log"),
@@ -205,10 +218,15 @@ impl Standby {
         let deadline = Instant::now() + within;
         let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
         loop {
-            if self.try_psql(&sql).as_deref() == Ok("t") {
+            let got = self.try_psql(&sql);
+            if got.as_deref() == Ok("t") {
                 return;
             }
-            assert!(Instant::now() < deadline, "standby did not replay up to {lsn} within {within:?}");
+            assert!(
+                Instant::now() < deadline,
+                "standby did not replay up to {lsn} within {within:?} (last answer {got:?}); its log:\n{}",
+                std::fs::read_to_string(&self.log_file).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
