@@ -84,6 +84,19 @@ impl ServerConnector {
         }
     }
 
+    /// One connection to exactly `host`:`port`, outside the pool's count and census:
+    /// `pg_cancel_backend` of a backend's pid must run on that backend's server, whatever
+    /// host the pool would choose now.
+    pub(crate) async fn connect_to(&self, host: &str, port: u16) -> Result<ServerConn, ConnectError> {
+        let timeout = self.cfg.load().server_connect_timeout();
+        let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (target.host, target.port) = (host.to_owned(), port);
+        target.hosts = Arc::from([(host.to_owned(), port)]);
+        target.attrs = crate::config::TargetSessionAttrs::Any;
+        super::server_conn::connect(&target, &creds, timeout).await
+    }
+
     async fn connect_with_retries(&self, stats: &PoolStats) -> Result<Box<ServerConn>, Error> {
         let cfg = self.cfg.load_full();
         let attempts = cfg.server_connect_attempts.max(1);
