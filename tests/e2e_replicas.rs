@@ -246,3 +246,79 @@ async fn read_write_database_follows_a_promoted_standby() {
     })
     .await;
 }
+
+/// Polls `sql` through `c` until it answers `want` (bounded); panics with the last answer.
+async fn until(c: &Pg, sql: &str, want: &str, within: Duration, what: &str) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let got = c.scalar(sql).await.unwrap_or_else(|e| panic!("{what}: {}", describe(&e)));
+        if got == want {
+            return t0.elapsed();
+        }
+        assert!(t0.elapsed() < within, "{what}: still {got:?} after {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_split_reads_from_a_fresh_standby_and_writes_on_the_primary() {
+    if direct_mode() {
+        return;
+    }
+    let primary = blocking(start_primary).await;
+    primary
+        .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let primary = std::sync::Arc::new(primary);
+    let standby = {
+        let p = primary.clone();
+        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
+    };
+    let (pp, sp) = (primary.port(), standby.port());
+    let split = format!(
+        "{}read_write_split = true\nmax_replica_lag_ms = 300\nread_your_writes_ms = 500\n",
+        db("split", &[pp, sp], "read-write")
+    );
+    let p = Parsnip::with_config(&format!("log_level = \"parsnip=debug\"\n{}", config(&[split])));
+    let where_ = "select pg_is_in_recovery()::text || ':' || count(*) from t";
+    bounded(90, "split", async {
+        let r = p.connect("postgres", SUPER_PW, "split").await;
+        let w = p.connect("postgres", SUPER_PW, "split").await;
+        // Autocommit reads go to the standby once its lag was sampled.
+        until(&r, where_, "true:0", Duration::from_secs(5), "a read on the standby").await;
+        // A transaction, and the reads right after it, run on the primary.
+        r.simple_query("BEGIN").await.unwrap();
+        assert_eq!(r.scalar(where_).await.unwrap(), "false:0", "in a transaction");
+        r.simple_query("COMMIT").await.unwrap();
+        assert_eq!(r.scalar(where_).await.unwrap(), "false:0", "read_your_writes_ms after the primary");
+        // A write, and the writer reads it at once (on the primary).
+        w.simple_query("INSERT INTO t VALUES (1, 'one')").await.expect("write through the split");
+        assert_eq!(w.scalar(where_).await.unwrap(), "false:1", "the writer reads its write");
+        // The other client reads from the standby again once it replayed it.
+        until(&r, where_, "true:1", Duration::from_secs(5), "the standby caught up").await;
+
+        // Replay paused and the primary writing: the standby lags, reads go to the primary.
+        standby.psql("SELECT pg_wal_replay_pause()");
+        w.simple_query("INSERT INTO t VALUES (2, 'two')").await.expect("second write");
+        let lagged = until(&r, where_, "false:2", Duration::from_secs(5), "a lagging standby serves no reads").await;
+        // Replay resumed: back on the standby.
+        standby.psql("SELECT pg_wal_replay_resume()");
+        let back = until(&r, where_, "true:2", Duration::from_secs(5), "the standby serves reads again").await;
+        eprintln!("split: reads left the lagging standby after {lagged:?}, came back {back:?} after resume");
+        // Statements prepared by a client run on both kinds of server.
+        let stmt = r.prepare("select note from t where id = $1").await.expect("prepare");
+        for _ in 0..3 {
+            let row = r.query_one(&stmt, &[&1i32]).await.expect("execute");
+            assert_eq!(row.get::<_, String>(0), "one");
+        }
+        // The read pool is not a row of SHOW POOLS; its servers are in SHOW SERVERS.
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let pools = console.simple_query("SHOW POOLS").await.unwrap();
+        let rows = pools
+            .iter()
+            .filter(|m| matches!(m, SimpleQueryMessage::Row(x) if x.get("database") == Some("split")))
+            .count();
+        assert_eq!(rows, 1, "one SHOW POOLS row per (database, user)");
+    })
+    .await;
+}

@@ -55,11 +55,12 @@ pub(crate) async fn serve(mut stream: Stream, mut buf: BytesMut, shared: &Arc<Sh
     shared.consoles.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// The client pools, optionally only those of database `db`.
+/// The pools serving clients (read pools of a read/write split included), optionally only
+/// those of database `db`.
 fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<ServerPool>> {
     let map = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
     map.values()
-        .filter(|p| p.key.purpose == PoolPurpose::Clients && db.is_none_or(|d| p.key.db == d))
+        .filter(|p| p.key.purpose != PoolPurpose::AuthQuery && db.is_none_or(|d| p.key.db == d))
         .cloned()
         .collect()
 }
@@ -282,7 +283,12 @@ impl Live<'_> {
 
 impl View for Live<'_> {
     fn pools(&self) -> Vec<PoolSnapshot> {
-        let mut v: Vec<_> = pools_of(self.0, None).iter().map(|p| p.snapshot()).collect();
+        // One row per (database, user), as PgBouncer: a read pool's figures are not in it.
+        let mut v: Vec<_> = pools_of(self.0, None)
+            .iter()
+            .filter(|p| p.key.purpose == PoolPurpose::Clients)
+            .map(|p| p.snapshot())
+            .collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v
     }
@@ -330,7 +336,7 @@ impl View for Live<'_> {
             .census
             .servers()
             .iter()
-            .filter(|(k, _)| k.purpose == PoolPurpose::Clients)
+            .filter(|(k, _)| k.purpose != PoolPurpose::AuthQuery)
             .map(|(k, t)| {
                 let i = &t.info;
                 let client = i.client.load(Ordering::Relaxed);

@@ -263,10 +263,14 @@ impl Shared {
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pools.get(&key) {
             p.connector().offer_credentials(&creds);
+            if let Some(split) = p.connector().split() {
+                split.reads.connector().offer_credentials(&creds);
+            }
             return p.clone();
         }
         let (target, forced) = server_side(&cfg, db_cfg, server_db, user, self.tls_servers.load_full());
         let creds = forced.unwrap_or(creds);
+        let (target_reads, creds_reads) = (target.clone(), creds.clone());
         let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
             .with_census(self.census.clone())
             .with_host_memory(self.hosts.clone());
@@ -280,8 +284,38 @@ impl Shared {
         if purpose == PoolPurpose::Clients && self.is_paused(db) {
             pool.pause();
         }
+        if purpose == PoolPurpose::Clients && db_cfg.read_write_split && pool.mode != crate::config::PoolMode::Session {
+            let reads = self.read_pool(&pool, db_cfg, target_reads, creds_reads);
+            pools.insert(reads.key.clone(), reads);
+        }
         pools.insert(key, pool.clone());
         pool
+    }
+
+    /// The read pool of clients pool `primary` (`driver::split`): the same servers as
+    /// standbys only, the same credentials, size and statement cache.
+    fn read_pool(
+        &self,
+        primary: &Arc<ServerPool>,
+        db_cfg: &DatabaseConfig,
+        mut target: ServerTarget,
+        creds: Credentials,
+    ) -> Arc<ServerPool> {
+        let cfg = self.cfg.load_full();
+        let key = PoolKey { purpose: PoolPurpose::Reads, ..primary.key.clone() };
+        target.attrs = crate::config::TargetSessionAttrs::Standby;
+        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
+            .with_census(self.census.clone())
+            .with_host_memory(self.hosts.clone());
+        let mut reads = Pool::new(key, primary.mode, primary.size(), connector, cfg);
+        reads.stmts = primary.stmts.clone();
+        let reads = Arc::new(reads);
+        reads.connector().set_primary(primary);
+        if primary.is_paused() {
+            reads.pause();
+        }
+        primary.connector().set_split(Arc::new(super::split::Split::new(reads.clone(), db_cfg)));
+        reads
     }
 
     /// Looks a user's secret up with auth_query through auth_user. None: unknown user.

@@ -17,6 +17,7 @@ mod proxy;
 pub mod reload;
 pub mod server_conn;
 pub mod servers;
+pub(crate) mod split;
 pub(crate) mod stream;
 pub(crate) mod tls;
 pub(crate) mod tls_config;

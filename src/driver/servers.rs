@@ -34,6 +34,10 @@ pub struct ServerConnector {
     census: Arc<super::census::Census>,
     /// What was learnt about the database's hosts, shared by all pools.
     hosts: Arc<crate::pool::hosts::HostMemory>,
+    /// A clients pool with `read_write_split`: its read pool and settings.
+    split: std::sync::OnceLock<Arc<super::split::Split>>,
+    /// A read pool: the clients pool it belongs to.
+    primary: std::sync::OnceLock<std::sync::Weak<ServerPool>>,
 }
 
 impl ServerConnector {
@@ -46,7 +50,34 @@ impl ServerConnector {
             cfg: ArcSwap::new(cfg),
             census: Default::default(),
             hosts: Default::default(),
+            split: Default::default(),
+            primary: Default::default(),
         }
+    }
+
+    /// Makes this clients pool's plain reads go to `split`'s read pool.
+    pub(crate) fn set_split(&self, split: Arc<super::split::Split>) {
+        let _ = self.split.set(split);
+    }
+
+    /// The read/write split of this clients pool, if it has one.
+    pub(crate) fn split(&self) -> Option<&Arc<super::split::Split>> {
+        self.split.get()
+    }
+
+    /// Makes this a read pool of `primary`.
+    pub(crate) fn set_primary(&self, primary: &Arc<ServerPool>) {
+        let _ = self.primary.set(Arc::downgrade(primary));
+    }
+
+    /// The clients pool of this read pool.
+    pub(crate) fn primary(&self) -> Option<Arc<ServerPool>> {
+        self.primary.get().and_then(std::sync::Weak::upgrade)
+    }
+
+    /// The database's hosts, in the order configured.
+    pub(crate) fn hosts(&self) -> Arc<[(String, u16)]> {
+        self.target.lock().unwrap_or_else(|e| e.into_inner()).hosts.clone()
     }
 
     /// Shares `hosts` (what was learnt about servers' hosts) with the other pools.
