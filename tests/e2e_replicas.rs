@@ -305,12 +305,29 @@ async fn read_write_split_reads_from_a_fresh_standby_and_writes_on_the_primary()
         standby.psql("SELECT pg_wal_replay_resume()");
         let back = until(&r, where_, "true:2", Duration::from_secs(5), "the standby serves reads again").await;
         eprintln!("split: reads left the lagging standby after {lagged:?}, came back {back:?} after resume");
-        // Statements prepared by a client run on both kinds of server.
+        // Extended-protocol statements (not routed by the split) run on the primary.
         let stmt = r.prepare("select note from t where id = $1").await.expect("prepare");
         for _ in 0..3 {
             let row = r.query_one(&stmt, &[&1i32]).await.expect("execute");
             assert_eq!(row.get::<_, String>(0), "one");
         }
+        let on = r.prepare("select pg_is_in_recovery()").await.expect("prepare");
+        assert!(!r.query_one(&on, &[]).await.expect("execute").get::<_, bool>(0), "on the primary");
+        // The standby promoted (no standby left): reads go to the primary's pool, even
+        // though the read pool still holds connections to the promoted server.
+        {
+            let s = standby.clone();
+            blocking(move || s.promote()).await;
+        }
+        let port = "select inet_server_port()::text";
+        until(&r, port, &pp.to_string(), Duration::from_secs(5), "reads with no standby left").await;
+        let t0 = Instant::now();
+        assert_eq!(r.scalar(port).await.unwrap(), pp.to_string());
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "a read took {:?}: no failed standby connects first",
+            t0.elapsed()
+        );
         // The read pool is not a row of SHOW POOLS; its servers are in SHOW SERVERS.
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let pools = console.simple_query("SHOW POOLS").await.unwrap();

@@ -21,9 +21,9 @@ const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// A sample older than this is not trusted: reads go to the primary until the next.
 const FRESH_FOR: Duration = Duration::from_millis(2000);
 
-/// A standby's replay lag in ms: 0 when it has replayed all it received (or is no standby),
-/// else the age of the last transaction it replayed.
-const LAG_QUERY: &str = "SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN 0 \
+/// A standby's replay lag in ms: 0 when it has replayed all it received, else the age of
+/// the last transaction it replayed; -1 from a server that is no standby (promoted).
+const LAG_QUERY: &str = "SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN -1 \
      WHEN pg_catalog.pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_catalog.pg_last_wal_replay_lsn() THEN 0 \
      ELSE coalesce(extract(epoch FROM now() - pg_catalog.pg_last_xact_replay_timestamp()) * 1000, 0) END::bigint";
 
@@ -132,7 +132,8 @@ impl Split {
         });
     }
 
-    /// The largest lag among the hosts that answered (u64::MAX when none did).
+    /// The largest lag among the standbys that answered (u64::MAX when none did: with no
+    /// standby up, reads go straight to the primary instead of failing to connect first).
     async fn probe_all(&self) -> u64 {
         let connector = self.reads.connector();
         let timeout = self.reads.connect_timeout();
@@ -157,6 +158,11 @@ impl Split {
             match conn.query_rows(LAG_QUERY, timeout).await {
                 Ok(rows) => {
                     let lag = rows.first().and_then(|r| r.first()).and_then(|v| v.as_deref()?.parse::<i64>().ok());
+                    // A primary serves no reads of the read pool: not counted.
+                    if lag == Some(-1) {
+                        self.probes.lock().unwrap_or_else(|e| e.into_inner()).push(((host.clone(), *port), conn));
+                        continue;
+                    }
                     let lag = lag.map_or(u64::MAX, |l| l.max(0) as u64);
                     worst = Some(worst.map_or(lag, |w| w.max(lag)));
                     self.probes.lock().unwrap_or_else(|e| e.into_inner()).push(((host.clone(), *port), conn));
