@@ -564,36 +564,6 @@ mod tests {
     }
 
     #[test]
-    fn several_hosts_and_how_to_choose_among_them() {
-        let cfg = Config::from_toml(
-            "[databases.x]\nhost=['a:1','b']\nport=5\ntarget_session_attrs='read-write'\nload_balance_hosts='random'\n\
-             [databases.y]\nhost='a:1,b:2'\n",
-        )
-        .unwrap();
-        let (x, _) = cfg.database("x").unwrap();
-        assert_eq!(x.host.endpoints(x.port).unwrap(), vec![("a".into(), 1), ("b".into(), 5)]);
-        assert_eq!(
-            (x.target_session_attrs, x.load_balance_hosts),
-            (TargetSessionAttrs::ReadWrite, LoadBalanceHosts::Random)
-        );
-        let (y, _) = cfg.database("y").unwrap();
-        assert_eq!(y.host.joined(), "a:1,b:2");
-        assert_eq!(y.target_session_attrs, TargetSessionAttrs::Any, "libpq's default");
-        let bad = [
-            ("host=['a:1','b']", "port is required"),
-            ("host=['a:x']\nport=1", "host entry"),
-            ("host='a'\nport=1\ntarget_session_attrs='master'", "unknown variant"),
-            ("host='a'\nport=1\nload_balance_hosts='round-robin'", "unknown variant"),
-            ("host='a'\nport=1\nread_write_split=true", "read_write_split needs"),
-            ("host='a'\nport=1\nread_your_writes_ms=600001", "at most 600000"),
-        ];
-        for (body, want) in bad {
-            let e = Config::from_toml(&format!("[databases.x]\n{body}\n")).unwrap_err();
-            assert!(e.0.contains(want), "{body}: {e}");
-        }
-    }
-
-    #[test]
     fn wildcard_database_and_overrides() {
         let cfg = Config::from_toml(
             "pool_size = 7\n[databases.\"*\"]\nhost='h'\nport=5\n[databases.x]\nhost='h'\nport=5\ndbname='real'\npool_size=2\n[users.u]\npool_mode='session'\n",
