@@ -233,7 +233,7 @@ fn show_databases(v: &dyn View) -> Table {
                 n(0),
                 n(d.server_lifetime_s),
                 t(d.pool_mode),
-                None,
+                t(d.load_balance_hosts),
                 n(0),
                 n(d.current_connections),
                 n(0),

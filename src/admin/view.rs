@@ -63,6 +63,8 @@ pub(crate) struct DatabaseRow {
     pub(crate) min_pool_size: i32,
     pub(crate) server_lifetime_s: i32,
     pub(crate) pool_mode: String,
+    /// The order its hosts are tried in (disable, random).
+    pub(crate) load_balance_hosts: String,
     pub(crate) current_connections: i32,
     pub(crate) current_client_connections: i32,
     pub(crate) paused: bool,

@@ -1,7 +1,7 @@
 //! The command line: `parsnip [URL] [flags]`.
 
 use super::{
-    AuthType, Config, ConfigError, DEFAULT_AUTH_QUERY, DatabaseConfig, DbUrl, LogFormat, PoolMode, UserConfig,
+    AuthType, Config, ConfigError, DEFAULT_AUTH_QUERY, DatabaseConfig, DbUrl, HostList, LogFormat, PoolMode, UserConfig,
 };
 use clap::Parser;
 use std::path::PathBuf;
@@ -117,7 +117,13 @@ impl Cli {
 /// trust when it has no password; otherwise SCRAM, with the URL's user checked against its
 /// password and other users looked up in PostgreSQL through the URL's user (auth_query).
 pub fn apply_url(cfg: &mut Config, url: &DbUrl, set_auth: bool) {
-    let db = DatabaseConfig { host: url.host.clone(), port: url.port, ..Default::default() };
+    let db = DatabaseConfig {
+        host: HostList::from(url.host.as_str()),
+        port: url.port,
+        target_session_attrs: url.target_session_attrs.unwrap_or_default(),
+        load_balance_hosts: url.load_balance_hosts.unwrap_or_default(),
+        ..Default::default()
+    };
     cfg.databases.entry("*".into()).or_insert_with(|| db.clone());
     cfg.databases.entry(url.dbname.clone()).or_insert(db);
     cfg.users

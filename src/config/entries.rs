@@ -176,7 +176,7 @@ mod set_tests {
     fn set_changes_the_changeable_and_refuses_the_rest() {
         let mut c = Config::default();
         c.databases.insert("db".into(), Default::default());
-        c.databases.get_mut("db").expect("db").host = "h".into();
+        c.databases.get_mut("db").expect("db").host = crate::config::HostList::from("h");
         c.databases.get_mut("db").expect("db").port = 5432;
         c.set("pool_size", "33").expect("pool_size");
         assert_eq!(c.pool_size, 33);

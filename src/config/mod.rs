@@ -7,6 +7,8 @@ mod entries;
 pub(crate) use entries::CHANGEABLE;
 mod peers;
 pub use peers::{MAX_PEER_ID, PeerConfig};
+mod hosts;
+pub use hosts::{HostList, LoadBalanceHosts, TargetSessionAttrs};
 mod tls;
 mod url;
 
@@ -211,10 +213,24 @@ pub struct Config {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// Server host name or IP, or a directory holding the server's unix socket.
-    pub(crate) host: String,
-    /// Server port.
+    /// Server host name or IP, or a directory holding the server's unix socket; or several
+    /// (a list, or one string with commas), each optionally with its own `:port`.
+    pub(crate) host: HostList,
+    /// Server port (of the hosts that name none).
     pub(crate) port: u16,
+    /// Which of the hosts new server connections go to (libpq's target_session_attrs).
+    pub(crate) target_session_attrs: TargetSessionAttrs,
+    /// Hosts tried in order (disable) or in a random order (random).
+    pub(crate) load_balance_hosts: LoadBalanceHosts,
+    /// Autocommit plain reads (simple Query) go to standbys whose replay lag is within
+    /// `max_replica_lag_ms`; everything else to the primary (`driver::split`).
+    pub(crate) read_write_split: bool,
+    /// With `read_write_split`: reads go to standbys only while their replay lag, sampled
+    /// about every half second, is at most this (default 1000).
+    pub(crate) max_replica_lag_ms: Option<u64>,
+    /// With `read_write_split`: a client's reads go to the primary for this long after it
+    /// last used the primary (a write, a transaction; default 1000), so it reads its writes.
+    pub(crate) read_your_writes_ms: Option<u64>,
     /// Database name on the server (default: the name clients use).
     pub(crate) dbname: Option<String>,
     /// Connect to the server as this user instead of the client's.
@@ -322,6 +338,17 @@ fn ms(v: u64) -> Option<Duration> {
     (v > 0).then(|| Duration::from_millis(v))
 }
 
+impl DatabaseConfig {
+    /// `max_replica_lag_ms`, defaulted.
+    pub(crate) fn max_replica_lag_ms(&self) -> u64 {
+        self.max_replica_lag_ms.unwrap_or(1000)
+    }
+    /// `read_your_writes_ms`, defaulted.
+    pub(crate) fn read_your_writes_ms(&self) -> u64 {
+        self.read_your_writes_ms.unwrap_or(1000)
+    }
+}
+
 impl Config {
     /// Reads a TOML file (not validated: flags may still change it).
     pub(crate) fn read_file(path: &Path) -> Result<Config, ConfigError> {
@@ -374,8 +401,22 @@ impl Config {
             if db.host.is_empty() {
                 return Err(ConfigError(format!("databases.{name}: host is required")));
             }
-            if db.port == 0 {
+            if db.port == 0 && !db.host.all_have_ports() {
                 return Err(ConfigError(format!("databases.{name}: port is required")));
+            }
+            db.host.endpoints(db.port).map_err(|e| ConfigError(format!("databases.{name}: {e}")))?;
+            if db.read_your_writes_ms() > 600_000 {
+                return Err(ConfigError(format!(
+                    "databases.{name}: read_your_writes_ms is at most 600000 (10 minutes)"
+                )));
+            }
+            if db.read_write_split
+                && !matches!(db.target_session_attrs, TargetSessionAttrs::ReadWrite | TargetSessionAttrs::Primary)
+            {
+                return Err(ConfigError(format!(
+                    "databases.{name}: read_write_split needs target_session_attrs = \"read-write\" or \"primary\" \
+                     (where everything but plain reads goes)"
+                )));
             }
             if db.pool_size == Some(0) {
                 return Err(ConfigError(format!("databases.{name}: pool_size must be at least 1")));

@@ -1,9 +1,11 @@
 //! `postgres://user:password@host:port/dbname?param=value` URLs, as given on the command
 //! line, parsed with the `url` crate. The query takes libpq's parameters that parsnip
 //! honours (`host`, `port`, `user`, `password`, `dbname`, `sslmode`, `sslrootcert`,
-//! `sslcert`, `sslkey`, `channel_binding`); any other is an error, not silently ignored.
+//! `sslcert`, `sslkey`, `channel_binding`, `target_session_attrs`, `load_balance_hosts`);
+//! any other is an error, not silently ignored. Several hosts are written as libpq writes
+//! them: `postgres://u@h1:5432,h2:5433/db`, or `?host=h1,h2&port=5432,5433`.
 
-use super::{ChannelBinding, ConfigError, ServerTlsMode};
+use super::{ChannelBinding, ConfigError, LoadBalanceHosts, ServerTlsMode, TargetSessionAttrs};
 
 /// The parts of a database URL.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -12,9 +14,10 @@ pub struct DbUrl {
     pub user: String,
     /// Password, if any.
     pub password: Option<String>,
-    /// Host name, IP, or unix socket directory.
+    /// Host name, IP, or unix socket directory; with several hosts, `host:port` entries
+    /// joined by commas (the form `[databases]`' `host` takes).
     pub host: String,
-    /// Port (default 5432).
+    /// Port (default 5432; with several hosts, the first one's).
     pub port: u16,
     /// Database name (default: the user name).
     pub dbname: String,
@@ -28,6 +31,38 @@ pub struct DbUrl {
     pub sslkey: Option<String>,
     /// `channel_binding`: SCRAM channel binding (disable, prefer, require).
     pub channel_binding: Option<ChannelBinding>,
+    /// `target_session_attrs`.
+    pub target_session_attrs: Option<TargetSessionAttrs>,
+    /// `load_balance_hosts`.
+    pub load_balance_hosts: Option<LoadBalanceHosts>,
+}
+
+/// A host of the URL and its port, if it named one.
+type Entry = (String, Option<u16>);
+
+/// "h", "h:5432", "[::1]:5432" (an entry of a multi-host authority or of `host=`).
+fn entry(text: &str) -> Result<Entry, ConfigError> {
+    let bad = || ConfigError(format!("bad host in URL: {text}"));
+    let port = |p: &str| p.parse::<u16>().map_err(|_| ConfigError(format!("bad port in URL: {p}")));
+    if let Some(rest) = text.strip_prefix('[') {
+        let (addr, after) = rest.split_once(']').ok_or_else(bad)?;
+        let p = match after {
+            "" => None,
+            p => Some(port(p.strip_prefix(':').ok_or_else(bad)?)?),
+        };
+        return Ok((decode(addr)?, p));
+    }
+    match text.rsplit_once(':') {
+        Some((h, p)) if !text.starts_with('/') || p.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok((decode(h)?, Some(port(p)?)))
+        }
+        _ => Ok((decode(text)?, None)),
+    }
+}
+
+/// The entry as `[databases]`' `host` writes it.
+fn written(host: &str, port: u16) -> String {
+    if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
 }
 
 fn decode(s: &str) -> Result<String, ConfigError> {
@@ -49,6 +84,21 @@ impl DbUrl {
             return Err(ConfigError(format!("not a postgres:// URL: {text}")));
         }
         let bad = |e: url::ParseError| ConfigError(format!("invalid URL {text}: {e}"));
+        // Several hosts: the url crate takes one, so the list is cut out here.
+        let mut hosts: Vec<Entry> = Vec::new();
+        let owned;
+        let mut text = text;
+        {
+            let (scheme, rest) = text.split_once("://").unwrap_or((text, ""));
+            let end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let at = rest[..end].rfind('@').map_or(0, |i| i + 1);
+            let list = &rest[at..end];
+            if list.contains(',') {
+                hosts = list.split(',').map(entry).collect::<Result<_, _>>()?;
+                owned = format!("{scheme}://{}{NO_HOST}{}", &rest[..at], &rest[end..]);
+                text = &owned;
+            }
+        }
         let u = match url::Url::parse(text) {
             Err(url::ParseError::EmptyHost) => {
                 let (scheme, rest) = text.split_once("://").unwrap_or((text, ""));
@@ -72,11 +122,24 @@ impl DbUrl {
             dbname: decode(u.path().trim_start_matches('/'))?,
             ..DbUrl::default()
         };
+        let mut ports: Vec<u16> = Vec::new();
+        if hosts.is_empty() && !url.host.is_empty() {
+            hosts.push((url.host.clone(), u.port()));
+        }
         for (k, v) in u.query_pairs() {
             let v = v.into_owned();
             match &*k {
-                "host" => url.host = v,
-                "port" => url.port = v.parse().map_err(|_| ConfigError(format!("bad port in URL: {v}")))?,
+                "host" => {
+                    hosts = v.split(',').map(|h| (h.to_owned(), None)).collect();
+                }
+                "port" => {
+                    ports = v
+                        .split(',')
+                        .map(|p| p.parse().map_err(|_| ConfigError(format!("bad port in URL: {p}"))))
+                        .collect::<Result<_, _>>()?;
+                }
+                "target_session_attrs" => url.target_session_attrs = Some(TargetSessionAttrs::parse(&v)?),
+                "load_balance_hosts" => url.load_balance_hosts = Some(LoadBalanceHosts::parse(&v)?),
                 "user" => url.user = v,
                 "password" => url.password = Some(v),
                 "dbname" => url.dbname = v,
@@ -88,9 +151,29 @@ impl DbUrl {
                 other => {
                     return Err(ConfigError(format!(
                         "URL parameter \"{other}\" is not one parsnip honours (host, port, user, password, \
-                         dbname, sslmode, sslrootcert, sslcert, sslkey, channel_binding)"
+                         dbname, sslmode, sslrootcert, sslcert, sslkey, channel_binding, target_session_attrs, \
+                         load_balance_hosts)"
                     )));
                 }
+            }
+        }
+        if ports.len() > 1 && ports.len() != hosts.len().max(1) {
+            return Err(ConfigError(format!("URL names {} ports for {} hosts", ports.len(), hosts.len().max(1))));
+        }
+        // A `port=` parameter wins over the authority's ports, as libpq's later settings do.
+        // `postgres://u@:6000/db?host=/dir`: the authority's port goes with `host=`'s host.
+        let authority_port = u.port();
+        let port_of = |i: usize, own: Option<u16>| {
+            let listed = if ports.len() == 1 { ports.first() } else { ports.get(i) };
+            listed.copied().or(own).or(authority_port).unwrap_or(5432)
+        };
+        match hosts.as_slice() {
+            [] => url.port = port_of(0, None),
+            [(h, p)] => (url.host, url.port) = (h.clone(), port_of(0, *p)),
+            many => {
+                url.port = port_of(0, many[0].1);
+                url.host =
+                    many.iter().enumerate().map(|(i, (h, p))| written(h, port_of(i, *p))).collect::<Vec<_>>().join(",");
             }
         }
         if url.user.is_empty() {
@@ -137,6 +220,32 @@ mod tests {
         assert_eq!(u.dbname, "my db");
         assert!(DbUrl::parse("mysql://x").is_err());
         assert!(DbUrl::parse("postgres://a@h:notaport/d").is_err());
+        let u = DbUrl::parse("postgres://a@h/d?port=6000").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("h", 6000));
+    }
+
+    #[test]
+    fn several_hosts_as_libpq_writes_them() {
+        let u = DbUrl::parse("postgres://u:p@h1:5433,h2,[::1]:7/db?target_session_attrs=read-write").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("h1:5433,h2:5432,[::1]:7", 5433));
+        assert_eq!((u.user.as_str(), u.password.as_deref(), u.dbname.as_str()), ("u", Some("p"), "db"));
+        assert_eq!(u.target_session_attrs, Some(TargetSessionAttrs::ReadWrite));
+        let u = DbUrl::parse("postgres://u@/db?host=a,b&port=1,2&load_balance_hosts=random").unwrap();
+        assert_eq!(u.host, "a:1,b:2");
+        assert_eq!(u.load_balance_hosts, Some(LoadBalanceHosts::Random));
+        let u = DbUrl::parse("postgres://u@/db?host=a,b&port=9").unwrap();
+        assert_eq!(u.host, "a:9,b:9");
+        assert!(DbUrl::parse("postgres://u@/db?host=a,b&port=1,2,3").is_err());
+        assert!(DbUrl::parse("postgres://u@a:x,b/db").is_err());
+        let e = DbUrl::parse("postgres://u@a/db?target_session_attrs=master").unwrap_err();
+        assert!(e.0.contains("target_session_attrs"), "{e}");
+        let cfg = {
+            let mut c = crate::config::Config::default();
+            crate::config::cli::apply_url(&mut c, &DbUrl::parse("postgres://u@h1:1,h2:2/d").unwrap(), true);
+            c
+        };
+        let (db, _) = cfg.database("d").unwrap();
+        assert_eq!(db.host.endpoints(db.port).unwrap(), vec![("h1".into(), 1), ("h2".into(), 2)]);
     }
 
     #[test]

@@ -55,11 +55,12 @@ pub(crate) async fn serve(mut stream: Stream, mut buf: BytesMut, shared: &Arc<Sh
     shared.consoles.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// The client pools, optionally only those of database `db`.
+/// The pools serving clients (read pools of a read/write split included), optionally only
+/// those of database `db`.
 fn pools_of(shared: &Shared, db: Option<&str>) -> Vec<Arc<ServerPool>> {
     let map = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
     map.values()
-        .filter(|p| p.key.purpose == PoolPurpose::Clients && db.is_none_or(|d| p.key.db == d))
+        .filter(|p| p.key.purpose != PoolPurpose::AuthQuery && db.is_none_or(|d| p.key.db == d))
         .cloned()
         .collect()
 }
@@ -282,7 +283,12 @@ impl Live<'_> {
 
 impl View for Live<'_> {
     fn pools(&self) -> Vec<PoolSnapshot> {
-        let mut v: Vec<_> = pools_of(self.0, None).iter().map(|p| p.snapshot()).collect();
+        // One row per (database, user), as PgBouncer: a read pool's figures are not in it.
+        let mut v: Vec<_> = pools_of(self.0, None)
+            .iter()
+            .filter(|p| p.key.purpose == PoolPurpose::Clients)
+            .map(|p| p.snapshot())
+            .collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v
     }
@@ -330,7 +336,7 @@ impl View for Live<'_> {
             .census
             .servers()
             .iter()
-            .filter(|(k, _)| k.purpose == PoolPurpose::Clients)
+            .filter(|(k, _)| k.purpose != PoolPurpose::AuthQuery)
             .map(|(k, t)| {
                 let i = &t.info;
                 let client = i.client.load(Ordering::Relaxed);
@@ -383,8 +389,9 @@ impl View for Live<'_> {
                 let current: usize = pools.iter().filter(|p| p.key.db == name).map(|p| p.counts().1).sum();
                 let client_count = clients.iter().filter(|s| s.pool().is_some_and(|p| p.key.db == name)).count();
                 Some(DatabaseRow {
-                    host: db.host.clone(),
+                    host: db.host.joined(),
                     port: i32::from(db.port),
+                    load_balance_hosts: db.load_balance_hosts.as_str().into(),
                     database: server_db,
                     force_user: db.user.clone().unwrap_or_default(),
                     pool_size: db.pool_size.unwrap_or(cfg.pool_size) as i32,

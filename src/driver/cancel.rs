@@ -266,7 +266,7 @@ async fn send(t: &CancelTarget, pool: Option<Arc<ServerPool>>) {
         if t.behind.load(Ordering::SeqCst)
             && !t.signals_once
             && let Some(pool) = pool
-            && cancel_backend(&pool, t.pid).await
+            && cancel_backend(&pool, t).await
         {
             return;
         }
@@ -306,9 +306,13 @@ async fn forward(t: &CancelTarget) {
 /// version 17 signals the backend twice (the process and its group), and the second signal
 /// can land on the next batch once the first has ended the query. `pg_cancel_backend`
 /// signals once. False when it could not be sent this way (the caller falls back to a
-/// CancelRequest).
-pub(crate) async fn cancel_backend(pool: &ServerPool, pid: i32) -> bool {
-    let Ok(mut c) = crate::pool::Connector::connect(pool.connector(), &pool.stats).await else { return false };
+/// CancelRequest). The connection goes to the backend's own server (`t`'s host and port),
+/// not to whichever host of a multi-host database the pool would choose: a pid means
+/// nothing on another server.
+pub(crate) async fn cancel_backend(pool: &ServerPool, t: &CancelTarget) -> bool {
+    let Ok(c) = pool.connector().connect_to(&t.host, t.port).await else { return false };
+    let mut c = Box::new(c);
+    let pid = t.pid;
     let sent = c.run_checked(&format!("SELECT pg_cancel_backend({pid})"), pool.connect_timeout()).await.is_ok();
     if sent {
         pool.stats.pipelined_cancels.fetch_add(1, Ordering::Relaxed);

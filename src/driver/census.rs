@@ -112,6 +112,11 @@ pub(crate) struct ClientLive {
     pub(crate) prepared: AtomicU32,
     /// Pinned to its server connection by session state (`Session::is_pinned`).
     pub(crate) pinned: std::sync::atomic::AtomicBool,
+    /// When it last gave back a connection of a pool with a read/write split, in
+    /// `split::tick`s (0: never): its reads stay on the primary for a while after. 16 bits
+    /// fit where the struct had padding; a wrapped value can only keep a read on the
+    /// primary, never send one to a standby early.
+    pub(crate) primary_at: std::sync::atomic::AtomicU16,
 }
 
 /// A server connection, for `SHOW SERVERS` (part of its `CancelTarget`).

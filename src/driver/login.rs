@@ -241,9 +241,14 @@ pub(super) fn server_side(
             .map(Credentials::Password)
             .unwrap_or_default()
     });
+    let hosts: Arc<[(String, u16)]> = db_cfg.host.endpoints_or_skip(db_cfg.port).into();
+    let (host, port) = hosts.first().cloned().unwrap_or_default();
     let target = ServerTarget {
-        host: db_cfg.host.clone(),
-        port: db_cfg.port,
+        host,
+        port,
+        hosts,
+        attrs: db_cfg.target_session_attrs,
+        balance: db_cfg.load_balance_hosts,
         dbname: server_db.to_owned(),
         user: server_user,
         tls,
@@ -267,11 +272,17 @@ impl Shared {
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pools.get(&key) {
             p.connector().offer_credentials(&creds);
+            if let Some(split) = p.connector().split() {
+                split.reads.connector().offer_credentials(&creds);
+            }
             return p.clone();
         }
         let (target, forced) = server_side(&cfg, db_cfg, server_db, user, self.tls_servers.load_full());
         let creds = forced.unwrap_or(creds);
-        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone()).with_census(self.census.clone());
+        let (target_reads, creds_reads) = (target.clone(), creds.clone());
+        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
+            .with_census(self.census.clone())
+            .with_host_memory(self.hosts.clone());
         let pool = Arc::new(Pool::new(
             key.clone(),
             cfg.pool_mode_for(db_cfg, user),
@@ -282,8 +293,38 @@ impl Shared {
         if purpose == PoolPurpose::Clients && self.is_paused(db) {
             pool.pause();
         }
+        if purpose == PoolPurpose::Clients && db_cfg.read_write_split && pool.mode != crate::config::PoolMode::Session {
+            let reads = self.read_pool(&pool, db_cfg, target_reads, creds_reads);
+            pools.insert(reads.key.clone(), reads);
+        }
         pools.insert(key, pool.clone());
         pool
+    }
+
+    /// The read pool of clients pool `primary` (`driver::split`): the same servers as
+    /// standbys only, the same credentials, size and statement cache.
+    fn read_pool(
+        &self,
+        primary: &Arc<ServerPool>,
+        db_cfg: &DatabaseConfig,
+        mut target: ServerTarget,
+        creds: Credentials,
+    ) -> Arc<ServerPool> {
+        let cfg = self.cfg.load_full();
+        let key = PoolKey { purpose: PoolPurpose::Reads, ..primary.key.clone() };
+        target.attrs = crate::config::TargetSessionAttrs::Standby;
+        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
+            .with_census(self.census.clone())
+            .with_host_memory(self.hosts.clone());
+        let mut reads = Pool::new(key, primary.mode, primary.size(), connector, cfg);
+        reads.stmts = primary.stmts.clone();
+        let reads = Arc::new(reads);
+        reads.connector().set_primary(primary);
+        if primary.is_paused() {
+            reads.pause();
+        }
+        primary.connector().set_split(Arc::new(super::split::Split::new(reads.clone(), db_cfg)));
+        reads
     }
 
     /// Looks a user's secret up with auth_query through auth_user. None: unknown user.

@@ -8,6 +8,7 @@ pub(crate) mod bufpool;
 pub(crate) mod cancel;
 pub(crate) mod census;
 pub mod client;
+mod hosts;
 pub(crate) mod listen;
 pub(crate) mod login;
 mod metrics;
@@ -18,6 +19,7 @@ pub mod reload;
 pub mod server_conn;
 pub mod servers;
 pub(crate) mod shards;
+pub(crate) mod split;
 pub(crate) mod stream;
 pub(crate) mod tls;
 pub(crate) mod tls_config;
@@ -59,6 +61,8 @@ pub struct Shared {
     pub(crate) tls_servers: ArcSwap<tls_config::ServerTls>,
     /// The open server connections (`SHOW SERVERS`).
     pub(crate) census: Arc<census::Census>,
+    /// What was learnt about servers' hosts (down, role), shared by every pool.
+    pub(crate) hosts: Arc<crate::pool::hosts::HostMemory>,
     /// `PAUSE` without a database (or SIGUSR1) is in force.
     pub(crate) paused_all: AtomicBool,
     /// Databases `PAUSE db` or `KILL db` holds.
@@ -135,6 +139,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
         tls_clients: ArcSwapOption::new(tls_clients),
         tls_servers: ArcSwap::new(tls_servers),
         census: Arc::default(),
+        hosts: Arc::default(),
         paused_all: AtomicBool::new(false),
         paused_dbs: Mutex::default(),
         disabled: Mutex::default(),

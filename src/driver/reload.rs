@@ -1,9 +1,12 @@
 //! Online reload (SIGHUP, the console's `RELOAD`): the configuration is read again by the
 //! loader the binary gave (`Reloader`), checked whole (TLS files included) before anything
 //! changes, and swapped in: logins, timeouts and limits read the new one from then on; each
-//! pool takes its new size, target and credentials (a database whose server, database
-//! name, user or password changed has its open server connections closed as they come
-//! back, as PgBouncer does); TLS certificates and keys are re-read. A pool whose pool_mode
+//! pool takes its new size, target and credentials (a database whose servers (host list),
+//! database name, user, password or target_session_attrs changed has its open server
+//! connections closed as they come back, as PgBouncer does; a new load_balance_hosts
+//! applies to new server connections; read_write_split, max_replica_lag_ms and
+//! read_your_writes_ms apply at once to pools made with a split, and a split turned on
+//! applies to pools created from then on); TLS certificates and keys are re-read. A pool whose pool_mode
 //! changed is replaced for new clients; its clients keep theirs. An invalid file changes
 //! nothing. No client is dropped: a client in a transaction finishes it undisturbed.
 
@@ -105,7 +108,13 @@ impl Shared {
                 continue;
             };
             let user = &p.key.user;
-            let (target, forced) = server_side(&new, db_cfg, &server_db, user, tls_servers.clone());
+            let (mut target, forced) = server_side(&new, db_cfg, &server_db, user, tls_servers.clone());
+            if p.key.purpose == PoolPurpose::Reads {
+                target.attrs = crate::config::TargetSessionAttrs::Standby;
+            }
+            if let Some(split) = p.connector().split() {
+                split.configure(db_cfg);
+            }
             let password = |c: &Config| c.users.get(user.as_str()).and_then(|u| u.password.clone());
             // The client's credentials, learnt at login: forgotten when the user's password
             // changed (the next login offers the new ones).
@@ -115,11 +124,20 @@ impl Shared {
             if changed {
                 tracing::info!(db = %p.key.db, user = %user, "database changed: server connections close as they come back");
                 p.reconnect();
+                if let Some(split) = p.connector().split() {
+                    super::split::forget_probes(split);
+                }
             }
             if p.key.purpose == PoolPurpose::Clients && p.mode != new.pool_mode_for(db_cfg, user) {
                 // Sessions keep the mode they started with: new clients get a new pool.
                 tracing::info!(db = %p.key.db, user = %user, "pool_mode changed: new clients get a new pool");
-                self.pools.lock().unwrap_or_else(|e| e.into_inner()).remove(&p.key);
+                let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+                pools.remove(&p.key);
+                if let Some(split) = p.connector().split() {
+                    pools.remove(&split.reads.key);
+                    split.reads.reconnect();
+                }
+                drop(pools);
                 p.reconnect();
             }
         }

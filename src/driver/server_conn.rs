@@ -17,10 +17,17 @@ use std::time::{Duration, Instant};
 /// Where and as whom a pool connects.
 #[derive(Clone, Debug)]
 pub struct ServerTarget {
-    /// Host name/IP, or a unix socket directory (starts with '/').
+    /// Host name/IP, or a unix socket directory (starts with '/'): the one a connect goes
+    /// to (`driver::hosts` sets it to each of `hosts` in turn).
     pub host: String,
-    /// Port.
+    /// Port of `host`.
     pub port: u16,
+    /// Every host of the database, with its port, in the order configured.
+    pub(crate) hosts: Arc<[(String, u16)]>,
+    /// Which of them new connections may go to.
+    pub(crate) attrs: crate::config::TargetSessionAttrs,
+    /// In which order they are tried.
+    pub(crate) balance: crate::config::LoadBalanceHosts,
     /// Database name on the server.
     pub dbname: String,
     /// User name on the server.
@@ -30,10 +37,20 @@ pub struct ServerTarget {
 }
 
 impl ServerTarget {
-    /// The same server, database and user (TLS settings aside: new connections take the
-    /// new ones, open ones are fine as they are).
+    /// The same servers, database, user and target_session_attrs (TLS settings and the
+    /// hosts' order aside: new connections take the new ones, open ones are fine as they
+    /// are).
     pub(crate) fn same_place(&self, o: &ServerTarget) -> bool {
-        (&self.host, self.port, &self.dbname, &self.user) == (&o.host, o.port, &o.dbname, &o.user)
+        (&self.hosts, &self.dbname, &self.user, self.attrs) == (&o.hosts, &o.dbname, &o.user, o.attrs)
+    }
+
+    /// The same target, connecting to `hosts[i]`.
+    pub(crate) fn at(&self, i: usize) -> ServerTarget {
+        let mut t = self.clone();
+        if let Some((h, p)) = self.hosts.get(i) {
+            (t.host, t.port) = (h.clone(), *p);
+        }
+        t
     }
 
     /// A target reached without TLS.
@@ -41,6 +58,9 @@ impl ServerTarget {
         ServerTarget {
             host: host.into(),
             port,
+            hosts: Arc::from([(host.to_owned(), port)]),
+            attrs: Default::default(),
+            balance: Default::default(),
             dbname: dbname.into(),
             user: user.into(),
             tls: Arc::new(crate::driver::tls_config::ServerTls {
@@ -134,12 +154,16 @@ pub(crate) enum ConnectError {
     Auth(String),
     /// TLS was required and could not be had (refused, or the certificate failed its check).
     Tls(String),
+    /// None of several hosts could be had, or none has the role asked for: what each said.
+    NoHost(String),
 }
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ConnectError::Io(m) | ConnectError::Auth(m) | ConnectError::Tls(m) => f.write_str(m),
+            ConnectError::Io(m) | ConnectError::Auth(m) | ConnectError::Tls(m) | ConnectError::NoHost(m) => {
+                f.write_str(m)
+            }
             ConnectError::Server(frame) => write!(f, "{}", backend::ErrorText(frame.get(5..).unwrap_or_default())),
         }
     }
@@ -164,6 +188,7 @@ impl ConnectError {
             ConnectError::Tls(m) => {
                 Error::fatal(SqlState::CONNECTION_FAILURE, format!("could not connect to server: {m}"))
             }
+            ConnectError::NoHost(m) => Error::fatal(SqlState::CONNECTION_FAILURE, m.clone()),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! pipelining (`lend`, `retract_ticket`, `release_from_pipe`).
 
 use super::pipe::Pipe;
-use super::server_conn::{self, ConnectError, ServerConn, ServerTarget};
+use super::server_conn::{ConnectError, ServerConn, ServerTarget};
 use crate::auth::Credentials;
 use crate::config::Config;
 use crate::error::{Error, SqlState};
@@ -32,6 +32,12 @@ pub struct ServerConnector {
     cfg: ArcSwap<Config>,
     /// Where opened connections are listed (`SHOW SERVERS`).
     census: Arc<super::census::Census>,
+    /// What was learnt about the database's hosts, shared by all pools.
+    hosts: Arc<crate::pool::hosts::HostMemory>,
+    /// A clients pool with `read_write_split`: its read pool and settings.
+    split: std::sync::OnceLock<Arc<super::split::Split>>,
+    /// A read pool: the clients pool it belongs to.
+    primary: std::sync::OnceLock<std::sync::Weak<ServerPool>>,
 }
 
 impl ServerConnector {
@@ -43,7 +49,41 @@ impl ServerConnector {
             creds: Mutex::new(creds),
             cfg: ArcSwap::new(cfg),
             census: Default::default(),
+            hosts: Default::default(),
+            split: Default::default(),
+            primary: Default::default(),
         }
+    }
+
+    /// Makes this clients pool's plain reads go to `split`'s read pool.
+    pub(crate) fn set_split(&self, split: Arc<super::split::Split>) {
+        let _ = self.split.set(split);
+    }
+
+    /// The read/write split of this clients pool, if it has one.
+    pub(crate) fn split(&self) -> Option<&Arc<super::split::Split>> {
+        self.split.get()
+    }
+
+    /// Makes this a read pool of `primary`.
+    pub(crate) fn set_primary(&self, primary: &Arc<ServerPool>) {
+        let _ = self.primary.set(Arc::downgrade(primary));
+    }
+
+    /// The clients pool of this read pool.
+    pub(crate) fn primary(&self) -> Option<Arc<ServerPool>> {
+        self.primary.get().and_then(std::sync::Weak::upgrade)
+    }
+
+    /// The database's hosts, in the order configured.
+    pub(crate) fn hosts(&self) -> Arc<[(String, u16)]> {
+        self.target.lock().unwrap_or_else(|e| e.into_inner()).hosts.clone()
+    }
+
+    /// Shares `hosts` (what was learnt about servers' hosts) with the other pools.
+    pub(crate) fn with_host_memory(mut self, hosts: Arc<crate::pool::hosts::HostMemory>) -> ServerConnector {
+        self.hosts = hosts;
+        self
     }
 
     /// A reload: connect to `target` with `creds` from now on, under `cfg`. True if the
@@ -75,6 +115,19 @@ impl ServerConnector {
         }
     }
 
+    /// One connection to exactly `host`:`port`, outside the pool's count and census:
+    /// `pg_cancel_backend` of a backend's pid must run on that backend's server, whatever
+    /// host the pool would choose now.
+    pub(crate) async fn connect_to(&self, host: &str, port: u16) -> Result<ServerConn, ConnectError> {
+        let timeout = self.cfg.load().server_connect_timeout();
+        let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (target.host, target.port) = (host.to_owned(), port);
+        target.hosts = Arc::from([(host.to_owned(), port)]);
+        target.attrs = crate::config::TargetSessionAttrs::Any;
+        super::server_conn::connect(&target, &creds, timeout).await
+    }
+
     async fn connect_with_retries(&self, stats: &PoolStats) -> Result<Box<ServerConn>, Error> {
         let cfg = self.cfg.load_full();
         let attempts = cfg.server_connect_attempts.max(1);
@@ -85,7 +138,7 @@ impl ServerConnector {
             }
             let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            match server_conn::connect(&target, &creds, cfg.server_connect_timeout()).await {
+            match super::hosts::connect(&target, &creds, cfg.server_connect_timeout(), &self.hosts).await {
                 Ok(c) => {
                     stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.census.add_server(&self.key, &c.cancel);
@@ -95,7 +148,8 @@ impl ServerConnector {
                 Err(e) => {
                     stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
-                    let retry = matches!(e, ConnectError::Io(_))
+                    // No host of the right role may be one being promoted: try again.
+                    let retry = matches!(e, ConnectError::Io(_) | ConnectError::NoHost(_))
                         || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
                     last = Some(e);
                     if !retry {

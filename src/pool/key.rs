@@ -7,6 +7,9 @@ pub enum PoolPurpose {
     Clients,
     /// Running `auth_query` for logins to `db`, as `auth_user`; no client is served by it.
     AuthQuery,
+    /// Serving the plain reads of (db, user)'s clients on standbys (`read_write_split`):
+    /// next to, and sharing the statement cache of, the `Clients` pool.
+    Reads,
 }
 
 /// Identifies a pool: the database name clients use, the client user name, and what the

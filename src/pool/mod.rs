@@ -13,6 +13,7 @@
 
 mod conn;
 pub mod home;
+pub(crate) mod hosts;
 mod key;
 mod queue;
 mod stats;

@@ -110,7 +110,7 @@ impl Session {
             | tags::EXECUTE
             | tags::CLOSE
             | tags::FUNCTION_CALL => {
-                return self.need_server();
+                return self.need_server(frame);
             }
             t => self.fail(Error::protocol(format!("invalid frontend message type {t}"))),
         }
@@ -118,6 +118,14 @@ impl Session {
     }
 
     pub(super) fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
+        if self.wants_reads && !self.is_read_batch(frame) {
+            if self.on_reads {
+                // Not for a standby: it waits for this server to be given back.
+                return false;
+            }
+            // On the primary, this link now runs more than plain reads.
+            self.wants_reads = false;
+        }
         let tag = frame[0];
         if self.phase == Phase::ServerSkipping {
             self.pass_while_server_skips(frame);
@@ -286,9 +294,10 @@ impl Session {
         }
     }
 
-    pub(super) fn need_server(&mut self) -> bool {
+    pub(super) fn need_server(&mut self, frame: &[u8]) -> bool {
         if self.link == Link::Unlinked {
             self.link = Link::Acquiring;
+            self.wants_reads = self.is_read_batch(frame);
             self.actions.push_back(Action::AcquireServer);
         }
         false

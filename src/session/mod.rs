@@ -134,6 +134,13 @@ pub struct Session {
     /// cursors, session advisory locks): it keeps its server connection, as in session
     /// mode, until it leaves.
     pinned: bool,
+    /// The batch that asked for a server last (`Action::AcquireServer`) is a plain read
+    /// that a standby may serve (`is_read_batch`), and so is everything written to that
+    /// server since.
+    wants_reads: bool,
+    /// The linked server is a standby's (`set_on_reads`): only plain reads are written to
+    /// it; anything else waits until it is given back, then goes to the primary.
+    on_reads: bool,
     /// The client's transaction.
     tx: TxState,
     /// The client's prepared statements.
@@ -207,6 +214,8 @@ impl Session {
             server_dirty: false,
             lent: false,
             pinned: false,
+            wants_reads: false,
+            on_reads: false,
             tx: TxState::default(),
             stmts: ClientStmts::new(registry),
             retry: Retry::default(),

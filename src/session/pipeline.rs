@@ -110,6 +110,38 @@ impl Session {
         }
     }
 
+    /// Whether the client frame that needs a server (`Fed::NeedsServer`) starts a batch
+    /// that may run on a standby (`read_write_split`, `driver::split`): a simple Query of
+    /// one plain read (`stmt::sql::is_plain_read`: one SELECT, VALUES or TABLE, no locking
+    /// clause) outside any transaction, that sets nothing, from a session in transaction or
+    /// statement mode and not pinned to its server. Everything else goes to the primary.
+    pub(crate) fn is_read_batch(&self, frame: &[u8]) -> bool {
+        frame.first() == Some(&crate::protocol::tags::QUERY)
+            && self.mode != PoolMode::Session
+            && !self.pinned
+            && self.tx.status == TxStatus::Idle
+            && !self.tx.opening
+            && crate::protocol::frontend::query_text(crate::protocol::body(frame)).is_some_and(|text| {
+                !super::settings::maybe_setting_stmt(text)
+                    && !super::settings::may_set_session_config(text)
+                    && crate::stmt::sql::is_plain_read(text)
+            })
+    }
+
+    /// Whether the batch that asked for a server last is a plain read (`is_read_batch`),
+    /// and everything written to that server since too (false once anything else was: a
+    /// client that wrote on the primary reads from it for a while, `driver::split`).
+    pub(crate) fn wants_reads(&self) -> bool {
+        self.wants_reads
+    }
+
+    /// The driver linked a standby's connection (after `handle_server_linked`) for the
+    /// plain read that asked for a server: until it is given back, only plain reads go to
+    /// it.
+    pub(crate) fn set_on_reads(&mut self) {
+        self.on_reads = true;
+    }
+
     /// The driver let the server take another client's batch behind this session's: from
     /// now until the server is released, nothing more may be written to it (the bytes
     /// would land behind the other batch). A transparent retry then re-prepares on the

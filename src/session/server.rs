@@ -19,6 +19,7 @@ impl Session {
     pub fn handle_server_linked(&mut self, server: &mut ServerState) {
         self.link = Link::Linked;
         self.lent = false;
+        self.on_reads = false;
         server.tx_status = TxStatus::Idle;
         server.stmts.begin_link();
         self.trim_server_statements(server);

@@ -76,6 +76,8 @@ struct H {
     linked: bool,
     pending: Vec<Vec<u8>>,
     log: Vec<Action>,
+    /// As a driver with a read/write split: a plain read is linked to a standby.
+    reads: bool,
 }
 
 impl H {
@@ -86,6 +88,7 @@ impl H {
             linked: false,
             pending: vec![],
             log: vec![],
+            reads: false,
         }
     }
     fn cached() -> H {
@@ -117,6 +120,9 @@ impl H {
                 match a {
                     Action::AcquireServer => {
                         self.s.handle_server_linked(&mut self.srv);
+                        if self.reads && self.s.wants_reads() {
+                            self.s.set_on_reads();
+                        }
                         self.linked = true;
                     }
                     Action::ReleaseServer { .. } => self.linked = false,
@@ -1219,4 +1225,46 @@ fn tally_counts_errors_by_class() {
     let v: Vec<_> = t.errors().collect();
     // Three classes apart; a fourth and fifth class, rare in one tally, count under the last.
     assert_eq!(v, vec![(*b"22", 2), (*b"42", 1), (*b"23", 3)]);
+}
+
+#[test]
+fn a_plain_autocommit_read_asks_for_a_standby_and_anything_else_waits_for_the_primary() {
+    let mut h = H::cached();
+    h.reads = true;
+    h.client(query("select abalance from pgbench_accounts where aid = 1"));
+    assert!(h.s.wants_reads(), "one plain read outside a transaction");
+    // Sent before the read's replies: another read goes to the same standby, a write waits.
+    h.client(query("select 2"));
+    h.client(query("update pgbench_accounts set abalance = 0"));
+    assert_eq!(h.server_out().len(), 2, "the two reads are written, the update is held");
+    for _ in 0..2 {
+        h.server(msg(b'C', b"SELECT 1\0"));
+        h.server(rfq(b'I'));
+    }
+    // Given back, then the update asks for a server of its own: the primary.
+    assert_eq!(
+        h.actions(),
+        vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }, Action::AcquireServer]
+    );
+    assert!(!h.s.wants_reads());
+    assert_eq!(h.server_out().len(), 1, "the update, on its new server");
+    // Not reads: locking clauses, several statements, set_config, transactions, writes.
+    for sql in [
+        "select * from t for update",
+        "select 1; select 2",
+        "select set_config('a.b', '1', false)",
+        "insert into t values (1)",
+        "begin",
+    ] {
+        let mut h = H::cached();
+        h.client(query(sql));
+        assert!(!h.s.wants_reads(), "{sql}");
+    }
+    let mut h = H::cached();
+    h.client(query("begin"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert!(!h.s.is_read_batch(&query("select 1")), "inside a transaction block");
+    let h = H::new(PoolMode::Session, None);
+    assert!(!h.s.is_read_batch(&query("select 1")), "session mode");
 }

@@ -10,6 +10,8 @@
 //!   the connection ended.
 //! * [`Raw`]: a hand-rolled v3 protocol client for protocol-level tests (own SCRAM/md5/cleartext).
 //! * [`Certs`]: a CA and a certificate it signed, made in the test (rcgen).
+//! * [`start_primary`] and [`Standby`]: streaming replication (a primary and hot standbys
+//!   made with `pg_basebackup -R`), with kill, promote and wait-for-replay helpers.
 //!
 //! Setting `PARSNIP_E2E_DIRECT=1` makes [`Parsnip`] point at the cluster itself instead of
 //! starting the pooler: a development aid to check that a test's assertions hold for plain
@@ -22,6 +24,7 @@ mod pg;
 mod pooler;
 mod raw;
 mod raw_auth;
+mod replica;
 mod tls;
 mod util;
 
@@ -30,6 +33,8 @@ pub use pg::*;
 pub use pooler::*;
 pub use raw::*;
 pub use raw_auth::*;
+#[allow(unused_imports)] // Only the replica tests use it.
+pub use replica::*;
 #[allow(unused_imports)] // Only the TLS tests use it.
 pub use tls::*;
 pub use util::*;

@@ -8,11 +8,13 @@ use crate::config::PoolMode;
 use crate::driver::pipe::Pipe;
 use crate::driver::server_conn::ServerConn;
 use crate::driver::servers::{self, ServerPool};
+use crate::driver::split;
 use crate::error::{Error, SqlState};
-use crate::pool::{Checkout, Lease, home};
+use crate::pool::{Checkout, Lease, PoolPurpose, home};
 use crate::protocol::split_frame;
 use crate::state::TxStatus;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -23,6 +25,11 @@ impl Proxy {
         // only while used, not in every idle client's task.
         // The waits are boxed: their futures would otherwise be part of every client's task
         // for its whole life (idle clients' memory), and a free connection needs none.
+        if self.session.wants_reads()
+            && let Some(reads) = split::read_pool_for(&self.pool, self.slot.live.primary_at.load(Ordering::Relaxed))
+        {
+            self.pool = reads;
+        }
         loop {
             let got = match self.pool.checkout() {
                 Checkout::Ready(c) => Ok(Lease::Own(c)),
@@ -53,6 +60,7 @@ impl Proxy {
                         s.home = home::here();
                     }
                     self.session.handle_server_linked(&mut s.state);
+                    self.mark_reads();
                     self.slot.set(&s.cancel);
                     self.server = Some(Linked::Own(s));
                 }
@@ -63,6 +71,7 @@ impl Proxy {
                     match g.conn.as_mut() {
                         Some(c) if !dead => {
                             self.session.handle_server_linked(&mut c.state);
+                            self.mark_reads();
                             if head {
                                 self.slot.set(&c.cancel);
                             } else {
@@ -79,9 +88,39 @@ impl Proxy {
                     drop(g);
                     self.server = Some(Linked::Shared(pipe, t));
                 }
-                Err(e) => self.session.handle_acquire_failed(e),
+                Err(e) => {
+                    // No standby to be had: the read goes to the primary.
+                    if e.code.0.starts_with("08")
+                        && let Some(primary) = split::primary_of(&self.pool)
+                    {
+                        tracing::debug!(error = %e, "no standby for a read: the primary serves it");
+                        self.pool = primary;
+                        continue;
+                    }
+                    self.session.handle_acquire_failed(e)
+                }
             }
             return;
+        }
+    }
+
+    /// Linked from a read pool: the session writes only plain reads to that server.
+    fn mark_reads(&mut self) {
+        if self.pool.key.purpose == PoolPurpose::Reads {
+            self.session.set_on_reads();
+        }
+    }
+
+    /// The linked server went back: a client on a read pool returns to its own pool; one
+    /// that ran more than plain reads on the primary of a split reads from it for
+    /// `read_your_writes_ms`.
+    fn after_release(&mut self) {
+        if self.pool.key.purpose == PoolPurpose::Reads {
+            if let Some(primary) = split::primary_of(&self.pool) {
+                self.pool = primary;
+            }
+        } else if !self.session.wants_reads() && self.pool.connector().split().is_some() {
+            self.slot.live.primary_at.store(split::tick(), Ordering::Relaxed);
         }
     }
 
@@ -150,6 +189,7 @@ impl Proxy {
             }
             None => {}
         }
+        self.after_release();
     }
 
     /// Lets the first queued client write its batch behind this one's on the linked

@@ -64,7 +64,7 @@ impl Session {
                 Lookup::Plain => None,
                 Lookup::NeedServer => {
                     self.stmts.key_buf = key;
-                    return self.need_server();
+                    return self.need_server(&[]);
                 }
             }
         } else {
@@ -72,7 +72,7 @@ impl Session {
         };
         self.stmts.key_buf = key;
         if srv.is_none() && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx) {
-            return self.need_server();
+            return self.need_server(&[]);
         }
         if srv.is_some() && cached.as_ref().is_some_and(|s| self.stmt_pending_across_sync(s)) {
             // Whether the server has it depends on an earlier batch still in flight.
@@ -127,7 +127,7 @@ impl Session {
 
     /// A plain unnamed statement: the server parses it; it is remembered for replay.
     fn parse_plain(&mut self, frame: &[u8], srv: Option<&mut ServerState>) -> bool {
-        let Some(srv) = srv else { return self.need_server() };
+        let Some(srv) = srv else { return self.need_server(&[]) };
         self.stmts.unnamed_seq += 1;
         self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.stmts.unnamed_seq };
         srv.stmts.unnamed_owner = Some((self.uid, self.stmts.unnamed_seq));
@@ -150,7 +150,7 @@ impl Session {
         let on_server = srv.as_ref().is_some_and(|s| s.stmts.has(&stmt));
         let local = !in_failed_tx && (on_server || stmt.is_valid());
         if !local && srv.is_none() {
-            return self.need_server();
+            return self.need_server(&[]);
         }
         if local && self.earlier_batch_in_flight() {
             // An earlier batch may still fail and abort the transaction, and then PostgreSQL

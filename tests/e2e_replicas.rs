@@ -1,0 +1,341 @@
+//! Databases with several hosts against real streaming replication (a primary and a hot
+//! standby made with pg_basebackup): target_session_attrs routes each database's server
+//! connections to the right server, a write through parsnip replays on the standby, no
+//! qualifying host gives a prompt 08006 naming the hosts, and after the primary is killed
+//! and the standby promoted a read-write database serves writes from the promoted server
+//! within seconds, with no write ever reaching a standby (no 25006).
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+use tokio_postgres::SimpleQueryMessage;
+
+fn db(name: &str, hosts: &[u16], attrs: &str) -> String {
+    let list: Vec<String> = hosts.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
+    format!(
+        "[databases.{name}]\nhost = [{}]\ndbname = \"postgres\"\ntarget_session_attrs = \"{attrs}\"\n",
+        list.join(", ")
+    )
+}
+
+fn config(dbs: &[String]) -> String {
+    format!(
+        "auth_type = \"trust\"\nunix_socket_dir = \"\"\nserver_connect_timeout_ms = 2000\n\
+         server_login_retry_ms = 100\nserver_connect_attempts = 2\n\n{}\n[users.postgres]\npassword = \"{SUPER_PW}\"\n",
+        dbs.join("\n")
+    )
+}
+
+/// True on success; else the error's SQLSTATE goes to `seen`.
+fn succeeded<T>(r: Result<T, tokio_postgres::Error>, seen: &mut Vec<String>) -> bool {
+    match r {
+        Ok(_) => true,
+        Err(e) => {
+            seen.push(sqlstate(&e).unwrap_or_else(|| format!("no sqlstate ({e})")));
+            false
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_session_attrs_route_to_the_primary_or_the_standby() {
+    if direct_mode() {
+        return;
+    }
+    let primary = blocking(start_primary).await;
+    primary
+        .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let primary = std::sync::Arc::new(primary);
+    let standby = {
+        let p = primary.clone();
+        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
+    };
+    let (pp, sp, dead) = (primary.port(), standby.port(), free_port());
+    let p = Parsnip::with_config(&config(&[
+        db("rw", &[sp, pp], "read-write"),
+        db("pri", &[sp, pp], "primary"),
+        db("ro", &[pp, sp], "read-only"),
+        db("sb", &[pp, sp], "standby"),
+        db("ps", &[pp, sp], "prefer-standby"),
+        db("ps_fallback", &[dead, pp], "prefer-standby"),
+        db("anyhost", &[dead, sp, pp], "any"),
+        db("nowhere", &[dead, sp], "read-write"),
+    ]));
+    bounded(120, "routing", async {
+        let recovery = "select pg_is_in_recovery()";
+        for (name, want) in
+            [("rw", "f"), ("pri", "f"), ("ro", "t"), ("sb", "t"), ("ps", "t"), ("ps_fallback", "f"), ("anyhost", "t")]
+        {
+            let c = p.connect("postgres", SUPER_PW, name).await;
+            let got = c.scalar(recovery).await.unwrap_or_else(|e| panic!("{name}: {}\n{}", describe(&e), p.log_tail()));
+            assert_eq!(got, want, "{name}: pg_is_in_recovery()");
+        }
+
+        // A write through the read-write database lands on the primary and replays.
+        let rw = p.connect("postgres", SUPER_PW, "rw").await;
+        rw.simple_query("INSERT INTO t VALUES (1, 'via parsnip')").await.expect("insert through rw");
+        let lsn = primary.psql("postgres", "SELECT pg_current_wal_lsn()").expect("primary LSN");
+        {
+            let s = standby.clone();
+            blocking(move || s.wait_replayed(&lsn, Duration::from_secs(30))).await;
+        }
+        let sb = p.connect("postgres", SUPER_PW, "sb").await;
+        assert_eq!(sb.scalar("SELECT note FROM t WHERE id = 1").await.unwrap(), "via parsnip");
+        // The standby database really is on a standby: a write there fails with 25006.
+        expect_code(sb.simple_query("INSERT INTO t VALUES (2, 'no')").await, "25006", "write on sb");
+
+        // No host qualifies: a prompt error naming each host and why.
+        let t0 = Instant::now();
+        let e = p.try_connect("postgres", Some(SUPER_PW), "nowhere").await.err().expect("nowhere must fail");
+        let elapsed = t0.elapsed();
+        let d = e.as_db_error().unwrap_or_else(|| panic!("not a server error: {e:?}"));
+        assert_eq!(d.code().code(), "08006", "{}", d.message());
+        assert!(d.message().contains("target_session_attrs=read-write"), "{}", d.message());
+        assert!(d.message().contains(&format!("127.0.0.1:{dead}")), "{}", d.message());
+        assert!(d.message().contains(&format!("127.0.0.1:{sp}: is a standby")), "{}", d.message());
+        assert!(elapsed < Duration::from_secs(2), "error took {elapsed:?}, over the connect timeout");
+
+        // SHOW DATABASES shows the host list.
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let rows = console.simple_query("SHOW DATABASES").await.expect("SHOW DATABASES");
+        let host = rows.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get("name") == Some("rw") => r.get("host").map(str::to_owned),
+            _ => None,
+        });
+        assert_eq!(host, Some(format!("127.0.0.1:{sp},127.0.0.1:{pp}")));
+
+        // A reload that changes target_session_attrs: rw's open connection (to the
+        // primary) is closed as it comes back, the next transaction runs on the standby.
+        let rw_pid = rw.scalar("select pg_backend_pid()").await.unwrap();
+        p.rewrite_config(&config(&[db("rw", &[sp, pp], "standby")]));
+        console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}\n{}", describe(&e), p.log_tail()));
+        assert_eq!(rw.scalar(recovery).await.unwrap(), "t", "after the reload rw goes to the standby");
+        assert_ne!(rw.scalar("select pg_backend_pid()").await.unwrap(), rw_pid);
+    })
+    .await;
+
+    // libpq's multi-host URL, with target_session_attrs as a parameter (the standby,
+    // first, is up and skipped).
+    let url = format!(
+        "postgres://postgres:{SUPER_PW}@127.0.0.1:{sp},127.0.0.1:{pp}/postgres?target_session_attrs=read-write"
+    );
+    let u = Parsnip::start(&[&url]);
+    bounded(60, "url", async {
+        let c = u.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(c.scalar("select pg_is_in_recovery()").await.unwrap(), "f", "{}", u.log_tail());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_load_balancing_spreads_connections_over_standbys() {
+    if direct_mode() {
+        return;
+    }
+    let primary = std::sync::Arc::new(blocking(start_primary).await);
+    let mut standbys = Vec::new();
+    for _ in 0..2 {
+        let p = primary.clone();
+        standbys.push(blocking(move || Standby::start(&p)).await);
+    }
+    let ports: Vec<u16> = standbys.iter().map(Standby::port).collect();
+    let spread = format!("{}load_balance_hosts = \"random\"\npool_size = 16\n", db("spread", &ports, "standby"));
+    let p = Parsnip::with_config(&config(&[spread]));
+    bounded(60, "spread", async {
+        // 16 clients each hold a server connection (a transaction open): 16 new server
+        // connections, each to a standby drawn at random (all on one: p = 2^-15).
+        let mut clients = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..16 {
+            let c = p.connect("postgres", SUPER_PW, "spread").await;
+            c.simple_query("BEGIN").await.expect("BEGIN");
+            assert_eq!(c.scalar("select pg_is_in_recovery()").await.unwrap(), "t");
+            seen.insert(c.scalar("select inet_server_port()").await.unwrap());
+            clients.push(c);
+        }
+        let want: std::collections::BTreeSet<String> = ports.iter().map(u16::to_string).collect();
+        assert_eq!(seen, want, "server connections went to both standbys");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_database_follows_a_promoted_standby() {
+    if direct_mode() {
+        return;
+    }
+    let primary = blocking(start_primary).await;
+    primary
+        .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let primary = std::sync::Arc::new(primary);
+    let standby = {
+        let p = primary.clone();
+        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
+    };
+    let (pp, sp) = (primary.port(), standby.port());
+    let p = Parsnip::with_config(&config(&[db("rw", &[sp, pp], "read-write")]));
+    bounded(120, "failover", async {
+        let mut w = p.connect("postgres", SUPER_PW, "rw").await;
+        assert_eq!(w.scalar("select pg_is_in_recovery()").await.unwrap(), "f");
+        for id in 1..=50 {
+            w.simple_query(&format!("INSERT INTO t VALUES ({id}, 'before')")).await.expect("insert before the kill");
+        }
+        let lsn = primary.psql("postgres", "SELECT pg_current_wal_lsn()").expect("primary LSN");
+        {
+            let s = standby.clone();
+            blocking(move || s.wait_replayed(&lsn, Duration::from_secs(30))).await;
+        }
+        let replayed: i64 = standby.psql("SELECT count(*) FROM t").parse().expect("count");
+        assert_eq!(replayed, 50, "all 50 rows replayed before the kill");
+
+        // The primary dies; writes fail meanwhile, and never on the standby.
+        let killed = Instant::now();
+        {
+            let pr = primary.clone();
+            blocking(move || kill_primary(&pr)).await;
+        }
+        let mut seen: Vec<String> = Vec::new();
+        for id in 51..=53 {
+            let ok = succeeded(w.simple_query(&format!("INSERT INTO t VALUES ({id}, 'no primary')")).await, &mut seen);
+            assert!(!ok, "a write succeeded with no primary up");
+            if w.is_closed() {
+                w = p.connect("postgres", SUPER_PW, "rw").await;
+            }
+        }
+        {
+            let s = standby.clone();
+            blocking(move || s.promote()).await;
+        }
+        let promoted = Instant::now();
+        let mut id = 100;
+        loop {
+            id += 1;
+            if succeeded(w.simple_query(&format!("INSERT INTO t VALUES ({id}, 'after')")).await, &mut seen) {
+                break;
+            }
+            assert!(promoted.elapsed() < Duration::from_secs(10), "no write succeeded 10 s after the promotion: {seen:?}");
+            if w.is_closed() {
+                match p.try_connect("postgres", Some(SUPER_PW), "rw").await {
+                    Ok(c) => w = c,
+                    Err(e) => seen.push(sqlstate(&e).unwrap_or_else(|| "no sqlstate".into())),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (after_kill, after_promote) = (killed.elapsed(), promoted.elapsed());
+        eprintln!(
+            "failover: first write {} ms after the kill, {} ms after pg_ctl promote returned; errors meanwhile: {seen:?}",
+            after_kill.as_millis(),
+            after_promote.as_millis()
+        );
+        assert!(!seen.iter().any(|c| c == "25006"), "a write reached a standby: {seen:?}");
+        assert_eq!(w.scalar("select pg_is_in_recovery()").await.unwrap(), "f");
+        assert_eq!(w.scalar("SELECT count(*) FROM t WHERE id <= 50").await.unwrap(), "50", "rows replayed before the kill");
+        assert_eq!(w.scalar(&format!("SELECT note FROM t WHERE id = {id}")).await.unwrap(), "after");
+        // A new client goes to the promoted server as well.
+        let fresh = p.connect("postgres", SUPER_PW, "rw").await;
+        fresh.simple_query(&format!("INSERT INTO t VALUES ({}, 'fresh')", id + 1)).await.expect("fresh client writes");
+        assert_eq!(standby.psql(&format!("SELECT note FROM t WHERE id = {}", id + 1)), "fresh");
+    })
+    .await;
+}
+
+/// Polls `sql` through `c` until it answers `want` (bounded); panics with the last answer.
+async fn until(c: &Pg, sql: &str, want: &str, within: Duration, what: &str) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let got = c.scalar(sql).await.unwrap_or_else(|e| panic!("{what}: {}", describe(&e)));
+        if got == want {
+            return t0.elapsed();
+        }
+        assert!(t0.elapsed() < within, "{what}: still {got:?} after {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_split_reads_from_a_fresh_standby_and_writes_on_the_primary() {
+    if direct_mode() {
+        return;
+    }
+    let primary = blocking(start_primary).await;
+    primary
+        .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let primary = std::sync::Arc::new(primary);
+    let standby = {
+        let p = primary.clone();
+        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
+    };
+    let (pp, sp) = (primary.port(), standby.port());
+    let split = format!(
+        "{}read_write_split = true\nmax_replica_lag_ms = 300\nread_your_writes_ms = 500\n",
+        db("split", &[pp, sp], "read-write")
+    );
+    let p = Parsnip::with_config(&format!("log_level = \"parsnip=debug\"\n{}", config(&[split])));
+    let where_ = "select pg_is_in_recovery()::text || ':' || count(*) from t";
+    bounded(90, "split", async {
+        let r = p.connect("postgres", SUPER_PW, "split").await;
+        let w = p.connect("postgres", SUPER_PW, "split").await;
+        // Autocommit reads go to the standby once its lag was sampled.
+        until(&r, where_, "true:0", Duration::from_secs(5), "a read on the standby").await;
+        // A transaction, and the reads right after it, run on the primary.
+        r.simple_query("BEGIN").await.unwrap();
+        assert_eq!(r.scalar(where_).await.unwrap(), "false:0", "in a transaction");
+        r.simple_query("COMMIT").await.unwrap();
+        assert_eq!(r.scalar(where_).await.unwrap(), "false:0", "read_your_writes_ms after the primary");
+        // A write, and the writer reads it at once (on the primary).
+        w.simple_query("INSERT INTO t VALUES (1, 'one')").await.expect("write through the split");
+        assert_eq!(w.scalar(where_).await.unwrap(), "false:1", "the writer reads its write");
+        // The other client reads from the standby again once it replayed it.
+        until(&r, where_, "true:1", Duration::from_secs(5), "the standby caught up").await;
+
+        // Replay paused and the primary writing: the standby lags, reads go to the primary.
+        standby.psql("SELECT pg_wal_replay_pause()");
+        w.simple_query("INSERT INTO t VALUES (2, 'two')").await.expect("second write");
+        let lagged = until(&r, where_, "false:2", Duration::from_secs(5), "a lagging standby serves no reads").await;
+        // Replay resumed: back on the standby.
+        standby.psql("SELECT pg_wal_replay_resume()");
+        let back = until(&r, where_, "true:2", Duration::from_secs(5), "the standby serves reads again").await;
+        eprintln!("split: reads left the lagging standby after {lagged:?}, came back {back:?} after resume");
+        // Extended-protocol statements (not routed by the split) run on the primary.
+        let stmt = r.prepare("select note from t where id = $1").await.expect("prepare");
+        for _ in 0..3 {
+            let row = r.query_one(&stmt, &[&1i32]).await.expect("execute");
+            assert_eq!(row.get::<_, String>(0), "one");
+        }
+        let on = r.prepare("select pg_is_in_recovery()").await.expect("prepare");
+        assert!(!r.query_one(&on, &[]).await.expect("execute").get::<_, bool>(0), "on the primary");
+        // The standby promoted (no standby left): reads go to the primary's pool, even
+        // though the read pool still holds connections to the promoted server.
+        {
+            let s = standby.clone();
+            blocking(move || s.promote()).await;
+        }
+        let port = "select inet_server_port()::text";
+        until(&r, port, &pp.to_string(), Duration::from_secs(5), "reads with no standby left").await;
+        let t0 = Instant::now();
+        assert_eq!(r.scalar(port).await.unwrap(), pp.to_string());
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "a read took {:?}: no failed standby connects first",
+            t0.elapsed()
+        );
+        // The read pool is not a row of SHOW POOLS; its servers are in SHOW SERVERS.
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let pools = console.simple_query("SHOW POOLS").await.unwrap();
+        let rows = pools
+            .iter()
+            .filter(|m| matches!(m, SimpleQueryMessage::Row(x) if x.get("database") == Some("split")))
+            .count();
+        assert_eq!(rows, 1, "one SHOW POOLS row per (database, user)");
+    })
+    .await;
+}
