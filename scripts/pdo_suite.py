@@ -62,10 +62,14 @@ def run_suite(php: str, src: Path, dsn: str, attr: str | None, out: Path, mode: 
     result = out / f"{mode}.txt"
     cmd = [php, "run-tests.php", "-p", php, "-q", "-j1", "--set-timeout", "60", "-W", str(result),
            *(tests or [TESTS])]
-    env = {**os.environ, "PDO_PGSQL_TEST_DSN": dsn, "NO_INTERACTION": "1", "TEST_PHP_EXECUTABLE": php}
-    env.pop("PDO_PGSQL_TEST_ATTR", None)
+    # PDO_PGSQL_*: what ext/pdo_pgsql's config.inc and common.phpt read; PDOTEST_*: what
+    # ext/pdo/tests read when one of them is named on its own instead of through common.phpt.
+    env = {**os.environ, "PDO_PGSQL_TEST_DSN": dsn, "PDOTEST_DSN": dsn, "REDIR_TEST_DIR": f"{src}/ext/pdo/tests/",
+           "NO_INTERACTION": "1", "TEST_PHP_EXECUTABLE": php}
+    for k in ("PDO_PGSQL_TEST_ATTR", "PDOTEST_ATTR", "PDOTEST_USER", "PDOTEST_PASS"):
+        env.pop(k, None)
     if attr:
-        env["PDO_PGSQL_TEST_ATTR"] = attr
+        env["PDO_PGSQL_TEST_ATTR"] = env["PDOTEST_ATTR"] = attr
     log(f"run-tests.php ({dsn})")
     r = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True)
     (out / f"{mode}.log").write_text(r.stdout + r.stderr)
@@ -78,7 +82,10 @@ def run_suite(php: str, src: Path, dsn: str, attr: str | None, out: Path, mode: 
     for test, status in outcomes(result, src).items():
         if status == "FAILED":
             for ext in (".diff", ".out"):
+                # A test run through common.phpt leaves them in common.phpt's directory.
                 f = (src / test).with_suffix(ext)
+                if not f.exists():
+                    f = src / TESTS / f.name
                 if f.exists():
                     shutil.copy(f, diffs / f"{Path(test).parts[1]}-{f.name}")  # pdo- or pdo_pgsql-
 
@@ -97,13 +104,13 @@ def outcomes(result: Path, src: Path) -> dict[str, str]:
     return out
 
 
-def start_parsnip(binary: Path, pg: Postgres, db: str, mode: str, work: Path):
+def start_parsnip(binary: Path, pg: Postgres, db: str, mode: str, work: Path, log_level: str):
     port = free_port()
     cfg = work / f"parsnip-{mode}.toml"
     pool_mode, _, extra = mode.partition("-")
     more = 'autoprepare = true\nautoprepare_after = 1\n' if extra == "autoprepare" else ""
     cfg.write_text(f'pool_mode = "{pool_mode}"\npool_size = 20\nauth_type = "trust"\nmax_client_conn = 500\n'
-                   f'log_level = "warn"\nunix_socket_dir = ""\n' + more)
+                   f'log_level = "{log_level}"\nunix_socket_dir = ""\n' + more)
     logf = open(work / f"parsnip-{mode}.log", "ab")
     proc = subprocess.Popen([str(binary), f"postgres://postgres@127.0.0.1:{pg.port}/{db}", "--listen",
                              f"127.0.0.1:{port}", "-c", str(cfg)], stdout=logf, stderr=subprocess.STDOUT,
@@ -135,6 +142,7 @@ def main() -> int:
     ap.add_argument("--php", default=shutil.which("php") or "php")
     ap.add_argument("--pg-bin")
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--log-level", default="warn", help="parsnip's log_level (its log: OUT/parsnip-<mode>.log)")
     ap.add_argument("--out", type=Path, default=REPO / "target" / "pdo-suite")
     ap.add_argument("tests", nargs="*", help=f"test files or directories under --src (default {TESTS})")
     a = ap.parse_args()
@@ -166,7 +174,7 @@ def main() -> int:
                 run_suite(a.php, src, f"pgsql:host=127.0.0.1 port={pg.port} dbname={db} user=postgres", attr,
                           a.out, mode, a.tests)
             else:
-                proc, port = start_parsnip(binary, pg, db, mode, a.out)
+                proc, port = start_parsnip(binary, pg, db, mode, a.out, a.log_level)
                 try:
                     run_suite(a.php, src, f"pgsql:host=127.0.0.1 port={port} dbname={db} user=postgres", attr,
                               a.out, mode, a.tests)
