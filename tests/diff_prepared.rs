@@ -160,6 +160,7 @@ scenarios! {
         extended_set_mixed_with_simple_transactions,
         pdo_set_names_then_other_client,
         pdo_set_synonyms_then_other_client,
+        pdo_parameter_types_after_recreate,
     ],
 }
 
