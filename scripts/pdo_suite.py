@@ -104,6 +104,19 @@ def outcomes(result: Path, src: Path) -> dict[str, str]:
     return out
 
 
+def first_difference(out: Path, mode_a: str, mode_b: str, test: str) -> str | None:
+    """The first line pair in which the kept .out of `test` differs between two modes."""
+    name = f"{Path(test).parts[1]}-{Path(test).stem}.out"
+    a, b = out / f"{mode_a}-diffs" / name, out / f"{mode_b}-diffs" / name
+    if not a.exists() or not b.exists():
+        return "(no .out kept)"
+    la, lb = a.read_text(errors="replace").splitlines(), b.read_text(errors="replace").splitlines()
+    for x, y in zip(la + [""] * len(lb), lb + [""] * len(la)):
+        if x != y:
+            return f"{x.strip()[:100]!r} -> {y.strip()[:100]!r}"
+    return None
+
+
 def start_parsnip(binary: Path, pg: Postgres, db: str, mode: str, work: Path, log_level: str):
     port = free_port()
     cfg = work / f"parsnip-{mode}.toml"
@@ -218,6 +231,13 @@ def main() -> int:
             print(f"  {'known' if (mode, t) in known else 'NEW  '} {t}  {known.get((mode, t), '')}")
         if unknown:
             status = 1
+        # A test failing both ways (e.g. one whose expectations assume native prepares) still
+        # says something: its output through parsnip should be the output it gave directly.
+        both = sorted(t for t, v in res.items() if v == "FAILED" and results["direct"].get(t) == "FAILED")
+        for t in both:
+            first = first_difference(a.out, "direct", mode, t)
+            if first:
+                print(f"  fails both ways, output differs from direct: {t}: {first}")
     return status
 
 
