@@ -31,6 +31,8 @@ transaction-autoprepare shares its mode's lines), listed with reasons in docs/pd
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import os
 import shutil
 import subprocess
@@ -60,6 +62,7 @@ def emulate_attr(php: str) -> str:
 
 def run_suite(php: str, src: Path, dsn: str, attr: str | None, out: Path, mode: str, tests: list[str]) -> None:
     result = out / f"{mode}.txt"
+    result.unlink(missing_ok=True)
     cmd = [php, "run-tests.php", "-p", php, "-q", "-j1", "--set-timeout", "60", "-W", str(result),
            *(tests or [TESTS])]
     # PDO_PGSQL_*: what ext/pdo_pgsql's config.inc and common.phpt read; PDOTEST_*: what
@@ -135,8 +138,6 @@ def start_parsnip(binary: Path, pg: Postgres, db: str, mode: str, work: Path, lo
 
 def console(pg: Postgres, port: int, command: str) -> list[dict[str, str]]:
     """A SHOW command on parsnip's admin console (database `parsnip`), rows as dicts."""
-    import csv
-    import io
     r = subprocess.run([pg.bin("psql"), "-X", "--csv", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
                         "-d", "parsnip", "-c", command], capture_output=True, text=True, timeout=30)
     if r.returncode != 0:
