@@ -158,6 +158,9 @@ scenarios! {
         promoted_unnamed_reuse_follows_search_path_and_types,
         extended_set_stays_with_its_client,
         extended_set_mixed_with_simple_transactions,
+        pdo_set_names_then_other_client,
+        pdo_set_synonyms_then_other_client,
+        pdo_parameter_types_after_recreate,
     ],
 }
 
