@@ -36,11 +36,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// How far down the wait queue a returned connection looks for a waiter of its own thread.
-const HOME_WINDOW: usize = 8;
-/// How often a waiter may see a later one served first (`Pool::next_waiter`).
-const MAX_PASSED_OVER: u8 = 2;
-
 /// What a new client is told about the server at login, learnt from the first connection.
 #[derive(Debug)]
 pub(crate) struct ServerDefaults {
@@ -226,7 +221,7 @@ impl<K: Connector> Pool<K> {
         let (tx, rx) = oneshot::channel();
         let since = Instant::now();
         let deadline = self.cfg.load().query_wait_timeout().map(|t| since + t);
-        g.waiters.push_back(Waiter { tx, deadline, since, takes_ticket: true, home: home::here(), passed_over: 0 });
+        g.waiters.push_back(Waiter { tx, deadline, since, takes_ticket: true });
         drop(g);
         self.stats.waits.fetch_add(1, Ordering::Relaxed);
         Checkout::Queued(Queued(rx))
@@ -321,14 +316,7 @@ impl<K: Connector> Pool<K> {
                     None
                 } else {
                     let (tx, rx) = oneshot::channel();
-                    g.waiters.push_back(Waiter {
-                        tx,
-                        deadline,
-                        since: Instant::now(),
-                        takes_ticket: false,
-                        home: home::here(),
-                        passed_over: 0,
-                    });
+                    g.waiters.push_back(Waiter { tx, deadline, since: Instant::now(), takes_ticket: false });
                     Some(rx)
                 }
             };
@@ -451,7 +439,7 @@ impl<K: Connector> Pool<K> {
             return;
         }
         while !self.is_paused()
-            && let Some(w) = Self::next_waiter(&mut g.waiters, conn.home())
+            && let Some(w) = g.waiters.pop_front()
         {
             match w.tx.send(Handoff::Conn(conn)) {
                 Ok(()) => return,
@@ -460,22 +448,6 @@ impl<K: Connector> Pool<K> {
             }
         }
         g.idle.push(conn);
-    }
-
-    /// The waiter a returned connection goes to: the first one waiting on the connection's
-    /// own thread among the first `HOME_WINDOW` (its socket's events then stay on that
-    /// thread), else the first. A waiter is passed over at most `MAX_PASSED_OVER` times.
-    fn next_waiter(waiters: &mut VecDeque<Waiter<K>>, home: u16) -> Option<Waiter<K>> {
-        let front_waited_enough = waiters.front()?.passed_over >= MAX_PASSED_OVER;
-        let i = if front_waited_enough {
-            0
-        } else {
-            waiters.iter().take(HOME_WINDOW).position(|w| w.home == home).unwrap_or(0)
-        };
-        for w in waiters.iter_mut().take(i) {
-            w.passed_over = w.passed_over.saturating_add(1);
-        }
-        waiters.remove(i)
     }
 
     /// Closes idle connections past server_idle_timeout or lifetime. Called periodically.

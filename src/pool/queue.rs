@@ -47,10 +47,6 @@ pub(super) struct Waiter<K: Connector> {
     pub(super) since: Instant,
     /// A client's checkout (`checkout`), which can take a ticket on a shared connection.
     pub(super) takes_ticket: bool,
-    /// The worker thread it waits on (`home::here`).
-    pub(super) home: u16,
-    /// How many later waiters were handed a connection before it (`Pool::next_waiter`).
-    pub(super) passed_over: u8,
 }
 
 impl<K: Connector> std::fmt::Debug for Waiter<K> {

@@ -220,43 +220,6 @@ async fn a_checkout_prefers_a_connection_of_its_own_thread() {
     super::home::enter(0);
 }
 
-/// A returned connection goes to a queued client of its own thread before an earlier one
-/// of another thread, but no waiter is passed over more than twice.
-#[tokio::test]
-async fn a_returned_connection_prefers_a_waiter_of_its_thread_within_bounds() {
-    // The hand-off is synchronous: whoever got the connection has it in its channel now.
-    fn handed(q: &mut Queued<Opener>) -> Option<Box<Dummy>> {
-        match q.0.try_recv() {
-            Ok(Handoff::Conn(c)) => Some(c),
-            _ => None,
-        }
-    }
-    let p = pool(1);
-    super::home::enter(1);
-    let mut c = p.acquire().await.unwrap();
-    super::home::enter(2);
-    let Checkout::Queued(mut other) = p.checkout() else { panic!("a full pool queues") };
-    super::home::enter(1);
-    let mut own: Vec<_> = (0..3)
-        .map(|_| match p.checkout() {
-            Checkout::Queued(q) => q,
-            _ => panic!("a full pool queues"),
-        })
-        .collect();
-    for (i, q) in own.iter_mut().take(2).enumerate() {
-        p.release(c, true);
-        assert!(handed(&mut other).is_none(), "round {i}: the other thread's waiter was served first");
-        c = handed(q).unwrap_or_else(|| panic!("round {i}: the waiter of the connection's thread got nothing"));
-    }
-    // Passed over twice: the other thread's waiter is next, ahead of the third.
-    p.release(c, true);
-    assert!(handed(&mut own[2]).is_none(), "a waiter was passed over a third time");
-    let c = handed(&mut other).expect("the waiter passed over twice is served");
-    p.release(c, true);
-    assert!(handed(&mut own[2]).is_some());
-    super::home::enter(0);
-}
-
 /// `autoprepare` per database and per user: the user's key, then the database's, then the
 /// global one decide the pool's statement cache.
 #[test]

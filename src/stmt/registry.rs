@@ -85,6 +85,9 @@ pub struct Statement {
     /// Its registry key and parameter types, to make a new generation.
     key: Box<[u8]>,
     types: Box<[u8]>,
+    /// The shape epoch when it was made: a server infers the types of parameters a Parse
+    /// leaves unspecified from the schema of that moment (`infers_stale_types`).
+    born_epoch: u64,
 }
 
 /// Statements are the same when they are the same server statement.
@@ -135,7 +138,20 @@ impl Statement {
             runs: Default::default(),
             key: key.into(),
             types: types.into(),
+            born_epoch: super::epoch::current(),
         }
+    }
+
+    /// A client's fresh Parse must not be answered by it: some parameter type was left to
+    /// the server to infer (none given, or 0), and the schema may have changed since it was
+    /// made. PostgreSQL keeps a statement's inferred types through later DDL (it re-plans,
+    /// but does not re-infer), so a statement parsed before `DROP TABLE t; CREATE TABLE t`
+    /// with other column types would take the old types where a fresh Parse gets the new.
+    pub(crate) fn infers_stale_types(&self) -> bool {
+        let inferred = self.kind == StmtKind::Protocol
+            && self.query.contains(&b'$')
+            && (self.types.is_empty() || self.types.chunks(4).any(|t| t == [0, 0, 0, 0]));
+        inferred && self.born_epoch != super::epoch::current()
     }
 
     /// Its description, if a server confirmed it since the last possible schema change
@@ -241,6 +257,19 @@ impl Registry {
         let s = Arc::new(Statement::new(key, kind, query, types));
         g.map.insert(key.into(), s.clone());
         s
+    }
+
+    /// The statement that answers a client's Parse of `key`: as `get_or_insert`, but a new
+    /// generation when the known one's inferred parameter types may be out of date
+    /// (`Statement::infers_stale_types`). Clients holding the old one keep it.
+    pub(crate) fn for_parse(&self, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Arc<Statement> {
+        {
+            let mut g = self.lock();
+            if g.map.get(key).is_some_and(|s| s.infers_stale_types()) {
+                g.map.remove(key);
+            }
+        }
+        self.get_or_insert(key, kind, query, types)
     }
 
     /// The current generation of `s`'s key (a new statement if `s` went stale).

@@ -68,7 +68,7 @@ impl Session {
                 }
             }
         } else {
-            Some(registry.get_or_insert(&key, StmtKind::Protocol, p.query, p.param_types))
+            Some(registry.for_parse(&key, StmtKind::Protocol, p.query, p.param_types))
         };
         self.stmts.key_buf = key;
         if srv.is_none() && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx) {
@@ -101,7 +101,9 @@ impl Session {
     fn lookup_unnamed(&self, key: &[u8], registry: &Registry, p: &ParseFields<'_>, linked: bool) -> Lookup {
         let idle = self.tx.status == TxStatus::Idle && !self.earlier_batch_in_flight();
         match &self.stmts.unnamed {
-            Unnamed::Cached(s) if s.has_key(key) && !s.stale.load(Ordering::Relaxed) && idle => {
+            Unnamed::Cached(s)
+                if s.has_key(key) && !s.stale.load(Ordering::Relaxed) && !s.infers_stale_types() && idle =>
+            {
                 return Lookup::Cached(s.clone());
             }
             _ => {}
@@ -120,7 +122,7 @@ impl Session {
             registry.cfg.promote_unnamed_after
         };
         if idle && registry.see_unnamed_after(key, after) {
-            return Lookup::Cached(registry.get_or_insert(key, StmtKind::Protocol, p.query, p.param_types));
+            return Lookup::Cached(registry.for_parse(key, StmtKind::Protocol, p.query, p.param_types));
         }
         Lookup::Plain
     }
