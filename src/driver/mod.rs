@@ -16,6 +16,7 @@ pub(crate) mod peers;
 pub(crate) mod pipe;
 mod proxy;
 pub mod reload;
+pub(crate) mod server_auth;
 pub mod server_conn;
 pub mod servers;
 pub(crate) mod shards;

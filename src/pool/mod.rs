@@ -12,6 +12,7 @@
 //! Must not know about sockets, client sessions or protocol state beyond "reusable or not".
 
 mod conn;
+mod defaults;
 pub mod home;
 pub(crate) mod hosts;
 mod key;
@@ -21,13 +22,14 @@ mod stats;
 mod tests;
 
 pub(crate) use conn::{Connecting, Connector, Pooled};
+pub(crate) use defaults::ServerDefaults;
 pub use key::{PoolKey, PoolPurpose};
 pub(crate) use queue::{Checkout, Lease, Queued};
 pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKETS};
 
 use crate::config::{Config, PoolMode};
 use crate::error::{Error, SqlState};
-use crate::state::settings::{Settings, TRACKED};
+use crate::state::settings::Settings;
 use arc_swap::ArcSwap;
 use queue::{Handoff, Waiter};
 use std::collections::VecDeque;
@@ -35,15 +37,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
-
-/// What a new client is told about the server at login, learnt from the first connection.
-#[derive(Debug)]
-pub(crate) struct ServerDefaults {
-    /// Every ParameterStatus the server sent at startup.
-    pub(crate) params: Vec<(String, String)>,
-    /// The tracked subset, as session settings.
-    pub(crate) settings: Settings,
-}
 
 struct Inner<K: Connector> {
     // Boxed so a checkout moves a pointer, and a client holding one stays small.
@@ -134,46 +127,6 @@ impl<K: Connector> Pool<K> {
     /// Who opens this pool's connections.
     pub(crate) fn connector(&self) -> &K {
         &self.connector
-    }
-
-    /// The server's startup parameters, connecting once if none is known yet.
-    pub(crate) async fn defaults(&self) -> Result<Arc<ServerDefaults>, Error> {
-        if let Some(d) = self.defaults.get() {
-            return Ok(d.clone());
-        }
-        let conn = self.acquire().await?;
-        let d = self.learn_defaults(&conn);
-        self.release_now(conn, true);
-        Ok(d)
-    }
-
-    fn learn_defaults(&self, conn: &K::Conn) -> Arc<ServerDefaults> {
-        self.defaults
-            .get_or_init(|| {
-                let mut settings = Settings::default();
-                for name in TRACKED {
-                    settings.set_reported(name, conn.settings().reported(name).unwrap_or(""));
-                }
-                Arc::new(ServerDefaults { params: conn.startup_params().to_vec(), settings })
-            })
-            .clone()
-    }
-
-    /// One shared copy of `s` for every client of this pool with the same settings, so an
-    /// idle client costs a pointer, not a copy.
-    pub(crate) fn intern_settings(&self, s: Settings) -> Arc<Settings> {
-        let mut map = self.settings.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(shared) = map.get(&s.key()).and_then(std::sync::Weak::upgrade)
-            && *shared == s
-        {
-            return shared;
-        }
-        if map.len() >= 1024 {
-            map.retain(|_, w| w.strong_count() > 0);
-        }
-        let a = Arc::new(s);
-        map.insert(a.key(), Arc::downgrade(&a));
-        a
     }
 
     /// An idle, healthy connection from the idle list (closing the ones that are not),
