@@ -42,8 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throwaway import (  # noqa: E402
-    CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, free_port, log, parsnip_env, parsnip_release,
-    service_user, stop_process, wait_listening,
+    CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, log, parsnip_release, service_user, start_parsnip,
+    stop_process,
 )
 
 KNOWN = REPO / "scripts" / "pdo_suite_known.txt"
@@ -120,22 +120,6 @@ def first_difference(out: Path, mode_a: str, mode_b: str, test: str) -> str | No
     return None
 
 
-def start_parsnip(binary: Path, pg: Postgres, db: str, mode: str, work: Path, log_level: str):
-    port = free_port()
-    cfg = work / f"parsnip-{mode}.toml"
-    pool_mode, _, extra = mode.partition("-")
-    more = 'autoprepare = true\nautoprepare_after = 1\n' if extra == "autoprepare" else ""
-    cfg.write_text(f'pool_mode = "{pool_mode}"\npool_size = 20\nauth_type = "trust"\nmax_client_conn = 500\n'
-                   f'log_level = "{log_level}"\nunix_socket_dir = ""\n' + more)
-    logf = open(work / f"parsnip-{mode}.log", "ab")
-    proc = subprocess.Popen([str(binary), f"postgres://postgres@127.0.0.1:{pg.port}/{db}", "--listen",
-                             f"127.0.0.1:{port}", "-c", str(cfg)], stdout=logf, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, env=parsnip_env())
-    logf.close()
-    wait_listening(port, proc)
-    return proc, port
-
-
 def console(pg: Postgres, port: int, command: str) -> list[dict[str, str]]:
     """A SHOW command on parsnip's admin console (database `parsnip`), rows as dicts."""
     r = subprocess.run([pg.bin("psql"), "-X", "--csv", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
@@ -188,7 +172,7 @@ def main() -> int:
                 run_suite(a.php, src, f"pgsql:host=127.0.0.1 port={pg.port} dbname={db} user=postgres", attr,
                           a.out, mode, a.tests)
             else:
-                proc, port = start_parsnip(binary, pg, db, mode, a.out, a.log_level)
+                proc, port = start_parsnip(binary, pg.port, db, mode, a.out, pool_size=20, max_client_conn=500, log_level=a.log_level)
                 try:
                     run_suite(a.php, src, f"pgsql:host=127.0.0.1 port={port} dbname={db} user=postgres", attr,
                               a.out, mode, a.tests)

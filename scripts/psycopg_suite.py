@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throwaway import (  # noqa: E402
-    CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, free_port, log, parsnip_env, parsnip_release,
-    service_user, stop_process, wait_listening,
+    CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, log, parsnip_env, parsnip_release, service_user,
+    start_parsnip, stop_process,
 )
 
 KNOWN = REPO / "scripts" / "psycopg_suite_known.txt"
@@ -77,25 +77,6 @@ def outcomes(xml: Path) -> dict[str, str]:
     return out
 
 
-def start_parsnip(binary: Path, pg: Postgres, db: str, mode: str, work: Path):
-    port = free_port()
-    cfg = work / f"parsnip-{mode}.toml"
-    pool_mode, _, extra = mode.partition("-")
-    # "transaction-autoprepare": transaction pooling with every simple-protocol data
-    # statement autoprepared from its first sighting (psycopg's ClientCursor and its
-    # literal queries exercise it).
-    more = 'autoprepare = true\nautoprepare_after = 1\n' if extra == "autoprepare" else ""
-    cfg.write_text(f'pool_mode = "{pool_mode}"\npool_size = 60\nauth_type = "trust"\nmax_client_conn = 2000\n'
-                   f'log_level = "warn"\nunix_socket_dir = ""\n' + more)
-    logf = open(work / f"parsnip-{mode}.log", "ab")
-    proc = subprocess.Popen([str(binary), f"postgres://postgres@127.0.0.1:{pg.port}/{db}", "--listen",
-                             f"127.0.0.1:{port}", "-c", str(cfg)], stdout=logf, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, env=parsnip_env())
-    logf.close()
-    wait_listening(port, proc)
-    return proc, port
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", required=True, type=Path)
@@ -132,7 +113,7 @@ def main() -> int:
             if mode == "direct":
                 run_suite(py, a.src, f"host=127.0.0.1 port={pg.port} user=postgres dbname={db}", xml, a.k, a.marks)
             else:
-                proc, port = start_parsnip(binary, pg, db, mode, a.out)
+                proc, port = start_parsnip(binary, pg.port, db, mode, a.out, pool_size=60, max_client_conn=2000)
                 try:
                     run_suite(py, a.src, f"host=127.0.0.1 port={port} user=postgres dbname={db}", xml, a.k, a.marks)
                 finally:

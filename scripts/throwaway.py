@@ -346,6 +346,27 @@ def parsnip_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
 
 
+def start_parsnip(binary: Path, pg_port: int, db: str, mode: str, work: Path, *, pool_size: int,
+                  max_client_conn: int, log_level: str = "warn") -> tuple[subprocess.Popen, int]:
+    """A parsnip (trust auth, TCP only) in front of database `db` of the PostgreSQL on `pg_port`,
+    for the client suites. `mode` is a pool mode, or `transaction-autoprepare`: transaction
+    pooling with every simple-protocol data statement autoprepared from its first sighting.
+    Config and log go to `work`. Returns the process and its port."""
+    port = free_port()
+    cfg = work / f"parsnip-{mode}.toml"
+    pool_mode, _, extra = mode.partition("-")
+    more = "autoprepare = true\nautoprepare_after = 1\n" if extra == "autoprepare" else ""
+    cfg.write_text(f'pool_mode = "{pool_mode}"\npool_size = {pool_size}\nauth_type = "trust"\n'
+                   f'max_client_conn = {max_client_conn}\nlog_level = "{log_level}"\nunix_socket_dir = ""\n' + more)
+    logf = open(work / f"parsnip-{mode}.log", "ab")
+    proc = subprocess.Popen([str(binary), f"postgres://postgres@127.0.0.1:{pg_port}/{db}", "--listen",
+                             f"127.0.0.1:{port}", "-c", str(cfg)], stdout=logf, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=parsnip_env())
+    logf.close()
+    wait_listening(port, proc)
+    return proc, port
+
+
 if __name__ == "__main__":
     # `python3 scripts/throwaway.py bindir`: the directory the harnesses would use.
     if sys.argv[1:] == ["bindir"]:

@@ -42,20 +42,25 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.expect("blocking task")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn target_session_attrs_route_to_the_primary_or_the_standby() {
-    if direct_mode() {
-        return;
-    }
+/// A primary with table `t (id int PRIMARY KEY, note text NOT NULL)` and one standby
+/// streaming from it.
+async fn primary_with_table_and_standby() -> (std::sync::Arc<parsnip::embedded::Cluster>, std::sync::Arc<Standby>) {
     let primary = blocking(start_primary).await;
     primary
         .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
         .unwrap_or_else(|e| panic!("{e}"));
     let primary = std::sync::Arc::new(primary);
-    let standby = {
-        let p = primary.clone();
-        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
-    };
+    let p = primary.clone();
+    let standby = std::sync::Arc::new(blocking(move || Standby::start(&p)).await);
+    (primary, standby)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_session_attrs_route_to_the_primary_or_the_standby() {
+    if direct_mode() {
+        return;
+    }
+    let (primary, standby) = primary_with_table_and_standby().await;
     let (pp, sp, dead) = (primary.port(), standby.port(), free_port());
     let p = Parsnip::with_config(&config(&[
         db("rw", &[sp, pp], "read-write"),
@@ -170,15 +175,7 @@ async fn read_write_database_follows_a_promoted_standby() {
     if direct_mode() {
         return;
     }
-    let primary = blocking(start_primary).await;
-    primary
-        .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let primary = std::sync::Arc::new(primary);
-    let standby = {
-        let p = primary.clone();
-        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
-    };
+    let (primary, standby) = primary_with_table_and_standby().await;
     let (pp, sp) = (primary.port(), standby.port());
     let p = Parsnip::with_config(&config(&[db("rw", &[sp, pp], "read-write")]));
     bounded(120, "failover", async {
@@ -265,15 +262,7 @@ async fn read_write_split_reads_from_a_fresh_standby_and_writes_on_the_primary()
     if direct_mode() {
         return;
     }
-    let primary = blocking(start_primary).await;
-    primary
-        .psql("postgres", "CREATE TABLE t (id int PRIMARY KEY, note text NOT NULL)")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let primary = std::sync::Arc::new(primary);
-    let standby = {
-        let p = primary.clone();
-        std::sync::Arc::new(blocking(move || Standby::start(&p)).await)
-    };
+    let (primary, standby) = primary_with_table_and_standby().await;
     let (pp, sp) = (primary.port(), standby.port());
     let split = format!(
         "{}read_write_split = true\nmax_replica_lag_ms = 300\nread_your_writes_ms = 500\n",
