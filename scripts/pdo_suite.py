@@ -42,8 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throwaway import (  # noqa: E402
-    CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, log, parsnip_release, service_user, start_parsnip,
-    stop_process,
+    CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, log, parsnip_release, read_known, report_worse,
+    service_user, start_parsnip, stop_process,
 )
 
 KNOWN = REPO / "scripts" / "pdo_suite_known.txt"
@@ -185,12 +185,7 @@ def main() -> int:
         return 2
     finally:
         CLEANUPS.run()
-    known = {}
-    if KNOWN.exists():
-        for line in KNOWN.read_text().splitlines():
-            if line.strip() and not line.startswith("#"):
-                mode, test, reason = (line.split("\t") + ["", ""])[:3]
-                known[(mode, test)] = reason
+    known = read_known(KNOWN)
     print(f"pdo-suite: PHP {version}, {pg.version}, "
           f"{'native prepares' if a.native_prepares else 'emulated prepares (PDO_PGSQL_TEST_ATTR)'}")
     status = 0
@@ -204,17 +199,7 @@ def main() -> int:
         if mode == "direct" or "direct" not in results:
             continue
         worse = sorted(t for t, v in res.items() if v not in ("PASSED", "SKIPPED") and results["direct"].get(t) == "PASSED")
-        # A variant of a mode ("transaction-autoprepare") shares its mode's known failures.
-        base = mode.partition("-")[0]
-        for t in worse:
-            if (mode, t) not in known and (base, t) in known:
-                known[(mode, t)] = known[(base, t)]
-        unknown = [t for t in worse if (mode, t) not in known]
-        print(f"pdo-suite {mode}: {len(worse)} pass directly and fail through parsnip "
-              f"({len(worse) - len(unknown)} listed in {KNOWN.name}, {len(unknown)} not)")
-        for t in worse:
-            print(f"  {'known' if (mode, t) in known else 'NEW  '} {t}  {known.get((mode, t), '')}")
-        if unknown:
+        if report_worse("pdo-suite", mode, worse, known, KNOWN.name):
             status = 1
         # A test failing both ways (e.g. one whose expectations assume native prepares) still
         # says something: its output through parsnip should be the output it gave directly.

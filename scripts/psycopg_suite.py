@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throwaway import (  # noqa: E402
     CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, log, parsnip_env, parsnip_release, service_user,
-    start_parsnip, stop_process,
+    read_known, report_worse, start_parsnip, stop_process,
 )
 
 KNOWN = REPO / "scripts" / "psycopg_suite_known.txt"
@@ -124,12 +124,7 @@ def main() -> int:
         return 2
     finally:
         CLEANUPS.run()
-    known = {}
-    if KNOWN.exists():
-        for line in KNOWN.read_text().splitlines():
-            if line.strip() and not line.startswith("#"):
-                mode, tid, reason = (line.split("\t") + ["", ""])[:3]
-                known[(mode, tid)] = reason
+    known = read_known(KNOWN)
     status = 0
     for mode, res in results.items():
         counts = {k: sum(1 for v in res.values() if v == k) for k in ("passed", "failed", "skipped")}
@@ -137,17 +132,7 @@ def main() -> int:
         if mode == "direct" or "direct" not in results:
             continue
         worse = sorted(t for t, v in res.items() if v == "failed" and results["direct"].get(t) == "passed")
-        # A variant of a mode ("transaction-autoprepare") shares its mode's known failures.
-        base = mode.partition("-")[0]
-        for t in worse:
-            if (mode, t) not in known and (base, t) in known:
-                known[(mode, t)] = known[(base, t)]
-        unknown = [t for t in worse if (mode, t) not in known]
-        print(f"psycopg-suite {mode}: {len(worse)} pass directly and fail through parsnip "
-              f"({len(worse) - len(unknown)} listed in {KNOWN.name}, {len(unknown)} not)")
-        for t in worse:
-            print(f"  {'known' if (mode, t) in known else 'NEW  '} {t}  {known.get((mode, t), '')}")
-        if unknown:
+        if report_worse("psycopg-suite", mode, worse, known, KNOWN.name):
             status = 1
     return status
 

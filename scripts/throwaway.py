@@ -346,6 +346,32 @@ def parsnip_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
 
 
+def read_known(path: Path) -> dict[tuple[str, str], str]:
+    """A client suite's known failures through parsnip: lines `mode<TAB>test<TAB>reason`
+    ('#' starts a comment line)."""
+    known = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                mode, test, reason = (line.split("\t") + ["", ""])[:3]
+                known[(mode, test)] = reason
+    return known
+
+
+def report_worse(suite: str, mode: str, worse: list[str], known: dict[tuple[str, str], str], listed_in: str) -> bool:
+    """Prints the tests of `mode` that pass directly and fail through parsnip, each marked
+    known (with its reason) or NEW; a mode's variant ("transaction-autoprepare") shares its
+    mode's known failures. True when one is not known."""
+    base = mode.partition("-")[0]
+    reason = {t: known.get((mode, t), known.get((base, t))) for t in worse}
+    unknown = [t for t in worse if reason[t] is None]
+    print(f"{suite} {mode}: {len(worse)} pass directly and fail through parsnip "
+          f"({len(worse) - len(unknown)} listed in {listed_in}, {len(unknown)} not)")
+    for t in worse:
+        print(f"  {'NEW  ' if reason[t] is None else 'known'} {t}  {reason[t] or ''}")
+    return bool(unknown)
+
+
 def start_parsnip(binary: Path, pg_port: int, db: str, mode: str, work: Path, *, pool_size: int,
                   max_client_conn: int, log_level: str = "warn") -> tuple[subprocess.Popen, int]:
     """A parsnip (trust auth, TCP only) in front of database `db` of the PostgreSQL on `pg_port`,
