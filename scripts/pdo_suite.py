@@ -37,13 +37,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throwaway import (  # noqa: E402
-    CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, log, parsnip_release, read_known, report_worse,
-    service_user, start_parsnip, stop_process,
+    CLEANUPS, REPO, HarnessError, Postgres, log, parsnip_release, read_known, report_worse, start_parsnip,
+    started_cluster, stop_process,
 )
 
 KNOWN = REPO / "scripts" / "pdo_suite_known.txt"
@@ -156,14 +155,7 @@ def main() -> int:
         attr = None if a.native_prepares else emulate_attr(a.php)
         log(f"PHP {version}; PDO_PGSQL_TEST_ATTR={attr or '(unset)'}")
         binary = None if modes == ["direct"] else parsnip_release(build=not a.no_build)
-        # The cluster's directory belongs to the user initdb runs as (not root).
-        tmp = Path(tempfile.mkdtemp(prefix="parsnip-pdo-"))
-        CLEANUPS.push(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        user = service_user()
-        if user:
-            os.chown(tmp, user.pw_uid, user.pw_gid)
-        pg = Postgres(find_pg_bindir(a.pg_bin), tmp, user, label="pdo suite")
-        pg.start()
+        pg = started_cluster(a.pg_bin, "pdo suite")
         results = {}
         for mode in modes:
             db = f"pdo_test_{mode.replace('-', '_')}"

@@ -18,18 +18,15 @@ docs/psycopg-suite.md.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import subprocess
-import tempfile
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throwaway import (  # noqa: E402
-    CLEANUPS, REPO, HarnessError, Postgres, find_pg_bindir, log, parsnip_env, parsnip_release, service_user,
-    read_known, report_worse, start_parsnip, stop_process,
+    CLEANUPS, REPO, HarnessError, log, parsnip_env, parsnip_release, read_known, report_worse, start_parsnip,
+    started_cluster, stop_process,
 )
 
 KNOWN = REPO / "scripts" / "psycopg_suite_known.txt"
@@ -96,15 +93,7 @@ def main() -> int:
     try:
         py = venv(a.src.resolve())
         binary = None if modes == ["direct"] else parsnip_release(build=not a.no_build)
-        # The cluster's directory belongs to the user initdb runs as (not root).
-        tmp = Path(tempfile.mkdtemp(prefix="parsnip-psycopg-"))
-        CLEANUPS.push(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        user = service_user()
-        if user:
-            os.chown(tmp, user.pw_uid, user.pw_gid)
-        pg = Postgres(find_pg_bindir(a.pg_bin), tmp, user, label="psycopg suite",
-                      settings={"max_connections": "300", "max_prepared_transactions": "10"})
-        pg.start()
+        pg = started_cluster(a.pg_bin, "psycopg suite", {"max_connections": "300", "max_prepared_transactions": "10"})
         results = {}
         for mode in modes:
             db = f"psycopg_test_{mode.replace('-', '_')}"

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -344,6 +345,19 @@ def parsnip_release(build: bool = True) -> Path:
 def parsnip_env() -> dict[str, str]:
     """The environment for a parsnip child: ours without RUST_LOG (its config sets the level)."""
     return {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+
+
+def started_cluster(pg_bin: str | None, label: str, settings: dict[str, str] | None = None) -> "Postgres":
+    """A throwaway PostgreSQL, started, in a temporary directory removed at exit (owned by the
+    user initdb runs as, not root): the client suites' server."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"parsnip-{label.split()[0]}-"))
+    CLEANUPS.push(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    user = service_user()
+    if user:
+        os.chown(tmp, user.pw_uid, user.pw_gid)
+    pg = Postgres(find_pg_bindir(pg_bin), tmp, user, label=label, settings=settings)
+    pg.start()
+    return pg
 
 
 def read_known(path: Path) -> dict[tuple[str, str], str]:
