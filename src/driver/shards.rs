@@ -1,10 +1,11 @@
 //! Thread per core: the event-loop threads clients run on. Each is a single-threaded tokio
 //! runtime of its own; the accept loop hands every new client to the thread with the
 //! fewest clients, and the client's server connections are opened on (and preferred by,
-//! `pool::home`) that same thread. A client, the server connection serving it and every
-//! wake-up between them then stay on one core: no task moves between threads, no futex
-//! between a reader and the task it wakes (what a work-stealing runtime pays on every
-//! transaction, measured in docs/benchmarks.md "Thread per core").
+//! `pool::home`) that same thread; a connection taken by a client of another thread moves
+//! to it (`Stream::rehome`). A client, the server connection serving it and every wake-up
+//! between them then stay on one core: no task moves between threads, as one does on a
+//! work-stealing runtime when another worker polled its event (docs/benchmarks.md "Thread
+//! per core, and the hop's floor" compares the two).
 //!
 //! Owns the threads and the per-thread client counts; knows nothing of the protocol. What is
 //! shared between threads (pools, cancel keys, the console's state) lives in `Shared` behind
