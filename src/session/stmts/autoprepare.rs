@@ -1,16 +1,15 @@
 //! Autoprepare: a simple Query holding one data statement, outside a transaction block or
-//! inside one that has not failed, runs as a cached statement. Its numeric literals are lifted into typed parameters
-//! (`stmt::lift`), and the Query becomes the extended-protocol batch a driver would send
-//! for it (Parse of the lifted text, Bind of the literals as text, Describe of the portal,
-//! Execute, Sync), fed through the session like the client's own frames: the unnamed
-//! statement's promotion (counted by `autoprepare_after`) caches it, the shape guard and
-//! the transparent retry after a stale plan apply as they do to any unnamed statement
-//! (inside a transaction block, under the savepoint guard of a statement the cache
-//! answered).
+//! inside one that has not failed, runs as a cached statement. Its numeric literals are
+//! lifted into typed parameters (`stmt::lift`), and the Query becomes the extended-protocol
+//! batch a driver would send for it (Parse of the lifted text, Bind of the literals as
+//! text, Describe of the portal, Execute, Sync), fed through the session like the client's
+//! own frames: the unnamed statement's promotion (counted by `autoprepare_after`) caches
+//! it, the shape guard and the transparent retry after a stale plan apply as they do to any
+//! unnamed statement (inside a transaction block, under the savepoint guard of a statement
+//! the cache answered).
 //! The client sees the replies of its simple Query: the batch's ParseComplete,
 //! BindComplete and NoData are dropped (`Pending::simple`), error positions are mapped
 //! back to its text, and the unnamed statement the batch used is not the client's.
-
 use crate::protocol::frontend;
 use crate::session::Session;
 use crate::state::TxStatus;
