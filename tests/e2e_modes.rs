@@ -221,6 +221,38 @@ async fn cancel_reaches_the_right_server() {
     .await;
 }
 
+/// Issue 14: a query autoprepared from a simple Query (its literals lifted: the server runs
+/// `select $1 from pg_sleep($2)`) is cancelled like any other, and its client goes on, its
+/// next autoprepared queries answered as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autoprepared_query_is_cancelled_like_any_other() {
+    const DB: &str = "cancelautoprepdb";
+    let p = trust_db(DB, "", "pool_size = 2\nautoprepare = true\nautoprepare_after = 1");
+    bounded(60, "an_autoprepared_query_is_cancelled_like_any_other", async {
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let token = a.cancel_token();
+        let sleeper = tokio::spawn(async move {
+            let r = a.simple_query("select 1 from pg_sleep(30)").await;
+            (r.map(|_| ()), a)
+        });
+        wait_query_active("select $1 from pg_sleep($2)", Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("the lifted query never ran: {e}\n{}", p.log_tail()));
+        let t0 = Instant::now();
+        token.cancel_query(NoTls).await.unwrap_or_else(|e| panic!("cancel_query: {e}\n{}", p.log_tail()));
+        let (r, a) = within(Duration::from_secs(10), sleeper)
+            .await
+            .unwrap_or_else(|e| panic!("the query was not cancelled: {e}\n{}", p.log_tail()))
+            .unwrap();
+        let e = expect_code(r, "57014", "cancelled autoprepared query");
+        assert_eq!(e.message(), "canceling statement due to user request");
+        assert!(t0.elapsed() < Duration::from_secs(5), "cancel took {:?}", t0.elapsed());
+        assert_eq!(a.scalar("select 41 + 1").await.unwrap(), "42");
+        assert_eq!(a.scalar("select 1 from pg_sleep(0)").await.unwrap(), "1");
+    })
+    .await;
+}
+
 /// A cancel for a query still waiting for a server connection cancels it (57014), as
 /// PostgreSQL cancels a query that is running; the client goes on working.
 #[tokio::test]
