@@ -230,31 +230,10 @@ fn tokens(sql: &[u8], escapes_everywhere: bool) -> Option<Vec<(Tok, Range<usize>
                 && out.last().is_some_and(|(t, r): &(Tok, Range<usize>)| {
                     *t == Tok::Word && r.end == i && r.len() == 1 && sql[r.start].eq_ignore_ascii_case(&b'e')
                 });
-            let escapes = c == b'\'' && e_string;
-            i += 1;
-            loop {
-                if i >= n {
-                    return None;
-                }
-                if sql[i] == b'\\' {
-                    if escapes {
-                        i += 2;
-                        continue;
-                    }
-                    if escapes_everywhere && c == b'\'' {
-                        // A plain string whose backslashes are escapes here: not worth the risk.
-                        return None;
-                    }
-                }
-                if sql[i] == c {
-                    if sql.get(i + 1) == Some(&c) {
-                        i += 2;
-                        continue;
-                    }
-                    i += 1;
-                    break;
-                }
-                i += 1;
+            i = super::sql::quoted_end(sql, start, e_string)?;
+            if escapes_everywhere && c == b'\'' && !e_string && sql[start..i].contains(&b'\\') {
+                // A plain string whose backslashes are escapes here: not worth the risk.
+                return None;
             }
             if e_string || matches!(out.last(), Some((Tok::Word, r)) if r.end == start) {
                 // The prefix (E, B, X, U&, N) belongs to the literal.

@@ -247,22 +247,7 @@ pub(crate) fn split(sql: &[u8]) -> Vec<Range<usize>> {
                     && i > 0
                     && sql[i - 1].eq_ignore_ascii_case(&b'e')
                     && (i < 2 || !is_word_byte(sql[i - 2]));
-                i += 1;
-                while i < n {
-                    if escapes && sql[i] == b'\\' {
-                        i += 2;
-                        continue;
-                    }
-                    if sql[i] == q {
-                        if i + 1 < n && sql[i + 1] == q {
-                            i += 2;
-                            continue;
-                        }
-                        break;
-                    }
-                    i += 1;
-                }
-                i += 1;
+                i = quoted_end(sql, i, escapes).unwrap_or(n);
             }
             b'-' if i + 1 < n && sql[i + 1] == b'-' => {
                 while i < n && sql[i] != b'\n' {
@@ -337,19 +322,7 @@ pub(crate) fn words(stmt: &[u8]) -> impl Iterator<Item = &[u8]> {
         let start = i;
         let c = stmt[i];
         if c == b'"' || c == b'\'' {
-            // Up to the closing quote; a doubled quote stands for one.
-            i += 1;
-            while i < end {
-                if stmt[i] == c {
-                    if stmt.get(i + 1) == Some(&c) {
-                        i += 2;
-                        continue;
-                    }
-                    i += 1;
-                    break;
-                }
-                i += 1;
-            }
+            i = quoted_end(stmt, i, false).unwrap_or(end);
         } else if is_word_byte(c) {
             while i < end && is_word_byte(stmt[i]) {
                 i += 1;
@@ -359,6 +332,29 @@ pub(crate) fn words(stmt: &[u8]) -> impl Iterator<Item = &[u8]> {
         }
         Some(&stmt[start..i])
     })
+}
+
+/// Just past the quote that closes the quoted string or identifier opening at `open` (its
+/// quote character, `'` or `"`): a doubled quote stands for one, and with `escapes` (an
+/// `E'…'` string) a backslash escapes the byte after it. None: no closing quote.
+pub(crate) fn quoted_end(sql: &[u8], open: usize, escapes: bool) -> Option<usize> {
+    let q = sql[open];
+    let mut i = open + 1;
+    while i < sql.len() {
+        if escapes && sql[i] == b'\\' {
+            i += 2;
+            continue;
+        }
+        if sql[i] == q {
+            if sql.get(i + 1) == Some(&q) {
+                i += 2;
+                continue;
+            }
+            return Some(i + 1);
+        }
+        i += 1;
+    }
+    None
 }
 
 fn is_word_byte(c: u8) -> bool {
