@@ -23,32 +23,34 @@ fn read_some<S: Readable>(s: &S, buf: &mut [u8]) -> io::Result<usize> {
     got.map_or(r, Ok)
 }
 
+/// A socket the relay reads from: TCP or unix, the same calls.
 trait Readable {
     fn try_io_read(&self, f: &mut dyn FnMut() -> io::Result<usize>) -> io::Result<usize>;
     fn raw_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    async fn ready_to_read(&self) -> io::Result<()>;
 }
 
-impl Readable for TcpStream {
-    fn try_io_read(&self, f: &mut dyn FnMut() -> io::Result<usize>) -> io::Result<usize> {
-        self.try_io(Interest::READABLE, f)
-    }
-    fn raw_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.try_read(buf)
-    }
+macro_rules! readable {
+    ($t:ty) => {
+        impl Readable for $t {
+            fn try_io_read(&self, f: &mut dyn FnMut() -> io::Result<usize>) -> io::Result<usize> {
+                self.try_io(Interest::READABLE, f)
+            }
+            fn raw_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+                self.try_read(buf)
+            }
+            async fn ready_to_read(&self) -> io::Result<()> {
+                self.readable().await
+            }
+        }
+    };
 }
-
-impl Readable for UnixStream {
-    fn try_io_read(&self, f: &mut dyn FnMut() -> io::Result<usize>) -> io::Result<usize> {
-        self.try_io(Interest::READABLE, f)
-    }
-    fn raw_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.try_read(buf)
-    }
-}
+readable!(TcpStream);
+readable!(UnixStream);
 
 async fn relay<U>(mut client: TcpStream, mut up: U) -> io::Result<()>
 where
-    U: Readable + AsyncWriteExt + Unpin + Ready,
+    U: Readable + AsyncWriteExt + Unpin,
 {
     let (mut a, mut b) = (vec![0u8; 16384], vec![0u8; 16384]);
     loop {
@@ -72,22 +74,6 @@ where
                 }
             }
         }
-    }
-}
-
-trait Ready {
-    async fn ready_to_read(&self) -> io::Result<()>;
-}
-
-impl Ready for TcpStream {
-    async fn ready_to_read(&self) -> io::Result<()> {
-        self.readable().await
-    }
-}
-
-impl Ready for UnixStream {
-    async fn ready_to_read(&self) -> io::Result<()> {
-        self.readable().await
     }
 }
 
