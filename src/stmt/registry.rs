@@ -245,9 +245,21 @@ impl Registry {
 
     /// The statement for `key`, created if new (or if the known one went stale).
     pub(crate) fn get_or_insert(&self, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Arc<Statement> {
+        self.lookup(key, kind, query, types, false)
+    }
+
+    /// The statement that answers a client's Parse of `key`: as `get_or_insert`, but a new
+    /// generation when the known one's inferred parameter types may be out of date
+    /// (`Statement::infers_stale_types`). Clients holding the old one keep it.
+    pub(crate) fn for_parse(&self, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Arc<Statement> {
+        self.lookup(key, kind, query, types, true)
+    }
+
+    fn lookup(&self, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8], parse: bool) -> Arc<Statement> {
         let mut g = self.lock();
         if let Some(s) = g.map.get(key)
             && !s.stale.load(Ordering::Relaxed)
+            && !(parse && s.infers_stale_types())
         {
             return s.clone();
         }
@@ -257,19 +269,6 @@ impl Registry {
         let s = Arc::new(Statement::new(key, kind, query, types));
         g.map.insert(key.into(), s.clone());
         s
-    }
-
-    /// The statement that answers a client's Parse of `key`: as `get_or_insert`, but a new
-    /// generation when the known one's inferred parameter types may be out of date
-    /// (`Statement::infers_stale_types`). Clients holding the old one keep it.
-    pub(crate) fn for_parse(&self, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Arc<Statement> {
-        {
-            let mut g = self.lock();
-            if g.map.get(key).is_some_and(|s| s.infers_stale_types()) {
-                g.map.remove(key);
-            }
-        }
-        self.get_or_insert(key, kind, query, types)
     }
 
     /// The current generation of `s`'s key (a new statement if `s` went stale).
