@@ -13,9 +13,12 @@
 //! it), `stmts` (the client's prepared statements), `retry` (replaying a batch after a
 //! stale plan), `pipeline` (lending the server to other clients' fast reads),
 //! `reply_queue` (what each reply in flight is for), `settings` (recognizing SQL that
-//! changes settings), `timeout` (which idle timeout applies, and its error). `Session` holds each part's state in a field of its own.
+//! changes settings), `timeout` (which idle timeout applies, and its error), `park` (what an idle client
+//! keeps of its session while the busy half is lent to others). `Session` holds each part's state in a field of its own.
 
 mod client;
+mod park;
+pub use park::Parked;
 mod pipeline;
 pub(crate) use pipeline::Timed;
 pub(crate) mod reply_queue;
@@ -149,6 +152,10 @@ pub struct Session {
     retry: Retry,
     /// What the client has done, counted for the console and the metrics.
     tally: Tally,
+    /// A blank set of statements for the next client that parks with some (`park`).
+    spare_stmts: Option<Box<ClientStmts>>,
+    /// Scratch space for statement cache keys.
+    key_buf: Vec<u8>,
 }
 
 /// Counts of what one client has done since the driver last took them (`take_tally`, after
@@ -220,6 +227,8 @@ impl Session {
             stmts: ClientStmts::new(registry),
             retry: Retry::default(),
             tally: Tally::default(),
+            spare_stmts: None,
+            key_buf: Vec::new(),
         }
     }
 

@@ -78,6 +78,8 @@ struct H {
     log: Vec<Action>,
     /// As a driver with a read/write split: a plain read is linked to a standby.
     reads: bool,
+    /// Times the session was parked (`park`).
+    parks: u32,
 }
 
 impl H {
@@ -89,6 +91,7 @@ impl H {
             pending: vec![],
             log: vec![],
             reads: false,
+            parks: 0,
         }
     }
     fn cached() -> H {
@@ -142,9 +145,33 @@ impl H {
                 break;
             }
         }
+        self.park();
+    }
+    /// As the driver: a session at rest is parked, and unparked into a blank session another
+    /// one left (every conversation test runs across such swaps: nothing a client needs may
+    /// stay behind in the blank half, nothing of another client may come with it).
+    fn park(&mut self) {
+        thread_local! {
+            static BLANK: std::cell::RefCell<Option<Session>> = const { std::cell::RefCell::new(None) };
+        }
+        let Some(p) = self.s.park() else { return };
+        assert!(self.s.at_rest());
+        let blank = BLANK.with(|b| b.borrow_mut().take());
+        let old = match blank {
+            Some(mut b) => {
+                b.unpark(p);
+                std::mem::replace(&mut self.s, b)
+            }
+            None => std::mem::replace(&mut self.s, Session::unparked(p)),
+        };
+        BLANK.with(|b| *b.borrow_mut() = Some(old));
+        self.parks += 1;
     }
     fn client_out(&mut self) -> String {
-        tags_of(&self.s.to_client.split())
+        let out = tags_of(&self.s.to_client.split());
+        // Written out: the driver parks a session at rest before it waits.
+        self.park();
+        out
     }
     fn server_out(&mut self) -> Vec<Vec<u8>> {
         frames(&self.s.to_server.split())
@@ -1267,4 +1294,42 @@ fn a_plain_autocommit_read_asks_for_a_standby_and_anything_else_waits_for_the_pr
     assert!(!h.s.is_read_batch(&query("select 1")), "inside a transaction block");
     let h = H::new(PoolMode::Session, None);
     assert!(!h.s.is_read_batch(&query("select 1")), "session mode");
+}
+
+#[test]
+fn an_idle_session_is_parked_and_comes_back_whole() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    // Logged in, nothing sent: at rest.
+    h.pump();
+    assert_eq!(h.parks, 1);
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    assert_eq!(h.parks, 1, "not parked while a request is in flight");
+    h.server_out();
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1Z");
+    assert_eq!(h.parks, 2, "parked once idle, with a statement");
+    // In a transaction block: never parked.
+    h.client(query("begin"));
+    h.server_out();
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.parks, 2);
+    assert!(h.s.park().is_none(), "a session in a transaction is not at rest");
+    h.client(query("commit"));
+    h.server_out();
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.parks, 3);
+    // The statement came through the swaps: its Bind on a fresh server re-parses it.
+    h.srv = ServerState::default();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBES");
+    assert_eq!(h.s.prepared_count(), 1);
 }

@@ -46,8 +46,6 @@ pub(in crate::session) struct ClientStmts {
     pub(in crate::session) unnamed: Unnamed,
     /// This client's Parse sequence (identifies its unnamed statement on a server).
     pub(in crate::session) unnamed_seq: u64,
-    /// Scratch space for cache keys.
-    pub(in crate::session) key_buf: Vec<u8>,
     /// Statements this client was given a description of (Describe S).
     pub(in crate::session) described: crate::stmt::idmap::IdSet,
     /// The portal and statement of the last Bind of a cached statement.

@@ -54,7 +54,7 @@ impl Session {
         }
         let in_failed_tx = self.tx.status == TxStatus::Failed;
         let key = {
-            let mut k = std::mem::take(&mut self.stmts.key_buf);
+            let mut k = std::mem::take(&mut self.key_buf);
             make_key(&mut k, &StmtKind::Protocol, self.search_path(), p.query, p.param_types);
             k
         };
@@ -63,14 +63,14 @@ impl Session {
                 Lookup::Cached(s) => Some(s),
                 Lookup::Plain => None,
                 Lookup::NeedServer => {
-                    self.stmts.key_buf = key;
+                    self.key_buf = key;
                     return self.need_server(&[]);
                 }
             }
         } else {
             Some(registry.for_parse(&key, StmtKind::Protocol, p.query, p.param_types))
         };
-        self.stmts.key_buf = key;
+        self.key_buf = key;
         if srv.is_none() && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx) {
             return self.need_server(&[]);
         }

@@ -155,10 +155,10 @@ impl Session {
                         Some(too_many(cap))
                     } else {
                         let def = &text[rest..r.end];
-                        let mut k = std::mem::take(&mut self.stmts.key_buf);
+                        let mut k = std::mem::take(&mut self.key_buf);
                         make_key(&mut k, &StmtKind::Sql, self.search_path(), def, b"");
                         let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
-                        self.stmts.key_buf = k;
+                        self.key_buf = k;
                         self.note_sql_prefix(&name, &text[start..rest]);
                         let here = srv.stmts.has(&stmt);
                         if here {

@@ -110,10 +110,10 @@ impl Session {
         }
         let registry = self.registry().clone();
         let def = &text[rest..];
-        let mut k = std::mem::take(&mut self.stmts.key_buf);
+        let mut k = std::mem::take(&mut self.key_buf);
         make_key(&mut k, &StmtKind::Sql, self.search_path(), def, b"");
         let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
-        self.stmts.key_buf = k;
+        self.key_buf = k;
         self.stmts.named.insert(name.into(), stmt.clone());
         self.note_sql_prefix(name, &text[..rest]);
         let client = ClientFx::Named { name: name.into() };
