@@ -1,6 +1,8 @@
 //! Per-thread free lists of IO buffers and reply-queue storage. A client borrows them when
 //! bytes arrive and gives them back when it goes idle (an idle client holds none), so they
-//! are recycled instead of being allocated, grown and freed on every transaction.
+//! are recycled instead of being allocated, grown and freed on every transaction. The
+//! same goes for the busy half of a session (`Session::park`): blank sessions are kept
+//! here while their clients are idle.
 
 use crate::session::Session;
 use bytes::BytesMut;
@@ -19,6 +21,24 @@ const MAX_FREE: usize = 32;
 thread_local! {
     static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
     static QUEUES: RefCell<Vec<VecDeque<crate::session::reply_queue::Pending>>> = const { RefCell::new(Vec::new()) };
+    // Boxed: a client unparked takes the allocation itself (the proxy holds a box).
+    #[allow(clippy::vec_box)]
+    static SESSIONS: RefCell<Vec<Box<Session>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A blank session (one `Session::park` left) from this thread's free list, if any.
+pub(crate) fn take_session() -> Option<Box<Session>> {
+    SESSIONS.try_with(|f| f.borrow_mut().pop()).ok().flatten()
+}
+
+/// Keeps a blank session for the next client of this thread that becomes active.
+pub(crate) fn give_session(s: Box<Session>) {
+    let _ = SESSIONS.try_with(|f| {
+        let mut f = f.borrow_mut();
+        if f.len() < MAX_FREE {
+            f.push(s);
+        }
+    });
 }
 
 /// Reply-queue storage larger than this (entries) is freed rather than kept.

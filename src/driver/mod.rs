@@ -312,7 +312,7 @@ async fn cancels_only(l: Listener, shared: Arc<Shared>) {
         match accept(&l).await {
             Ok(s) => {
                 let shared = shared.clone();
-                tokio::spawn(async move { client::serve(s, shared, true).await });
+                tokio::spawn(client::serve(s, shared, true, ()));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -326,19 +326,10 @@ async fn cancels_only(l: Listener, shared: Arc<Shared>) {
 /// `max_client_conn`.
 fn admit(stream: Stream, shared: &Arc<Shared>) {
     match shared.client_slots.clone().try_acquire_owned() {
-        Ok(permit) => {
-            let serve = {
-                let shared = shared.clone();
-                move |stream| async move {
-                    client::serve(stream, shared, false).await;
-                    drop(permit);
-                }
-            };
-            match &shared.shards {
-                Some(shards) => shards.spawn(stream, serve),
-                None => drop(tokio::spawn(serve(stream))),
-            }
-        }
+        Ok(permit) => match &shared.shards {
+            Some(shards) => shards.spawn(stream, |s, leave| client::serve(s, shared.clone(), false, (permit, leave))),
+            None => drop(tokio::spawn(client::serve(stream, shared.clone(), false, permit))),
+        },
         Err(_) => {
             tokio::spawn(async move {
                 let mut stream = stream;

@@ -65,32 +65,40 @@ impl Shards {
     }
 
     /// Runs `serve` for a client just accepted on the thread that has the fewest clients;
-    /// its socket moves to that thread's event loop.
+    /// its socket moves to that thread's event loop. The future `serve` makes is the task
+    /// itself, without a wrapper (an idle client's task is its whole memory, docs/benchmarks.md
+    /// "Idle clients"): it holds the `Leave` it is given, which counts the client out of its
+    /// thread however the task ends.
     pub(crate) fn spawn<F, Fut>(&self, stream: Stream, serve: F)
     where
-        F: FnOnce(Stream) -> Fut + Send + 'static,
+        F: FnOnce(Stream, Leave) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let Some(shard) = self.0.iter().min_by_key(|s| s.clients.load(Ordering::Relaxed)) else {
             return;
         };
         let Some(detached) = Detached::from(stream) else { return };
-        shard.clients.fetch_add(1, Ordering::Relaxed);
-        let s = shard.clone();
-        shard.handle.spawn(async move {
-            // Counted down however the task ends.
-            struct Leave(Arc<Shard>);
-            impl Drop for Leave {
-                fn drop(&mut self) {
-                    self.0.clients.fetch_sub(1, Ordering::Relaxed);
-                }
+        // Registered with the chosen thread's event loop from here.
+        let attached = {
+            let _in = shard.handle.enter();
+            detached.attach()
+        };
+        match attached {
+            Ok(stream) => {
+                shard.clients.fetch_add(1, Ordering::Relaxed);
+                drop(shard.handle.spawn(serve(stream, Leave(shard.clone()))));
             }
-            let _leave = Leave(s);
-            match detached.attach() {
-                Ok(stream) => serve(stream).await,
-                Err(e) => tracing::warn!(error = %e, "could not move a client to its event loop"),
-            }
-        });
+            Err(e) => tracing::warn!(error = %e, "could not move a client to its event loop"),
+        }
+    }
+}
+
+/// A client counted on its event-loop thread; counted out when dropped.
+pub(crate) struct Leave(Arc<Shard>);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.0.clients.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -13,8 +13,9 @@
 //! it), `stmts` (the client's prepared statements), `retry` (replaying a batch after a
 //! stale plan), `pipeline` (lending the server to other clients' fast reads),
 //! `reply_queue` (what each reply in flight is for), `settings` (recognizing SQL that
-//! changes settings), `timeout` (which idle timeout applies, and its error), `park` (what an idle client
-//! keeps of its session while the busy half is lent to others). `Session` holds each part's state in a field of its own.
+//! changes settings), `timeout` (which idle timeout applies, and its error), `park` (what
+//! an idle client keeps while its busy half serves others). `Session` holds each part's
+//! state in a field of its own.
 
 mod client;
 mod park;

@@ -25,7 +25,7 @@ impl Proxy {
         // only while used, not in every idle client's task.
         // The waits are boxed: their futures would otherwise be part of every client's task
         // for its whole life (idle clients' memory), and a free connection needs none.
-        if self.session.wants_reads()
+        if self.session.get().wants_reads()
             && let Some(reads) = split::read_pool_for(&self.pool, self.slot.live.primary_at.load(Ordering::Relaxed))
         {
             self.pool = reads;
@@ -59,7 +59,7 @@ impl Proxy {
                         }
                         s.home = home::here();
                     }
-                    self.session.handle_server_linked(&mut s.state);
+                    self.session.get().handle_server_linked(&mut s.state);
                     self.mark_reads();
                     self.slot.set(&s.cancel);
                     self.server = Some(Linked::Own(s));
@@ -70,7 +70,7 @@ impl Proxy {
                     let dead = g.dead;
                     match g.conn.as_mut() {
                         Some(c) if !dead => {
-                            self.session.handle_server_linked(&mut c.state);
+                            self.session.get().handle_server_linked(&mut c.state);
                             self.mark_reads();
                             if head {
                                 self.slot.set(&c.cancel);
@@ -97,7 +97,7 @@ impl Proxy {
                         self.pool = primary;
                         continue;
                     }
-                    self.session.handle_acquire_failed(e)
+                    self.session.get().handle_acquire_failed(e)
                 }
             }
             return;
@@ -107,7 +107,7 @@ impl Proxy {
     /// Linked from a read pool: the session writes only plain reads to that server.
     fn mark_reads(&mut self) {
         if self.pool.key.purpose == PoolPurpose::Reads {
-            self.session.set_on_reads();
+            self.session.get().set_on_reads();
         }
     }
 
@@ -119,7 +119,7 @@ impl Proxy {
             if let Some(primary) = split::primary_of(&self.pool) {
                 self.pool = primary;
             }
-        } else if !self.session.wants_reads() && self.pool.connector().split().is_some() {
+        } else if !self.session.get().wants_reads() && self.pool.connector().split().is_some() {
             self.slot.live.primary_at.store(split::tick(), Ordering::Relaxed);
         }
     }
@@ -127,7 +127,7 @@ impl Proxy {
     /// Session mode: the server bound at login (`login::bind_at_login`) is the client's from
     /// the start.
     pub(in crate::driver) fn link_at_login(&mut self, mut s: Box<ServerConn>) {
-        self.session.handle_server_linked(&mut s.state);
+        self.session.get().handle_server_linked(&mut s.state);
         self.slot.set(&s.cancel);
         self.server = Some(Linked::Own(s));
     }
@@ -169,19 +169,20 @@ impl Proxy {
                     stmt.note(t0.elapsed().as_micros() as u64);
                 }
                 // Bytes left unread would belong to nobody: never reuse such a connection.
-                let clean = reusable && s.rbuf.is_empty() && s.streaming == 0 && self.session.to_server.is_empty();
+                let clean =
+                    reusable && s.rbuf.is_empty() && s.streaming == 0 && self.session.get().to_server.is_empty();
                 servers::release(&self.pool, s, clean);
             }
             Some(Linked::Shared(pipe, t)) => {
                 let mut g = pipe.lock();
-                if !g.dead && !g.is_head(t) && g.wrote_as(t) && self.session.is_closing() {
+                if !g.dead && !g.is_head(t) && g.wrote_as(t) && self.session.get().is_closing() {
                     // Given up before its turn (its client failed): its replies are still to
                     // come, and the tickets around it must not suffer. Settled on close.
                     drop(g);
                     self.server = Some(Linked::Shared(pipe, t));
                     return;
                 }
-                if !reusable || !self.session.to_server.is_empty() {
+                if !reusable || !self.session.get().to_server.is_empty() {
                     // Its state is unknown: nobody behind this ticket can use it either.
                     g.kill();
                 }
@@ -205,14 +206,14 @@ impl Proxy {
         // (`Pool::lend` refuses while a cancel is on its way: it could land on the batch
         // written behind this one.)
         if servers::lend(&self.pool, &pipe, t, depth) {
-            self.session.set_lent();
+            self.session.get().set_lent();
         }
         self.server = Some(Linked::Shared(pipe, t));
     }
 
     /// The session ended normally: send what is left, settle the server, close.
     pub(super) async fn close(&mut self) {
-        let out = std::mem::take(&mut self.session.to_client);
+        let out = std::mem::take(&mut self.session.get().to_client);
         let _ = tokio::time::timeout(Duration::from_secs(2), self.client.write_all(&out)).await;
         self.settle_server().await;
     }
@@ -250,7 +251,8 @@ impl Proxy {
         };
         let cfg = self.shared.cfg.load_full();
         let t = cfg.server_connect_timeout();
-        let mut ok = self.session.outstanding() == 0 && s.rbuf.is_empty() && self.session.to_server.is_empty();
+        let mut ok =
+            self.session.get().outstanding() == 0 && s.rbuf.is_empty() && self.session.get().to_server.is_empty();
         if ok && s.state.tx_status != TxStatus::Idle {
             ok = s.run_internal("ROLLBACK", t).await;
         }
@@ -263,7 +265,7 @@ impl Proxy {
         // A pinned client's session state (temporary tables, LISTEN, advisory locks, held
         // cursors) must not reach the next client; the connection's server statements are
         // the cache's, so DISCARD ALL is no answer: it is closed.
-        if self.session.is_pinned() {
+        if self.session.get().is_pinned() {
             ok = false;
         }
         servers::release(&self.pool, s, ok);
@@ -276,10 +278,10 @@ impl Proxy {
     pub(super) async fn settle_shared(&mut self) -> bool {
         let Some(Linked::Shared(pipe, t)) = self.server.take() else { return false };
         let limit = self.shared.cfg.load().server_connect_timeout();
-        let mut owed = self.session.owed_ready();
+        let mut owed = self.session.get().owed_ready();
         {
             let mut g = pipe.lock();
-            if !self.session.to_server.is_empty() && g.is_writer(t) && g.wrote_as(t) {
+            if !self.session.get().to_server.is_empty() && g.is_writer(t) && g.wrote_as(t) {
                 // Part of a message is on the wire: the rest of the stream means nothing.
                 g.kill();
             }

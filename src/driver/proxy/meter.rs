@@ -44,7 +44,7 @@ impl Proxy {
 
     /// The client sent bytes: with nothing outstanding on its server, a query starts now.
     pub(super) fn meter_request(&mut self) {
-        if self.meter.query_start != 0 || self.session.outstanding() > 0 {
+        if self.meter.query_start != 0 || self.session.get().outstanding() > 0 {
             return;
         }
         let now = Instant::now();
@@ -59,9 +59,9 @@ impl Proxy {
     /// After server frames were fed: queries or transactions that ended are timed, and the
     /// figures go to the pool.
     pub(super) fn meter_replies(&mut self) {
-        let Some(tally) = self.session.take_tally() else { return };
+        let Some(tally) = self.session.get().take_tally() else { return };
         let now = census::mono_us(Instant::now());
-        let more = self.session.outstanding() > 0;
+        let more = self.session.get().outstanding() > 0;
         let m = &mut self.meter;
         let t = &self.pool.stats.traffic;
         let since = |start: u64| if start == 0 { 0 } else { now.saturating_sub(start) };
@@ -71,9 +71,9 @@ impl Proxy {
         }
         if tally.xacts > 0 {
             add(&t.xact_us, since(m.xact_start));
-            m.xact_start = if more || self.session.in_transaction() { now } else { 0 };
-            self.slot.live.prepared.store(self.session.prepared_count() as u32, Ordering::Relaxed);
-            if self.session.is_pinned() {
+            m.xact_start = if more || self.session.get().in_transaction() { now } else { 0 };
+            self.slot.live.prepared.store(self.session.get().prepared_count() as u32, Ordering::Relaxed);
+            if self.session.get().is_pinned() {
                 self.slot.live.pinned.store(true, Ordering::Relaxed);
             }
         }

@@ -7,6 +7,7 @@
 
 mod link;
 mod meter;
+mod parking;
 mod relay;
 
 use crate::driver::Shared;
@@ -34,7 +35,7 @@ const READ_CHUNK: usize = bufpool::BUF_SIZE;
 pub(super) struct Proxy {
     client: Stream,
     cbuf: BytesMut,
-    session: Session,
+    session: parking::Sess,
     server: Option<Linked>,
     pool: Arc<ServerPool>,
     slot: Arc<CancelSlot>,
@@ -118,7 +119,16 @@ impl Proxy {
         slot: Arc<CancelSlot>,
         shared: Arc<Shared>,
     ) -> Proxy {
-        Proxy { client, cbuf, session, server: None, pool, slot, shared, meter: Default::default() }
+        Proxy {
+            client,
+            cbuf,
+            session: parking::Sess::new(session),
+            server: None,
+            pool,
+            slot,
+            shared,
+            meter: Default::default(),
+        }
     }
 
     /// The client's pid (its cancel key's first half).
@@ -132,14 +142,11 @@ impl Proxy {
     }
 
     pub(in crate::driver) async fn run(&mut self) {
-        // One registration for the client's life: a future made per wait would join and
-        // leave a waiter list (two locks) on every transaction. It is polled once;
-        // afterwards its waker stays registered, and a wake-up (a shutdown, or a `KILL` of
-        // this client: both kick every slot they concern) finds `stopping` or the kill
-        // flag set.
-        let slot = self.slot.clone();
+        // One registration for the client's life: a wait made per loop turn would join and
+        // leave a waiter list on every transaction. The task's waker is left with the
+        // client's slot on the first wait; a wake-up (a shutdown, or a `KILL` of this
+        // client: both kick every slot they concern) finds `stopping` or the kill flag set.
         let mut stop_registered = false;
-        let mut stop = std::pin::pin!(async move { slot.kicked.notified().await });
         let mut idle_since = std::time::Instant::now();
         // The clock is read per batch only when a timeout needs it.
         let timed = self.timeouts().any();
@@ -150,7 +157,7 @@ impl Proxy {
                 return Box::pin(self.killed()).await;
             }
             // Act on everything the session asked for.
-            while let Some(a) = self.session.poll_action() {
+            while let Some(a) = self.session.get().poll_action() {
                 match a {
                     Action::AcquireServer => self.acquire().await,
                     Action::ReleaseServer { reusable } => self.release(reusable),
@@ -164,77 +171,39 @@ impl Proxy {
             if self.flush().is_err() {
                 return Box::pin(self.client_gone()).await;
             }
-            let stopping = &self.shared.stopping;
-            let graceful = stopping.load(Ordering::Acquire);
-            if graceful && !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty() {
-                self.session.fail(Error::fatal(
-                    SqlState::ADMIN_SHUTDOWN,
-                    "terminating connection due to administrator command",
-                ));
-                continue;
-            }
-            let unlinked_idle = !self.session.is_linked() && !self.session.is_acquiring() && self.cbuf.is_empty();
-            if unlinked_idle {
-                // An idle client holds no buffers: they go back to this thread's free list.
-                bufpool::release(&mut self.cbuf);
-                bufpool::release(&mut self.session.to_client);
-                bufpool::release(&mut self.session.to_server);
-                bufpool::release_queue(&mut self.session);
-            }
-            let deadline =
-                self.session.poll_timeout(&self.timeouts(), idle_since, !self.cbuf.is_empty()).map(Instant::from_std);
-            match (deadline, timer.as_mut()) {
-                (Some(d), Some(t)) if t.deadline() != d => t.as_mut().reset(d),
-                (Some(d), None) => timer = Some(Box::pin(tokio::time::sleep_until(d))),
-                _ => {}
-            }
-            let server = self.server.as_ref().map(Linked::wait);
-            let client = &self.client;
-            let to_client = !self.session.to_client.is_empty();
-            let to_server = server.is_some() && !self.session.to_server.is_empty();
-            // Idle: only the client, a timeout and a shutdown can wake us. A shutdown only
-            // acts on idle clients: the loop looks at it after each event.
-            let idle = server.is_none() && !to_client;
-            let want_server = server.filter(|_| self.session.to_client.len() < HIGH_WATER);
-            let want_client = idle || self.session.to_server.len() < HIGH_WATER;
-            let mut timer = timer.as_mut().filter(|_| deadline.is_some());
-            let slot = &self.slot;
-            let ev = std::future::poll_fn(|cx| {
-                // Readiness is polled in place: no future, allocation or waiter-list entry
-                // per wait. An error counts as ready (the read or write then reports it).
-                if let Some(s) = want_server
-                    && s.poll_read(cx)
-                {
-                    return Poll::Ready(Event::Server);
+            let graceful = self.shared.stopping.load(Ordering::Acquire);
+            let unlinked_idle = {
+                let session = self.session.get();
+                let unlinked_idle = !session.is_linked() && !session.is_acquiring() && self.cbuf.is_empty();
+                if graceful && unlinked_idle {
+                    session.fail(Error::fatal(
+                        SqlState::ADMIN_SHUTDOWN,
+                        "terminating connection due to administrator command",
+                    ));
+                    continue;
                 }
-                if want_client && client.poll_read_ready(cx).is_ready() {
-                    return Poll::Ready(Event::Client);
+                if unlinked_idle {
+                    // An idle client holds no buffers: they go back to this thread's free list.
+                    bufpool::release(&mut self.cbuf);
+                    bufpool::release(&mut session.to_client);
+                    bufpool::release(&mut session.to_server);
+                    bufpool::release_queue(session);
                 }
-                if to_client && client.poll_write_ready(cx).is_ready() {
-                    return Poll::Ready(Event::Writable);
+                unlinked_idle
+            };
+            let has_deadline = {
+                let timeouts = self.timeouts();
+                let buffered = !self.cbuf.is_empty();
+                let deadline = self.session.get().poll_timeout(&timeouts, idle_since, buffered).map(Instant::from_std);
+                match (deadline, timer.as_mut()) {
+                    (Some(d), Some(t)) if t.deadline() != d => t.as_mut().reset(d),
+                    (Some(d), None) => timer = Some(Box::pin(tokio::time::sleep_until(d))),
+                    _ => {}
                 }
-                if let Some(s) = server.filter(|_| to_server)
-                    && s.poll_write(cx)
-                {
-                    return Poll::Ready(Event::Writable);
-                }
-                if let Some(t) = timer.as_mut()
-                    && t.as_mut().poll(cx).is_ready()
-                {
-                    return Poll::Ready(Event::Timer);
-                }
-                if !stop_registered {
-                    stop_registered = true;
-                    if stop.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Event::Shutdown);
-                    }
-                }
-                if idle && !graceful && stopping.load(Ordering::Acquire) || slot.is_killed() {
-                    return Poll::Ready(Event::Shutdown);
-                }
-                Poll::Pending
-            })
-            .await;
+                deadline.is_some()
+            };
+            let timer = timer.as_mut().filter(|_| has_deadline);
+            let ev = self.wait(timer, &mut stop_registered, graceful, unlinked_idle).await;
             match ev {
                 Event::Client => {
                     if !self.read_client() {
@@ -252,10 +221,73 @@ impl Proxy {
                 Event::Writable | Event::Shutdown => {}
                 Event::Timer => {
                     let now = std::time::Instant::now();
-                    self.session.handle_timeout(&self.timeouts(), idle_since, !self.cbuf.is_empty(), now);
+                    let timeouts = self.timeouts();
+                    self.session.get().handle_timeout(&timeouts, idle_since, !self.cbuf.is_empty(), now);
                 }
             }
         }
+    }
+
+    /// Waits for the next event: the client's or the server's bytes, room to write what is
+    /// pending, the timer, a shutdown or a `KILL`. `unlinked_idle`: the session is parked
+    /// meanwhile. The future holds only what its poll needs (every idle client's task holds
+    /// it, `task_size`).
+    fn wait<'a>(
+        &'a mut self,
+        mut timer: Option<&'a mut Pin<Box<tokio::time::Sleep>>>,
+        stop_registered: &'a mut bool,
+        graceful: bool,
+        unlinked_idle: bool,
+    ) -> impl Future<Output = Event> + 'a {
+        let server = self.server.as_ref().map(Linked::wait);
+        let session = self.session.get();
+        let to_client = !session.to_client.is_empty();
+        let to_server = server.is_some() && !session.to_server.is_empty();
+        // Idle: only the client, a timeout and a shutdown can wake us. A shutdown only acts
+        // on idle clients: the loop looks at it after each event.
+        let idle = server.is_none() && !to_client;
+        let read_server = session.to_client.len() < HIGH_WATER;
+        let want_client = idle || session.to_server.len() < HIGH_WATER;
+        if unlinked_idle {
+            // The session's busy half goes back to this thread too, until the client sends
+            // something (`parking`).
+            self.session.park();
+        }
+        let Proxy { client, slot, shared, .. } = self;
+        let stopping = &shared.stopping;
+        std::future::poll_fn(move |cx| {
+            // Readiness is polled in place: no future, allocation or waiter-list entry per
+            // wait. An error counts as ready (the read or write then reports it).
+            if let Some(s) = server.filter(|_| read_server)
+                && s.poll_read(cx)
+            {
+                return Poll::Ready(Event::Server);
+            }
+            if want_client && client.poll_read_ready(cx).is_ready() {
+                return Poll::Ready(Event::Client);
+            }
+            if to_client && client.poll_write_ready(cx).is_ready() {
+                return Poll::Ready(Event::Writable);
+            }
+            if let Some(s) = server.filter(|_| to_server)
+                && s.poll_write(cx)
+            {
+                return Poll::Ready(Event::Writable);
+            }
+            if let Some(t) = timer.as_mut()
+                && t.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Event::Timer);
+            }
+            if !*stop_registered {
+                *stop_registered = true;
+                slot.watch(cx.waker());
+            }
+            if idle && !graceful && stopping.load(Ordering::Acquire) || slot.is_killed() {
+                return Poll::Ready(Event::Shutdown);
+            }
+            Poll::Pending
+        })
     }
 
     /// The session's timeouts, from the configuration (not kept in the loop's state: every
@@ -283,13 +315,13 @@ mod task_size {
         let run = future_size(|p| p.run());
         let acquire = future_size(|p| p.acquire());
         eprintln!("Proxy {proxy} B, run() {run} B, acquire() {acquire} B");
-        // 752: the link to a server carries a pipelining ticket (`pipe`), 8 B more than a
-        // box; the meter (`meter`) and the session's tally take 48 B (of which 8 B for the
-        // errors by SQLSTATE class of the metrics). The loop's future
-        // waits on the slot's `Notify` alone (shutdown and KILL both kick it), 112 B less
-        // than the shutdown watch it replaced.
-        assert!(proxy <= 752, "Proxy is {proxy} B");
-        assert!(run <= 300, "the proxy loop's future is {run} B");
+        // 224: the session is parked while the client is idle (`parking`): the task holds
+        // what the session keeps (settings, statements, counts), not its busy half (608 B
+        // inline before). The loop's wait holds what its poll needs (`wait`), and the
+        // shutdown and KILL wake-ups are the task's waker left with the client's slot, not
+        // a `Notify` wait of its own.
+        assert!(proxy <= 224, "Proxy is {proxy} B");
+        assert!(run <= 112, "the proxy loop's future is {run} B");
         assert!(acquire <= 64, "acquire()'s future is {acquire} B: box its waits");
     }
 }

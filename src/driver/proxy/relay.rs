@@ -16,9 +16,9 @@ impl Proxy {
     /// Reads all the client has sent. False when the client is gone.
     pub(super) fn read_client(&mut self) -> bool {
         bufpool::ensure(&mut self.cbuf);
-        bufpool::ensure(&mut self.session.to_client);
-        bufpool::ensure(&mut self.session.to_server);
-        bufpool::ensure_queue(&mut self.session);
+        bufpool::ensure(&mut self.session.get().to_client);
+        bufpool::ensure(&mut self.session.get().to_server);
+        bufpool::ensure_queue(self.session.get());
         loop {
             self.cbuf.reserve(READ_CHUNK);
             match self.client.try_read_buf(&mut self.cbuf) {
@@ -38,15 +38,16 @@ impl Proxy {
     /// Feeds the whole frames read so far to the session, until one needs a server.
     /// True when something happened (frames consumed or actions queued).
     pub(super) fn feed_client(&mut self) -> bool {
-        if let Some(mut replay) = self.session.take_replay() {
+        if let Some(mut replay) = self.session.get().take_replay() {
             replay.extend_from_slice(&self.cbuf);
             self.cbuf = BytesMut::from(&replay[..]);
         }
-        if self.cbuf.is_empty() || self.session.is_closing() || self.session.is_acquiring() {
+        if self.cbuf.is_empty() || self.session.get().is_closing() || self.session.get().is_acquiring() {
             return false;
         }
         let max = self.shared.cfg.load().max_message_size;
         let Proxy { server, session, cbuf, .. } = self;
+        let session = session.get();
         match server {
             None => feed_frames(session, cbuf, None, max),
             Some(Linked::Own(s)) => feed_frames(session, cbuf, Some(&mut s.state), max),
@@ -68,9 +69,9 @@ impl Proxy {
         match &mut self.server {
             None => {}
             Some(Linked::Own(s)) => {
-                let eof = pump(&mut self.session, s);
-                if eof && self.session.is_linked() {
-                    self.session.handle_server_lost();
+                let eof = pump(self.session.get(), s);
+                if eof && self.session.get().is_linked() {
+                    self.session.get().handle_server_lost();
                 }
             }
             Some(Linked::Shared(pipe, t)) => {
@@ -78,32 +79,32 @@ impl Proxy {
                 let mut g = pipe.lock();
                 if g.dead {
                     drop(g);
-                    return self.session.handle_server_lost();
+                    return self.session.get().handle_server_lost();
                 }
-                if !g.is_head(t) || !self.session.is_linked() {
+                if !g.is_head(t) || !self.session.get().is_linked() {
                     return;
                 }
                 g.take_handed_over();
                 let Some(c) = g.conn.as_mut() else { return };
-                if pump(&mut self.session, c) && self.session.is_linked() {
+                if pump(self.session.get(), c) && self.session.get().is_linked() {
                     g.kill();
                     drop(g);
-                    self.session.handle_server_lost();
+                    self.session.get().handle_server_lost();
                 }
             }
         }
     }
 
     pub(super) fn flush(&mut self) -> std::io::Result<()> {
-        if !self.session.to_server.is_empty() {
+        if !self.session.get().to_server.is_empty() {
             self.flush_server();
-            if self.session.to_server.is_empty() && self.server.is_some() {
+            if self.session.get().to_server.is_empty() && self.server.is_some() {
                 self.batch_written();
             }
         }
-        let before = self.session.to_client.len();
-        let r = self.client.flush_some(&mut self.session.to_client).map(|_| ());
-        let sent = before - self.session.to_client.len();
+        let before = self.session.get().to_client.len();
+        let r = self.client.flush_some(&mut self.session.get().to_client).map(|_| ());
+        let sent = before - self.session.get().to_client.len();
         self.meter_sent(sent);
         r
     }
@@ -115,7 +116,7 @@ impl Proxy {
         if cfg.pipeline_depth <= 1 {
             return;
         }
-        let Some(p) = self.session.pipelinable(cfg.pipeline_max_statement_us()) else { return };
+        let Some(p) = self.session.get().pipelinable(cfg.pipeline_max_statement_us()) else { return };
         let now = Instant::now();
         match &mut self.server {
             Some(Linked::Own(s)) => s.timing = Some((now.into_std(), p.timed)),
@@ -131,12 +132,12 @@ impl Proxy {
     /// Writes what the session has for the server, without blocking.
     fn flush_server(&mut self) {
         let ok = match &self.server {
-            Some(Linked::Own(s)) => s.stream.flush_some(&mut self.session.to_server).is_ok(),
+            Some(Linked::Own(s)) => s.stream.flush_some(&mut self.session.get().to_server).is_ok(),
             Some(Linked::Shared(pipe, t)) => {
                 let mut g = pipe.lock();
                 let ok = !g.dead
                     && g.is_writer(*t)
-                    && g.conn.as_ref().is_some_and(|c| c.stream.flush_some(&mut self.session.to_server).is_ok());
+                    && g.conn.as_ref().is_some_and(|c| c.stream.flush_some(&mut self.session.get().to_server).is_ok());
                 g.note_write(*t);
                 if !ok {
                     if !g.dead && !g.is_writer(*t) {
@@ -149,7 +150,7 @@ impl Proxy {
             None => true,
         };
         if !ok {
-            self.session.handle_server_lost();
+            self.session.get().handle_server_lost();
         }
     }
 }
