@@ -148,7 +148,8 @@ pub struct Session {
     /// The client's transaction.
     tx: TxState,
     /// The client's prepared statements.
-    stmts: ClientStmts,
+    /// Boxed: parking hands the box over (`park`) instead of copying the statements.
+    stmts: Box<ClientStmts>,
     /// The batch kept for a transparent retry.
     retry: Retry,
     /// What the client has done, counted for the console and the metrics.
@@ -225,7 +226,7 @@ impl Session {
             wants_reads: false,
             on_reads: false,
             tx: TxState::default(),
-            stmts: ClientStmts::new(registry),
+            stmts: Box::new(ClientStmts::new(registry)),
             retry: Retry::default(),
             tally: Tally::default(),
             spare_stmts: None,

@@ -87,10 +87,9 @@ impl Session {
             let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);
             ParkedStmts::None { registry, unnamed_seq }
         } else {
-            // The spare box (a blank set of statements) changes places with the client's.
-            let mut b = self.spare_stmts.take().unwrap_or_default();
-            std::mem::swap(&mut *b, &mut self.stmts);
-            ParkedStmts::Some(b)
+            // The spare box (a blank set of statements) takes the place of the client's.
+            let spare = self.spare_stmts.take().unwrap_or_default();
+            ParkedStmts::Some(std::mem::replace(&mut self.stmts, spare))
         };
         Some(Parked {
             // The blank session keeps a reference until its next `unpark` replaces it.
@@ -115,12 +114,12 @@ impl Session {
                 self.stmts.registry = registry;
                 self.stmts.unnamed_seq = unnamed_seq;
             }
-            ParkedStmts::Some(mut b) => {
-                std::mem::swap(&mut *b, &mut self.stmts);
-                // `b` now holds the blank statements: the next client to park keeps its
-                // own in it.
+            ParkedStmts::Some(b) => {
+                // The blank statements stay as the spare: the next client to park keeps
+                // its own in their place.
+                let blank = std::mem::replace(&mut self.stmts, b);
                 if self.spare_stmts.is_none() {
-                    self.spare_stmts = Some(b);
+                    self.spare_stmts = Some(blank);
                 }
             }
         }

@@ -18,25 +18,10 @@ impl Sess {
     }
 
     /// The session, unparked if it was parked.
-    #[inline]
+    #[inline(always)]
     pub(super) fn get(&mut self) -> &mut Session {
         let Sess { active, parked } = self;
-        active.get_or_insert_with(|| {
-            let Some(p) = parked.take() else {
-                // Not reached (one of the two is always set): a session that closes at once.
-                tracing::error!("a client's session was lost: closing it");
-                let mut s = Session::new(crate::config::PoolMode::Transaction, std::sync::Arc::default(), 0, None);
-                s.fail(crate::error::Error::protocol("internal error: session lost"));
-                return Box::new(s);
-            };
-            match bufpool::take_session() {
-                Some(mut s) => {
-                    s.unpark(p);
-                    s
-                }
-                None => Box::new(Session::unparked(p)),
-            }
-        })
+        active.get_or_insert_with(|| unpark(parked))
     }
 
     /// Parks the session if it is at rest (see `Session::park`); otherwise it stays active.
@@ -47,5 +32,25 @@ impl Sess {
         if let Some(s) = self.active.take() {
             bufpool::give_session(s);
         }
+    }
+}
+
+/// The blank session the client's parked state goes into (kept out of line: `get` runs
+/// dozens of times per transaction, this once).
+#[inline(never)]
+fn unpark(parked: &mut Option<Parked>) -> Box<Session> {
+    let Some(p) = parked.take() else {
+        // Not reached (one of the two is always set): a session that closes at once.
+        tracing::error!("a client's session was lost: closing it");
+        let mut s = Session::new(crate::config::PoolMode::Transaction, std::sync::Arc::default(), 0, None);
+        s.fail(crate::error::Error::protocol("internal error: session lost"));
+        return Box::new(s);
+    };
+    match bufpool::take_session() {
+        Some(mut s) => {
+            s.unpark(p);
+            s
+        }
+        None => Box::new(Session::unparked(p)),
     }
 }
