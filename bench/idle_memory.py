@@ -3,10 +3,14 @@
 them idle, and divide parsnip's RSS growth by N (DESIGN.md budget: <= 1.5 KiB).
 
 Usage: bench/idle_memory.py [--clients 8000] [--prepared] [--no-build] [--pg-bin DIR]
+                            [--pgbouncer-bin PATH]
 --prepared: each client prepares a named statement and executes it (extended protocol, as
 pgx, asyncpg or pgjdbc do) instead of one simple Query, and keeps it while idle.
 Starts its own throwaway PostgreSQL via `parsnip --embedded` (trust auth), so it needs
-only the release binary (cargo build --release) and PostgreSQL's binaries."""
+only the release binary (cargo build --release) and PostgreSQL's binaries.
+--pgbouncer-bin: side by side in one run instead: a throwaway cluster of the benchmark's
+(bench/systems.py), parsnip and then PgBouncer (with max_prepared_statements when 1.21 or
+newer) in front of it, both measured the same way, and the ratio."""
 import argparse
 import asyncio
 import signal
@@ -42,14 +46,100 @@ EXTENDED = (msg(b"P", b"s1\0select $1::int + 1\0\0\0") + msg(b"B", b"\0s1\0\0\0\
             + msg(b"D", b"P\0") + msg(b"E", b"\0" + struct.pack("!I", 0)) + msg(b"S", b""))
 
 
-async def client(port, conns, prepared=False):
+async def client(port, conns, prepared=False, db=b"postgres"):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    params = b"user\0postgres\0database\0postgres\0\0"
+    params = b"user\0postgres\0database\0" + db + b"\0\0"
     writer.write(struct.pack("!II", 8 + len(params), 196608) + params)
     await read_until_ready(reader)
     writer.write(EXTENDED if prepared else msg(b"Q", b"select 1\0"))
     await read_until_ready(reader)
     conns.append(writer)
+
+
+async def measure(port: int, pid: int, clients: int, prepared: bool, db: bytes = b"postgres") -> tuple:
+    """Logs `clients` in (one query each, then idle) in two steps; RSS in KiB before, after
+    the first third, after all. Closes them at the end."""
+    conns = []
+    try:
+        await client(port, conns, prepared, db)  # warm-up: pool, runtime threads
+        base = rss_kib(pid)
+        sem = asyncio.Semaphore(200)
+
+        async def one():
+            async with sem:
+                await client(port, conns, prepared, db)
+        # Two steps: the first pays for what does not grow with the number of idle clients
+        # (the login burst's buffers, allocator arenas); the second step's growth is the
+        # marginal cost of one more idle client.
+        first = clients // 3
+        await asyncio.gather(*(one() for _ in range(first)))
+        time.sleep(1)
+        mid = rss_kib(pid)
+        await asyncio.gather(*(one() for _ in range(clients - first)))
+        time.sleep(1)
+        return base, mid, rss_kib(pid)
+    finally:
+        for w in conns:
+            w.close()
+
+
+def report(name: str, clients: int, prepared: bool, rss: tuple) -> float:
+    base, mid, after = rss
+    first = clients // 3
+    per = (after - base) / clients
+    marginal = (after - mid) / (clients - first)
+    kind = "prepared-statement" if prepared else "simple-Query"
+    print(f"idle-memory: {name}: {clients} idle {kind} clients, RSS {base/1024:.1f} -> {mid/1024:.1f} "
+          f"({first} clients) -> {after/1024:.1f} MiB; {per:.2f} KiB per idle client overall, "
+          f"{marginal:.2f} KiB per additional idle client (clients {first + 1}..{clients})", flush=True)
+    return per
+
+
+async def embedded(a) -> None:
+    port = free_port()
+    exe = parsnip_release(build=not a.no_build)
+    env = dict(parsnip_env(), PARSNIP_PG_BIN=str(find_pg_bindir(a.pg_bin)))
+    p = subprocess.Popen([str(exe), "--listen", f"127.0.0.1:{port}", "--max-client-conn", str(a.clients + 10),
+                          "--pool-size", "4", "--log-level", "warn"], env=env, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        wait_listening(port, p, timeout=120)  # the embedded cluster's initdb comes first
+        report("parsnip", a.clients, a.prepared, await measure(port, p.pid, a.clients, a.prepared))
+    finally:
+        stop_process(p, signal.SIGINT, grace=20)
+
+
+async def side_by_side(a) -> None:
+    import tempfile
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import systems  # bench/systems.py: the benchmark's cluster and poolers
+    from throwaway import CLEANUPS, service_user
+    user = service_user()
+    pgb_bin, version = systems.pgbouncer_binary(False, a.pgbouncer_bin)
+    if pgb_bin is None:
+        raise SystemExit(f"idle-memory: {version}")
+    tmp = Path(tempfile.mkdtemp(prefix="parsnip-idle-"))
+    if user:
+        import os
+        os.chown(tmp, user.pw_uid, user.pw_gid)
+    try:
+        pg = systems.Postgres(find_pg_bindir(a.pg_bin), tmp, user)
+        pg.start()
+        pg.psql(f"CREATE DATABASE {systems.DB}")
+        poolers = [systems.Parsnip(pg, tmp, 4, parsnip_release(build=not a.no_build), []),
+                   systems.PgBouncer(pg, tmp, 4, pgb_bin, user, version)]
+        per = {}
+        for pooler in poolers:
+            pooler.max_clients = a.clients + 10
+            pooler.start()
+            try:
+                rss = await measure(pooler.port, pooler.pid(), a.clients, a.prepared, systems.DB.encode())
+                per[pooler.name] = report(pooler.name, a.clients, a.prepared, rss)
+            finally:
+                pooler.stop()
+        print(f"idle-memory: parsnip / {version}: {per['parsnip'] / per['pgbouncer']:.2f} (overall per client)")
+    finally:
+        CLEANUPS.run()
 
 
 async def main():
@@ -60,43 +150,10 @@ async def main():
     ap.add_argument("--no-build", action="store_true", help="use target/release/parsnip as it is")
     ap.add_argument("--pg-bin", metavar="DIR", help="PostgreSQL bin dir of the embedded cluster (default: as"
                     " parsnip finds it: $PARSNIP_PG_BIN, pg_config --bindir, the newest /usr/lib/postgresql/*/bin)")
+    ap.add_argument("--pgbouncer-bin", metavar="PATH", help="also measure this PgBouncer (e.g. 1.25 from "
+                    "bench/build_pgbouncer.sh), side by side with parsnip in front of one throwaway cluster")
     a = ap.parse_args()
-    port = free_port()
-    exe = parsnip_release(build=not a.no_build)
-    env = dict(parsnip_env(), PARSNIP_PG_BIN=str(find_pg_bindir(a.pg_bin)))
-    p = subprocess.Popen([str(exe), "--listen", f"127.0.0.1:{port}", "--max-client-conn", str(a.clients + 10),
-                          "--pool-size", "4", "--log-level", "warn"], env=env, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
-    try:
-        wait_listening(port, p, timeout=120)  # the embedded cluster's initdb comes first
-        conns = []
-        await client(port, conns, a.prepared)  # warm-up: pool, runtime threads
-        base = rss_kib(p.pid)
-        sem = asyncio.Semaphore(200)
-
-        async def one():
-            async with sem:
-                await client(port, conns, a.prepared)
-        # Two steps: the first pays for what does not grow with the number of idle clients
-        # (the login burst's buffers, allocator arenas); the second step's growth is the
-        # marginal cost of one more idle client.
-        first = a.clients // 3
-        await asyncio.gather(*(one() for _ in range(first)))
-        time.sleep(1)
-        mid = rss_kib(p.pid)
-        await asyncio.gather(*(one() for _ in range(a.clients - first)))
-        time.sleep(1)
-        after = rss_kib(p.pid)
-        per = (after - base) / a.clients
-        marginal = (after - mid) / (a.clients - first)
-        kind = "prepared-statement" if a.prepared else "simple-Query"
-        print(f"idle-memory: {a.clients} idle {kind} clients, parsnip RSS {base/1024:.1f} -> {mid/1024:.1f} "
-              f"({first} clients) -> {after/1024:.1f} MiB; {per:.2f} KiB per idle client overall, "
-              f"{marginal:.2f} KiB per additional idle client (clients {first + 1}..{a.clients})")
-        for w in conns:
-            w.close()
-    finally:
-        stop_process(p, signal.SIGINT, grace=20)
+    await (side_by_side(a) if a.pgbouncer_bin else embedded(a))
 
 
 if __name__ == "__main__":

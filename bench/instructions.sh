@@ -6,7 +6,8 @@
 #   bench/instructions.sh MODE [CONFIG-LINE]     e.g. bench/instructions.sh extended 'prepared_statements = false'
 #
 # Env: PGPORT (default 5432) and PGUSER (postgres) of that PostgreSQL; PARSNIP_BIN (default
-# target/release/parsnip). Runs parsnip (one worker thread, pool 4) under callgrind twice, with
+# target/release/parsnip); KEEP (a directory: the callgrind outputs are copied there, for
+# callgrind_annotate). Runs parsnip (one worker thread, pool 4) under callgrind twice, with
 # 16 clients x 20 and x 60 transactions, and prints (Ir(60) - Ir(20)) / 640: logins, start-up
 # and shutdown cancel out.
 set -euo pipefail
@@ -17,7 +18,7 @@ bin=${PARSNIP_BIN:-target/release/parsnip}
 pgport=${PGPORT:-5432}
 pguser=${PGUSER:-postgres}
 work=$(mktemp -d)
-trap 'pkill -INT -f "callgrind-out-file=$work" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'pkill -INT -f "callgrind-out-file=$work" 2>/dev/null || true; [ -n "${KEEP:-}" ] && cp $work/cg.* $KEEP/ ; rm -rf "$work"' EXIT
 printf 'log_level = "warn"\nauth_type = "trust"\n%s\n' "$cfgline" >"$work/parsnip.toml"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
