@@ -278,6 +278,9 @@ async fn session_set_config_never_leaks() {
         let stmt = a.prepare("SELECT set_config('work_mem', $1, false)").await.unwrap();
         a.query(&stmt, &[&"9MB"]).await.unwrap();
         assert_eq!(b.scalar("SHOW work_mem").await.unwrap(), "4MB", "{}", p.log_tail());
+        // Again: what the statement's text may do is remembered in the cached statement.
+        a.query(&stmt, &[&"10MB"]).await.unwrap();
+        assert_eq!(b.scalar("SHOW work_mem").await.unwrap(), "4MB", "{}", p.log_tail());
     })
     .await;
 }

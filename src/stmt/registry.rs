@@ -80,6 +80,11 @@ pub struct Statement {
     /// Whether its text is one plain read (`sql::is_plain_read`), worked out on first
     /// need: 0 not yet, 1 yes, 2 no (`session::pipeline`).
     pub(crate) plain_read: std::sync::atomic::AtomicU8,
+    /// What a Bind of it must watch for in its text, worked out on first need by the
+    /// session (`session::stmts::bind_text`): 0 not yet, else bit 0 set, bit 1 the text may
+    /// call `set_config` for the session, bit 2 it may be a SET/RESET/DISCARD or a
+    /// transaction statement.
+    pub(crate) bind_flags: std::sync::atomic::AtomicU8,
     /// How long batches using it recently took on a server.
     pub(crate) runs: super::RunTime,
     /// Its registry key and parameter types, to make a new generation.
@@ -135,6 +140,7 @@ impl Statement {
             desc: std::sync::OnceLock::new(),
             desc_epoch: AtomicU64::new(0),
             plain_read: Default::default(),
+            bind_flags: Default::default(),
             runs: Default::default(),
             key: key.into(),
             types: types.into(),

@@ -20,7 +20,7 @@ mod sql;
 pub(in crate::session) use shape::{describes_portal, same_shape};
 
 use super::reply_queue::{ClientFx, Fx, OnReply, Pending, Req};
-use super::{Phase, Session};
+use super::{Phase, Session, settings};
 use crate::error::{Error, SqlState};
 use crate::protocol::{body, frontend};
 use crate::state::{ServerState, TxStatus};
@@ -327,6 +327,37 @@ impl Session {
         } else {
             self.stmts.named.get(name).map(|s| &*s.query)
         }
+    }
+
+    /// The text of statement `name` as a Bind needs it: the text, whether it may call
+    /// `set_config` for the session (`settings::may_set_session_config`) and whether it may
+    /// be a tracked session statement (`settings::maybe_session_stmt`). A cached statement's
+    /// text never changes: both are worked out once and kept in it.
+    pub(super) fn bind_text(&self, name: &[u8]) -> (Option<&[u8]>, bool, bool) {
+        let cached = if name.is_empty() {
+            match &self.stmts.unnamed {
+                Unnamed::Plain { frame, .. } => {
+                    let text = frontend::parse_fields(body(frame)).map(|f| f.query);
+                    let sets = text.is_some_and(settings::may_set_session_config);
+                    return (text, sets, text.is_some_and(settings::maybe_session_stmt));
+                }
+                Unnamed::Cached(s) => s,
+                Unnamed::None => return (None, false, false),
+            }
+        } else {
+            match self.stmts.named.get(name) {
+                Some(s) => s,
+                None => return (None, false, false),
+            }
+        };
+        let mut flags = cached.bind_flags.load(Ordering::Relaxed);
+        if flags == 0 {
+            flags = 1
+                | u8::from(settings::may_set_session_config(&cached.query)) << 1
+                | u8::from(settings::maybe_session_stmt(&cached.query)) << 2;
+            cached.bind_flags.store(flags, Ordering::Relaxed);
+        }
+        (Some(&cached.query), flags & 2 != 0, flags & 4 != 0)
     }
 
     /// An error answered a request that used a cached statement.

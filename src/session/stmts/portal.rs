@@ -8,7 +8,6 @@ use crate::error::Error;
 use crate::protocol::{body, frontend};
 use crate::session::Session;
 use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Req, Synth};
-use crate::session::settings;
 use crate::state::ServerState;
 use crate::stmt::Statement;
 use std::sync::Arc;
@@ -30,13 +29,9 @@ impl Session {
                 // The portal is re-bound: a Describe of it no longer describes that statement.
                 self.stmts.last_bind = None;
             }
-            let text = self.statement_text(stmt_name);
-            let sets_config = text.is_some_and(settings::may_set_session_config);
+            let (text, sets_config, session_stmt) = self.bind_text(stmt_name);
             let standin = text == Some(DEALLOCATE_ALL_STANDIN);
-            let tracked = text
-                .filter(|t| settings::maybe_session_stmt(t))
-                .and_then(|t| std::str::from_utf8(t).ok())
-                .map(Box::<str>::from);
+            let tracked = text.filter(|_| session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
             self.server_dirty |= sets_config;
             if standin && bound {
