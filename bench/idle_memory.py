@@ -73,10 +73,10 @@ async def measure(port: int, pid: int, clients: int, prepared: bool, db: bytes =
         # marginal cost of one more idle client.
         first = clients // 3
         await asyncio.gather(*(one() for _ in range(first)))
-        time.sleep(1)
+        time.sleep(3)  # settled: parsnip trims its heap a tick after a burst of logins
         mid = rss_kib(pid)
         await asyncio.gather(*(one() for _ in range(clients - first)))
-        time.sleep(1)
+        time.sleep(3)  # settled: parsnip trims its heap a tick after a burst of logins
         return base, mid, rss_kib(pid)
     finally:
         for w in conns:

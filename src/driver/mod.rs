@@ -353,8 +353,12 @@ async fn janitor(shared: Arc<Shared>) {
     let mut unused_since: HashMap<PoolKey, std::time::Instant> = HashMap::new();
     let stats_period = Duration::from_secs(shared.cfg.load().stats_period);
     let mut period_start = std::time::Instant::now();
+    let mut heap = HeapTrim::default();
     loop {
         tick.tick().await;
+        if heap.burst_over(shared.client_slots.available_permits()) {
+            trim_heap();
+        }
         let pools: Vec<Arc<ServerPool>> =
             shared.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         let now = std::time::Instant::now();
@@ -371,6 +375,39 @@ async fn janitor(shared: Arc<Shared>) {
         }
         reap_pools(&shared, &mut unused_since, std::time::Instant::now());
     }
+}
+
+/// Gives the allocator's free memory back to the system once a burst of logins or logouts
+/// is over (a tick with no change in the number of clients after ticks with some): the
+/// buffers and login state of many clients in flight at once are freed afterwards but stay
+/// in the process's heaps, between the clients that stayed, unless trimmed. Never during
+/// a burst, nor under a steady churn of connections, where the memory is being reused.
+#[derive(Default)]
+struct HeapTrim {
+    clients_free: usize,
+    moved: bool,
+}
+
+impl HeapTrim {
+    /// Called once a tick with the number of free client slots: true when it is time to trim.
+    fn burst_over(&mut self, clients_free: usize) -> bool {
+        if clients_free != self.clients_free {
+            self.clients_free = clients_free;
+            self.moved = true;
+            return false;
+        }
+        std::mem::take(&mut self.moved)
+    }
+}
+
+fn trim_heap() {
+    let t0 = std::time::Instant::now();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    tracing::debug!(took_us = t0.elapsed().as_micros() as u64, "heap trimmed after a burst of logins or logouts");
 }
 
 /// Drops the pools nothing uses: no client holds one (the map's reference is the only one),
@@ -405,4 +442,22 @@ fn reap_pools(shared: &Shared, unused_since: &mut HashMap<PoolKey, std::time::In
 fn janitor_period(cfg: &Config) -> Duration {
     let second = Duration::from_secs(1);
     cfg.query_wait_timeout().map_or(second, |t| (t / 4).clamp(Duration::from_millis(10), second))
+}
+
+#[cfg(test)]
+mod heap_trim {
+    #[test]
+    fn the_heap_is_trimmed_once_when_a_burst_is_over() {
+        let mut h = super::HeapTrim { clients_free: 100, moved: false };
+        assert!(!h.burst_over(100), "nothing happened");
+        assert!(!h.burst_over(90), "logins under way");
+        assert!(!h.burst_over(80));
+        assert!(h.burst_over(80), "a quiet tick after the burst");
+        assert!(!h.burst_over(80), "once");
+        // A steady churn of connections: never (its memory is being reused).
+        for n in [70, 71, 70, 72, 71] {
+            assert!(!h.burst_over(n));
+        }
+        assert!(h.burst_over(71));
+    }
 }
