@@ -83,3 +83,32 @@ async fn reload_changes_adds_and_removes_databases_without_dropping_clients() {
     })
     .await;
 }
+
+/// A client idle timeout added by a reload counts a connected client's idleness from its
+/// last request (or from the reload), not from when it connected: a client older than the
+/// timeout keeps working, and is closed once idle that long.
+#[tokio::test]
+async fn a_reloaded_idle_timeout_counts_from_the_last_request() {
+    let p = Parsnip::with_config(&config(&database("rlidle", "postgres", 1)));
+    if direct_mode() {
+        return;
+    }
+    bounded(60, "a_reloaded_idle_timeout_counts_from_the_last_request", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let mut raw = p.raw_login("postgres", SUPER_PW, "rlidle").await;
+        assert_eq!(raw.scalar("select 1").await.unwrap().as_deref(), Some("1"));
+        // The client is now older than the timeout the reload brings.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        p.rewrite_config(&config(&format!("client_idle_timeout_ms = 1000\n{}", database("rlidle", "postgres", 1))));
+        console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}\n{}", describe(&e), p.log_tail()));
+        for i in 2..5 {
+            let got = raw.scalar(&format!("select {i}")).await;
+            assert_eq!(got.unwrap().as_deref(), Some(&*i.to_string()), "request {i}\n{}", p.log_tail());
+        }
+        let t0 = Instant::now();
+        let e = raw.expect_error_and_close(Duration::from_secs(10), "idle client").await;
+        assert_eq!(e.code(), "57P05", "{e}\n{}", p.log_tail());
+        assert!(t0.elapsed() >= Duration::from_millis(800), "closed after {:?}", t0.elapsed());
+    })
+    .await;
+}

@@ -148,8 +148,9 @@ impl Proxy {
         // client: both kick every slot they concern) finds `stopping` or the kill flag set.
         let mut stop_registered = false;
         let mut idle_since = std::time::Instant::now();
-        // The clock is read per batch only when a timeout needs it.
-        let timed = self.timeouts().any();
+        // The clock is read per batch only when a timeout needs it (and a reload may add
+        // one: `idle_since` then starts at the reload, not at the client's last request).
+        let mut timed = self.timeouts().any();
         // Only with an idle timeout configured.
         let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
@@ -193,6 +194,10 @@ impl Proxy {
             };
             let has_deadline = {
                 let timeouts = self.timeouts();
+                if timeouts.any() != timed {
+                    timed = !timed;
+                    idle_since = std::time::Instant::now();
+                }
                 let buffered = !self.cbuf.is_empty();
                 let deadline = self.session.get().poll_timeout(&timeouts, idle_since, buffered).map(Instant::from_std);
                 match (deadline, timer.as_mut()) {
