@@ -74,6 +74,18 @@ impl ClientStmts {
     }
 }
 
+/// `Session::bind_text` of a cached statement: its flags are worked out once.
+pub(in crate::session) fn cached_bind_text(s: &Statement) -> (Option<&[u8]>, bool, bool) {
+    let mut flags = s.bind_flags.load(Ordering::Relaxed);
+    if flags == 0 {
+        flags = 1
+            | u8::from(settings::may_set_session_config(&s.query)) << 1
+            | u8::from(settings::maybe_session_stmt(&s.query)) << 2;
+        s.bind_flags.store(flags, Ordering::Relaxed);
+    }
+    (Some(&s.query), flags & 2 != 0, flags & 4 != 0)
+}
+
 /// Reserved statement name that never exists on a server: a request naming it fails with
 /// 26000, which puts the server in the same error state PostgreSQL itself would be in.
 const PROBE: &[u8] = b"parsnip_probe";
@@ -350,14 +362,7 @@ impl Session {
                 None => return (None, false, false),
             }
         };
-        let mut flags = cached.bind_flags.load(Ordering::Relaxed);
-        if flags == 0 {
-            flags = 1
-                | u8::from(settings::may_set_session_config(&cached.query)) << 1
-                | u8::from(settings::maybe_session_stmt(&cached.query)) << 2;
-            cached.bind_flags.store(flags, Ordering::Relaxed);
-        }
-        (Some(&cached.query), flags & 2 != 0, flags & 4 != 0)
+        cached_bind_text(cached)
     }
 
     /// An error answered a request that used a cached statement.

@@ -29,7 +29,11 @@ impl Session {
                 // The portal is re-bound: a Describe of it no longer describes that statement.
                 self.stmts.last_bind = None;
             }
-            let (text, sets_config, session_stmt) = self.bind_text(stmt_name);
+            let (text, sets_config, session_stmt) = match &resolved {
+                // Resolved already: no second lookup of its name.
+                Resolved::Cached(s) => super::cached_bind_text(s),
+                _ => self.bind_text(stmt_name),
+            };
             let standin = text == Some(DEALLOCATE_ALL_STANDIN);
             let tracked = text.filter(|_| session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
