@@ -77,7 +77,8 @@ async fn log_in(mut stream: Stream, shared: Arc<Shared>, cancel_only: bool) -> O
     });
     let registry =
         (pool.mode != PoolMode::Session && shared.cfg.load().prepared_statements).then(|| pool.stmts.clone());
-    let session = Session::new(pool.mode, settings, pid as u64, registry);
+    let mut session = Session::new(pool.mode, settings, pid as u64, registry);
+    session.set_read_split(pool.connector().split().is_some());
     let mut p = Proxy::new(stream, buf, session, pool, slot, shared);
     if let Some(s) = server {
         p.link_at_login(s);

@@ -297,7 +297,7 @@ impl Session {
     pub(super) fn need_server(&mut self, frame: &[u8]) -> bool {
         if self.link == Link::Unlinked {
             self.link = Link::Acquiring;
-            self.wants_reads = self.is_read_batch(frame);
+            self.wants_reads = self.read_split && self.is_read_batch(frame);
             self.actions.push_back(Action::AcquireServer);
         }
         false

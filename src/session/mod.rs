@@ -145,6 +145,9 @@ pub struct Session {
     /// The linked server is a standby's (`set_on_reads`): only plain reads are written to
     /// it; anything else waits until it is given back, then goes to the primary.
     on_reads: bool,
+    /// The client's pool splits plain reads to standbys (`set_read_split`): only then is a
+    /// batch asking for a server looked at for being one (`is_read_batch`).
+    read_split: bool,
     /// The client's transaction.
     tx: TxState,
     /// The client's prepared statements.
@@ -225,6 +228,7 @@ impl Session {
             pinned: false,
             wants_reads: false,
             on_reads: false,
+            read_split: false,
             tx: TxState::default(),
             stmts: Box::new(ClientStmts::new(registry)),
             retry: Retry::default(),

@@ -23,6 +23,7 @@ pub struct Parked {
     tally: Tally,
     stmts: ParkedStmts,
     mode: PoolMode,
+    read_split: bool,
 }
 
 /// An idle client's prepared statements: without any (the client sends simple Queries, or
@@ -98,6 +99,7 @@ impl Session {
             tally: std::mem::take(&mut self.tally),
             stmts,
             mode: self.mode,
+            read_split: self.read_split,
         })
     }
 
@@ -109,6 +111,7 @@ impl Session {
         self.uid = p.uid;
         self.tally = p.tally;
         self.mode = p.mode;
+        self.read_split = p.read_split;
         match p.stmts {
             ParkedStmts::None { registry, unnamed_seq } => {
                 self.stmts.registry = registry;

@@ -135,6 +135,12 @@ impl Session {
         self.wants_reads
     }
 
+    /// Whether the client's pool has a read/write split (`read_write_split`): without one,
+    /// no batch is looked at for being a plain read.
+    pub(crate) fn set_read_split(&mut self, on: bool) {
+        self.read_split = on;
+    }
+
     /// The driver linked a standby's connection (after `handle_server_linked`) for the
     /// plain read that asked for a server: until it is given back, only plain reads go to
     /// it.

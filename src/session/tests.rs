@@ -1256,8 +1256,13 @@ fn tally_counts_errors_by_class() {
 
 #[test]
 fn a_plain_autocommit_read_asks_for_a_standby_and_anything_else_waits_for_the_primary() {
+    // Without a split in the pool, no batch is looked at.
+    let mut h = H::cached();
+    h.client(query("select abalance from pgbench_accounts where aid = 1"));
+    assert!(!h.s.wants_reads(), "no read/write split");
     let mut h = H::cached();
     h.reads = true;
+    h.s.set_read_split(true);
     h.client(query("select abalance from pgbench_accounts where aid = 1"));
     assert!(h.s.wants_reads(), "one plain read outside a transaction");
     // Sent before the read's replies: another read goes to the same standby, a write waits.
@@ -1284,6 +1289,7 @@ fn a_plain_autocommit_read_asks_for_a_standby_and_anything_else_waits_for_the_pr
         "begin",
     ] {
         let mut h = H::cached();
+        h.s.set_read_split(true);
         h.client(query(sql));
         assert!(!h.s.wants_reads(), "{sql}");
     }

@@ -122,6 +122,9 @@ impl Proxy {
         } else if !self.session.get().wants_reads() && self.pool.connector().split().is_some() {
             self.slot.live.primary_at.store(split::tick(), Ordering::Relaxed);
         }
+        // A reload may have given the pool a split since the client logged in.
+        let split = self.pool.key.purpose == PoolPurpose::Reads || self.pool.connector().split().is_some();
+        self.session.get().set_read_split(split);
     }
 
     /// Session mode: the server bound at login (`login::bind_at_login`) is the client's from
