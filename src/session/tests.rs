@@ -1318,18 +1318,18 @@ fn an_idle_session_is_parked_and_comes_back_whole() {
     assert_eq!(h.client_out(), "1Z");
     assert_eq!(h.parks, 2, "parked once idle, with a statement");
     // In a transaction block: never parked.
-    h.client(query("begin"));
-    h.server_out();
-    h.server(msg(b'C', b"BEGIN\0"));
-    h.server(rfq(b'T'));
-    assert_eq!(h.client_out(), "CZ");
+    // One statement sent, completed by `tag`, ending with status `status`, written out.
+    let round_trip = |h: &mut H, sql: &str, tag: &[u8], status: u8| {
+        h.client(query(sql));
+        h.server_out();
+        h.server(msg(b'C', tag));
+        h.server(rfq(status));
+        assert_eq!(h.client_out(), "CZ");
+    };
+    round_trip(&mut h, "begin", b"BEGIN\0", b'T');
     assert_eq!(h.parks, 2);
     assert!(h.s.park().is_none(), "a session in a transaction is not at rest");
-    h.client(query("commit"));
-    h.server_out();
-    h.server(msg(b'C', b"COMMIT\0"));
-    h.server(rfq(b'I'));
-    assert_eq!(h.client_out(), "CZ");
+    round_trip(&mut h, "commit", b"COMMIT\0", b'I');
     assert_eq!(h.parks, 3);
     // The statement came through the swaps: its Bind on a fresh server re-parses it.
     h.srv = ServerState::default();
