@@ -328,17 +328,23 @@ impl Session {
         self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
     }
 
-    /// The SQL text of the client's statement `name` ("" = unnamed), if known.
-    fn statement_text(&self, name: &[u8]) -> Option<&[u8]> {
+    /// The client's statement `name` ("" = unnamed): a cached one, or the text of its plain
+    /// unnamed statement.
+    fn client_statement(&self, name: &[u8]) -> Option<Result<&Arc<Statement>, &[u8]>> {
         if name.is_empty() {
             match &self.stmts.unnamed {
-                Unnamed::Plain { frame, .. } => frontend::parse_fields(body(frame)).map(|f| f.query),
-                Unnamed::Cached(s) => Some(&s.query),
+                Unnamed::Plain { frame, .. } => frontend::parse_fields(body(frame)).map(|f| Err(f.query)),
+                Unnamed::Cached(s) => Some(Ok(s)),
                 Unnamed::None => None,
             }
         } else {
-            self.stmts.named.get(name).map(|s| &*s.query)
+            self.stmts.named.get(name).map(Ok)
         }
+    }
+
+    /// The SQL text of the client's statement `name` ("" = unnamed), if known.
+    fn statement_text(&self, name: &[u8]) -> Option<&[u8]> {
+        self.client_statement(name).map(|s| s.map_or_else(|text| text, |s| &*s.query))
     }
 
     /// The text of statement `name` as a Bind needs it: the text, whether it may call
@@ -346,23 +352,11 @@ impl Session {
     /// be a tracked session statement (`settings::maybe_session_stmt`). A cached statement's
     /// text never changes: both are worked out once and kept in it.
     pub(super) fn bind_text(&self, name: &[u8]) -> (Option<&[u8]>, bool, bool) {
-        let cached = if name.is_empty() {
-            match &self.stmts.unnamed {
-                Unnamed::Plain { frame, .. } => {
-                    let text = frontend::parse_fields(body(frame)).map(|f| f.query);
-                    let sets = text.is_some_and(settings::may_set_session_config);
-                    return (text, sets, text.is_some_and(settings::maybe_session_stmt));
-                }
-                Unnamed::Cached(s) => s,
-                Unnamed::None => return (None, false, false),
-            }
-        } else {
-            match self.stmts.named.get(name) {
-                Some(s) => s,
-                None => return (None, false, false),
-            }
-        };
-        cached_bind_text(cached)
+        match self.client_statement(name) {
+            Some(Ok(s)) => cached_bind_text(s),
+            Some(Err(text)) => (Some(text), settings::may_set_session_config(text), settings::maybe_session_stmt(text)),
+            None => (None, false, false),
+        }
     }
 
     /// An error answered a request that used a cached statement.
