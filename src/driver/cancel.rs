@@ -94,9 +94,13 @@ impl CancelSlot {
     }
     /// Returns once `kill` was called (a client waiting for a server is closed too).
     pub(crate) async fn killed_while_queued(&self) {
+        self.kicked_until(|| self.is_killed()).await
+    }
+    /// Completes once `done` holds, looked at each time the task is kicked (`watch`).
+    async fn kicked_until(&self, done: impl Fn() -> bool) {
         std::future::poll_fn(|cx| {
             self.watch(cx.waker());
-            if self.is_killed() { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+            if done() { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
         })
         .await
     }
@@ -138,15 +142,7 @@ impl CancelSlot {
     /// is waiting in the pool's queue).
     pub(crate) async fn cancelled_while_queued(&self) {
         let before = self.queued_cancels.load(Ordering::Acquire);
-        std::future::poll_fn(|cx| {
-            self.watch(cx.waker());
-            if self.queued_cancels.load(Ordering::Acquire) != before {
-                std::task::Poll::Ready(())
-            } else {
-                std::task::Poll::Pending
-            }
-        })
-        .await
+        self.kicked_until(|| self.queued_cancels.load(Ordering::Acquire) != before).await
     }
     /// The client's server, with a cancel counted in flight on it; or the cancel is held
     /// (None, and `false`: nothing to wake). Under the slot's lock, so a release (which
