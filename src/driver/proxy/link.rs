@@ -115,16 +115,16 @@ impl Proxy {
     /// that ran more than plain reads on the primary of a split reads from it for
     /// `read_your_writes_ms`.
     fn after_release(&mut self) {
-        if self.pool.key.purpose == PoolPurpose::Reads {
-            if let Some(primary) = split::primary_of(&self.pool) {
-                self.pool = primary;
-            }
-        } else if !self.session.get().wants_reads() && self.pool.connector().split().is_some() {
-            self.slot.live.primary_at.store(split::tick(), Ordering::Relaxed);
+        let was_reads = self.pool.key.purpose == PoolPurpose::Reads;
+        if was_reads && let Some(primary) = split::primary_of(&self.pool) {
+            self.pool = primary;
         }
         // A reload may have given the pool a split since the client logged in.
-        let split = self.pool.key.purpose == PoolPurpose::Reads || self.pool.connector().split().is_some();
-        self.session.get().set_read_split(split);
+        let has_split = self.pool.key.purpose == PoolPurpose::Reads || self.pool.connector().split().is_some();
+        if !was_reads && has_split && !self.session.get().wants_reads() {
+            self.slot.live.primary_at.store(split::tick(), Ordering::Relaxed);
+        }
+        self.session.get().set_read_split(has_split);
     }
 
     /// Session mode: the server bound at login (`login::bind_at_login`) is the client's from
