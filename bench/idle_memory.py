@@ -13,10 +13,12 @@ only the release binary (cargo build --release) and PostgreSQL's binaries.
 newer) in front of it, both measured the same way, and the ratio."""
 import argparse
 import asyncio
+import os
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -110,7 +112,6 @@ async def embedded(a) -> None:
 
 
 async def side_by_side(a) -> None:
-    import tempfile
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import systems  # bench/systems.py: the benchmark's cluster and poolers
     from throwaway import CLEANUPS, service_user
@@ -120,7 +121,6 @@ async def side_by_side(a) -> None:
         raise SystemExit(f"idle-memory: {version}")
     tmp = Path(tempfile.mkdtemp(prefix="parsnip-idle-"))
     if user:
-        import os
         os.chown(tmp, user.pw_uid, user.pw_gid)
     try:
         pg = systems.Postgres(find_pg_bindir(a.pg_bin), tmp, user)
