@@ -286,7 +286,13 @@ impl Session {
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {
                 self.to_server.extend_from_slice(frame);
                 if tag != tags::COPY_DATA {
-                    self.leave(Phase::CopyIn);
+                    if self.phase == Phase::CopyIn {
+                        self.leave(Phase::CopyIn);
+                    } else {
+                        // Sent ahead of the server's CopyInResponse (or outside any COPY,
+                        // where PostgreSQL ignores it).
+                        self.replies.copy_end_sent();
+                    }
                 }
             }
             tags::TERMINATE => self.close(),

@@ -253,6 +253,10 @@ pub(crate) struct Pending {
     pub(crate) plain_read: bool,
     /// Side effects.
     pub(crate) fx: Fx,
+    /// The client sent CopyDone or CopyFail right after this request, before the server
+    /// could have answered it: if this request starts a COPY FROM STDIN, the client has
+    /// already ended it (`ReplyQueue::copy_in_started`).
+    pub(crate) copy_end_after: bool,
     /// Part of a client's simple Query run as an autoprepared statement
     /// (`stmts::autoprepare`): its ParseComplete, BindComplete and NoData are not the
     /// client's, and error positions map back to the client's text through these edits.
@@ -275,6 +279,7 @@ impl Pending {
             tracked_sql: None,
             failed: false,
             plain_read: false,
+            copy_end_after: false,
             fx,
             simple: None,
         }
@@ -288,6 +293,7 @@ impl Pending {
             tracked_sql: None,
             failed: false,
             plain_read: false,
+            copy_end_after: false,
             fx: Fx::default(),
             simple: None,
         }
@@ -406,11 +412,30 @@ impl ReplyQueue {
             next.fx = Fx { script: next.fx.script.take(), ..Fx::default() };
         }
     }
-    /// In COPY FROM STDIN mode the server ignores Sync and Flush: drop the Syncs queued
-    /// right behind the head (the Execute that started the copy).
-    pub(crate) fn drop_syncs_after_head(&mut self) {
+    /// The head (an Execute or Query) started COPY FROM STDIN. In COPY FROM STDIN mode the
+    /// server ignores Sync and Flush: the Syncs queued right behind the head that the
+    /// client sent before ending the copy get no reply and are dropped. True when the
+    /// client has already ended the copy (a CopyDone or CopyFail followed the head or one
+    /// of those Syncs): the session is then not in COPY any more as far as the client's
+    /// next messages go.
+    pub(crate) fn copy_in_started(&mut self) -> bool {
+        if self.q.front().is_some_and(|h| h.copy_end_after) {
+            return true;
+        }
         while self.q.len() > 1 && self.q[1].req == Req::Sync && self.q[1].purpose == Purpose::Client {
+            let ended = self.q[1].copy_end_after;
             self.q.remove(1);
+            if ended {
+                return true;
+            }
+        }
+        false
+    }
+    /// The client sent CopyDone or CopyFail: noted on the request queued last (see
+    /// `copy_in_started`).
+    pub(crate) fn copy_end_sent(&mut self) {
+        if let Some(p) = self.q.back_mut() {
+            p.copy_end_after = true;
         }
     }
     /// Nothing outstanding.

@@ -173,9 +173,10 @@ impl Session {
             }
         }
         if tag == tags::COPY_IN_RESPONSE {
-            self.enter(Phase::CopyIn);
-            if req == Req::Execute {
-                self.replies.drop_syncs_after_head();
+            // Unless the client's CopyDone or CopyFail is already on its way, what it sends
+            // next is COPY data, and its Syncs get no reply until the copy ends.
+            if !self.replies.copy_in_started() {
+                self.enter(Phase::CopyIn);
             }
         } else if req.completed_by(tag) {
             self.complete_head(tag);
