@@ -110,6 +110,10 @@ pub(crate) fn flush(buf: &mut BytesMut) {
 pub fn sync(buf: &mut BytesMut) {
     write_msg(buf, tags::SYNC, |_| {});
 }
+/// CopyFail with `message` (PostgreSQL ignores it outside COPY FROM STDIN).
+pub(crate) fn copy_fail(buf: &mut BytesMut, message: &str) {
+    write_msg(buf, tags::COPY_FAIL, |b| put_cstr(b, message.as_bytes()));
+}
 /// Terminate.
 pub(crate) fn terminate(buf: &mut BytesMut) {
     write_msg(buf, tags::TERMINATE, |_| {});

@@ -14,7 +14,8 @@
 //! stale plan), `pipeline` (lending the server to other clients' fast reads),
 //! `reply_queue` (what each reply in flight is for), `settings` (recognizing SQL that
 //! changes settings), `timeout` (which idle timeout applies, and its error), `park` (what
-//! an idle client keeps while its busy half serves others). `Session` holds each part's
+//! an idle client keeps while its busy half serves others), `settle` (bringing a server
+//! back to idle when its client left it mid-conversation). `Session` holds each part's
 //! state in a field of its own.
 
 mod client;
@@ -26,6 +27,7 @@ pub(crate) mod reply_queue;
 mod retry;
 mod server;
 pub(crate) mod settings;
+mod settle;
 mod stmts;
 mod timeout;
 pub(crate) use timeout::Timeouts;

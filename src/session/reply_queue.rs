@@ -113,6 +113,9 @@ pub(crate) enum Purpose {
     /// `EXECUTE` of a statement this server does not have): the request queued after it
     /// depends on that PREPARE.
     Prepare,
+    /// The Sync the pooler sends to bring a server back to idle after its client left
+    /// (`session::settle`).
+    Settle,
 }
 
 /// A change to the client's statement names made when the request was sent, undone if the

@@ -100,6 +100,21 @@ impl Session {
         let Some(head) = self.replies.head() else {
             return self.desync(tag);
         };
+        if tag == tags::ERROR_RESPONSE && is_fatal(body(frame)) && !head.is_synth() {
+            // A FATAL answering a request (the backend was terminated mid-query, or its
+            // postmaster died): it is the request's answer and the connection's end. The
+            // client gets it once, as PostgreSQL sent it (worded for the client where the
+            // request was rewritten), and nothing after it: the server closing is no news.
+            let forwarded = matches!(head.on_reply, OnReply::Forward | OnReply::Inject | OnReply::ReplaceError(_))
+                || head.purpose == Purpose::SyncSettings;
+            tracing::info!(error = %backend::ErrorText(body(frame)), "server ended the connection");
+            self.on_error(frame, server);
+            if !forwarded {
+                self.to_client.extend_from_slice(frame);
+            }
+            self.replies.clear();
+            return self.fail_quiet();
+        }
         if head.is_synth() {
             // A local answer should have been drained already; the server is ahead of us.
             return self.desync(tag);

@@ -2,7 +2,7 @@
 //! lending it to the next client's batch, giving it back, and settling it when the client
 //! leaves (replies drained, transaction rolled back, reset in session mode).
 
-use super::relay::{large_frame, pass_streamed, read_available};
+use super::relay::{large_frame, pass_streamed, pump, read_available};
 use super::{Linked, Proxy, ServerWait};
 use crate::config::PoolMode;
 use crate::driver::pipe::Pipe;
@@ -254,8 +254,7 @@ impl Proxy {
         };
         let cfg = self.shared.cfg.load_full();
         let t = cfg.server_connect_timeout();
-        let mut ok =
-            self.session.get().outstanding() == 0 && s.rbuf.is_empty() && self.session.get().to_server.is_empty();
+        let mut ok = self.bring_to_idle(&mut s, t).await;
         if ok && s.state.tx_status != TxStatus::Idle {
             ok = s.run_internal("ROLLBACK", t).await;
         }
@@ -272,6 +271,46 @@ impl Proxy {
             ok = false;
         }
         servers::release(&self.pool, s, ok);
+    }
+
+    /// The client left: brings its server back to idle (`session::settle`) — what the
+    /// session still had for it written out, then, unless the session saw it settled, a
+    /// CopyFail and a Sync of parsnip's own and every reply up to that Sync's
+    /// ReadyForQuery read through the session and dropped — within `limit`. False when the
+    /// connection cannot be reused (the bound passed, it broke, or the session gave it up).
+    async fn bring_to_idle(&mut self, s: &mut ServerConn, limit: Duration) -> bool {
+        let session = self.session.get();
+        session.to_client.clear();
+        if session.server_settled() && session.to_server.is_empty() && s.rbuf.is_empty() && s.streaming == 0 {
+            return session.settled_reusable();
+        }
+        session.settle_server();
+        let out = std::mem::take(&mut session.to_server);
+        let drained = tokio::time::timeout(limit, async {
+            if s.stream.write_all(&out).await.is_err() {
+                return false;
+            }
+            loop {
+                let eof = pump(session, s);
+                session.to_client.clear();
+                if session.outstanding() == 0 {
+                    return s.streaming == 0;
+                }
+                if eof || !session.to_server.is_empty() {
+                    return false;
+                }
+                let ready = std::future::poll_fn(|cx| s.stream.poll_read_ready(cx)).await;
+                if ready.is_err() {
+                    return false;
+                }
+            }
+        })
+        .await
+        .unwrap_or(false);
+        if !drained {
+            tracing::debug!("server connection closed: it did not come back to idle after its client left");
+        }
+        drained && s.rbuf.is_empty() && session.settled_reusable()
     }
 
     /// The client left with a ticket on a shared connection. With tickets behind it (its

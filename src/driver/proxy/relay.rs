@@ -220,7 +220,7 @@ fn feed_frames(session: &mut Session, cbuf: &mut BytesMut, mut state: Option<&mu
 /// Reads all the server has sent and feeds whole frames to the session, until the
 /// session gives the server back (what follows is the next ticket's). True at end of
 /// stream or on a read error.
-fn pump(session: &mut Session, s: &mut ServerConn) -> bool {
+pub(super) fn pump(session: &mut Session, s: &mut ServerConn) -> bool {
     bufpool::ensure(&mut session.to_client);
     let eof = read_available(s);
     let mut at = 0;

@@ -1,0 +1,50 @@
+//! The rule that keeps one client from disturbing another: a server connection goes back
+//! to the pool only in a state the session has seen — every request answered, the last
+//! batch ended by a Sync the server answered, no COPY and no skip-to-Sync in progress.
+//! When a client leaves (or is closed) with its server in any other state, the session
+//! ends what the client left open itself and reads the replies still to come through the
+//! same reply queue as always, dropping them; the driver waits for that within a bound,
+//! and closes the connection when the bound passes or anything does not add up.
+
+use super::reply_queue::{Pending, Purpose, Req};
+use super::{Action, Link, Phase, Session};
+use crate::protocol::frontend;
+
+impl Session {
+    /// The linked server is idle for all the session knows: nothing outstanding, no
+    /// extended-protocol batch open without its Sync, not in COPY FROM STDIN nor skipping
+    /// to a Sync after an error.
+    pub(crate) fn server_settled(&self) -> bool {
+        self.replies.is_empty() && !self.replies.is_unsynced() && self.phase == Phase::Ready
+    }
+
+    /// The client is gone while a server is linked that is not settled (`server_settled`):
+    /// writes to `to_server` what ends whatever it left open — a CopyFail (which
+    /// PostgreSQL ignores outside COPY, and which ends a COPY FROM STDIN with an error)
+    /// and a Sync (which ends a batch, a skip to Sync after an error, and the implicit
+    /// transaction) — and queues the Sync's ReadyForQuery as the pooler's own. The driver
+    /// then writes `to_server` and feeds the server's frames until nothing is outstanding
+    /// (`outstanding() == 0`); what they write to `to_client` is nobody's and is dropped.
+    /// The session is closing from here on.
+    pub(crate) fn settle_server(&mut self) {
+        self.phase = Phase::Closing;
+        self.link = Link::Linked;
+        self.actions.clear();
+        frontend::copy_fail(&mut self.to_server, "the client disconnected");
+        frontend::sync(&mut self.to_server);
+        self.replies.push(Pending::internal(Req::Sync, Purpose::Settle));
+    }
+
+    /// After a settle: whether the server may be reused — false when the session gave it
+    /// up meanwhile (a FATAL, a reply that matched nothing) or it ran something parsnip
+    /// cannot undo (`server_dirty`). Takes the actions queued meanwhile.
+    pub(crate) fn settled_reusable(&mut self) -> bool {
+        let mut reusable = !self.server_dirty;
+        while let Some(a) = self.actions.pop_front() {
+            if a == (Action::ReleaseServer { reusable: false }) {
+                reusable = false;
+            }
+        }
+        reusable
+    }
+}

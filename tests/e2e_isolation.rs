@@ -1,0 +1,240 @@
+//! Isolation (issue 23): a client that leaves a server connection in any state — mid
+//! extended-protocol batch, mid-COPY, mid-message, inside a transaction, with an error
+//! pending — must not change what the next client on that connection gets. Each case runs
+//! with a pool of one server connection, so the next client is sure to be handed the very
+//! connection the leaver used.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+fn cstr(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+fn parse(name: &str, sql: &str) -> Vec<u8> {
+    let mut b = cstr(name);
+    b.extend(cstr(sql));
+    b.extend(0u16.to_be_bytes());
+    msg(b'P', &b)
+}
+
+fn bind(portal: &str, stmt: &str) -> Vec<u8> {
+    let mut b = cstr(portal);
+    b.extend(cstr(stmt));
+    b.extend([0, 0, 0, 0, 0, 0]);
+    msg(b'B', &b)
+}
+
+fn execute(portal: &str) -> Vec<u8> {
+    let mut b = cstr(portal);
+    b.extend(0u32.to_be_bytes());
+    msg(b'E', &b)
+}
+
+fn sync() -> Vec<u8> {
+    msg(b'S', &[])
+}
+
+fn flush() -> Vec<u8> {
+    msg(b'H', &[])
+}
+
+fn copy_data(d: &str) -> Vec<u8> {
+    msg(b'd', d.as_bytes())
+}
+
+/// What a leaving client sends before it closes its socket, and how long it reads first.
+struct Leaver {
+    name: &'static str,
+    bytes: Vec<u8>,
+    /// Read replies until this tag before closing (None: close right after sending).
+    read_until: Option<u8>,
+}
+
+fn leavers() -> Vec<Leaver> {
+    let t = "iso_copy";
+    let cat = |parts: &[Vec<u8>]| parts.concat();
+    vec![
+        Leaver {
+            name: "failing execute, no sync",
+            bytes: cat(&[parse("", "SELECT 1/0"), bind("", ""), execute("")]),
+            read_until: None,
+        },
+        Leaver {
+            name: "failing execute and flush, error read, no sync",
+            bytes: cat(&[parse("", "SELECT 1/0"), bind("", ""), execute(""), flush()]),
+            read_until: Some(b'E'),
+        },
+        Leaver {
+            name: "good execute, no sync",
+            bytes: cat(&[parse("", "SELECT 1"), bind("", ""), execute("")]),
+            read_until: None,
+        },
+        Leaver {
+            name: "named statement and open portal, flush, no sync",
+            bytes: cat(&[
+                parse("leaver_s", "SELECT g FROM generate_series(1, 10) g"),
+                bind("leaver_p", "leaver_s"),
+                msg(b'E', &[cstr("leaver_p"), 2u32.to_be_bytes().to_vec()].concat()),
+                flush(),
+            ]),
+            read_until: Some(b's'),
+        },
+        Leaver {
+            name: "extended COPY FROM STDIN abandoned",
+            bytes: cat(&[
+                parse("", &format!("COPY {t} FROM STDIN")),
+                bind("", ""),
+                execute(""),
+                sync(),
+                copy_data("1\n"),
+            ]),
+            read_until: Some(b'G'),
+        },
+        Leaver {
+            name: "simple COPY FROM STDIN abandoned",
+            bytes: cat(&[query_msg(&format!("COPY {t} FROM STDIN")), copy_data("2\n")]),
+            read_until: Some(b'G'),
+        },
+        Leaver {
+            name: "half a message",
+            bytes: {
+                let q = query_msg("SELECT 'half'");
+                q[..q.len() - 4].to_vec()
+            },
+            read_until: None,
+        },
+        Leaver {
+            name: "parse half sent after a flushed execute",
+            bytes: cat(&[
+                parse("", "SELECT 1"),
+                bind("", ""),
+                execute(""),
+                flush(),
+                parse("", "SELECT 2")[..6].to_vec(),
+            ]),
+            read_until: None,
+        },
+        Leaver {
+            name: "open transaction with a pending query",
+            bytes: cat(&[query_msg("BEGIN"), query_msg("SELECT pg_sleep(0.2)")]),
+            read_until: None,
+        },
+        Leaver {
+            name: "failed transaction, extended, no sync",
+            bytes: cat(&[query_msg("BEGIN"), parse("", "SELECT 1/0"), bind("", ""), execute(""), flush()]),
+            read_until: Some(b'E'),
+        },
+    ]
+}
+
+/// The next client on the same connection gets exactly its own answers, in both protocols.
+/// Returns the pid of the backend that served it.
+async fn next_client_is_served(p: &Parsnip, case: &str) -> String {
+    let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+    let r = within(Duration::from_secs(10), raw.scalar("SELECT 42")).await;
+    match r {
+        Ok(Ok(v)) => assert_eq!(v.as_deref(), Some("42"), "{case}: simple query"),
+        Ok(Err(e)) => panic!("{case}: simple query failed: {e}\n{}", p.log_tail()),
+        Err(e) => panic!("{case}: simple query: {e}\n{}", p.log_tail()),
+    }
+    raw.send(&[parse("", "SELECT 43"), bind("", ""), execute(""), sync()].concat()).await.unwrap();
+    let r = within(Duration::from_secs(10), raw.read_until_ready()).await;
+    let (frames, _) = r.unwrap_or_else(|e| panic!("{case}: extended query: {e}\n{}", p.log_tail()));
+    let got = summarize(&frames);
+    assert!(
+        frames.iter().map(|f| f.tag).collect::<Vec<_>>() == b"12DCZ" && frames[2].body.ends_with(b"43"),
+        "{case}: extended query got {got}\n{}",
+        p.log_tail()
+    );
+    // Nothing of the leaver's is left in the session: no open transaction, no statement.
+    assert_eq!(
+        raw.scalar("SELECT count(*) FROM pg_prepared_statements WHERE name = 'leaver_s'")
+            .await
+            .ok()
+            .flatten()
+            .as_deref(),
+        Some("0"),
+        "{case}"
+    );
+    assert_eq!(
+        raw.scalar("SELECT now() = statement_timestamp()").await.ok().flatten().as_deref(),
+        Some("t"),
+        "{case}: the next client must not be inside the leaver's transaction"
+    );
+    raw.scalar("SELECT pg_backend_pid()").await.ok().flatten().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_protocol_never_disturbs_the_next() {
+    psql("postgres", "DROP TABLE IF EXISTS iso_copy; CREATE TABLE iso_copy (id int)");
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    bounded(240, "leavers", async {
+        let first = next_client_is_served(&p, "before any leaver").await;
+        for l in leavers() {
+            for _ in 0..2 {
+                let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+                raw.send(&l.bytes).await.unwrap();
+                if let Some(tag) = l.read_until {
+                    let got = within(Duration::from_secs(10), async {
+                        while let Some(f) = raw.read_frame().await {
+                            if f.tag == tag {
+                                return true;
+                            }
+                        }
+                        false
+                    })
+                    .await;
+                    assert_eq!(got, Ok(true), "{}: the leaver's own reply", l.name);
+                }
+                drop(raw);
+                // Brought back to idle, not closed: the same backend serves the next client.
+                let pid = next_client_is_served(&p, l.name).await;
+                assert_eq!(pid, first, "{}: the server connection was replaced\n{}", l.name, p.log_tail());
+            }
+        }
+    })
+    .await;
+}
+
+/// A backend terminated mid-query (`pg_terminate_backend`, as an admin or a failover does)
+/// ends its client's connection with PostgreSQL's one FATAL 57P01 — not that and then a
+/// second FATAL of parsnip's own (psycopg then raised "received 2 results", node-postgres
+/// emitted 'error' twice). Simple and extended protocol, transaction and session mode.
+#[tokio::test]
+async fn a_terminated_backend_gives_its_client_one_fatal() {
+    for mode in ["transaction", "session"] {
+        let p = Parsnip::with_config(&trust_config(&format!("pool_mode = \"{mode}\"\npool_size = 2")));
+        bounded(60, "terminated backend", async {
+            for (proto, sleep) in [("simple", "SELECT pg_sleep(30.1)"), ("extended", "SELECT pg_sleep(30.2)")] {
+                let case = format!("{mode}, {proto}");
+                let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+                let bytes = match proto {
+                    "simple" => query_msg(sleep),
+                    _ => [parse("", sleep), bind("", ""), execute(""), sync()].concat(),
+                };
+                raw.send(&bytes).await.unwrap();
+                wait_query_active(sleep, Duration::from_secs(10)).await.unwrap();
+                psql_async(
+                    "postgres",
+                    &format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = '{sleep}'"),
+                )
+                .await;
+                let frames = raw.read_until_closed(Duration::from_secs(10)).await;
+                let errors: Vec<_> = frames.iter().filter_map(|f| f.fields()).collect();
+                assert_eq!(errors.len(), 1, "{case}: {}\n{}", summarize(&frames), p.log_tail());
+                assert_eq!(errors[0].severity(), "FATAL", "{case}: {}", errors[0]);
+                assert_eq!(errors[0].code(), "57P01", "{case}: {}", errors[0]);
+                // The pooler goes on serving.
+                let mut next = p.raw_login("postgres", SUPER_PW, "postgres").await;
+                assert_eq!(next.scalar("SELECT 'next'").await.ok().flatten().as_deref(), Some("next"), "{case}");
+            }
+        })
+        .await;
+    }
+}
