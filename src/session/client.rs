@@ -25,6 +25,7 @@ impl Session {
         self.autoprep_before_frame();
         let consumed = self.on_client_frame(frame, server);
         self.autoprep_after_frame(consumed);
+        self.note_client_output(to_c, frame[0], consumed);
         let fed = if consumed {
             Fed::Consumed
         } else if self.link == Link::Linked {

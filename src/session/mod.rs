@@ -8,7 +8,8 @@
 //! whichever server the client is given, and the client's view of its prepared statements
 //! over the shared statement cache.
 //!
-//! The parts, one file each: `client` (frames from the client), `server` (frames from the
+//! The parts, one file each: `client` (frames from the client), `flush` (when output may
+//! reach the client), `server` (frames from the
 //! server, linking and releasing), `tx` (the client's transaction and the settings made in
 //! it), `stmts` (the client's prepared statements), `retry` (replaying a batch after a
 //! stale plan), `pipeline` (lending the server to other clients' fast reads),
@@ -19,6 +20,7 @@
 //! state in a field of its own.
 
 mod client;
+mod flush;
 mod park;
 pub use park::Parked;
 mod pipeline;
@@ -115,6 +117,9 @@ pub struct Session {
     replies: ReplyQueue,
     /// Bytes to write to the client.
     pub to_client: BytesMut,
+    /// How many bytes at the end of `to_client` wait for the client's next Sync or Flush
+    /// (`flush`).
+    held: usize,
     /// Bytes to write to the linked server.
     pub to_server: BytesMut,
     actions: VecDeque<Action>,
@@ -218,6 +223,7 @@ impl Session {
             link: Link::Unlinked,
             replies: ReplyQueue::default(),
             to_client: BytesMut::new(),
+            held: 0,
             to_server: BytesMut::new(),
             actions: VecDeque::new(),
             phase: Phase::Ready,

@@ -326,6 +326,10 @@ pub(crate) struct ReplyQueue {
     unsynced: bool,
     /// Requests pushed so far (wrapping): how many a client frame added.
     pub(crate) pushes: u32,
+    /// `pushes` when the client last sent a Sync, Flush, Query or FunctionCall: the
+    /// requests pushed after that are ones whose replies PostgreSQL would not have sent
+    /// the client yet (`session::flush`).
+    flushed_at: u32,
 }
 
 impl ReplyQueue {
@@ -454,6 +458,19 @@ impl ReplyQueue {
     pub(crate) fn clear(&mut self) {
         self.q.clear();
         self.unsynced = false;
+        self.flushed_at = self.pushes;
+    }
+    /// The client sent a Sync, Flush, Query or FunctionCall: every request queued so far
+    /// is one whose replies PostgreSQL sends as they come.
+    #[inline]
+    pub(crate) fn client_flushed(&mut self) {
+        self.flushed_at = self.pushes;
+    }
+    /// The head was queued after the client's last Sync, Flush, Query or FunctionCall:
+    /// its replies are on their way only because the pooler asked the server to flush.
+    #[inline]
+    pub(crate) fn head_unflushed(&self) -> bool {
+        !self.q.is_empty() && self.q.len() <= self.pushes.wrapping_sub(self.flushed_at) as usize
     }
     /// Iterates outstanding requests, head first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Pending> {

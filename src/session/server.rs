@@ -61,6 +61,8 @@ impl Session {
     pub(crate) fn stream_server_frame(&mut self, header: &[u8]) -> bool {
         if !matches!(header.first(), Some(&tags::DATA_ROW | &tags::COPY_DATA))
             || self.param_desc.is_some()
+            || self.held > 0
+            || self.replies.head_unflushed()
             || wire_trace::on()
             || self.replies.head().is_none_or(|h| h.is_synth() || !matches!(h.on_reply, OnReply::Forward))
         {
@@ -72,12 +74,15 @@ impl Session {
 
     /// One whole frame from the linked server.
     pub fn handle_server(&mut self, frame: &[u8], server: &mut ServerState) {
-        if !wire_trace::on() {
-            return self.on_server_frame(frame, server);
-        }
         let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
+        let unflushed = self.replies.head_unflushed();
+        if !wire_trace::on() {
+            self.on_server_frame(frame, server);
+            return self.note_server_output(to_c, frame[0], unflushed);
+        }
         wire_trace::frames(self.uid, "server>", false, frame);
         self.on_server_frame(frame, server);
+        self.note_server_output(to_c, frame[0], unflushed);
         self.trace_output(to_s, to_c);
     }
 
@@ -480,6 +485,8 @@ impl Session {
     /// Sends `err` and closes the client (and the server, if it is in an unknown state).
     pub(crate) fn fail(&mut self, err: Error) {
         err.write_to(&mut self.to_client);
+        // PostgreSQL flushes an error at once, with everything before it (`flush`).
+        self.held = 0;
         self.fail_quiet();
     }
 

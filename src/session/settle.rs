@@ -29,6 +29,7 @@ impl Session {
     pub(crate) fn settle_server(&mut self) {
         self.phase = Phase::Closing;
         self.link = Link::Linked;
+        self.drop_client_output();
         self.actions.clear();
         frontend::copy_fail(&mut self.to_server, "the client disconnected");
         frontend::sync(&mut self.to_server);

@@ -167,8 +167,11 @@ impl H {
         BLANK.with(|b| *b.borrow_mut() = Some(old));
         self.parks += 1;
     }
+    /// What the driver writes to the client now: not what waits for the client's Sync or
+    /// Flush (`session::flush`).
     fn client_out(&mut self) -> String {
-        let out = tags_of(&self.s.to_client.split());
+        let writable = self.s.writable_to_client();
+        let out = tags_of(&self.s.to_client.split_to(writable));
         // Written out: the driver parks a session at rest before it waits.
         self.park();
         out
@@ -366,6 +369,9 @@ fn named_statements_are_renamed_and_parsed_once_per_server() {
     let mut b = H::new(PoolMode::Transaction, Some(reg.clone()));
     b.srv = std::mem::take(&mut a.srv);
     b.client(parse("other", "select 1"));
+    // Answered locally, and held until the client flushes, as PostgreSQL holds it.
+    assert_eq!(b.client_out(), "", "held");
+    b.client(msg(b'H', b""));
     assert_eq!(b.client_out(), "1", "answered locally");
     b.client(bind("other"));
     b.client(execute());
@@ -810,6 +816,51 @@ fn same_shape_on_a_fresh_server_goes_on() {
         h.server(m);
     }
     assert_eq!(h.client_out(), "2CZ");
+}
+
+/// A shape check asks the server to flush (issue 23 item 6): the replies that flush
+/// brings for the client's own requests, which PostgreSQL would have kept until the
+/// client's Sync, are held until that Sync; an error is not (PostgreSQL flushes errors).
+#[test]
+fn replies_flushed_for_the_pooler_wait_for_the_clients_sync() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg));
+    h.client(parse("s1", "select 1"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), rowdesc(&["one"], 1), rfq(b'I')] {
+        h.server(m);
+    }
+    h.client_out();
+    h.server_out();
+    // Another server: the client's own Parse goes first, then s1 is injected and checked.
+    h.srv = ServerState::default();
+    h.client(parse("s2", "select 2"));
+    h.client(bind("s1"));
+    h.client(execute());
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PPDH");
+    for m in [msg(b'1', b""), msg(b'1', b""), msg(b't', b"\0\0"), rowdesc(&["one"], 1)] {
+        h.server(m);
+    }
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BE");
+    assert_eq!(h.client_out(), "", "the client's ParseComplete came only because of the pooler's Flush");
+    h.client(sync());
+    for m in [msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "12CZ");
+    // An error goes at once, with what was held before it.
+    h.srv = ServerState::default();
+    h.client(parse("s3", "select 3"));
+    h.client(bind("s1"));
+    h.client(execute());
+    h.server_out();
+    for m in [msg(b'1', b""), msg(b'1', b""), msg(b't', b"\0\0"), rowdesc(&["one"], 1)] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "");
+    h.server(err("22012"));
+    assert_eq!(h.client_out(), "1E");
 }
 
 #[test]

@@ -113,9 +113,13 @@ impl Parsnip {
     fn try_spawn(args: &[String], port: u16) -> Result<(Child, Logs), (String, bool)> {
         let listen = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_parsnip"));
-        cmd.args(args)
-            .args(["--listen", &listen])
-            .env("NO_COLOR", "1")
+        cmd.args(args).args(["--listen", &listen]);
+        // A debugging aid: PARSNIP_TEST_LOG=debug,parsnip::session::wire_trace=trace logs
+        // every frame of every pooler a test starts (shown with the log tail on failure).
+        if let Ok(level) = std::env::var("PARSNIP_TEST_LOG") {
+            cmd.args(["--log-level", &level]);
+        }
+        cmd.env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

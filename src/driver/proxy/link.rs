@@ -280,7 +280,7 @@ impl Proxy {
     /// connection cannot be reused (the bound passed, it broke, or the session gave it up).
     async fn bring_to_idle(&mut self, s: &mut ServerConn, limit: Duration) -> bool {
         let session = self.session.get();
-        session.to_client.clear();
+        session.drop_client_output();
         if session.server_settled() && session.to_server.is_empty() && s.rbuf.is_empty() && s.streaming == 0 {
             return session.settled_reusable();
         }
@@ -292,7 +292,7 @@ impl Proxy {
             }
             loop {
                 let eof = pump(session, s);
-                session.to_client.clear();
+                session.drop_client_output();
                 if session.outstanding() == 0 {
                     return s.streaming == 0;
                 }

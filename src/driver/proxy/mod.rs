@@ -246,7 +246,7 @@ impl Proxy {
     ) -> impl Future<Output = Event> + 'a {
         let server = self.server.as_ref().map(Linked::wait);
         let session = self.session.get();
-        let to_client = !session.to_client.is_empty();
+        let to_client = session.writable_to_client() > 0;
         let to_server = server.is_some() && !session.to_server.is_empty();
         // Idle: only the client, a timeout and a shutdown can wake us. A shutdown only acts
         // on idle clients: the loop looks at it after each event.

@@ -102,9 +102,21 @@ impl Proxy {
                 self.batch_written();
             }
         }
-        let before = self.session.get().to_client.len();
-        let r = self.client.flush_some(&mut self.session.get().to_client).map(|_| ());
-        let sent = before - self.session.get().to_client.len();
+        let session = self.session.get();
+        let before = session.to_client.len();
+        let writable = session.writable_to_client();
+        let r = if writable == before {
+            self.client.flush_some(&mut session.to_client).map(|_| ())
+        } else if writable == 0 {
+            Ok(())
+        } else {
+            // What waits for the client's Sync or Flush stays (`session::flush`).
+            let rest = session.to_client.split_off(writable);
+            let r = self.client.flush_some(&mut session.to_client).map(|_| ());
+            session.to_client.unsplit(rest);
+            r
+        };
+        let sent = before - session.to_client.len();
         self.meter_sent(sent);
         r
     }
