@@ -22,6 +22,9 @@ pub(crate) struct CancelSlot {
     pub(crate) live: ClientLive,
     /// `KILL` or `KILL_CLIENT`: its task closes it at its next turn (woken by `kick`).
     killed: AtomicBool,
+    /// The target is `Target::Armed`: the client's task sends the cancel once its batch is
+    /// all written (`fire_armed`; a flag so that the task's check costs no lock).
+    armed: AtomicBool,
     /// The client's task, woken for `killed` and for a shutdown (`kick`). Registered once
     /// (`watch`): a task's waker stays valid for its life, so an idle client carries no
     /// wait of its own for these.
@@ -46,6 +49,11 @@ enum Target {
     /// (`pipe`): a cancel now would reach their queries. One that arrives is held
     /// (`requested`) and sent when the batch reaches the head.
     Later { target: Arc<CancelTarget>, requested: bool },
+    /// The batch reached the head with a cancel held, counted in flight on the target, but
+    /// some of it is not written yet (a statement's shape check holds the client's Bind):
+    /// sent once it is (`fire_armed`), so that it finds the query running — a cancel that
+    /// reaches a backend waiting for its next message is dropped by PostgreSQL.
+    Armed(Arc<CancelTarget>),
 }
 
 impl CancelSlot {
@@ -69,7 +77,7 @@ impl CancelSlot {
     /// The backend pid of the server it is linked to (`SHOW CLIENTS`'s link), if any.
     pub(crate) fn linked_server(&self) -> Option<u64> {
         match &*self.target.lock().unwrap_or_else(|e| e.into_inner()) {
-            Target::Now(t) | Target::Later { target: t, .. } => Some(t.info.id),
+            Target::Now(t) | Target::Later { target: t, .. } | Target::Armed(t) => Some(t.info.id),
             Target::None => None,
         }
     }
@@ -118,24 +126,54 @@ impl CancelSlot {
                 t.in_flight.fetch_add(1, Ordering::SeqCst);
             }
             t.info.client.store(self.pid, Ordering::Relaxed);
-            *g = Target::Now(t.clone());
-            drop(g);
             if fire {
-                tracing::debug!(server_pid = t.pid, "held cancel request forwarded: its batch reached the head");
+                // The client's task sends it once its batch is written out.
+                *g = Target::Armed(t);
+                self.armed.store(true, Ordering::Release);
+                drop(g);
+                self.kick();
+            } else {
+                *g = Target::Now(t);
             }
-            if fire && let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let pool = self.pool();
-                rt.spawn(async move { send(&t, pool).await });
-            } else if fire {
-                settle(&t);
-            }
+        }
+    }
+    /// A cancel is armed (`Target::Armed`): the client's task calls `fire_armed` once its
+    /// batch is written out.
+    #[inline]
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire)
+    }
+    /// Sends the cancel held for the client's batch, now all written (`Target::Armed`).
+    pub(crate) fn fire_armed(&self) {
+        let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        self.armed.store(false, Ordering::Release);
+        let Target::Armed(t) = &*g else { return };
+        let t = t.clone();
+        *g = Target::Now(t.clone());
+        drop(g);
+        tracing::debug!(server_pid = t.pid, "held cancel request forwarded: its batch reached the head");
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let pool = self.pool();
+            rt.spawn(async move { send(&t, pool).await });
+        } else {
+            settle(&t);
         }
     }
     /// The client was unlinked.
     pub(crate) fn clear(&self) {
         let old = std::mem::take(&mut *self.target.lock().unwrap_or_else(|e| e.into_inner()));
-        if let Target::Now(t) = old {
-            let _ = t.info.client.compare_exchange(self.pid, 0, Ordering::Relaxed, Ordering::Relaxed);
+        self.armed.store(false, Ordering::Release);
+        match old {
+            Target::Now(t) => {
+                let _ = t.info.client.compare_exchange(self.pid, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            // Its batch ended before it was all written: the held cancel has nothing to
+            // cancel any more.
+            Target::Armed(t) => {
+                let _ = t.info.client.compare_exchange(self.pid, 0, Ordering::Relaxed, Ordering::Relaxed);
+                settle(&t);
+            }
+            Target::Later { .. } | Target::None => {}
         }
     }
     /// Completes when a cancel arrives for this client while it has no server (its request
@@ -158,6 +196,8 @@ impl CancelSlot {
                 *requested = true;
                 (None, false)
             }
+            // One is on its way already.
+            Target::Armed(_) => (None, false),
             Target::None => (None, true),
         }
     }

@@ -166,6 +166,12 @@ impl Session {
             .count()
     }
 
+    /// Everything the client sent for its current batch is written out: nothing left for the
+    /// server, and no frame held for a statement's shape check.
+    pub(crate) fn batch_written(&self) -> bool {
+        self.to_server.is_empty() && self.phase != super::Phase::Held
+    }
+
     /// Whether `set_lent` was called since the server was linked.
     #[cfg(test)]
     pub(crate) fn is_lent(&self) -> bool {

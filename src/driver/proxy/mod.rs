@@ -172,6 +172,11 @@ impl Proxy {
             if self.flush().is_err() {
                 return Box::pin(self.client_gone()).await;
             }
+            if self.slot.is_armed() && self.session.get().batch_written() {
+                // A cancel held while the batch waited behind others goes once the batch is
+                // on the wire.
+                self.slot.fire_armed();
+            }
             let graceful = self.shared.stopping.load(Ordering::Acquire);
             let unlinked_idle = {
                 let session = self.session.get();
