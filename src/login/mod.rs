@@ -1,6 +1,7 @@
 //! The login phase of a client connection as a sans-IO state machine: the startup packet
 //! (SSLRequest answered 'S' when TLS is configured, else 'N', as is GSSENCRequest; a
-//! direct TLS ClientHello recognized; CancelRequest handed to the driver),
+//! direct TLS ClientHello recognized; CancelRequest handed to the driver; a packet of an
+//! impossible length closed without a word, as PostgreSQL closes it),
 //! protocol version negotiation, the database lookup, password authentication (trust,
 //! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS) and the welcome (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery).
@@ -230,6 +231,12 @@ impl Login {
                     p
                 }
                 Ok(None) => return Step::NeedBytes,
+                Err(StartupError::BadLength(n)) => {
+                    // PostgreSQL logs it and closes without a word: a client that sent
+                    // Terminate before any startup packet, a port scanner, HTTP.
+                    tracing::info!(length = n, "invalid length of startup packet");
+                    return self.close_quietly();
+                }
                 Err(e) => return self.close(protocol_err(e)),
             };
             match packet {
@@ -388,11 +395,18 @@ impl Login {
         self.to_client.clear();
         Step::Close(Some(err))
     }
+
+    /// Ends the login without a word to the client (what was queued is dropped).
+    fn close_quietly(&mut self) -> Step {
+        self.phase = Phase::Done;
+        self.to_client.clear();
+        Step::Close(None)
+    }
 }
 
 fn protocol_err(e: StartupError) -> Error {
     match e {
-        StartupError::BadLength(n) => Error::protocol(format!("invalid length of startup packet: {n}")),
+        StartupError::BadLength(_) => Error::protocol("invalid length of startup packet"),
         StartupError::UnsupportedProtocol(v) => Error::fatal(
             SqlState::FEATURE_NOT_SUPPORTED,
             format!("unsupported frontend protocol {}.{}: server supports 3.0 to 3.0", v >> 16, v & 0xffff),
