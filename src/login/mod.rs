@@ -2,7 +2,8 @@
 //! (SSLRequest answered 'S' when TLS is configured, else 'N', as is GSSENCRequest; a
 //! direct TLS ClientHello recognized; CancelRequest handed to the driver; a packet of an
 //! impossible length closed without a word, as PostgreSQL closes it),
-//! protocol version negotiation, the database lookup, password authentication (trust,
+//! protocol version negotiation, refusals (`Refusal`: said after the SSL answer and the
+//! startup packet), the database lookup, password authentication (trust,
 //! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS) and the welcome (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery).
 //!
@@ -109,6 +110,17 @@ impl Entropy {
     }
 }
 
+/// Why every login of a connection is refused, as PostgreSQL refuses it: once its
+/// SSLRequest or GSSENCRequest is answered (and TLS started) and its startup packet read,
+/// so that the client reads the reason; a CancelRequest is still handed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The pooler is stopping: 57P03.
+    ShuttingDown,
+    /// `max_client_conn` clients are connected: 53300.
+    TooManyClients,
+}
+
 /// Where a login goes once authenticated.
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
@@ -135,7 +147,7 @@ enum Phase {
 /// One client's login. See the module doc.
 pub(crate) struct Login {
     cfg: Arc<Config>,
-    shutting_down: bool,
+    refusal: Option<Refusal>,
     entropy: Entropy,
     phase: Phase,
     transport: Transport,
@@ -158,11 +170,11 @@ pub(crate) struct Login {
 }
 
 impl Login {
-    /// A login under `cfg`; `shutting_down` refuses it as PostgreSQL does (57P03).
-    pub(crate) fn new(cfg: Arc<Config>, shutting_down: bool, entropy: Entropy) -> Login {
+    /// A login under `cfg`; with a `refusal`, refused as PostgreSQL refuses it.
+    pub(crate) fn new(cfg: Arc<Config>, refusal: Option<Refusal>, entropy: Entropy) -> Login {
         Login {
             cfg,
-            shutting_down,
+            refusal,
             entropy,
             phase: Phase::Startup,
             transport: Transport::default(),
@@ -282,6 +294,16 @@ impl Login {
                 "replication connections are not supported by parsnip",
             ));
         }
+        // PostgreSQL refuses here, before looking at who may log in where.
+        match self.refusal {
+            Some(Refusal::ShuttingDown) => {
+                return self.close(Error::fatal(SqlState::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
+            }
+            Some(Refusal::TooManyClients) => {
+                return self.close(Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already"));
+            }
+            None => {}
+        }
         if self.transport.mode == crate::config::ClientTlsMode::Require && !self.encrypted && !self.transport.unix {
             // PostgreSQL's wording for a client that no hostssl line lets in.
             return self.close(Error::fatal(
@@ -291,9 +313,6 @@ impl Login {
                     self.transport.peer
                 ),
             ));
-        }
-        if self.shutting_down {
-            return self.close(Error::fatal(SqlState::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
         }
         let cfg = self.cfg.clone();
         let target = if (db == ADMIN_DB || db == PGBOUNCER_ADMIN_DB) && !cfg.databases.contains_key(&db) {

@@ -21,7 +21,7 @@ fn config(auth: AuthType, users: &[(&str, &str)]) -> Arc<Config> {
 }
 
 fn login(cfg: Arc<Config>) -> Login {
-    Login::new(cfg, false, Entropy { md5_salt: [1, 2, 3, 4], scram_nonce: NONCE.into() })
+    Login::new(cfg, None, Entropy { md5_salt: [1, 2, 3, 4], scram_nonce: NONCE.into() })
 }
 
 fn startup(params: &[(&str, &str)]) -> BytesMut {
@@ -128,7 +128,7 @@ fn bad_startup_packets_get_postgres_errors() {
         login(config(AuthType::Trust, &[])).handle_bytes(&mut startup(&[("user", "u"), ("replication", "true")])),
         "0A000",
     );
-    let mut m = Login::new(config(AuthType::Trust, &[]), true, Entropy::random());
+    let mut m = Login::new(config(AuthType::Trust, &[]), Some(Refusal::ShuttingDown), Entropy::random());
     closed_with(m.handle_bytes(&mut startup(&[("user", "u")])), "57P03");
 }
 

@@ -1,5 +1,5 @@
 //! What a client sees of refusals, byte for byte as PostgreSQL shows them: bad startup
-//! packets.
+//! packets, and connections refused beyond `max_client_conn`.
 
 use super::*;
 
@@ -43,4 +43,30 @@ fn bad_startup_lengths_close_without_a_word() {
         "08P01",
         "invalid startup packet layout: expected terminator as last byte",
     );
+}
+
+#[test]
+fn too_many_clients_is_said_after_the_ssl_answer_and_the_startup_packet() {
+    let refused = |transport: Transport| {
+        Login::new(config(AuthType::Trust, &[]), Some(Refusal::TooManyClients), Entropy::random())
+            .with_transport(transport)
+    };
+    let too_many = |step| closed_with_message(step, "53300", "sorry, too many clients already");
+    for code in [80877103, 80877104] {
+        let mut m = refused(Transport::default());
+        assert!(matches!(m.handle_bytes(&mut request(code)), Step::NeedBytes));
+        assert_eq!(&m.to_client[..], b"N");
+        too_many(m.handle_bytes(&mut startup(&[("user", "u")])));
+    }
+    // TLS configured: 'S', the handshake, then the refusal.
+    let mut m = refused(Transport { tls: true, mode: crate::config::ClientTlsMode::Prefer, ..Transport::default() });
+    assert!(matches!(m.handle_bytes(&mut request(80877103)), Step::StartTls { direct: false }));
+    assert_eq!(&m.to_client[..], b"S");
+    m.to_client.clear();
+    assert!(matches!(m.handle_tls_started(false, None, None), Step::NeedBytes));
+    too_many(m.handle_bytes(&mut startup(&[("user", "u")])));
+    // Without a request; and a cancel is still handed on.
+    too_many(refused(Transport::default()).handle_bytes(&mut startup(&[("user", "u")])));
+    let step = refused(Transport::default()).handle_bytes(&mut cancel_request(42, &7i32.to_be_bytes()));
+    assert!(matches!(step, Step::Cancel { pid: 42, .. }), "{step:?}");
 }
