@@ -4,7 +4,8 @@
 //! impossible length closed without a word, as PostgreSQL closes it),
 //! protocol version negotiation, refusals (`Refusal`: said after the SSL answer and the
 //! startup packet), the database lookup, password authentication (trust,
-//! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS) and the welcome (AuthenticationOk, ParameterStatus,
+//! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS; users parsnip does not
+//! know asked as known ones are, see `auth`) and the welcome (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery).
 //!
 //! The driver feeds it the client's bytes (`handle_bytes`) and the answers to what it asks
@@ -12,7 +13,8 @@
 //! defaults and a cancel key → `welcome`; `Step::StartTls` → a handshake, then
 //! `handle_tls_started` with the channel-binding hash of the certificate that handshake
 //! showed), and writes `to_client`. Randomness (the md5
-//! salt, the SCRAM nonce) is injected (`Entropy`), so tests run without sockets or luck.
+//! salt, the SCRAM nonce, the key of made-up SCRAM salts) is injected (`Entropy`), so tests
+//! run without sockets or luck.
 //!
 //! Owns: what is said to a client before its session starts. Must not touch sockets,
 //! pools or the clock: the driver does the IO, the timeout and the secret lookups.
@@ -24,8 +26,8 @@ mod tests;
 use crate::auth::{Credentials, Secret};
 use crate::config::{AuthType, Config, DatabaseConfig};
 use crate::error::{Error, SqlState};
+use crate::protocol::backend;
 use crate::protocol::startup::{StartupError, StartupPacket, parse_startup};
-use crate::protocol::{backend, split_frame};
 use crate::state::Settings;
 use crate::state::settings::{startup_settings, tracked_name};
 use bytes::{BufMut, BytesMut};
@@ -101,12 +103,19 @@ pub(crate) struct Entropy {
     pub(crate) md5_salt: [u8; 4],
     /// The server part of a SCRAM nonce (printable ASCII, no ',').
     pub(crate) scram_nonce: String,
+    /// The key of the SCRAM salts parsnip makes up (`auth::derived_salt`: for plain
+    /// passwords and for users it does not know): drawn once per process, the same for all
+    /// its logins, so a user name's salt is the same at every login.
+    pub(crate) salt_key: [u8; 32],
 }
 
+/// See `Entropy::salt_key`.
+static SALT_KEY: std::sync::LazyLock<[u8; 32]> = std::sync::LazyLock::new(rand::random);
+
 impl Entropy {
-    /// Fresh random values.
+    /// Fresh random values (and the process's salt key).
     pub(crate) fn random() -> Entropy {
-        Entropy { md5_salt: rand::random(), scram_nonce: crate::auth::ScramClient::random_nonce() }
+        Entropy { md5_salt: rand::random(), scram_nonce: crate::auth::ScramClient::random_nonce(), salt_key: *SALT_KEY }
     }
 }
 
@@ -217,14 +226,7 @@ impl Login {
     pub(crate) fn handle_bytes(&mut self, buf: &mut BytesMut) -> Step {
         match self.phase {
             Phase::Startup => self.on_startup_bytes(buf),
-            Phase::Password(_) => match split_frame(buf, 10_000) {
-                Ok(Some(n)) => {
-                    let frame = buf.split_to(n);
-                    self.on_password(&frame)
-                }
-                Ok(None) => Step::NeedBytes,
-                Err(e) => self.close(Error::protocol(e.to_string())),
-            },
+            Phase::Password(_) => self.on_auth_bytes(buf),
             // Nothing is read meanwhile.
             Phase::AwaitSecret | Phase::Done => Step::NeedBytes,
         }
