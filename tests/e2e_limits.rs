@@ -51,6 +51,58 @@ async fn max_client_conn_rejects_the_sixth_client() {
     .await;
 }
 
+/// Beyond max_client_conn a connection is refused as PostgreSQL refuses it: its SSLRequest
+/// or GSSENCRequest answered first (an ErrorResponse in place of the answer makes libpq say
+/// "server sent an error response during SSL exchange" instead of why), 53300 after its
+/// startup packet; and a CancelRequest still reaches the query it cancels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_max_client_conn_the_ssl_answer_comes_first_and_cancels_still_work() {
+    const SLEEP: &str = "select pg_sleep(30) -- beyond max_client_conn";
+    let p = Parsnip::with_config_args(&trust_config(""), &["--max-client-conn", "1"]);
+    bounded(60, "beyond_max_client_conn_the_ssl_answer_comes_first_and_cancels_still_work", async {
+        // The one slot, once the start-up probe's connection has given it back.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let c = loop {
+            match p.try_connect("postgres", Some(SUPER_PW), "postgres").await {
+                Ok(c) => break c,
+                Err(e) if Instant::now() > deadline => panic!("no slot: {}\n{}", describe(&e), p.log_tail()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        for (request, name) in [(80877103u32, "SSLRequest"), (80877104, "GSSENCRequest")] {
+            let mut raw = p.raw().await;
+            let mut packet = 8u32.to_be_bytes().to_vec();
+            packet.extend_from_slice(&request.to_be_bytes());
+            raw.send(&packet).await.unwrap();
+            assert_eq!(raw.read_byte().await, Some(b'N'), "{name} answered first\n{}", p.log_tail());
+            raw.send(&startup_packet(&[("user", "postgres"), ("database", "postgres")])).await.unwrap();
+            let e = raw.expect_error_and_close(Duration::from_secs(5), name).await;
+            assert_eq!((e.code(), e.severity(), e.message()), ("53300", "FATAL", "sorry, too many clients already"));
+        }
+        // libpq (sslmode=prefer, its default) prints the reason.
+        let conninfo = format!("host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=prefer", p.port());
+        let out = tokio::process::Command::new(cluster().bin_dir().join("psql"))
+            .args(["-X", "-w", "-c", "select 1", &conninfo])
+            .output()
+            .await
+            .expect("running psql");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains("FATAL:  sorry, too many clients already"), "psql said: {err}");
+        // The one client's query is cancelled through a connection beyond the limit.
+        let token = c.cancel_token();
+        let sleeper = tokio::spawn(async move { c.simple_query(SLEEP).await.map(|_| ()) });
+        wait_query_active(SLEEP, Duration::from_secs(10)).await.unwrap_or_else(|e| panic!("{e}\n{}", p.log_tail()));
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap_or_else(|e| panic!("cancel_query: {e}"));
+        let r = within(Duration::from_secs(10), sleeper)
+            .await
+            .unwrap_or_else(|e| panic!("query not cancelled: {e}\n{}", p.log_tail()))
+            .unwrap();
+        expect_code(r, "57014", "cancelled beyond max_client_conn");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn query_wait_timeout_errors_and_the_client_survives() {
     let p = Parsnip::trust("pool_size = 1\nquery_wait_timeout_ms = 500");

@@ -1,5 +1,6 @@
-//! Bad input on raw sockets: each case gets a PostgreSQL-style error and a closed socket, and
-//! the pooler goes on serving everyone else.
+//! Bad input on raw sockets: each case gets PostgreSQL's answer (an error, or nothing at all
+//! for a startup packet of an impossible length) and a closed socket, and the pooler goes on
+//! serving everyone else.
 
 mod support;
 
@@ -11,6 +12,12 @@ const CLOSE: Duration = Duration::from_secs(5);
 
 fn config() -> String {
     trust_config("max_message_size = 1048576\nclient_login_timeout_ms = 500")
+}
+
+/// Reads until the pooler closes the connection, which it must do without a word.
+async fn closed_without_a_word(raw: &mut Raw, context: &str) {
+    let frames = raw.read_until_closed(CLOSE).await;
+    assert!(frames.is_empty(), "{context}: PostgreSQL closes without a word; got {}", summarize(&frames));
 }
 
 /// A normal client still works.
@@ -26,19 +33,17 @@ async fn still_serves(p: &Parsnip) {
 async fn garbage_startup_is_refused() {
     let p = Parsnip::with_config(&config());
     bounded(60, "garbage_startup_is_refused", async {
-        // An HTTP request: its first four bytes read as an absurd length.
+        // An HTTP request: its first four bytes read as an absurd length, which PostgreSQL
+        // only logs ("invalid length of startup packet").
         let mut raw = p.raw().await;
         raw.send(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.ok();
-        let e = raw.expect_error_and_close(CLOSE, "HTTP request as startup").await;
-        assert_eq!(e.code(), "08P01", "{e}\n{}", p.log_tail());
-        assert_eq!(e.severity(), "FATAL");
+        closed_without_a_word(&mut raw, "HTTP request as startup").await;
         still_serves(&p).await;
 
         // A length too short to hold a protocol version.
         let mut raw = p.raw().await;
         raw.send(&[0, 0, 0, 2, 0xde, 0xad]).await.ok();
-        let e = raw.expect_error_and_close(CLOSE, "startup length 2").await;
-        assert_eq!(e.code(), "08P01", "{e}");
+        closed_without_a_word(&mut raw, "startup length 2").await;
 
         // Right length and version, but the parameter list is not terminated.
         let mut body = 196608u32.to_be_bytes().to_vec();
@@ -49,6 +54,7 @@ async fn garbage_startup_is_refused() {
         raw.send(&packet).await.ok();
         let e = raw.expect_error_and_close(CLOSE, "unterminated startup parameters").await;
         assert_eq!(e.code(), "08P01", "{e}");
+        assert_eq!(e.message(), "invalid startup packet layout: expected terminator as last byte");
 
         // Random bytes.
         let mut junk = vec![0u8; 512];
@@ -64,6 +70,26 @@ async fn garbage_startup_is_refused() {
             "random startup must get only an error before close: {}",
             summarize(&frames)
         );
+        still_serves(&p).await;
+    })
+    .await;
+}
+
+/// node-postgres's `client.end()` right after `connect()` sends Terminate before any
+/// startup packet: PostgreSQL (and PgBouncer) close without a word, so must parsnip; also
+/// after an SSLRequest was answered.
+#[tokio::test]
+async fn terminate_before_the_startup_packet_closes_without_a_word() {
+    let p = Parsnip::with_config(&config());
+    bounded(60, "terminate_before_the_startup_packet_closes_without_a_word", async {
+        let mut raw = p.raw().await;
+        raw.send(&[b'X', 0, 0, 0, 4]).await.unwrap();
+        closed_without_a_word(&mut raw, "Terminate as the first message").await;
+        let mut raw = p.raw().await;
+        raw.send(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]).await.unwrap();
+        assert_eq!(raw.read_byte().await, Some(b'N'));
+        raw.send(&[b'X', 0, 0, 0, 4]).await.unwrap();
+        closed_without_a_word(&mut raw, "Terminate after an SSLRequest").await;
         still_serves(&p).await;
     })
     .await;
@@ -98,8 +124,7 @@ async fn huge_startup_length_is_refused_without_allocating() {
         for _ in 0..3 {
             let mut raw = p.raw().await;
             raw.send(&[0x7f, 0xff, 0xff, 0xff, 0, 3, 0, 0]).await.ok();
-            let e = raw.expect_error_and_close(CLOSE, "startup length 0x7fffffff").await;
-            assert_eq!(e.code(), "08P01", "{e}\n{}", p.log_tail());
+            closed_without_a_word(&mut raw, "startup length 0x7fffffff").await;
         }
         let peak_after = p.proc_status_kb("VmPeak");
         if let (Some(before), Some(after)) = (peak_before, peak_after) {

@@ -175,6 +175,39 @@ fn bytes_sent_after_an_ssl_request_before_the_handshake_get_08p01() {
     assert_eq!(sock.read_to_end(&mut rest).unwrap(), 0, "the connection is closed");
 }
 
+/// Beyond max_client_conn, a TLS client is refused over TLS, after its startup packet, as
+/// PostgreSQL refuses it: libpq shows "sorry, too many clients already", not "server sent
+/// an error response during SSL exchange".
+#[test]
+fn beyond_max_client_conn_libpq_over_tls_reads_why() {
+    let p = Parsnip::trust(&format!(
+        "max_client_conn = 1\nclient_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"",
+        CERTS.cert(),
+        CERTS.key()
+    ));
+    // A logged-in client holds the one slot (once the start-up probe's connection has given
+    // it back: until then a login is refused, and tried again).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let _holder = loop {
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", p.port())).unwrap();
+        sock.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        sock.write_all(&startup_packet(&[("user", "postgres"), ("database", "postgres")])).unwrap();
+        let (tags, err) = read_until_ready(&mut sock);
+        if err.is_empty() {
+            break sock;
+        }
+        assert!(err.contains("53300") && std::time::Instant::now() < deadline, "{tags} {err}\n{}", p.log_tail());
+    };
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=verify-full sslrootcert={}",
+        p.port(),
+        CERTS.ca()
+    );
+    let (ok, _, err) = psql_with(&conninfo, "select 1");
+    assert!(!ok, "a client beyond max_client_conn got in");
+    assert!(err.contains("FATAL:  sorry, too many clients already"), "psql said: {err}\n{}", p.log_tail());
+}
+
 /// parsnip requiring TLS from clients (`--tls-cert`, `--tls-key`) in front of the TLS-only
 /// cluster reached with verify-full.
 fn tls_both_sides() -> Parsnip {

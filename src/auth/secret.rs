@@ -1,11 +1,12 @@
-//! Stored credentials and PostgreSQL's `pg_authid` formats.
+//! Stored credentials and PostgreSQL's `pg_authid` formats, and the salts and verifiers
+//! parsnip makes up where it has none stored (`derived_salt`, `mock_secret`).
 
 use std::fmt;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
-use super::scram::{hmac_sha256, salted_password, saslprep, sha256};
+use super::scram::{DEFAULT_ITERATIONS, DEFAULT_SALT_LEN, hmac_sha256, salted_password, saslprep, sha256};
 
 /// A stored credential for one user.
 ///
@@ -141,6 +142,31 @@ impl fmt::Debug for ScramSecret {
             .field("stored_key", &"<redacted>")
             .field("server_key", &"<redacted>")
             .finish()
+    }
+}
+
+/// The salt parsnip gives user `user` when it has no stored verifier to take one from (a
+/// plain password, or a user it does not know): derived from `key`, a secret of the process,
+/// so it is the same at every login of that name, another name's differs, and nobody without
+/// the key can tell it from a stored verifier's random salt. PostgreSQL's mock salt is such
+/// a hash of the user name and a secret of the cluster.
+pub(crate) fn derived_salt(key: &[u8; 32], user: &str) -> [u8; DEFAULT_SALT_LEN] {
+    let mac = hmac_sha256(key, &[b"parsnip SCRAM salt\0", user.as_bytes()]);
+    let mut salt = [0u8; DEFAULT_SALT_LEN];
+    salt.copy_from_slice(&mac[..DEFAULT_SALT_LEN]);
+    salt
+}
+
+/// The verifier of a mock SCRAM exchange with a user parsnip does not know: its derived
+/// salt, the default iteration count, and keys derived from `key` that no password gives
+/// (finding one would take a SHA-256 preimage). The exchange runs as for a real user and
+/// fails at its proof, as PostgreSQL's does.
+pub(crate) fn mock_secret(key: &[u8; 32], user: &str) -> ScramSecret {
+    ScramSecret {
+        iterations: DEFAULT_ITERATIONS,
+        salt: derived_salt(key, user).to_vec(),
+        stored_key: hmac_sha256(key, &[b"parsnip mock StoredKey\0", user.as_bytes()]),
+        server_key: hmac_sha256(key, &[b"parsnip mock ServerKey\0", user.as_bytes()]),
     }
 }
 

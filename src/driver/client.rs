@@ -7,23 +7,25 @@ use super::proxy::Proxy;
 use super::stream::Stream;
 use crate::config::PoolMode;
 use crate::error::Error;
+use crate::login::Refusal;
 use crate::session::Session;
 use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Serves one accepted client connection to the end; `cancel_only`: a CancelRequest is
-/// handled, a login refused (57P03: the instance is stopping). `held` (a client slot, the
+/// Serves one accepted client connection to the end; with a `refusal`, a CancelRequest is
+/// handled and a login refused (57P03: the instance is stopping; 53300: too many clients),
+/// as PostgreSQL refuses it. `held` (a client slot, the
 /// count of its event loop) is dropped when the client is gone. The future is the client's
 /// task, and what it holds is an idle client's memory (`task_size`): the login runs boxed
 /// (its state is freed when it ends), and the proxy and its loop are all that is left.
 pub(crate) fn serve<T: Send + 'static>(
     stream: Stream,
     shared: Arc<Shared>,
-    cancel_only: bool,
+    refusal: Option<Refusal>,
     held: T,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let login = Box::pin(log_in(stream, shared, cancel_only));
+    let login = Box::pin(log_in(stream, shared, refusal));
     async move {
         let _held = held;
         let Some(mut p) = login.await else { return };
@@ -35,14 +37,13 @@ pub(crate) fn serve<T: Send + 'static>(
 }
 
 /// The login (or the console, to its end): the proxy of a client that logged in.
-async fn log_in(mut stream: Stream, shared: Arc<Shared>, cancel_only: bool) -> Option<Proxy> {
+async fn log_in(mut stream: Stream, shared: Arc<Shared>, refusal: Option<Refusal>) -> Option<Proxy> {
     stream.set_nodelay();
     let connected_us = super::census::unix_us();
     let mut buf = BytesMut::new();
     let timeout = shared.cfg.load().client_login_timeout();
     // Boxed: the login future is large and only needed once.
-    let res = match tokio::time::timeout(timeout, Box::pin(login::login(&mut stream, &shared, &mut buf, cancel_only)))
-        .await
+    let res = match tokio::time::timeout(timeout, Box::pin(login::login(&mut stream, &shared, &mut buf, refusal))).await
     {
         Ok(r) => r,
         Err(_) => Err(LoginEnd::Close(Some(Error::protocol(
@@ -91,7 +92,12 @@ async fn log_in(mut stream: Stream, shared: Arc<Shared>, cancel_only: bool) -> O
 /// function, 1112 B when the login ran inline and the session was not parked).
 #[cfg(test)]
 mod task_size {
-    fn future_size<F: FnOnce(super::Stream, std::sync::Arc<super::Shared>, bool, Held) -> Fut, Fut>(_: F) -> usize {
+    fn future_size<
+        F: FnOnce(super::Stream, std::sync::Arc<super::Shared>, Option<super::Refusal>, Held) -> Fut,
+        Fut,
+    >(
+        _: F,
+    ) -> usize {
         std::mem::size_of::<Fut>()
     }
 

@@ -10,7 +10,7 @@ use crate::auth::{Credentials, Secret};
 use crate::config::{ClientTlsMode, DatabaseConfig};
 use crate::driver::server_conn::{self, ServerTarget};
 use crate::error::{Error, SqlState};
-use crate::login::{Entropy, Login, Step, Transport};
+use crate::login::{Entropy, Login, Refusal, Step, Transport};
 use crate::pool::{Pool, PoolKey, PoolPurpose};
 use crate::state::settings::{self, Settings};
 use bytes::BytesMut;
@@ -71,13 +71,13 @@ async fn send(stream: &mut Stream, out: &mut BytesMut) -> Result<(), LoginEnd> {
 }
 
 /// Runs the login phase: the sans-IO `Login` decides, this moves its bytes and performs
-/// what it asks for. `buf` keeps bytes the client sent beyond the login. `cancel_only`: a
-/// startup is refused as under a shutdown (57P03), a CancelRequest handled.
+/// what it asks for. `buf` keeps bytes the client sent beyond the login. With a `refusal`,
+/// a startup is refused (after the SSL answer), a CancelRequest handled.
 pub(crate) async fn login(
     stream: &mut Stream,
     shared: &Shared,
     buf: &mut BytesMut,
-    cancel_only: bool,
+    refusal: Option<Refusal>,
 ) -> Result<LoggedIn, LoginEnd> {
     let mode = shared.cfg.load().client_tls_mode();
     let transport = Transport {
@@ -89,8 +89,8 @@ pub(crate) async fn login(
     };
     // A connection accepted before the listener closed is served unless clients are being
     // closed (SIGTERM): under `SHUTDOWN WAIT_FOR_CLIENTS` (an online restart) it logs in.
-    let stopping = cancel_only || shared.stopping.load(std::sync::atomic::Ordering::SeqCst);
-    let mut m = Login::new(shared.cfg.load_full(), stopping, Entropy::random()).with_transport(transport);
+    let stopping = shared.stopping.load(std::sync::atomic::Ordering::SeqCst).then_some(Refusal::ShuttingDown);
+    let mut m = Login::new(shared.cfg.load_full(), stopping.or(refusal), Entropy::random()).with_transport(transport);
     let mut step = m.handle_bytes(buf);
     let creds = loop {
         step = match step {

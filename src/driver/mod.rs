@@ -28,6 +28,7 @@ pub(crate) mod tls_config;
 use crate::admin::ShutdownMode;
 use crate::config::Config;
 use crate::error::{Error, SqlState};
+use crate::login::Refusal;
 use crate::pool::PoolKey;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use cancel::CancelRegistry;
@@ -52,6 +53,8 @@ pub struct Shared {
     pub(crate) cancels: CancelRegistry,
     /// One permit per client connection.
     pub(crate) client_slots: Arc<Semaphore>,
+    /// One permit per connection being refused beyond `max_client_conn` (`REFUSALS_AT_ONCE`).
+    pub(crate) refusal_slots: Arc<Semaphore>,
     /// Becomes true when a graceful shutdown starts.
     pub(crate) shutdown: watch::Receiver<bool>,
     /// The same, read with one atomic load on every turn of a client's loop.
@@ -135,6 +138,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
         pools: Mutex::new(HashMap::new()),
         cancels: CancelRegistry::new(cfg.peer_id),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
+        refusal_slots: Arc::new(Semaphore::new(REFUSALS_AT_ONCE)),
         shutdown,
         stopping: AtomicBool::new(false),
         tls_clients: ArcSwapOption::new(tls_clients),
@@ -312,7 +316,7 @@ async fn cancels_only(l: Listener, shared: Arc<Shared>) {
         match accept(&l).await {
             Ok(s) => {
                 let shared = shared.clone();
-                tokio::spawn(client::serve(s, shared, true, ()));
+                tokio::spawn(client::serve(s, shared, Some(Refusal::ShuttingDown), ()));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -322,21 +326,34 @@ async fn cancels_only(l: Listener, shared: Arc<Shared>) {
     }
 }
 
+/// Connections refused beyond `max_client_conn` that may be in their login at once. Each
+/// is refused as PostgreSQL refuses it: its SSLRequest answered (and TLS started), its
+/// startup packet read, then 53300, so that the client reads why (libpq reports an error
+/// sent in place of the answer to its SSLRequest as "server sent an error response during
+/// SSL exchange"); a CancelRequest is forwarded. Bounded like any login by
+/// `client_login_timeout`, and in number by this: beyond it, 53300 is written at once.
+const REFUSALS_AT_ONCE: usize = 256;
+
 /// Serves an accepted connection in a task of its own, or refuses it (53300) beyond
 /// `max_client_conn`.
 fn admit(stream: Stream, shared: &Arc<Shared>) {
     match shared.client_slots.clone().try_acquire_owned() {
         Ok(permit) => match &shared.shards {
-            Some(shards) => shards.spawn(stream, |s, leave| client::serve(s, shared.clone(), false, (permit, leave))),
-            None => drop(tokio::spawn(client::serve(stream, shared.clone(), false, permit))),
+            Some(shards) => shards.spawn(stream, |s, leave| client::serve(s, shared.clone(), None, (permit, leave))),
+            None => drop(tokio::spawn(client::serve(stream, shared.clone(), None, permit))),
         },
-        Err(_) => {
-            tokio::spawn(async move {
-                let mut stream = stream;
-                let e = Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already");
-                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&e.to_bytes())).await;
-            });
-        }
+        Err(_) => match shared.refusal_slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(client::serve(stream, shared.clone(), Some(Refusal::TooManyClients), permit));
+            }
+            Err(_) => {
+                tokio::spawn(async move {
+                    let mut stream = stream;
+                    let e = Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already");
+                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&e.to_bytes())).await;
+                });
+            }
+        },
     }
 }
 

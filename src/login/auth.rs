@@ -1,24 +1,50 @@
 //! The password exchange of a login: which method a user is asked for (by `auth_type` and
-//! the kind of secret held), the challenge, and checking the answer.
+//! the kind of secret held), the challenge, and checking the answer, each message read and
+//! refused as PostgreSQL reads and refuses it.
+//!
+//! A user parsnip does not know (not in `[users]`, not found by `auth_query`) is asked
+//! exactly as a known one would be — a mock SCRAM exchange whose salt is stable per user
+//! name, an md5 challenge, or a cleartext request — and refused with 28P01 at the end, as
+//! PostgreSQL does: nothing on the wire tells which users exist, and no client is asked for
+//! its password in cleartext where SCRAM is configured.
 
 use super::{Login, Phase, Step};
-use crate::auth::{self, AuthError, Credentials, ScramServer, Secret, ServerBinding};
+use crate::auth::{self, AuthError, Credentials, ScramSecret, ScramServer, Secret, ServerBinding};
 use crate::config::AuthType;
 use crate::error::{Error, SqlState};
-use crate::protocol::{backend, body, frontend, tags};
+use crate::protocol::{backend, body, read_cstr, split_frame, tags};
+use bytes::BytesMut;
 
-/// A password message the login waits for, and what it is checked against.
+/// The longest authentication message PostgreSQL reads, its length word included
+/// (`PG_MAX_AUTH_TOKEN_LENGTH`).
+const MAX_AUTH_MESSAGE: usize = 65_535;
+
+/// A password message the login waits for, and what it is checked against. A `None` secret
+/// is a user parsnip does not know: the exchange runs as for any user, then fails.
 pub(super) enum Pending {
-    /// An unknown user: asked, as PostgreSQL asks, and refused whatever the answer.
-    Refuse,
     /// A cleartext password.
-    Cleartext(Secret),
+    Cleartext(Option<Secret>),
     /// The answer to an md5 challenge with `salt`.
-    Md5 { secret: Secret, salt: [u8; 4] },
-    /// SASLInitialResponse (SCRAM client-first-message).
-    ScramFirst { server: Box<ScramServer>, secret: Secret },
-    /// SCRAM client-final-message.
-    ScramFinal { server: Box<ScramServer>, secret: Secret },
+    Md5 { secret: Option<Secret>, salt: [u8; 4] },
+    /// SASLInitialResponse: the mechanism, and client-first-message unless it comes next.
+    ScramFirst(Scram),
+    /// A SASLResponse carrying client-first-message (the SASLInitialResponse had none).
+    ScramClientFirst(Scram),
+    /// A SASLResponse carrying client-final-message.
+    ScramFinal(Scram),
+}
+
+impl Pending {
+    fn is_sasl(&self) -> bool {
+        matches!(self, Pending::ScramFirst(_) | Pending::ScramClientFirst(_) | Pending::ScramFinal(_))
+    }
+}
+
+/// A SCRAM exchange in progress.
+pub(super) struct Scram {
+    server: Box<ScramServer>,
+    /// The user's secret; None: a mock exchange, refused whatever the proof.
+    secret: Option<Secret>,
 }
 
 fn wrong_password(user: &str) -> Error {
@@ -41,9 +67,42 @@ fn scram_error(e: AuthError, user: &str) -> Error {
             tracing::info!(user, "SCRAM channel binding check failed (another certificate on the client's side)");
             Error::fatal(SqlState::INVALID_AUTHORIZATION_SPECIFICATION, "SCRAM channel binding check failed")
         }
-        AuthError::Malformed(detail) => Error::protocol("malformed SCRAM message").with_detail(detail),
+        AuthError::Malformed(detail) => malformed_scram(detail),
         e => Error::protocol(format!("malformed SCRAM message: {e}")),
     }
+}
+
+fn malformed_scram(detail: &'static str) -> Error {
+    Error::protocol("malformed SCRAM message").with_detail(detail)
+}
+
+/// The string of a PasswordMessage (cleartext or md5), checked as PostgreSQL checks it:
+/// exactly one NUL-terminated string, not empty.
+fn password_string(data: &[u8]) -> Result<&[u8], Error> {
+    match data.iter().position(|&b| b == 0) {
+        Some(0) if data.len() == 1 => {
+            Err(Error::fatal(SqlState::INVALID_PASSWORD, "empty password returned by client"))
+        }
+        Some(n) if n + 1 == data.len() => Ok(&data[..n]),
+        _ => Err(Error::protocol("invalid password packet size")),
+    }
+}
+
+/// The data of a SCRAM message, checked as PostgreSQL checks it before parsing: not empty,
+/// no NUL inside.
+fn scram_data(data: &[u8]) -> Result<&[u8], Error> {
+    if data.is_empty() {
+        return Err(malformed_scram("The message is empty."));
+    }
+    if data.contains(&0) {
+        return Err(malformed_scram("Message length does not match input length."));
+    }
+    Ok(data)
+}
+
+/// "insufficient data left in message", PostgreSQL's words for a length beyond the message.
+fn insufficient_data() -> Error {
+    Error::protocol("insufficient data left in message")
 }
 
 impl Login {
@@ -84,21 +143,22 @@ impl Login {
         }
     }
 
-    /// Asks the client for its password the way `secret` can check it.
-    pub(super) fn begin_password(&mut self, secret: Option<Secret>) -> Step {
-        let Some(secret) = secret else {
-            // Answer as PostgreSQL does for an unknown role: ask, then refuse the same way.
-            backend::auth_cleartext(&mut self.to_client);
-            self.phase = Phase::Password(Pending::Refuse);
-            return Step::NeedBytes;
-        };
-        let method = match (self.cfg.auth_type, &secret) {
+    /// The method a user with `secret` is asked for (None: a user parsnip does not know,
+    /// asked for what `auth_type` asks).
+    fn method(&self, secret: Option<&Secret>) -> AuthType {
+        match (self.cfg.auth_type, secret) {
             (AuthType::Password, _) => AuthType::Password,
-            (AuthType::Md5, Secret::Scram(_)) => AuthType::ScramSha256,
-            (AuthType::ScramSha256, Secret::Md5(_)) => AuthType::Md5,
-            (m, _) => m,
-        };
-        let pending = match method {
+            (AuthType::Md5, Some(Secret::Scram(_))) => AuthType::ScramSha256,
+            (AuthType::ScramSha256, Some(Secret::Md5(_))) => AuthType::Md5,
+            (AuthType::Md5, _) => AuthType::Md5,
+            _ => AuthType::ScramSha256,
+        }
+    }
+
+    /// Asks the client for its password the way `secret` can check it (None: an unknown
+    /// user, asked the same way and refused at the end).
+    pub(super) fn begin_password(&mut self, secret: Option<Secret>) -> Step {
+        let pending = match self.method(secret.as_ref()) {
             AuthType::Password => {
                 backend::auth_cleartext(&mut self.to_client);
                 Pending::Cleartext(secret)
@@ -109,7 +169,23 @@ impl Login {
                 Pending::Md5 { secret, salt }
             }
             _ => {
-                let Some(server) = ScramServer::new(&secret, self.entropy.scram_nonce.clone()) else {
+                // The verifier the exchange runs with: the stored one, one derived from a
+                // plain password, or a mock one; the last two with a salt stable per name,
+                // as a stored verifier's is.
+                let key = &self.entropy.salt_key;
+                let verifier = match &secret {
+                    Some(Secret::Scram(s)) => Some(s.clone()),
+                    Some(Secret::Plain(p)) => Some(ScramSecret::from_password(
+                        p,
+                        &auth::derived_salt(key, &self.user),
+                        auth::DEFAULT_ITERATIONS,
+                    )),
+                    Some(Secret::Md5(_)) => None,
+                    None => Some(auth::mock_secret(key, &self.user)),
+                };
+                let server =
+                    verifier.and_then(|v| ScramServer::new(&Secret::Scram(v), self.entropy.scram_nonce.clone()));
+                let Some(server) = server else {
                     let user = self.user.clone();
                     return self.close(wrong_password(&user));
                 };
@@ -119,79 +195,157 @@ impl Login {
                 } else {
                     backend::auth_sasl(&mut self.to_client, &[auth::SCRAM_SHA_256]);
                 }
-                Pending::ScramFirst { server: Box::new(server), secret }
+                Pending::ScramFirst(Scram { server: Box::new(server), secret })
             }
         };
         self.phase = Phase::Password(pending);
         Step::NeedBytes
     }
 
-    /// A frame from the client while a password message is awaited.
-    pub(super) fn on_password(&mut self, frame: &[u8]) -> Step {
+    /// The client's bytes while a password message is awaited.
+    pub(super) fn on_auth_bytes(&mut self, buf: &mut BytesMut) -> Step {
+        let Phase::Password(pending) = &self.phase else { return Step::NeedBytes };
+        let sasl = pending.is_sasl();
+        // PostgreSQL reads the type byte first: any other message is refused at once.
+        match buf.first() {
+            None => return Step::NeedBytes,
+            Some(&t) if t != tags::PASSWORD => {
+                let what = if sasl { "SASL" } else { "password" };
+                return self.close(Error::protocol(format!("expected {what} response, got message type {t}")));
+            }
+            Some(_) => {}
+        }
+        match split_frame(buf, MAX_AUTH_MESSAGE + 1) {
+            Ok(Some(n)) => {
+                let frame = buf.split_to(n);
+                self.on_password(body(&frame))
+            }
+            Ok(None) => Step::NeedBytes,
+            Err(e) => {
+                // PostgreSQL logs "invalid message length" and gives up: a SASL exchange as
+                // failed, a password exchange without a word.
+                tracing::info!(error = %e, user = %self.user, "invalid message length during authentication");
+                if sasl {
+                    let user = self.user.clone();
+                    self.close(wrong_password(&user))
+                } else {
+                    self.close_quietly()
+                }
+            }
+        }
+    }
+
+    /// The data of a password message (type 'p') while one is awaited.
+    fn on_password(&mut self, data: &[u8]) -> Step {
         let Phase::Password(pending) = std::mem::replace(&mut self.phase, Phase::Done) else {
             return Step::NeedBytes;
         };
         let user = self.user.clone();
-        if matches!(pending, Pending::Refuse) {
-            return self.close(wrong_password(&user));
-        }
-        if frame[0] != tags::PASSWORD {
-            return self.close(Error::protocol(format!("expected password response, got message type {}", frame[0])));
-        }
-        let data = body(frame);
         match pending {
-            Pending::Refuse => self.close(wrong_password(&user)),
             Pending::Cleartext(secret) => {
-                let pw = data.strip_suffix(&[0]).unwrap_or(data);
-                if !auth::verify_cleartext(&secret, &user, pw) {
-                    return self.close(wrong_password(&user));
+                let pw = match password_string(data) {
+                    Ok(pw) => pw,
+                    Err(e) => return self.close(e),
+                };
+                match secret {
+                    Some(secret) if auth::verify_cleartext(&secret, &user, pw) => {
+                        self.authenticated(Credentials::Password(String::from_utf8_lossy(pw).into_owned()))
+                    }
+                    _ => self.close(wrong_password(&user)),
                 }
-                self.authenticated(Credentials::Password(String::from_utf8_lossy(pw).into_owned()))
             }
             Pending::Md5 { secret, salt } => {
-                let resp = data.strip_suffix(&[0]).unwrap_or(data);
-                if !auth::verify_md5(&secret, &user, salt, resp) {
-                    return self.close(wrong_password(&user));
-                }
-                let creds = self.credentials_from(Some(&secret));
-                self.authenticated(creds)
-            }
-            Pending::ScramFirst { mut server, secret } => {
-                let Some((mech, first)) = frontend::sasl_initial_fields(data) else {
-                    return self.close(Error::protocol("malformed SASLInitialResponse message"));
+                let resp = match password_string(data) {
+                    Ok(r) => r,
+                    Err(e) => return self.close(e),
                 };
-                let binding = match (mech, &self.end_point) {
-                    (m, Some(hash)) if m == auth::SCRAM_SHA_256_PLUS.as_bytes() => {
-                        ServerBinding::Selected(hash.clone())
+                match secret {
+                    Some(secret) if auth::verify_md5(&secret, &user, salt, resp) => {
+                        let creds = self.credentials_from(Some(&secret));
+                        self.authenticated(creds)
                     }
-                    (m, Some(_)) if m == auth::SCRAM_SHA_256.as_bytes() => ServerBinding::Declined,
-                    (m, None) if m == auth::SCRAM_SHA_256.as_bytes() => ServerBinding::NotOffered,
-                    _ => {
-                        return self.close(Error::protocol("client selected an invalid SASL authentication mechanism"));
-                    }
-                };
-                server.set_binding(binding);
-                match server.handle_client_first(first) {
-                    Ok(reply) => backend::auth_sasl_continue(&mut self.to_client, &reply),
-                    Err(e) => return self.close(scram_error(e, &user)),
+                    _ => self.close(wrong_password(&user)),
                 }
-                self.phase = Phase::Password(Pending::ScramFinal { server, secret });
-                Step::NeedBytes
             }
-            Pending::ScramFinal { mut server, secret } => {
-                let fin = match server.handle_client_final(data) {
-                    Ok(m) => m,
-                    Err(e) => return self.close(scram_error(e, &user)),
+            Pending::ScramFirst(mut scram) => {
+                let first = match self.sasl_initial(data) {
+                    Ok((binding, first)) => {
+                        scram.server.set_binding(binding);
+                        first
+                    }
+                    Err(e) => return self.close(e),
+                };
+                match first {
+                    Some(first) => self.scram_client_first(scram, first),
+                    None => {
+                        // No initial response: an empty challenge, answered with it.
+                        backend::auth_sasl_continue(&mut self.to_client, &[]);
+                        self.phase = Phase::Password(Pending::ScramClientFirst(scram));
+                        Step::NeedBytes
+                    }
+                }
+            }
+            Pending::ScramClientFirst(scram) => self.scram_client_first(scram, data),
+            Pending::ScramFinal(mut scram) => {
+                let fin = match scram_data(data) {
+                    Ok(d) => scram.server.handle_client_final(d).map_err(|e| scram_error(e, &user)),
+                    Err(e) => Err(e),
+                };
+                let fin = match (fin, &scram.secret) {
+                    (Ok(fin), Some(_)) => fin,
+                    // A mock exchange fails at its proof, as a wrong password does.
+                    (Ok(_), None) => return self.close(wrong_password(&user)),
+                    (Err(e), _) => return self.close(e),
                 };
                 backend::auth_sasl_final(&mut self.to_client, &fin);
-                let creds = match (&secret, server.client_key()) {
-                    (Secret::Scram(s), Some(client_key)) => {
+                let creds = match (&scram.secret, scram.server.client_key()) {
+                    (Some(Secret::Scram(s)), Some(client_key)) => {
                         Credentials::ScramKeys { client_key, server_key: s.server_key }
                     }
-                    _ => self.credentials_from(Some(&secret)),
+                    (secret, _) => self.credentials_from(secret.as_ref()),
                 };
                 self.authenticated(creds)
             }
         }
+    }
+
+    /// client-first-message: answered with server-first-message.
+    fn scram_client_first(&mut self, mut scram: Scram, data: &[u8]) -> Step {
+        let reply = match scram_data(data) {
+            Ok(d) => scram.server.handle_client_first(d).map_err(|e| scram_error(e, &self.user)),
+            Err(e) => Err(e),
+        };
+        match reply {
+            Ok(reply) => backend::auth_sasl_continue(&mut self.to_client, &reply),
+            Err(e) => return self.close(e),
+        }
+        self.phase = Phase::Password(Pending::ScramFinal(scram));
+        Step::NeedBytes
+    }
+
+    /// A SASLInitialResponse read as PostgreSQL reads it: the mechanism (checked before the
+    /// rest), then the length of client-first-message and the message; None for length -1
+    /// (the client sends it in a SASLResponse after an empty challenge).
+    fn sasl_initial<'a>(&self, data: &'a [u8]) -> Result<(ServerBinding, Option<&'a [u8]>), Error> {
+        let (mech, rest) = read_cstr(data).ok_or_else(|| Error::protocol("invalid string in message"))?;
+        let binding = match (mech, &self.end_point) {
+            (m, Some(hash)) if m == auth::SCRAM_SHA_256_PLUS.as_bytes() => ServerBinding::Selected(hash.clone()),
+            (m, Some(_)) if m == auth::SCRAM_SHA_256.as_bytes() => ServerBinding::Declined,
+            (m, None) if m == auth::SCRAM_SHA_256.as_bytes() => ServerBinding::NotOffered,
+            _ => return Err(Error::protocol("client selected an invalid SASL authentication mechanism")),
+        };
+        let len = rest.get(..4).ok_or_else(insufficient_data)?;
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        let rest = &rest[4..];
+        let (first, left) = if len == -1 {
+            (None, rest)
+        } else {
+            let n = usize::try_from(len).ok().filter(|&n| n <= rest.len()).ok_or_else(insufficient_data)?;
+            (Some(&rest[..n]), &rest[n..])
+        };
+        if !left.is_empty() {
+            return Err(Error::protocol("invalid message format"));
+        }
+        Ok((binding, first))
     }
 }

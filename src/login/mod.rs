@@ -1,8 +1,11 @@
 //! The login phase of a client connection as a sans-IO state machine: the startup packet
 //! (SSLRequest answered 'S' when TLS is configured, else 'N', as is GSSENCRequest; a
-//! direct TLS ClientHello recognized; CancelRequest handed to the driver),
-//! protocol version negotiation, the database lookup, password authentication (trust,
-//! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS) and the welcome (AuthenticationOk, ParameterStatus,
+//! direct TLS ClientHello recognized; CancelRequest handed to the driver; a packet of an
+//! impossible length closed without a word, as PostgreSQL closes it),
+//! protocol version negotiation, refusals (`Refusal`: said after the SSL answer and the
+//! startup packet), the database lookup, password authentication (trust,
+//! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS; users parsnip does not
+//! know asked as known ones are, see `auth`) and the welcome (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery).
 //!
 //! The driver feeds it the client's bytes (`handle_bytes`) and the answers to what it asks
@@ -10,7 +13,8 @@
 //! defaults and a cancel key → `welcome`; `Step::StartTls` → a handshake, then
 //! `handle_tls_started` with the channel-binding hash of the certificate that handshake
 //! showed), and writes `to_client`. Randomness (the md5
-//! salt, the SCRAM nonce) is injected (`Entropy`), so tests run without sockets or luck.
+//! salt, the SCRAM nonce, the key of made-up SCRAM salts) is injected (`Entropy`), so tests
+//! run without sockets or luck.
 //!
 //! Owns: what is said to a client before its session starts. Must not touch sockets,
 //! pools or the clock: the driver does the IO, the timeout and the secret lookups.
@@ -22,8 +26,8 @@ mod tests;
 use crate::auth::{Credentials, Secret};
 use crate::config::{AuthType, Config, DatabaseConfig};
 use crate::error::{Error, SqlState};
+use crate::protocol::backend;
 use crate::protocol::startup::{StartupError, StartupPacket, parse_startup};
-use crate::protocol::{backend, split_frame};
 use crate::state::Settings;
 use crate::state::settings::{startup_settings, tracked_name};
 use bytes::{BufMut, BytesMut};
@@ -99,13 +103,31 @@ pub(crate) struct Entropy {
     pub(crate) md5_salt: [u8; 4],
     /// The server part of a SCRAM nonce (printable ASCII, no ',').
     pub(crate) scram_nonce: String,
+    /// The key of the SCRAM salts parsnip makes up (`auth::derived_salt`: for plain
+    /// passwords and for users it does not know): drawn once per process, the same for all
+    /// its logins, so a user name's salt is the same at every login.
+    pub(crate) salt_key: [u8; 32],
 }
 
+/// See `Entropy::salt_key`.
+static SALT_KEY: std::sync::LazyLock<[u8; 32]> = std::sync::LazyLock::new(rand::random);
+
 impl Entropy {
-    /// Fresh random values.
+    /// Fresh random values (and the process's salt key).
     pub(crate) fn random() -> Entropy {
-        Entropy { md5_salt: rand::random(), scram_nonce: crate::auth::ScramClient::random_nonce() }
+        Entropy { md5_salt: rand::random(), scram_nonce: crate::auth::ScramClient::random_nonce(), salt_key: *SALT_KEY }
     }
+}
+
+/// Why every login of a connection is refused, as PostgreSQL refuses it: once its
+/// SSLRequest or GSSENCRequest is answered (and TLS started) and its startup packet read,
+/// so that the client reads the reason; a CancelRequest is still handed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The pooler is stopping: 57P03.
+    ShuttingDown,
+    /// `max_client_conn` clients are connected: 53300.
+    TooManyClients,
 }
 
 /// Where a login goes once authenticated.
@@ -134,7 +156,7 @@ enum Phase {
 /// One client's login. See the module doc.
 pub(crate) struct Login {
     cfg: Arc<Config>,
-    shutting_down: bool,
+    refusal: Option<Refusal>,
     entropy: Entropy,
     phase: Phase,
     transport: Transport,
@@ -157,11 +179,11 @@ pub(crate) struct Login {
 }
 
 impl Login {
-    /// A login under `cfg`; `shutting_down` refuses it as PostgreSQL does (57P03).
-    pub(crate) fn new(cfg: Arc<Config>, shutting_down: bool, entropy: Entropy) -> Login {
+    /// A login under `cfg`; with a `refusal`, refused as PostgreSQL refuses it.
+    pub(crate) fn new(cfg: Arc<Config>, refusal: Option<Refusal>, entropy: Entropy) -> Login {
         Login {
             cfg,
-            shutting_down,
+            refusal,
             entropy,
             phase: Phase::Startup,
             transport: Transport::default(),
@@ -204,14 +226,7 @@ impl Login {
     pub(crate) fn handle_bytes(&mut self, buf: &mut BytesMut) -> Step {
         match self.phase {
             Phase::Startup => self.on_startup_bytes(buf),
-            Phase::Password(_) => match split_frame(buf, 10_000) {
-                Ok(Some(n)) => {
-                    let frame = buf.split_to(n);
-                    self.on_password(&frame)
-                }
-                Ok(None) => Step::NeedBytes,
-                Err(e) => self.close(Error::protocol(e.to_string())),
-            },
+            Phase::Password(_) => self.on_auth_bytes(buf),
             // Nothing is read meanwhile.
             Phase::AwaitSecret | Phase::Done => Step::NeedBytes,
         }
@@ -230,6 +245,12 @@ impl Login {
                     p
                 }
                 Ok(None) => return Step::NeedBytes,
+                Err(StartupError::BadLength(n)) => {
+                    // PostgreSQL logs it and closes without a word: a client that sent
+                    // Terminate before any startup packet, a port scanner, HTTP.
+                    tracing::info!(length = n, "invalid length of startup packet");
+                    return self.close_quietly();
+                }
                 Err(e) => return self.close(protocol_err(e)),
             };
             match packet {
@@ -275,6 +296,16 @@ impl Login {
                 "replication connections are not supported by parsnip",
             ));
         }
+        // PostgreSQL refuses here, before looking at who may log in where.
+        match self.refusal {
+            Some(Refusal::ShuttingDown) => {
+                return self.close(Error::fatal(SqlState::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
+            }
+            Some(Refusal::TooManyClients) => {
+                return self.close(Error::fatal(SqlState::TOO_MANY_CONNECTIONS, "sorry, too many clients already"));
+            }
+            None => {}
+        }
         if self.transport.mode == crate::config::ClientTlsMode::Require && !self.encrypted && !self.transport.unix {
             // PostgreSQL's wording for a client that no hostssl line lets in.
             return self.close(Error::fatal(
@@ -284,9 +315,6 @@ impl Login {
                     self.transport.peer
                 ),
             ));
-        }
-        if self.shutting_down {
-            return self.close(Error::fatal(SqlState::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
         }
         let cfg = self.cfg.clone();
         let target = if (db == ADMIN_DB || db == PGBOUNCER_ADMIN_DB) && !cfg.databases.contains_key(&db) {
@@ -388,11 +416,18 @@ impl Login {
         self.to_client.clear();
         Step::Close(Some(err))
     }
+
+    /// Ends the login without a word to the client (what was queued is dropped).
+    fn close_quietly(&mut self) -> Step {
+        self.phase = Phase::Done;
+        self.to_client.clear();
+        Step::Close(None)
+    }
 }
 
 fn protocol_err(e: StartupError) -> Error {
     match e {
-        StartupError::BadLength(n) => Error::protocol(format!("invalid length of startup packet: {n}")),
+        StartupError::BadLength(_) => Error::protocol("invalid length of startup packet"),
         StartupError::UnsupportedProtocol(v) => Error::fatal(
             SqlState::FEATURE_NOT_SUPPORTED,
             format!("unsupported frontend protocol {}.{}: server supports 3.0 to 3.0", v >> 16, v & 0xffff),

@@ -124,17 +124,6 @@ pub fn query_text(body: &[u8]) -> Option<&[u8]> {
     read_cstr(body).map(|(q, _)| q)
 }
 
-/// Mechanism and data of a SASLInitialResponse body.
-pub(crate) fn sasl_initial_fields(body: &[u8]) -> Option<(&[u8], &[u8])> {
-    let (mech, rest) = read_cstr(body)?;
-    let len = super::backend::read_i32(rest)?;
-    let data = &rest[4..];
-    if len < 0 || len as usize != data.len() {
-        return None;
-    }
-    Some((mech, data))
-}
-
 /// The fields of a Parse body the pooler uses.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ParseFields<'a> {

@@ -23,10 +23,12 @@ pub(crate) enum StartupPacket {
     Cancel { pid: i32, key: Vec<u8> },
 }
 
-/// Why a startup packet is refused; each maps to an 08P01 (or 0A000 for old protocols).
+/// Why a startup packet is refused; each maps to an 08P01 (or 0A000 for old protocols),
+/// except `BadLength`, which PostgreSQL only logs.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum StartupError {
-    /// Length field impossible or above the maximum.
+    /// Length field impossible or above the maximum, or a CancelRequest of a length no key
+    /// has.
     BadLength(i32),
     /// A protocol major version we do not speak (e.g. 2.0).
     UnsupportedProtocol(i32),
@@ -53,33 +55,34 @@ pub(crate) fn parse_startup(buf: &[u8]) -> Result<Option<(StartupPacket, usize)>
     let code = i32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
     let body = &buf[8..len];
     let packet = match code {
-        SSL_REQUEST if body.is_empty() => StartupPacket::Ssl,
-        GSSENC_REQUEST if body.is_empty() => StartupPacket::GssEnc,
+        // As PostgreSQL: the request code alone counts, whatever follows it.
+        SSL_REQUEST => StartupPacket::Ssl,
+        GSSENC_REQUEST => StartupPacket::GssEnc,
         CANCEL_REQUEST if body.len() >= 4 && body.len() <= 256 => StartupPacket::Cancel {
             pid: i32::from_be_bytes([body[0], body[1], body[2], body[3]]),
             key: body[4..].to_vec(),
         },
-        SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => {
-            return Err(StartupError::Malformed("invalid length of special startup packet"));
-        }
+        CANCEL_REQUEST => return Err(StartupError::BadLength(len as i32)),
         c if (c >> 16) == 3 => StartupPacket::Startup { minor: (c & 0xffff) as u16, params: parse_params(body)? },
         c => return Err(StartupError::UnsupportedProtocol(c)),
     };
     Ok(Some((packet, len)))
 }
 
+/// PostgreSQL's one complaint about the parameters of a startup packet.
+const BAD_LAYOUT: StartupError =
+    StartupError::Malformed("invalid startup packet layout: expected terminator as last byte");
+
 fn parse_params(mut body: &[u8]) -> Result<Vec<(String, String)>, StartupError> {
     let mut params = Vec::new();
     loop {
         match body {
             [0] => return Ok(params),
-            [] => {
-                return Err(StartupError::Malformed("missing terminator in startup packet"));
-            }
+            [] => return Err(BAD_LAYOUT),
             _ => {}
         }
-        let (k, rest) = read_cstr(body).ok_or(StartupError::Malformed("unterminated startup parameter"))?;
-        let (v, rest) = read_cstr(rest).ok_or(StartupError::Malformed("startup parameter without value"))?;
+        let (k, rest) = read_cstr(body).ok_or(BAD_LAYOUT)?;
+        let (v, rest) = read_cstr(rest).ok_or(BAD_LAYOUT)?;
         let k = std::str::from_utf8(k).map_err(|_| StartupError::Malformed("startup parameter not UTF-8"))?;
         let v = std::str::from_utf8(v).map_err(|_| StartupError::Malformed("startup parameter not UTF-8"))?;
         if params.len() >= 64 {
@@ -156,6 +159,18 @@ mod tests {
         assert_eq!(parse_startup(&[0, 0, 0, 8, 0, 2, 0, 0]), Err(StartupError::UnsupportedProtocol(131072)));
         assert_eq!(parse_startup(&[0xff, 0, 0, 8]), Err(StartupError::BadLength(-16777208)));
         assert_eq!(parse_startup(&[0, 1, 0, 0]), Err(StartupError::BadLength(65536)));
+        // What follows a request code does not matter (PostgreSQL reads the code alone),
+        // but a CancelRequest of a length no key has is a bad length.
+        assert_eq!(
+            parse_startup(&[0, 0, 0, 12, 4, 210, 22, 47, 0, 0, 0, 0]).unwrap().unwrap(),
+            (StartupPacket::Ssl, 12)
+        );
+        assert_eq!(parse_startup(&[0, 0, 0, 8, 4, 210, 22, 46]), Err(StartupError::BadLength(8)));
+        let mut b = BytesMut::new();
+        b.put_i32(13);
+        b.put_i32(PROTOCOL_3_0);
+        b.put_slice(b"user\0");
+        assert_eq!(parse_startup(&b), Err(BAD_LAYOUT), "a name without a value");
     }
 
     proptest! {
