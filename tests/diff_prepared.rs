@@ -49,6 +49,7 @@ scenarios! {
         autoprepare_select_insert_update,
         autoprepare_after_ddl,
         autoprepare_in_transaction_blocks,
+        autoprepare_grammar_constants,
     ],
     named => [
         named_one_batch,
