@@ -50,6 +50,7 @@ scenarios! {
         autoprepare_after_ddl,
         autoprepare_in_transaction_blocks,
         autoprepare_grammar_constants,
+        autoprepare_syntax_errors,
     ],
     named => [
         named_one_batch,

@@ -3,28 +3,33 @@
 //! the declared parameter types, Bind with the literals as text values, Describe portal,
 //! Execute, Sync), and the replies must be the same: RowDescription (names, type OIDs,
 //! typmods, formats), DataRows and CommandComplete byte for byte, errors with the same
-//! SQLSTATE, message and position (mapped back to the client's text). A fixed corpus of the
-//! literal forms, then random expressions over literals.
+//! SQLSTATE, message and position (mapped back to the client's text, as the session maps
+//! them: `Origin`). A fixed corpus of the literal forms, then random expressions over
+//! literals.
 
 #[allow(unused_imports)] // this test uses the cluster and the raw client, not the pooler helpers
 mod support;
 
-use parsnip::stmt::lift::{client_position, lift};
+use parsnip::stmt::lift::{Origin, lift};
 use support::*;
 
 /// The replies that must match, as comparable strings.
-fn normalized(frames: &[Frame], edits: Option<&[[i64; 4]]>) -> Vec<String> {
+fn normalized(frames: &[Frame], origin: Option<&Origin>) -> Vec<String> {
     frames
         .iter()
         .filter(|f| !matches!(f.tag, b'1' | b'2' | b'n' | b'Z'))
         .map(|f| match f.fields() {
             Some(e) if f.tag == b'E' => {
-                let pos = e.fields.get(&b'P').and_then(|p| p.parse::<i64>().ok()).map(|p| match edits {
-                    Some(ed) => client_position(ed, p),
-                    None => p,
-                });
+                let at = e.fields.get(&b'P').and_then(|p| p.parse::<i64>().ok());
+                let (pos, message) = match (origin, at) {
+                    (Some(o), Some(p)) => (
+                        Some(o.client_position(p)),
+                        String::from_utf8_lossy(&o.client_text(p, e.message().as_bytes())).into_owned(),
+                    ),
+                    _ => (at, e.message().to_owned()),
+                };
                 let context = e.fields.get(&b'W');
-                format!("E {} {} @{pos:?} {context:?}", e.code(), e.message())
+                format!("E {} {message} @{pos:?} {context:?}", e.code())
             }
             _ => format!("{} {}", f.tag as char, hex(&f.body)),
         })
@@ -75,7 +80,8 @@ async fn compare(raw: &mut Raw, sql: &str) -> bool {
     raw.send(&batch).await.unwrap();
     let (lifted, _) = raw.read_until_ready().await;
     raw.simple_query("ROLLBACK").await.unwrap();
-    let (a, b) = (normalized(&direct, None), normalized(&lifted, Some(&l.edits)));
+    let origin = Origin::new(sql.as_bytes(), &l);
+    let (a, b) = (normalized(&direct, None), normalized(&lifted, Some(&origin)));
     assert_eq!(a, b, "\n{sql}\nlifted: {}", String::from_utf8_lossy(&l.text));
     true
 }
@@ -148,6 +154,11 @@ async fn lifted_statements_answer_as_their_literal_forms() {
         "SELECT relname, 1 FROM pg_class ORDER BY (SELECT 1 ORDER BY 1 LIMIT 1), 2 DESC, 1 LIMIT 3",
         "SELECT pg_typeof(-02147483648), pg_typeof(-009223372036854775808), 1",
         "SELECT 1e1000000, 1",
+        // A syntax error at a lifted literal quotes the client's literal, not `$2`.
+        "SELECT 1 2",
+        "SELECT 3 + 1.5 2.5e3",
+        "SELECT id FROM lift_t WHERE id = 1 2",
+        "SELECT 1 FROM 2",
         // `$1[1]` and `$1 .a` would subscript and select from a parameter.
         "SELECT 1[1], 2",
         "SELECT 1 .a, 2",

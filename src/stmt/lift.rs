@@ -81,6 +81,82 @@ pub fn client_position(edits: &[[i64; 4]], p: i64) -> i64 {
     (q + delta + 1).max(1)
 }
 
+/// How a lifted text maps back to the client's, for what PostgreSQL says about it: error
+/// positions, and the literals its placeholders stand for.
+#[derive(Debug, Default)]
+pub struct Origin {
+    /// As `Lifted::edits`: one per lifted literal, in order.
+    pub edits: Vec<[i64; 4]>,
+    /// The lifted literals' texts one after another (the i-th is `edits[i][3] - edits[i][2]`
+    /// bytes long: a plain number is ASCII, one byte a character).
+    pub literals: Vec<u8>,
+}
+
+impl Origin {
+    /// The origin of `l`, lifted from the client's text `client`.
+    pub fn new(client: &[u8], l: &Lifted) -> Origin {
+        let mut literals = Vec::with_capacity(l.values.iter().map(|r| r.len()).sum());
+        for r in &l.values {
+            literals.extend_from_slice(&client[r.clone()]);
+        }
+        Origin { edits: l.edits.clone(), literals }
+    }
+
+    /// The client's position for the server's position `p` (see `client_position`).
+    pub fn client_position(&self, p: i64) -> i64 {
+        client_position(&self.edits, p)
+    }
+
+    /// A field of an error at the server's position `p` (message, detail, hint) as it reads
+    /// for the client's text. PostgreSQL quotes the token at an error's position (`syntax
+    /// error at or near "$2"`); where that token is the placeholder of a lifted literal, the
+    /// client's query had the literal (`… near "2"`), which takes the placeholder's place.
+    ///
+    /// Rewritten rather than answered by replaying the client's Query unlifted after the
+    /// failed Parse: inside a transaction block that Parse has already aborted the block, so
+    /// the replay would get 25P02, not the error (and outside one it would cost a round trip
+    /// for nothing). The rewrite is exact because a placeholder is one token wherever a
+    /// lifted literal was one (where the grammar wants a constant, the literal stays), so
+    /// PostgreSQL's error for the client's text is the same error at the same token.
+    pub fn client_text<'a>(&self, p: i64, text: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        use std::borrow::Cow;
+        let q = p - 1;
+        let Some(i) = self.edits.iter().position(|&[ss, se, _, _]| ss <= q && q < se) else {
+            return Cow::Borrowed(text);
+        };
+        let start: i64 = self.edits[..i].iter().map(|e| e[3] - e[2]).sum();
+        let len = self.edits[i][3] - self.edits[i][2];
+        let Some(literal) = usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(start + len).ok())
+            .and_then(|(a, b)| self.literals.get(a..b))
+        else {
+            return Cow::Borrowed(text);
+        };
+        let placeholder = format!("${}", i + 1).into_bytes();
+        let mut out = Vec::with_capacity(text.len() + literal.len());
+        let mut at = 0;
+        let mut found = false;
+        while let Some(j) = text[at..].windows(placeholder.len()).position(|w| w == placeholder.as_slice()) {
+            let end = at + j + placeholder.len();
+            out.extend_from_slice(&text[at..at + j]);
+            // `$2` is not the start of `$21`.
+            if text.get(end).is_some_and(u8::is_ascii_digit) {
+                out.extend_from_slice(&placeholder);
+            } else {
+                out.extend_from_slice(literal);
+                found = true;
+            }
+            at = end;
+        }
+        if !found {
+            return Cow::Borrowed(text);
+        }
+        out.extend_from_slice(&text[at..]);
+        Cow::Owned(out)
+    }
+}
+
 /// A text rewritten from the client's by replacing byte ranges, in order, keeping the
 /// character edits `client_position` maps error positions through. The one builder of
 /// rewritten texts: lifted literals here, renamed and removed statements in

@@ -242,3 +242,19 @@ fn aliases_end_where_the_type_name_would() {
         "select $1 from t tablesample system ($2) repeatable ($3)"
     );
 }
+
+#[test]
+fn error_texts_name_the_clients_literal() {
+    let sql = b"select 1 2, 34";
+    let l = lift(sql, false).unwrap();
+    assert_eq!(l.text, b"select $1 $2, $3");
+    let o = Origin::new(sql, &l);
+    // PostgreSQL: `syntax error at or near "$2"` at position 11 of the lifted text.
+    assert_eq!(o.client_position(11), 10);
+    assert_eq!(&*o.client_text(11, b"syntax error at or near \"$2\""), b"syntax error at or near \"2\"");
+    // Another token at the position: the text stays.
+    assert_eq!(&*o.client_text(13, b"syntax error at or near \",\""), b"syntax error at or near \",\"");
+    assert_eq!(&*o.client_text(15, b"near \"$3\""), b"near \"34\"");
+    // `$2` is not the start of `$21`; other languages quote otherwise.
+    assert_eq!(&*o.client_text(11, "$21 \u{bb}$2\u{ab}".as_bytes()), "$21 \u{bb}2\u{ab}".as_bytes());
+}
