@@ -49,6 +49,8 @@ scenarios! {
         autoprepare_select_insert_update,
         autoprepare_after_ddl,
         autoprepare_in_transaction_blocks,
+        autoprepare_grammar_constants,
+        autoprepare_syntax_errors,
     ],
     named => [
         named_one_batch,

@@ -220,16 +220,17 @@ impl Rename {
 
 pub(crate) use crate::stmt::lift::client_position;
 
-/// The ErrorResponse `frame` with its position mapped through `edits`.
-pub(crate) fn map_error_position(frame: &[u8], edits: &[[i64; 4]], out: &mut bytes::BytesMut) {
+/// The ErrorResponse `frame` of an autoprepared Query as its own text would have had it:
+/// the position mapped back through the lift's edits, and a lifted literal's placeholder
+/// quoted at that position replaced by the literal (`crate::stmt::lift::Origin`).
+pub(crate) fn map_error_position(frame: &[u8], origin: &crate::stmt::lift::Origin, out: &mut bytes::BytesMut) {
     use std::borrow::Cow;
     let body = frame.get(5..).unwrap_or_default();
+    let pos = backend::error_field(body, b'P').and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok());
     let fields = backend::error_fields(body).map(|(t, v)| {
-        let value = match t {
-            b'P' => match std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()) {
-                Some(p) => Cow::Owned(client_position(edits, p).to_string().into_bytes()),
-                None => Cow::Borrowed(v),
-            },
+        let value = match (t, pos) {
+            (b'P', Some(p)) => Cow::Owned(origin.client_position(p).to_string().into_bytes()),
+            (b'M' | b'D' | b'H', Some(p)) => origin.client_text(p, v),
             _ => Cow::Borrowed(v),
         };
         (t, value)
@@ -262,8 +263,8 @@ pub(crate) struct Pending {
     pub(crate) copy_end_after: bool,
     /// Part of a client's simple Query run as an autoprepared statement
     /// (`stmts::autoprepare`): its ParseComplete, BindComplete and NoData are not the
-    /// client's, and error positions map back to the client's text through these edits.
-    pub(crate) simple: Option<Arc<Vec<[i64; 4]>>>,
+    /// client's, and its errors map back to the client's text through this.
+    pub(crate) simple: Option<Arc<crate::stmt::lift::Origin>>,
 }
 
 impl Pending {

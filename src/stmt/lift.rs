@@ -10,13 +10,25 @@
 //! errors are the same. A literal is left in place (never wrong, only not shared) wherever
 //! a parameter would mean something else or is not allowed:
 //!
-//! * `ORDER BY 1`, `GROUP BY 1`, `DISTINCT ON (1)` (output column positions), up to the
-//!   clause that ends them;
-//! * type modifiers and array bounds of a type name (`numeric(10, 2)`, `varchar(8)`,
-//!   `::int[3]`, `interval second(3)`, after `::` or `AS`);
-//! * `-2147483648` and `-9223372036854775808` (PostgreSQL folds the minus into the literal,
-//!   which then fits the smaller type);
+//! * `ORDER BY 1`, `DISTINCT ON (1)` (output column positions), up to the clause that ends
+//!   them;
+//! * where PostgreSQL's grammar (gram.y) takes a constant, not an expression: type
+//!   modifiers and array bounds of a type name however it is written (`numeric(10, 2)`,
+//!   `::"numeric"(5, 2)`, `::int[3]`, `interval second(3)`, `timestamp(3) '…'`,
+//!   `mytype(3) '…'`, column definition lists), the precision of `CURRENT_TIME(3)` and its
+//!   kin, the signed count of `FETCH FIRST -1 ROWS` / `OFFSET +1 ROWS`, a CTE's
+//!   `CYCLE … TO 1 DEFAULT 0`; and before `[` or `.` (`$1[1]` subscripts a parameter,
+//!   `1[1]` is a syntax error);
+//! * an `ON CONFLICT` target (matched to an index as written: a parameter does not match
+//!   under a generic plan);
+//! * `-2147483648` and `-9223372036854775808`, leading zeros or not (PostgreSQL folds the
+//!   minus into the literal, which then fits the smaller type);
+//! * a numeric that might not convert (its error must be the parse's);
 //! * anything that does not lex as a plain number (`0x1F`, `1_000`, `1e`, `12abc`).
+//!
+//! A statement whose `GROUP BY` holds a number, or with `DISTINCT` and a number in an
+//! `ORDER BY` or `DISTINCT ON`, is not lifted: those lists are matched to other
+//! expressions of the statement, and a literal lifted on one side only no longer matches.
 //!
 //! Only one data statement (SELECT, INSERT, UPDATE, DELETE, VALUES, WITH) is lifted, with no
 //! parameter of its own, no `SELECT … INTO`, no `RETURNING` and no data-changing query
@@ -24,6 +36,12 @@
 //! parameter does not resolve as an unknown-typed literal does). Pure, no IO.
 
 use std::ops::Range;
+
+mod lex;
+mod words;
+
+use lex::{Tok, literal_type, tokens};
+use words::{AS_GROUP_OPENS, CONSTANT_GROUP_WORDS, DATA, LIST_END, NOT_ALIAS, TYPE_END};
 
 /// int4, int8 and numeric type OIDs.
 pub const INT4: u32 = 23;
@@ -61,6 +79,82 @@ pub fn client_position(edits: &[[i64; 4]], p: i64) -> i64 {
         delta = ce - se;
     }
     (q + delta + 1).max(1)
+}
+
+/// How a lifted text maps back to the client's, for what PostgreSQL says about it: error
+/// positions, and the literals its placeholders stand for.
+#[derive(Debug, Default)]
+pub struct Origin {
+    /// As `Lifted::edits`: one per lifted literal, in order.
+    pub edits: Vec<[i64; 4]>,
+    /// The lifted literals' texts one after another (the i-th is `edits[i][3] - edits[i][2]`
+    /// bytes long: a plain number is ASCII, one byte a character).
+    pub literals: Vec<u8>,
+}
+
+impl Origin {
+    /// The origin of `l`, lifted from the client's text `client`.
+    pub fn new(client: &[u8], l: &Lifted) -> Origin {
+        let mut literals = Vec::with_capacity(l.values.iter().map(|r| r.len()).sum());
+        for r in &l.values {
+            literals.extend_from_slice(&client[r.clone()]);
+        }
+        Origin { edits: l.edits.clone(), literals }
+    }
+
+    /// The client's position for the server's position `p` (see `client_position`).
+    pub fn client_position(&self, p: i64) -> i64 {
+        client_position(&self.edits, p)
+    }
+
+    /// A field of an error at the server's position `p` (message, detail, hint) as it reads
+    /// for the client's text. PostgreSQL quotes the token at an error's position (`syntax
+    /// error at or near "$2"`); where that token is the placeholder of a lifted literal, the
+    /// client's query had the literal (`… near "2"`), which takes the placeholder's place.
+    ///
+    /// Rewritten rather than answered by replaying the client's Query unlifted after the
+    /// failed Parse: inside a transaction block that Parse has already aborted the block, so
+    /// the replay would get 25P02, not the error (and outside one it would cost a round trip
+    /// for nothing). The rewrite is exact because a placeholder is one token wherever a
+    /// lifted literal was one (where the grammar wants a constant, the literal stays), so
+    /// PostgreSQL's error for the client's text is the same error at the same token.
+    pub fn client_text<'a>(&self, p: i64, text: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        use std::borrow::Cow;
+        let q = p - 1;
+        let Some(i) = self.edits.iter().position(|&[ss, se, _, _]| ss <= q && q < se) else {
+            return Cow::Borrowed(text);
+        };
+        let start: i64 = self.edits[..i].iter().map(|e| e[3] - e[2]).sum();
+        let len = self.edits[i][3] - self.edits[i][2];
+        let Some(literal) = usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(start + len).ok())
+            .and_then(|(a, b)| self.literals.get(a..b))
+        else {
+            return Cow::Borrowed(text);
+        };
+        let placeholder = format!("${}", i + 1).into_bytes();
+        let mut out = Vec::with_capacity(text.len() + literal.len());
+        let mut at = 0;
+        let mut found = false;
+        while let Some(j) = text[at..].windows(placeholder.len()).position(|w| w == placeholder.as_slice()) {
+            let end = at + j + placeholder.len();
+            out.extend_from_slice(&text[at..at + j]);
+            // `$2` is not the start of `$21`.
+            if text.get(end).is_some_and(u8::is_ascii_digit) {
+                out.extend_from_slice(&placeholder);
+            } else {
+                out.extend_from_slice(literal);
+                found = true;
+            }
+            at = end;
+        }
+        if !found {
+            return Cow::Borrowed(text);
+        }
+        out.extend_from_slice(&text[at..]);
+        Cow::Owned(out)
+    }
 }
 
 /// A text rewritten from the client's by replacing byte ranges, in order, keeping the
@@ -124,227 +218,62 @@ impl<'a> Rewrite<'a> {
 /// `IN (…)` list of varying length would make one statement per length anyway).
 const MAX_PARAMS: usize = 64;
 
-/// Words after which a parenthesized group holds a type modifier.
-const TYPMOD_WORDS: [&[u8]; 17] = [
-    b"numeric",
-    b"decimal",
-    b"dec",
-    b"varchar",
-    b"char",
-    b"character",
-    b"bpchar",
-    b"varying",
-    b"bit",
-    b"varbit",
-    b"float",
-    b"time",
-    b"timetz",
-    b"timestamp",
-    b"timestamptz",
-    b"interval",
-    b"second",
-];
-
-/// Clause keywords that end an `ORDER BY` / `GROUP BY` / `DISTINCT ON` list.
-const LIST_END: [&[u8]; 12] = [
-    b"limit",
-    b"offset",
-    b"fetch",
-    b"having",
-    b"window",
-    b"union",
-    b"intersect",
-    b"except",
-    b"for",
-    b"returning",
-    b"select",
-    b"from",
-];
-
-/// Statements whose literals may be lifted.
-const DATA: [&[u8]; 6] = [b"select", b"insert", b"update", b"delete", b"values", b"with"];
-
-/// One token of the statement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tok {
-    /// A keyword or unquoted identifier (lower-case comparison by the caller).
-    Word,
-    /// A quoted identifier, string, dollar-quoted string, or bit/hex string.
-    Quoted,
-    /// A number as PostgreSQL's scanner reads one: integer (true) or not.
-    Number(bool),
-    /// Something that looks like a number but is not a plain one (`0x1F`, `1_000`, `1e`).
-    OddNumber,
-    /// `$1`: a parameter of the client's own.
-    Param,
-    /// `::`.
-    Cast,
-    /// Any other byte: an operator or punctuation character.
-    Punct(u8),
+/// A list whose integer constants are output column positions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum List {
+    Order,
+    Group,
+    DistinctOn,
 }
 
-/// Lexes `sql`; None when it cannot be lexed with confidence (an unterminated quote or
-/// comment, or backslashes under `escapes_everywhere`: standard_conforming_strings off).
-fn tokens(sql: &[u8], escapes_everywhere: bool) -> Option<Vec<(Tok, Range<usize>)>> {
-    let n = sql.len();
-    let mut out = Vec::new();
-    let mut i = 0;
-    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80;
-    while i < n {
-        let c = sql[i];
-        let start = i;
-        if c.is_ascii_whitespace() {
-            i += 1;
-            continue;
-        }
-        if c == b'-' && sql.get(i + 1) == Some(&b'-') {
-            while i < n && sql[i] != b'\n' {
-                i += 1;
-            }
-            continue;
-        }
-        if c == b'/' && sql.get(i + 1) == Some(&b'*') {
-            let mut depth = 0usize;
-            loop {
-                if i + 1 >= n {
-                    return None;
-                }
-                if sql[i] == b'/' && sql[i + 1] == b'*' {
-                    depth += 1;
-                    i += 2;
-                } else if sql[i] == b'*' && sql[i + 1] == b'/' {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
-            continue;
-        }
-        if c == b'\'' || c == b'"' {
-            // E'…' (the E is the previous Word token, of one letter): backslash escapes.
-            let e_string = c == b'\''
-                && out.last().is_some_and(|(t, r): &(Tok, Range<usize>)| {
-                    *t == Tok::Word && r.end == i && r.len() == 1 && sql[r.start].eq_ignore_ascii_case(&b'e')
-                });
-            i = super::sql::quoted_end(sql, start, e_string)?;
-            if escapes_everywhere && c == b'\'' && !e_string && sql[start..i].contains(&b'\\') {
-                // A plain string whose backslashes are escapes here: not worth the risk.
-                return None;
-            }
-            if e_string || matches!(out.last(), Some((Tok::Word, r)) if r.end == start) {
-                // The prefix (E, B, X, U&, N) belongs to the literal.
-                out.pop();
-            }
-            out.push((Tok::Quoted, start..i));
-            continue;
-        }
-        if c == b'$' {
-            if sql.get(i + 1).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-                while i < n && sql[i].is_ascii_digit() {
-                    i += 1;
-                }
-                out.push((Tok::Param, start..i));
-                continue;
-            }
-            // A dollar quote: $tag$ … $tag$.
-            let tag_end = sql[i + 1..].iter().position(|&b| !(b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80));
-            let t = tag_end?;
-            if sql[i + 1 + t] != b'$' {
-                return None;
-            }
-            let tag = &sql[i..i + t + 2];
-            let body = i + t + 2;
-            let p = sql[body..].windows(tag.len()).position(|w| w == tag)?;
-            i = body + p + tag.len();
-            out.push((Tok::Quoted, start..i));
-            continue;
-        }
-        if c.is_ascii_digit() || (c == b'.' && sql.get(i + 1).is_some_and(u8::is_ascii_digit)) {
-            let mut integer = true;
-            while i < n && sql[i].is_ascii_digit() {
-                i += 1;
-            }
-            if i < n && sql[i] == b'.' && sql.get(i + 1) != Some(&b'.') {
-                integer = false;
-                i += 1;
-                while i < n && sql[i].is_ascii_digit() {
-                    i += 1;
-                }
-            }
-            let mut odd = false;
-            if i < n && (sql[i] == b'e' || sql[i] == b'E') {
-                integer = false;
-                let mut j = i + 1;
-                if j < n && (sql[j] == b'+' || sql[j] == b'-') {
-                    j += 1;
-                }
-                if j < n && sql[j].is_ascii_digit() {
-                    while j < n && sql[j].is_ascii_digit() {
-                        j += 1;
-                    }
-                    i = j;
-                } else {
-                    odd = true;
-                }
-            }
-            // Letters, `_` or another `.` right after: not a plain number (0x1F, 1_000, 12abc).
-            while i < n && (word(sql[i]) || sql[i] == b'.') {
-                odd = true;
-                i += 1;
-            }
-            out.push((if odd { Tok::OddNumber } else { Tok::Number(integer) }, start..i));
-            continue;
-        }
-        if word(c) {
-            while i < n && word(sql[i]) {
-                i += 1;
-            }
-            out.push((Tok::Word, start..i));
-            continue;
-        }
-        if c == b':' && sql.get(i + 1) == Some(&b':') {
-            out.push((Tok::Cast, i..i + 2));
-            i += 2;
-            continue;
-        }
-        out.push((Tok::Punct(c), i..i + 1));
-        i += 1;
+/// Longest literal lifted, and largest exponent (`1e1000`): a literal beyond either might
+/// not fit a numeric, and PostgreSQL's error for it then would come from the Bind (with a
+/// context naming the parameter) instead of from the parse (with a position).
+const MAX_LITERAL: usize = 1000;
+
+/// Whether numeric_in surely takes `value` (a plain number) as it is.
+fn fits_numeric(value: &[u8]) -> bool {
+    if value.len() > MAX_LITERAL {
+        return false;
     }
-    Some(out)
+    match value.iter().position(|&c| c == b'e' || c == b'E') {
+        None => true,
+        Some(e) => {
+            let exp = std::str::from_utf8(&value[e + 1..]).ok().and_then(|s| s.parse::<i64>().ok());
+            exp.is_some_and(|x| x.abs() <= MAX_LITERAL as i64)
+        }
+    }
 }
 
-/// The type PostgreSQL's scanner gives the literal `digits` (an integer, or not).
-fn literal_type(text: &[u8], integer: bool) -> u32 {
-    if !integer {
-        return NUMERIC;
+/// For each opening `(` or `[` token, the index of its closing token (usize::MAX if none).
+fn closing(toks: &[(Tok, Range<usize>)]) -> Vec<usize> {
+    let mut out = vec![usize::MAX; toks.len()];
+    let mut open = Vec::new();
+    for (k, (t, _)) in toks.iter().enumerate() {
+        match t {
+            Tok::Punct(b'(' | b'[') => open.push(k),
+            Tok::Punct(b')' | b']') => {
+                if let Some(o) = open.pop() {
+                    out[o] = k;
+                }
+            }
+            _ => {}
+        }
     }
-    let digits = text.iter().skip_while(|&&d| d == b'0').count();
-    if digits > 19 {
-        return NUMERIC;
-    }
-    let v: u128 = text.iter().fold(0u128, |a, &d| a * 10 + u128::from(d - b'0'));
-    if v <= i32::MAX as u128 {
-        INT4
-    } else if v <= i64::MAX as u128 {
-        INT8
-    } else {
-        NUMERIC
-    }
+    out
 }
 
 /// The statement `sql` with its numeric literals lifted, or None when nothing is lifted
 /// (not a data statement, several statements, a parameter of its own, `SELECT … INTO`, no
 /// literal that can be lifted, or text that does not lex with confidence).
+///
+/// Which literals stay, and which statements are not lifted, is the module's doc.
 pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
     let toks = tokens(sql, escapes_everywhere)?;
     let is = |k: usize, w: &[u8]| {
         toks.get(k).is_some_and(|(t, r)| *t == Tok::Word && sql[r.clone()].eq_ignore_ascii_case(w))
     };
+    let is_any = |k: usize, ws: &[&[u8]]| ws.iter().any(|w| is(k, w));
     let first = toks.first()?;
     if first.0 != Tok::Word || !DATA.iter().any(|w| sql[first.1.clone()].eq_ignore_ascii_case(w)) {
         return None;
@@ -357,14 +286,32 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
     {
         return None;
     }
+    // XMLTABLE's COLUMNS name types without `::` or `AS` (`a mytype(3)`): not worth the risk.
+    if (0..toks.len()).any(|k| is(k, b"xmltable")) {
+        return None;
+    }
+    // `DISTINCT` (not `IS [NOT] DISTINCT FROM`): its select list is matched to ORDER BY.
+    let distinct = (0..toks.len()).any(|k| {
+        is(k, b"distinct")
+            && !is(k.wrapping_sub(1), b"is")
+            && !(is(k.wrapping_sub(1), b"not") && is(k.wrapping_sub(2), b"is"))
+    });
+    let closes = closing(&toks);
+    let string_at =
+        |k: usize| toks.get(k).is_some_and(|(t, r)| *t == Tok::Quoted && matches!(sql[r.start], b'\'' | b'$'));
+    let quoted_name_at = |k: usize| toks.get(k).is_some_and(|(t, r)| *t == Tok::Quoted && sql[r.start] == b'"');
     let mut lift_at: Vec<(usize, u32)> = Vec::new();
     let mut depth: i32 = 0;
-    // Paren depth at which a positional list (ORDER BY, GROUP BY, DISTINCT ON) started.
-    let mut positional: Option<i32> = None;
-    // Paren depths of groups that hold type modifiers or array bounds.
+    // Lists of output column positions (ORDER BY, GROUP BY, DISTINCT ON) open, innermost
+    // last, with the paren depth they end below.
+    let mut lists: Vec<(i32, List)> = Vec::new();
+    // Paren depths of groups that hold constants (type modifiers, array bounds, column
+    // definition lists).
     let mut typmod: Vec<i32> = Vec::new();
-    // After `::` or `AS`: the tokens of a type name follow.
+    // After `::` or `AS`: the tokens of a type name (or an alias) follow.
     let mut in_type = false;
+    // Between `ON CONFLICT` and `DO`: the arbiter's inference clause.
+    let mut conflict = false;
     for (k, (t, r)) in toks.iter().enumerate() {
         match t {
             Tok::Param => return None,
@@ -384,37 +331,62 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
                 {
                     return None;
                 }
-                if (w.eq_ignore_ascii_case(b"by")
-                    && (is(k.wrapping_sub(1), b"order") || is(k.wrapping_sub(1), b"group")))
-                    || (w.eq_ignore_ascii_case(b"on") && is(k.wrapping_sub(1), b"distinct"))
-                {
-                    positional = Some(depth);
-                } else if positional.is_some() && LIST_END.iter().any(|e| w.eq_ignore_ascii_case(e)) {
-                    positional = None;
-                }
-                if w.eq_ignore_ascii_case(b"as") {
-                    in_type = true;
-                    continue;
+                if in_type && TYPE_END.iter().any(|e| w.eq_ignore_ascii_case(e)) {
+                    in_type = false;
                 }
                 // A type name goes on word by word (`double precision`, `character varying`).
                 if in_type {
                     continue;
                 }
+                if w.eq_ignore_ascii_case(b"by") && (is(k.wrapping_sub(1), b"order") || is(k.wrapping_sub(1), b"group"))
+                {
+                    let list = if is(k - 1, b"order") { List::Order } else { List::Group };
+                    lists.retain(|&(p, _)| p < depth);
+                    lists.push((depth, list));
+                } else if w.eq_ignore_ascii_case(b"on") && is(k.wrapping_sub(1), b"distinct") {
+                    // Its list is the parenthesized group that follows.
+                    lists.push((depth + 1, List::DistinctOn));
+                } else if LIST_END.iter().any(|e| w.eq_ignore_ascii_case(e)) {
+                    lists.retain(|&(p, _)| p < depth);
+                }
+                if w.eq_ignore_ascii_case(b"conflict") {
+                    conflict = true;
+                } else if w.eq_ignore_ascii_case(b"do") {
+                    conflict = false;
+                }
+                if w.eq_ignore_ascii_case(b"as") {
+                    in_type = true;
+                    continue;
+                }
             }
+            // `::"numeric"(10, 2)`: a quoted type name.
+            Tok::Quoted if in_type && quoted_name_at(k) => continue,
             Tok::Cast => {
                 in_type = true;
                 continue;
             }
             Tok::Punct(b'(') | Tok::Punct(b'[') => {
-                // `AS (` and `AS [NOT] MATERIALIZED (` open a query (a CTE), not a type's group.
-                if in_type && k > 0 && [&b"as"[..], b"materialized"].iter().any(|w| is(k - 1, w)) {
-                    in_type = false;
-                }
-                let prev_typmod = k > 0
-                    && toks[k - 1].0 == Tok::Word
-                    && TYPMOD_WORDS.iter().any(|w| sql[toks[k - 1].1.clone()].eq_ignore_ascii_case(w));
+                let paren = *t == Tok::Punct(b'(');
+                let constants = if in_type && k > 0 && is_any(k - 1, &[b"as", b"materialized"]) {
+                    // `AS (` opens a CTE's query or a window definition, or else a column
+                    // definition list.
+                    !(toks.get(k + 1).is_some_and(|(t, _)| *t == Tok::Punct(b'(')) || is_any(k + 1, &AS_GROUP_OPENS))
+                } else {
+                    in_type
+                        || (k > 0 && is_any(k - 1, &CONSTANT_GROUP_WORDS))
+                        // `"numeric"(10, 2)`: a quoted type name (or function name).
+                        || (paren && quoted_name_at(k.wrapping_sub(1)))
+                        // `f(…) t(a mytype(3))`: a column definition list.
+                        || (paren
+                            && k >= 2
+                            && toks[k - 2].0 == Tok::Punct(b')')
+                            && toks[k - 1].0 == Tok::Word
+                            && !is_any(k - 1, &NOT_ALIAS))
+                        // `mytype(3) 'value'`: a typed literal's type modifiers.
+                        || (paren && closes[k].checked_add(1).is_some_and(string_at))
+                };
                 depth += 1;
-                if in_type || prev_typmod || (*t == Tok::Punct(b'[') && typmod.last() == Some(&(depth - 1))) {
+                if constants {
                     typmod.push(depth);
                 }
                 in_type = false;
@@ -431,15 +403,12 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
                     }
                 }
                 depth -= 1;
-                if positional.is_some_and(|p| depth < p) {
-                    positional = None;
-                }
+                lists.retain(|&(p, _)| p <= depth);
             }
-            Tok::Punct(b';') => positional = None,
+            Tok::Punct(b';') => lists.clear(),
             Tok::Punct(b'.') if in_type => continue,
             Tok::Number(integer) => {
                 let value = &sql[r.clone()];
-                let negated = k > 0 && toks[k - 1].0 == Tok::Punct(b'-');
                 // Glued to a word, string or number (`t.1` lexes as `t` and `.1`): what
                 // PostgreSQL makes of it is not worth guessing.
                 let glued = |o: Option<&(Tok, Range<usize>)>| {
@@ -452,9 +421,33 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
                     in_type = false;
                     continue;
                 }
-                let boundary = *integer && (value == b"2147483648" || value == b"9223372036854775808");
-                let inside_typmod = typmod.last().is_some_and(|&d| d == depth);
-                let keep = positional.is_some() || inside_typmod || in_type || (negated && boundary);
+                if !lists.is_empty() {
+                    // A position, or a number in an expression PostgreSQL may match to the
+                    // select list's (see above).
+                    if distinct || lists.iter().any(|&(_, l)| l == List::Group) {
+                        return None;
+                    }
+                    in_type = false;
+                    continue;
+                }
+                let prev = k.checked_sub(1).map(|j| toks[j].0);
+                let signed = matches!(prev, Some(Tok::Punct(b'-' | b'+')));
+                let negated = prev == Some(Tok::Punct(b'-'));
+                // PostgreSQL folds a minus into the literal, which then fits the smaller type.
+                let digits = &value[value.iter().take_while(|&&d| d == b'0').count()..];
+                let boundary = *integer && (digits == b"2147483648" || digits == b"9223372036854775808");
+                let keep = !typmod.is_empty()
+                    || in_type
+                    || conflict
+                    || (negated && boundary)
+                    // `FETCH FIRST -1 ROWS`, `OFFSET +1 ROWS`: a signed constant of the grammar.
+                    || (signed && is_any(k.wrapping_sub(2), &[b"first", b"next", b"offset"]))
+                    // A CTE's `CYCLE … SET c TO 1 DEFAULT 0`: constants only.
+                    || is_any(k.wrapping_sub(1), &[b"to", b"default"])
+                    // `$1[1]` and `$1.a` subscript and select from the parameter; `1[1]` and
+                    // `1 .a` are syntax errors.
+                    || toks.get(k + 1).is_some_and(|(t, _)| matches!(t, Tok::Punct(b'[' | b'.')))
+                    || !fits_numeric(value);
                 if !keep {
                     lift_at.push((k, literal_type(value, *integer)));
                 }
@@ -480,125 +473,4 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lifted(sql: &str) -> Option<(String, Vec<u32>, Vec<String>)> {
-        lift(sql.as_bytes(), false).map(|l| {
-            let values = l.values.iter().map(|r| sql[r.clone()].to_owned()).collect();
-            (String::from_utf8(l.text).unwrap(), l.types, values)
-        })
-    }
-
-    #[test]
-    fn statements_that_change_rows_and_return_some_are_left_alone() {
-        assert_eq!(lifted("INSERT INTO t VALUES (1) RETURNING id"), None);
-        assert_eq!(lifted("UPDATE t SET a = 2 WHERE id = 1 RETURNING *"), None);
-        assert_eq!(lifted("WITH d AS (DELETE FROM t WHERE id = 3) SELECT 1"), None);
-        assert!(lifted("INSERT INTO t VALUES (1)").is_some());
-        assert!(lifted("WITH c AS (SELECT 1 AS x) SELECT x + 2 FROM c").is_some());
-        assert!(lifted("WITH c AS (SELECT 1 AS x) DELETE FROM t WHERE a IN (SELECT x FROM c)").is_some());
-    }
-
-    #[test]
-    fn integers_typed_as_the_scanner_types_them() {
-        assert_eq!(
-            lifted("SELECT abalance FROM pgbench_accounts WHERE aid = 4711;"),
-            Some(("SELECT abalance FROM pgbench_accounts WHERE aid = $1;".into(), vec![INT4], vec!["4711".into()]))
-        );
-        let (t, ty, v) =
-            lifted("select 2147483647, 2147483648, 9223372036854775807, 9223372036854775808, 007").unwrap();
-        assert_eq!(t, "select $1, $2, $3, $4, $5");
-        assert_eq!(ty, [INT4, INT8, INT8, NUMERIC, INT4]);
-        assert_eq!(v, ["2147483647", "2147483648", "9223372036854775807", "9223372036854775808", "007"]);
-        let (t, ty, _) = lifted("select 1.5, .5, 1., 1e3, 2.5E-3").unwrap();
-        assert_eq!(t, "select $1, $2, $3, $4, $5");
-        assert_eq!(ty, [NUMERIC; 5]);
-        // The minus stays an operator; its boundary values are folded by PostgreSQL.
-        assert_eq!(lifted("select -1, - 2").unwrap().0, "select -$1, - $2");
-        assert_eq!(lifted("select -2147483648, 2147483648").unwrap().0, "select -2147483648, $1");
-        assert_eq!(lifted("select 1-1").unwrap().0, "select $1-$2");
-    }
-
-    #[test]
-    fn positions_and_type_modifiers_are_left_alone() {
-        assert_eq!(
-            lifted("select a, b from t where c = 3 order by 1, 2 limit 10").unwrap().0,
-            "select a, b from t where c = $1 order by 1, 2 limit $2"
-        );
-        assert_eq!(
-            lifted("select a, count(*) from t group by 1 having count(*) > 2").unwrap().0,
-            "select a, count(*) from t group by 1 having count(*) > $1"
-        );
-        assert_eq!(
-            lifted("select distinct on (1) a from t where b = 5").unwrap().0,
-            "select distinct on (1) a from t where b = $1"
-        );
-        assert_eq!(
-            lifted("select x::numeric(10, 2), 1::int[], cast(5 as varchar(3)) from t").unwrap().0,
-            "select x::numeric(10, 2), $1::int[], cast($2 as varchar(3)) from t"
-        );
-        assert_eq!(
-            lifted("select interval '1' second(3), now()::timestamp(0), 4").unwrap().0,
-            "select interval '1' second(3), now()::timestamp(0), $1"
-        );
-        assert_eq!(lifted("select '{1,2}'::int[2], a[1] from t").unwrap().0, "select '{1,2}'::int[2], a[$1] from t");
-        assert_eq!(
-            lifted("select (select 1 from t order by 1) + 2, 3").unwrap().0,
-            "select (select $1 from t order by 1) + $2, $3"
-        );
-        assert_eq!(lifted("select 1 as one, 2 as \"two\"").unwrap().0, "select $1 as one, $2 as \"two\"");
-        assert_eq!(
-            lifted("with x as (select 1) select * from x where 2 = 2").unwrap().0,
-            "with x as (select $1) select * from x where $2 = $3"
-        );
-        assert_eq!(lifted("select t.1, 2").unwrap().0, "select t.1, $1");
-    }
-
-    #[test]
-    fn literals_that_are_not_plain_numbers_stay() {
-        assert_eq!(lifted("select 'a 1', $$ 2 $$, E'\\' 3', \"col 4\", x5, 0x1F, 1_000, 12abc, B'101' from t"), None);
-        assert_eq!(lifted("select 1 -- 2\n + /* 3 /* 4 */ */ 5").unwrap().0, "select $1 -- 2\n + /* 3 /* 4 */ */ $2");
-    }
-
-    #[test]
-    fn only_one_data_statement_without_parameters() {
-        for sql in [
-            "select $1 + 1",
-            "select 1; select 2",
-            "select 1 into t",
-            "create table t as select 1",
-            "set x = 1",
-            "explain select 1",
-            "select 'unterminated",
-            "copy t from stdin",
-            "select a from t",
-        ] {
-            assert_eq!(lifted(sql), None, "{sql}");
-        }
-        assert!(lifted("insert into t values (1, 'x')").is_some());
-        assert!(lifted("update t set a = 2 where b = 3").is_some());
-        assert!(lifted("with x as (select 1) delete from t where a in (select * from x)").is_some());
-        assert!(lifted("values (1), (2)").is_some());
-    }
-
-    #[test]
-    fn standard_conforming_strings_off() {
-        assert_eq!(lift(b"select 'a\\' 1' , 2", true), None);
-        assert!(lift(b"select 'a', 2", true).is_some());
-    }
-
-    #[test]
-    fn edits_map_positions() {
-        let l = lift(b"select 12345 + x", false).unwrap();
-        assert_eq!(l.text, b"select $1 + x");
-        assert_eq!(l.edits, vec![[7, 9, 7, 12]]);
-    }
-
-    #[test]
-    fn never_panics() {
-        for s in ["", "$", "$$", "'", "/*", "select .", "select 1e", "select 1.", "select ::", "select (((", ")))"] {
-            let _ = lift(s.as_bytes(), false);
-        }
-    }
-}
+mod tests;

@@ -8,12 +8,13 @@
 //! unnamed statement (inside a transaction block, under the savepoint guard of a statement
 //! the cache answered).
 //! The client sees the replies of its simple Query: the batch's ParseComplete,
-//! BindComplete and NoData are dropped (`Pending::simple`), error positions are mapped
-//! back to its text, and the unnamed statement the batch used is not the client's.
+//! BindComplete and NoData are dropped (`Pending::simple`), errors are mapped back to its
+//! text (positions, and a lifted literal's placeholder quoted in a message: `Origin`), and
+//! the unnamed statement the batch used is not the client's.
 use crate::protocol::frontend;
 use crate::session::Session;
 use crate::state::TxStatus;
-use crate::stmt::lift::lift;
+use crate::stmt::lift::{Origin, lift};
 use bytes::BytesMut;
 use std::sync::Arc;
 
@@ -22,8 +23,8 @@ use std::sync::Arc;
 pub(in crate::session) struct AutoPrep {
     /// Frames of the batch still to be consumed.
     pub(in crate::session) frames_left: u8,
-    /// How the lifted text differs from the client's (for error positions).
-    pub(in crate::session) edits: Arc<Vec<[i64; 4]>>,
+    /// How the lifted text maps back to the client's (for its errors).
+    pub(in crate::session) origin: Arc<Origin>,
     /// The reply queue's push count when the frame being fed began.
     pushes_before: u32,
 }
@@ -62,8 +63,8 @@ impl Session {
         frontend::execute(&mut f, b"");
         frontend::sync(&mut f);
         self.retry.replay = Some(Box::new(f.to_vec()));
-        self.retry.autoprep =
-            Some(Box::new(AutoPrep { frames_left: FRAMES, edits: Arc::new(l.edits), pushes_before: 0 }));
+        let origin = Arc::new(Origin::new(text, &l));
+        self.retry.autoprep = Some(Box::new(AutoPrep { frames_left: FRAMES, origin, pushes_before: 0 }));
         true
     }
 
@@ -88,10 +89,10 @@ impl Session {
     pub(in crate::session) fn autoprep_after_frame(&mut self, consumed: bool) {
         let Some(a) = self.retry.autoprep.as_mut() else { return };
         let pushed = self.replies.pushes.wrapping_sub(a.pushes_before) as usize;
-        let edits = a.edits.clone();
+        let origin = a.origin.clone();
         let n = self.replies.len();
         for p in self.replies.iter_mut().skip(n.saturating_sub(pushed)) {
-            p.simple = Some(edits.clone());
+            p.simple = Some(origin.clone());
         }
         if !consumed {
             return;
@@ -105,7 +106,7 @@ impl Session {
     }
 
     /// A retry replays an autoprepared Query's batch: feed it as one again.
-    pub(in crate::session) fn autoprep_replay(&mut self, edits: Arc<Vec<[i64; 4]>>, frames: u8) {
-        self.retry.autoprep = Some(Box::new(AutoPrep { frames_left: frames, edits, pushes_before: 0 }));
+    pub(in crate::session) fn autoprep_replay(&mut self, origin: Arc<Origin>, frames: u8) {
+        self.retry.autoprep = Some(Box::new(AutoPrep { frames_left: frames, origin, pushes_before: 0 }));
     }
 }
