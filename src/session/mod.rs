@@ -14,10 +14,13 @@
 //! stale plan), `pipeline` (lending the server to other clients' fast reads),
 //! `reply_queue` (what each reply in flight is for), `settings` (recognizing SQL that
 //! changes settings), `timeout` (which idle timeout applies, and its error), `park` (what
-//! an idle client keeps while its busy half serves others). `Session` holds each part's
+//! an idle client keeps while its busy half serves others), `inflow` (large client frames
+//! passed on as they arrive). `Session` holds each part's
 //! state in a field of its own.
 
 mod client;
+mod inflow;
+pub use inflow::{STREAM_FROM, Streamed, stream_from};
 mod park;
 pub use park::Parked;
 mod pipeline;

@@ -1,0 +1,196 @@
+//! Large messages from clients pass through parsnip without being held whole (a Query, a
+//! Bind, COPY data), several at once; messages that must be held whole count against the
+//! process-wide budget (`max_buffered_bytes`), and one over it gets 53200 while the other
+//! clients go on. Each memory check takes parsnip's resident memory after a warm-up, resets
+//! its peak (`/proc/PID/clear_refs`), and reads the peak once the answers are in.
+
+mod support;
+
+use support::*;
+
+const MIB: usize = 1 << 20;
+
+/// Parsnip's memory as seen from outside: the baseline after warm-up, then the peak since.
+struct Rss<'a> {
+    p: &'a Parsnip,
+    base_kib: u64,
+}
+
+impl<'a> Rss<'a> {
+    /// Takes the baseline now and resets the peak to it. None in direct mode.
+    fn start(p: &'a Parsnip) -> Option<Rss<'a>> {
+        let pid = p.pid()?;
+        let base_kib = p.proc_status_kb("VmRSS")?;
+        // "5": reset the peak resident size (VmHWM) to the current one.
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").ok()?;
+        Some(Rss { p, base_kib })
+    }
+
+    /// How far the peak went above the baseline, in MiB.
+    fn peak_growth_mib(&self) -> f64 {
+        let peak = self.p.proc_status_kb("VmHWM").unwrap_or(0);
+        peak.saturating_sub(self.base_kib) as f64 / 1024.0
+    }
+
+    fn assert_below(&self, mib: f64, what: &str) {
+        let g = self.peak_growth_mib();
+        eprintln!("{what}: parsnip's peak RSS rose {g:.1} MiB above {} MiB", self.base_kib / 1024);
+        assert!(g < mib, "{what}: parsnip's peak RSS rose {g:.1} MiB (bound {mib} MiB)\n{}", self.p.log_tail());
+    }
+}
+
+/// Connects `n` clients and runs a query on each (pools, server connections and buffers
+/// exist before the baseline is taken).
+async fn warm(p: &Parsnip, n: usize) -> Vec<Pg> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(c.scalar("select 1").await.unwrap(), "1");
+        v.push(c);
+    }
+    // Once more each, with a statement of the kind the test then runs.
+    for c in &v {
+        let n: i32 = c.query_one("select length($1::text)", &[&"warm"]).await.unwrap().get(0);
+        assert_eq!(n, 4);
+    }
+    v
+}
+
+#[tokio::test]
+async fn a_200mb_query_passes_through() {
+    let p = Parsnip::trust("");
+    bounded(120, "a_200mb_query_passes_through", async {
+        let c = warm(&p, 1).await.remove(0);
+        let rss = Rss::start(&p);
+        let sql = format!("select length('{}'), 'after'", "x".repeat(200 * MIB));
+        let rows = c.simple_query(&sql).await.unwrap_or_else(|e| panic!("{}\n{}", describe(&e), p.log_tail()));
+        drop(sql);
+        let row = rows
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                _ => None,
+            })
+            .expect("a row");
+        assert_eq!(row.get(0), Some("209715200"));
+        assert_eq!(row.get(1), Some("after"));
+        // In step afterwards, on this connection and through the pool.
+        assert_eq!(c.scalar("select 'next'").await.unwrap(), "next");
+        if let Some(rss) = rss {
+            rss.assert_below(32.0, "a 200 MiB Query");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_200mb_bind_passes_through() {
+    let p = Parsnip::trust("");
+    bounded(120, "a_200mb_bind_passes_through", async {
+        let c = warm(&p, 1).await.remove(0);
+        let rss = Rss::start(&p);
+        let big = "y".repeat(200 * MIB);
+        // A statement of the cache (its name is rewritten in the streamed Bind).
+        let row = c
+            .query_one("select length($1::text), $2::text", &[&big, &"after"])
+            .await
+            .unwrap_or_else(|e| panic!("{}\n{}", describe(&e), p.log_tail()));
+        drop(big);
+        assert_eq!(row.get::<_, i32>(0), 200 * MIB as i32);
+        assert_eq!(row.get::<_, String>(1), "after");
+        assert_eq!(c.scalar("select 'next'").await.unwrap(), "next");
+        if let Some(rss) = rss {
+            rss.assert_below(32.0, "a 200 MiB Bind");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn four_concurrent_64mb_binds_stay_within_64mb() {
+    let p = Parsnip::trust("");
+    bounded(180, "four_concurrent_64mb_binds_stay_within_64mb", async {
+        let clients = warm(&p, 4).await;
+        let values: Vec<String> = (0..4u8).map(|i| char::from(b'a' + i).to_string().repeat(64 * MIB)).collect();
+        let rss = Rss::start(&p);
+        let sql = "select length($1::text), md5($1::text) = md5(repeat(left($1::text, 1), 64 * 1024 * 1024))";
+        let run = |i: usize| {
+            let (c, v) = (&clients[i], &values[i]);
+            async move { c.query_one(sql, &[v]).await }
+        };
+        let (r0, r1, r2, r3) = tokio::join!(run(0), run(1), run(2), run(3));
+        for (i, r) in [r0, r1, r2, r3].into_iter().enumerate() {
+            let row = r.unwrap_or_else(|e| panic!("client {i}: {}\n{}", describe(&e), p.log_tail()));
+            assert_eq!(row.get::<_, i32>(0), 64 * MIB as i32, "client {i}");
+            assert!(row.get::<_, bool>(1), "client {i}: the value arrived damaged");
+        }
+        if let Some(rss) = rss {
+            rss.assert_below(64.0, "four 64 MiB Binds at once");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn copy_from_stdin_with_huge_rows_passes_through() {
+    use tokio_postgres::binary_copy::BinaryCopyInWriter;
+    use tokio_postgres::types::Type;
+    let p = Parsnip::trust("");
+    bounded(120, "copy_from_stdin_with_huge_rows_passes_through", async {
+        let c = warm(&p, 1).await.remove(0);
+        c.batch_execute("drop table if exists large_copy; create table large_copy (v text)").await.unwrap();
+        let rss = Rss::start(&p);
+        let sink = c.copy_in("copy large_copy from stdin (format binary)").await.unwrap();
+        let writer = BinaryCopyInWriter::new(sink, &[Type::TEXT]);
+        let mut writer = std::pin::pin!(writer);
+        for ch in ['p', 'q', 'r'] {
+            // One row per CopyData message (the writer sends what it has past 4 KiB), each
+            // 40 MiB.
+            let row = ch.to_string().repeat(40 * MIB);
+            writer.as_mut().write(&[&row]).await.unwrap_or_else(|e| panic!("{}\n{}", describe(&e), p.log_tail()));
+        }
+        let n = writer.finish().await.unwrap_or_else(|e| panic!("{}\n{}", describe(&e), p.log_tail()));
+        assert_eq!(n, 3);
+        let row = c.query_one("select count(*)::int, sum(length(v))::bigint from large_copy", &[]).await.unwrap();
+        assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (3, 120 * MIB as i64));
+        if let Some(rss) = rss {
+            rss.assert_below(32.0, "COPY FROM STDIN of three 40 MiB rows");
+        }
+        c.batch_execute("drop table large_copy").await.unwrap();
+    })
+    .await;
+}
+
+/// With `max_buffered_bytes` at its 1 MiB minimum: a Query of 512 KiB (held whole: below
+/// the size from which Queries stream) fits, a 2 MiB Parse (always held whole) does not and
+/// gets FATAL 53200, and so does a server ErrorResponse of 2 MiB (its server connection is
+/// closed); another client of the same pool is not disturbed.
+#[tokio::test]
+async fn a_message_over_the_budget_gets_53200_and_others_go_on() {
+    let p = Parsnip::trust("max_buffered_bytes = 1048576\npool_size = 2");
+    bounded(60, "a_message_over_the_budget_gets_53200_and_others_go_on", async {
+        let other = p.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(other.scalar("select 1").await.unwrap(), "1");
+
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        let mid = format!("select length('{}')", "m".repeat(512 * 1024));
+        assert_eq!(c.scalar(&mid).await.unwrap(), "524288", "a 512 KiB Query within the budget");
+
+        let big = format!("select length('{}')", "z".repeat(2 * MIB));
+        let e = expect_code(c.prepare(&big).await, "53200", "a 2 MiB Parse over the budget");
+        assert_eq!(e.severity(), "FATAL");
+        assert!(e.detail().is_some_and(|d| d.contains("max_buffered_bytes")), "{e:?}");
+        assert_eq!(other.scalar("select 'still here'").await.unwrap(), "still here");
+
+        // A server frame over the budget: an error message quoting a 2 MiB value.
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        let r = c.simple_query(&format!("select '{}'::int", "7".repeat(2 * MIB))).await;
+        let e = expect_code(r, "53200", "a 2 MiB ErrorResponse over the budget");
+        assert_eq!(e.severity(), "FATAL");
+        assert_eq!(other.scalar("select 'and still'").await.unwrap(), "and still");
+        // The pool serves new clients (the server connection closed is replaced).
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(c.scalar("select 2").await.unwrap(), "2");
+    })
+    .await;
+}
