@@ -247,7 +247,11 @@ impl Feed<'_> {
                 }
             };
             let head = &cbuf[at..];
-            let total = head.len() + crate::protocol::frame::missing(head);
+            // The size of the frame that starts here (its header is checked above).
+            let total = match head.get(1..5) {
+                Some(l) => u32::from_be_bytes([l[0], l[1], l[2], l[3]]) as usize + 1,
+                None => 0,
+            };
             if head.len() >= 5 && crate::session::stream_from(head[0]).is_some_and(|from| total >= from) {
                 match session.stream_client_frame(head, total, state.as_deref_mut()) {
                     Streamed::Whole => {}
