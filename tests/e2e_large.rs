@@ -194,3 +194,62 @@ async fn a_message_over_the_budget_gets_53200_and_others_go_on() {
     })
     .await;
 }
+
+/// A client that leaves halfway through a large Query: the server connection has half a
+/// message on it and is closed, not given to the next client (with one server connection,
+/// the next client's query would otherwise be read as the rest of that message).
+#[tokio::test]
+async fn a_client_leaving_midway_through_a_large_message_does_not_poison_the_pool() {
+    let p = Parsnip::trust("pool_size = 1");
+    bounded(60, "a_client_leaving_midway_through_a_large_message_does_not_poison_the_pool", async {
+        let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(raw.scalar("select 1").await.unwrap().as_deref(), Some("1"));
+        // A Query announcing 8 MiB, of which 3 MiB are sent.
+        let total = 8 * MIB;
+        let mut part = vec![b'Q'];
+        part.extend_from_slice(&(total as u32 - 1).to_be_bytes());
+        part.extend_from_slice(b"select length('");
+        part.resize(3 * MIB, b'h');
+        raw.send(&part).await.unwrap();
+        // It reached the server (the statement is running or waiting for the rest).
+        let c = p.connect("postgres", SUPER_PW, "postgres").await;
+        drop(raw);
+        for i in 0..3 {
+            assert_eq!(c.scalar(&format!("select {i}")).await.unwrap(), i.to_string(), "{}", p.log_tail());
+        }
+    })
+    .await;
+}
+
+/// A large Bind of a statement parsed inside a transaction (the cache answered the Parse):
+/// its first use runs inside a savepoint guard, whose RELEASE the session writes behind the
+/// Bind, so it must follow the Bind's streamed body.
+#[tokio::test]
+async fn a_large_bind_inside_a_transaction_keeps_its_guard_in_order() {
+    let p = Parsnip::trust("pool_size = 1");
+    bounded(60, "a_large_bind_inside_a_transaction_keeps_its_guard_in_order", async {
+        // The statement is prepared on the pool's one server connection first.
+        drop(warm(&p, 1).await);
+        let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(raw.scalar("begin").await.unwrap(), None);
+        let n = 3 * MIB;
+        let mut batch = msg(b'P', b"s9\0select length($1::text)\0\0\0");
+        let mut bind = b"\0s9\0\0\0\0\x01".to_vec();
+        bind.extend_from_slice(&(n as i32).to_be_bytes());
+        bind.resize(bind.len() + n, b'g');
+        bind.extend_from_slice(b"\0\0");
+        batch.extend(msg(b'B', &bind));
+        batch.extend(msg(b'E', b"\0\0\0\0\0"));
+        batch.extend(msg(b'S', b""));
+        raw.send(&batch).await.unwrap();
+        let (frames, end) = raw.read_until_ready().await;
+        assert_eq!(end, End::Ready(b'T'), "{}\n{}", summarize(&frames), p.log_tail());
+        let tags: String = frames.iter().map(|f| f.tag as char).collect();
+        assert_eq!(tags, "12DCZ", "{}", summarize(&frames));
+        let row = frames.iter().find(|f| f.tag == b'D').expect("a row");
+        assert_eq!(&row.body[6..], n.to_string().as_bytes());
+        assert_eq!(raw.scalar("select 'in step'").await.unwrap().as_deref(), Some("in step"));
+        assert_eq!(raw.scalar("commit").await.unwrap(), None);
+    })
+    .await;
+}

@@ -179,3 +179,149 @@ fn find_stub(out: &[u8], from: usize, tag: u8) -> Option<usize> {
     }
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PoolMode;
+    use crate::protocol::{split_frame, write_msg};
+    use crate::session::Action;
+    use crate::stmt::{Registry, StmtConfig};
+    use bytes::{BufMut, BytesMut};
+    use std::sync::Arc;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        write_msg(&mut b, tag, |b| b.put_slice(body));
+        b.to_vec()
+    }
+
+    fn cached() -> Session {
+        let reg = Arc::new(Registry::new(StmtConfig::default()));
+        Session::new(PoolMode::Transaction, Arc::default(), 1, Some(reg))
+    }
+
+    /// Offers `frame`'s first `seen` bytes as the driver does, linking a server when asked.
+    fn start(s: &mut Session, srv: &mut ServerState, frame: &[u8], seen: usize) -> Streamed {
+        let head = &frame[..seen];
+        match s.stream_client_frame(head, frame.len(), None) {
+            Streamed::Later(Fed::NeedsServer) => {
+                assert_eq!(s.poll_action(), Some(Action::AcquireServer));
+                s.handle_server_linked(srv);
+                s.stream_client_frame(head, frame.len(), Some(srv))
+            }
+            other => other,
+        }
+    }
+
+    /// A Bind of statement `stmt` with one text parameter of `n` bytes.
+    fn big_bind(stmt: &str, n: usize) -> Vec<u8> {
+        let mut body = format!("\0{stmt}\0").into_bytes();
+        body.extend_from_slice(&[0, 0, 0, 1]);
+        body.extend_from_slice(&(n as i32).to_be_bytes());
+        body.extend(std::iter::repeat_n(b'v', n));
+        body.extend_from_slice(&[0, 0]);
+        msg(b'B', &body)
+    }
+
+    #[test]
+    fn a_streamed_bind_of_a_cached_statement_is_renamed_and_keeps_its_body() {
+        let mut s = cached();
+        let mut srv = ServerState::default();
+        let parse = msg(b'P', b"s1\0select $1::text\0\0\0");
+        assert_eq!(s.handle_client(&parse, None), Fed::NeedsServer);
+        assert_eq!(s.poll_action(), Some(Action::AcquireServer));
+        s.handle_server_linked(&mut srv);
+        assert_eq!(s.handle_client(&parse, Some(&mut srv)), Fed::Consumed);
+        assert_eq!(s.handle_client(&msg(b'S', b""), Some(&mut srv)), Fed::Consumed);
+        s.handle_server(&msg(b'1', b""), &mut srv);
+        s.handle_server(&msg(b'Z', b"I"), &mut srv);
+        assert_eq!(s.poll_action(), Some(Action::ReleaseServer { reusable: true }));
+        s.to_server.clear();
+        s.to_client.clear();
+
+        let frame = big_bind("s1", 100_000);
+        // Not all of its names read yet.
+        assert_eq!(s.stream_client_frame(&frame[..7], frame.len(), None), Streamed::NeedBytes);
+        let Streamed::Started { taken, pass: true, after } = start(&mut s, &mut srv, &frame, 4096) else {
+            panic!("not streamed")
+        };
+        assert_eq!(taken, 5 + 4, "header, portal and statement name");
+        assert!(after.is_empty());
+        // The driver appends the rest: the server gets one whole, renamed Bind.
+        s.to_server.extend_from_slice(&frame[taken..]);
+        let out = s.to_server.split().to_vec();
+        let mut rest = &out[..];
+        let mut last = None;
+        while let Ok(Some(n)) = split_frame(rest, usize::MAX) {
+            last = Some(&rest[..n]);
+            rest = &rest[n..];
+        }
+        assert!(rest.is_empty(), "a frame's length does not match its bytes");
+        let bind = last.expect("a frame");
+        let (portal, stmt, at) = crate::protocol::frontend::bind_names(&bind[5..]).expect("a Bind");
+        assert_eq!(portal, b"");
+        assert!(stmt.starts_with(b"pn_"), "renamed: {}", String::from_utf8_lossy(stmt));
+        assert_eq!(&bind[5 + at..], &frame[taken..], "the parameters as sent");
+        // Replies come as for any Bind; a stale plan is not retried (the Bind's body was
+        // never kept): the client gets PostgreSQL's error.
+        assert_eq!(s.outstanding(), 1);
+        assert_eq!(s.handle_client(&msg(b'E', b"\0\0\0\0\0"), Some(&mut srv)), Fed::Consumed);
+        assert_eq!(s.handle_client(&msg(b'S', b""), Some(&mut srv)), Fed::Consumed);
+        s.to_server.clear();
+        s.handle_server(&msg(b'E', b"SERROR\0C0A000\0Mcached plan must not change result type\0\0"), &mut srv);
+        s.handle_server(&msg(b'Z', b"I"), &mut srv);
+        assert!(!s.has_replay() && s.to_server.is_empty(), "no retry");
+        assert_eq!(crate::protocol::tags_of(&s.to_client), "EZ");
+    }
+
+    #[test]
+    fn a_streamed_query_goes_unread_and_its_server_is_not_reused() {
+        let mut s = Session::new(PoolMode::Transaction, Arc::default(), 1, None);
+        let mut srv = ServerState::default();
+        let mut frame = BytesMut::new();
+        crate::protocol::frontend::query(&mut frame, &format!("select '{}'", "q".repeat(STREAM_QUERY_FROM)));
+        let Streamed::Started { taken: 5, pass: true, after } = start(&mut s, &mut srv, &frame, 5) else {
+            panic!("not streamed")
+        };
+        assert!(after.is_empty());
+        assert_eq!(&s.to_server[..], &frame[..5], "the header as the client sent it");
+        s.to_server.clear();
+        for m in [msg(b'T', b"\0\0"), msg(b'D', b"\0\0"), msg(b'C', b"SELECT 1\0"), msg(b'Z', b"I")] {
+            s.handle_server(&m, &mut srv);
+        }
+        assert_eq!(s.poll_action(), Some(Action::ReleaseServer { reusable: false }));
+        // Below the Query threshold: read whole.
+        assert_eq!(s.stream_client_frame(&frame[..5], STREAM_QUERY_FROM - 1, None), Streamed::Whole);
+    }
+
+    #[test]
+    fn a_frame_the_session_answers_itself_is_dropped() {
+        let mut s = cached();
+        s.handle_acquire_failed(crate::error::Error::new(crate::error::SqlState::QUERY_CANCELED, "timeout"));
+        let frame = big_bind("s1", STREAM_FROM);
+        match s.stream_client_frame(&frame[..64], frame.len(), None) {
+            Streamed::Started { pass, .. } => assert!(!pass, "the body goes nowhere"),
+            other => panic!("{other:?}"),
+        }
+        assert!(s.to_server.is_empty());
+        assert!(!s.to_client.is_empty(), "the error");
+        let copy = msg(b'd', &vec![b'x'; STREAM_FROM]);
+        assert!(matches!(s.stream_client_frame(&copy[..5], copy.len(), None), Streamed::Started { pass: false, .. }));
+    }
+
+    #[test]
+    fn stubs_are_told_from_valid_messages() {
+        assert!(is_stub(&msg(b'B', b"p\0s\0")));
+        assert!(!is_stub(&msg(b'B', b"p\0s\0\0\0\0\0\0\0")));
+        assert!(is_stub(&msg(b'Q', b"\0")));
+        assert!(!is_stub(&msg(b'Q', b"select 1\0")));
+        assert!(is_stub(&msg(b'd', b"")));
+        assert!(!is_stub(&msg(b'd', b"x")));
+        assert!(!is_stub(&msg(b'E', b"")));
+        let mut batch = msg(b'P', b"\0select 1\0\0\0");
+        assert!(!holds_stub(&batch));
+        batch.extend(msg(b'B', b"\0\0"));
+        assert!(holds_stub(&batch));
+    }
+}
