@@ -108,7 +108,7 @@ async fn a_200mb_bind_passes_through() {
 
 #[tokio::test]
 async fn four_concurrent_64mb_binds_stay_within_64mb() {
-    let p = Parsnip::trust("");
+    let p = Parsnip::trust("log_level = \"debug\"");
     bounded(180, "four_concurrent_64mb_binds_stay_within_64mb", async {
         let clients = warm(&p, 4).await;
         let values: Vec<String> = (0..4u8).map(|i| char::from(b'a' + i).to_string().repeat(64 * MIB)).collect();
@@ -118,7 +118,11 @@ async fn four_concurrent_64mb_binds_stay_within_64mb() {
             let (c, v) = (&clients[i], &values[i]);
             async move { c.query_one(sql, &[v]).await }
         };
-        let (r0, r1, r2, r3) = tokio::join!(run(0), run(1), run(2), run(3));
+        let all = async { tokio::join!(run(0), run(1), run(2), run(3)) };
+        // (Bounded apart, with parsnip's log: a stall here was a lost wake-up.)
+        let Ok((r0, r1, r2, r3)) = tokio::time::timeout(std::time::Duration::from_secs(60), all).await else {
+            panic!("the four Binds did not finish\n{}", p.logs());
+        };
         for (i, r) in [r0, r1, r2, r3].into_iter().enumerate() {
             let row = r.unwrap_or_else(|e| panic!("client {i}: {}\n{}", describe(&e), p.log_tail()));
             assert_eq!(row.get::<_, i32>(0), 64 * MIB as i32, "client {i}");

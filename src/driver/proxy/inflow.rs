@@ -72,6 +72,7 @@ impl Proxy {
         cbuf.advance(n);
         *left -= n;
         if *left == 0 {
+            tracing::debug!("a client frame passed through");
             if *pass {
                 out.extend_from_slice(after);
             }
@@ -80,14 +81,19 @@ impl Proxy {
         true
     }
 
-    /// The session handled the frame held whole and what it wrote for it is sent: its
-    /// reservation goes back, and buffers grown for it are given up.
+    /// The session handled the frame held whole (a client's, or a server's) and what it
+    /// wrote for it is sent: its reservation goes back, and buffers grown for it are given
+    /// up.
     pub(super) fn settle_held(&mut self) {
-        let to_server = self.session.get().to_server.len();
-        if matches!(self.inflow.as_deref(), Some(Inflow::Held { done: true, .. })) && to_server < HIGH_WATER {
-            self.inflow = None;
+        if !matches!(self.inflow.as_deref(), Some(Inflow::Held { done: true, .. })) {
+            return;
+        }
+        let session = self.session.get();
+        if session.to_server.len() < HIGH_WATER && session.to_client.len() < HIGH_WATER {
+            shrink(&mut session.to_server);
+            shrink(&mut session.to_client);
             shrink(&mut self.cbuf);
-            shrink(&mut self.session.get().to_server);
+            self.inflow = None;
         }
     }
 

@@ -178,9 +178,14 @@ impl Proxy {
                 continue;
             }
             // Write what we have, without blocking.
-            if self.flush().is_err() {
-                self.abandon_inflow();
-                return Box::pin(self.client_gone()).await;
+            match self.flush() {
+                Err(_) => {
+                    self.abandon_inflow();
+                    return Box::pin(self.client_gone()).await;
+                }
+                // A large frame got through: what the client sent after it is fed now.
+                Ok(true) => continue,
+                Ok(false) => {}
             }
             self.settle_held();
             let graceful = self.shared.stopping.load(Ordering::Acquire);

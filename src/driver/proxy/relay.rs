@@ -4,7 +4,7 @@
 
 use super::inflow::Inflow;
 use super::{HIGH_WATER, Linked, Proxy, READ_CHUNK};
-use crate::driver::budget::{self, Budget};
+use crate::driver::budget::{self, Budget, Reservation};
 use crate::driver::bufpool;
 use crate::driver::server_conn::ServerConn;
 use crate::error::Error;
@@ -95,53 +95,39 @@ impl Proxy {
 
     fn read_server_frames(&mut self) {
         let cfg = self.shared.cfg.load();
-        let budget = (&self.shared.budget, cfg.max_buffered_bytes);
-        match &mut self.server {
-            None => {}
-            Some(Linked::Own(s)) => match pump(self.session.get(), s, budget) {
-                Pumped::Eof if self.session.get().is_linked() => self.session.get().handle_server_lost(),
-                Pumped::OverBudget(e) => self.session.get().handle_server_over_budget(e),
-                _ => {}
-            },
-            Some(Linked::Shared(pipe, t)) => {
-                let t = *t;
-                let mut g = pipe.lock();
-                if g.dead {
-                    drop(g);
-                    return self.session.get().handle_server_lost();
-                }
-                if !g.is_head(t) || !self.session.get().is_linked() {
-                    return;
-                }
-                g.take_handed_over();
-                let Some(c) = g.conn.as_mut() else { return };
-                match pump(self.session.get(), c, budget) {
-                    Pumped::Eof if self.session.get().is_linked() => {
-                        g.kill();
-                        drop(g);
-                        self.session.get().handle_server_lost();
-                    }
-                    Pumped::OverBudget(e) => {
-                        g.kill();
-                        drop(g);
-                        self.session.get().handle_server_over_budget(e);
-                    }
-                    _ => {}
-                }
-            }
+        let Proxy { server, session, shared, inflow, .. } = self;
+        let mut handled = None;
+        pump_linked(server, session.get(), (&shared.budget, cfg.max_buffered_bytes), &mut handled);
+        // A frame held whole was handled: its reservation stays until the copy the session
+        // made of it is written out (`settle_held`).
+        if let Some(res) = handled
+            && inflow.is_none()
+        {
+            *inflow = Some(Box::new(Inflow::Held { res, done: true }));
         }
     }
 
-    pub(super) fn flush(&mut self) -> std::io::Result<()> {
+    /// Writes what is pending to both sides, without blocking. `Ok(true)`: a frame passing
+    /// through was all queued meanwhile, and the client's next frames are to be fed.
+    pub(super) fn flush(&mut self) -> std::io::Result<bool> {
+        let mut passed = false;
         if !self.session.get().to_server.is_empty() {
             self.flush_server();
+            // A frame passing through: what the server took makes room for more of it
+            // (the client's buffer may be full, so no read would come to move it on).
+            while self.midway() && self.session.get().to_server.len() < HIGH_WATER && self.pump_inflow() {
+                passed = !self.midway();
+                if !self.session.get().to_server.is_empty() {
+                    self.flush_server();
+                }
+            }
             // (A batch with a frame still passing through is not written out.)
             if self.session.get().to_server.is_empty() && self.server.is_some() && !self.midway() {
                 self.batch_written();
             }
         }
         let before = self.session.get().to_client.len();
-        let r = self.client.flush_some(&mut self.session.get().to_client).map(|_| ());
+        let r = self.client.flush_some(&mut self.session.get().to_client).map(|_| passed);
         let sent = before - self.session.get().to_client.len();
         self.meter_sent(sent);
         r
@@ -214,6 +200,50 @@ pub(super) fn pass_streamed(s: &mut ServerConn, at: usize, out: Option<&mut Byte
     at + n
 }
 
+/// Reads the linked server (`pump`), and carries out what its end or a frame over the budget
+/// means for the session and the connection.
+fn pump_linked(
+    server: &mut Option<Linked>,
+    session: &mut Session,
+    budget: (&Arc<Budget>, usize),
+    handled: &mut Option<Reservation>,
+) {
+    match server {
+        None => {}
+        Some(Linked::Own(s)) => match pump(session, s, budget, handled) {
+            Pumped::Eof if session.is_linked() => session.handle_server_lost(),
+            Pumped::OverBudget(e) => session.handle_server_over_budget(e),
+            _ => {}
+        },
+        Some(Linked::Shared(pipe, t)) => {
+            let t = *t;
+            let mut g = pipe.lock();
+            if g.dead {
+                drop(g);
+                return session.handle_server_lost();
+            }
+            if !g.is_head(t) || !session.is_linked() {
+                return;
+            }
+            g.take_handed_over();
+            let Some(c) = g.conn.as_mut() else { return };
+            match pump(session, c, budget, handled) {
+                Pumped::Eof if session.is_linked() => {
+                    g.kill();
+                    drop(g);
+                    session.handle_server_lost();
+                }
+                Pumped::OverBudget(e) => {
+                    g.kill();
+                    drop(g);
+                    session.handle_server_over_budget(e);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// What feeding client frames works on: the client's buffer, the large frame in progress,
 /// the budget (`max_buffered_bytes` = `limit`) and `max_message_size`.
 struct Feed<'a> {
@@ -254,13 +284,18 @@ impl Feed<'_> {
             };
             if head.len() >= 5 && crate::session::stream_from(head[0]).is_some_and(|from| total >= from) {
                 match session.stream_client_frame(head, total, state.as_deref_mut()) {
-                    Streamed::Whole => {}
-                    Streamed::NeedBytes => break,
-                    Streamed::Later(_) => {
+                    Streamed::Whole => tracing::debug!(total, "a client frame is read whole"),
+                    Streamed::NeedBytes => {
+                        tracing::debug!(total, "a client frame's start is awaited");
+                        break;
+                    }
+                    Streamed::Later(f) => {
+                        tracing::debug!(total, ?f, "a client frame waits");
                         stalled = true;
                         break;
                     }
                     Streamed::Started { taken, pass, after } => {
+                        tracing::debug!(total, taken, pass, after = after.len(), "a client frame passes through");
                         at += taken;
                         let after = BytesMut::from(&after[..]);
                         *self.inflow = Some(Box::new(Inflow::Through { left: total - taken, pass, after }));
@@ -322,8 +357,14 @@ enum Pumped {
 
 /// Reads all the server has sent and feeds whole frames to the session, until the
 /// session gives the server back (what follows is the next ticket's). A frame held whole
-/// beyond `HIGH_WATER` reserves its size from `budget` (the budget and its limit) first.
-fn pump(session: &mut Session, s: &mut ServerConn, budget: (&Arc<Budget>, usize)) -> Pumped {
+/// beyond `HIGH_WATER` reserves its size from `budget` (the budget and its limit) first;
+/// once it is handled, its reservation is put in `handled`.
+fn pump(
+    session: &mut Session,
+    s: &mut ServerConn,
+    budget: (&Arc<Budget>, usize),
+    handled: &mut Option<Reservation>,
+) -> Pumped {
     bufpool::ensure(&mut session.to_client);
     let eof = read_available(s);
     let mut over = None;
@@ -340,8 +381,9 @@ fn pump(session: &mut Session, s: &mut ServerConn, budget: (&Arc<Budget>, usize)
                 session.handle_server(&s.rbuf[at..at + n], &mut s.state);
                 at += n;
                 if s.held.as_ref().is_some_and(|r| r.size() == n) {
-                    // The frame held whole is handled.
-                    s.held = None;
+                    // The frame held whole is handled (what the session copied of it is
+                    // still to be written: the reservation goes to the caller).
+                    *handled = s.held.take();
                 }
                 if !session.is_linked() {
                     break;
