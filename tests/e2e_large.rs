@@ -257,3 +257,25 @@ async fn a_large_bind_inside_a_transaction_keeps_its_guard_in_order() {
     })
     .await;
 }
+
+/// A FunctionCall with a 1 MiB argument passes through too (`md5(text)`, oid 2311).
+#[tokio::test]
+async fn a_large_function_call_passes_through() {
+    let p = Parsnip::trust("");
+    bounded(60, "a_large_function_call_passes_through", async {
+        let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        let n = MIB;
+        let mut body = 2311u32.to_be_bytes().to_vec();
+        body.extend_from_slice(&[0, 1, 0, 0, 0, 1]);
+        body.extend_from_slice(&(n as i32).to_be_bytes());
+        body.resize(body.len() + n, b'f');
+        body.extend_from_slice(&[0, 0]);
+        raw.send(&msg(b'F', &body)).await.unwrap();
+        let (frames, end) = raw.read_until_ready().await;
+        assert_eq!(end, End::Ready(b'I'), "{}\n{}", summarize(&frames), p.log_tail());
+        let v = frames.iter().find(|f| f.tag == b'V').unwrap_or_else(|| panic!("{}", summarize(&frames)));
+        let want = raw.scalar(&format!("select md5(repeat('f', {n}))")).await.unwrap().expect("md5");
+        assert_eq!(&v.body[4..], want.as_bytes());
+    })
+    .await;
+}
