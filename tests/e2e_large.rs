@@ -279,3 +279,59 @@ async fn a_large_function_call_passes_through() {
     })
     .await;
 }
+
+/// A column of database `postgres`'s row in the console's SHOW POOLS.
+async fn pool_stat(console: &Pg, column: &str) -> String {
+    let rows = console.simple_query("SHOW POOLS").await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some("postgres") => {
+                r.get(column).map(str::to_owned)
+            }
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// Polls the console until `column` reads `want` (bounded).
+async fn wait_stat(p: &Parsnip, console: &Pg, column: &str, want: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while pool_stat(console, column).await != want {
+        assert!(std::time::Instant::now() < deadline, "{column} never reached {want}\n{}", p.log_tail());
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A large Bind written behind another client's batch on a shared connection (a
+/// pipelining ticket, `driver::pipe`): it passes through the pipe like any other write, and
+/// both clients get their own answers. (As in e2e_pipeline: a pool of two, both held by
+/// open transactions, A queued first with a statement known to be fast, B second.)
+#[tokio::test]
+async fn a_large_bind_passes_through_on_a_pipelining_ticket() {
+    let p = Parsnip::trust("pool_size = 2\npipeline_max_statement_ms = 100");
+    bounded(60, "a_large_bind_passes_through_on_a_pipelining_ticket", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+        let b = p.connect("postgres", SUPER_PW, "postgres").await;
+        let sa = a.prepare("select $1::int4 + 1").await.unwrap();
+        let sb = b.prepare("select length($1::text)").await.unwrap();
+        assert_eq!(a.query_one(&sa, &[&1i32]).await.unwrap().get::<_, i32>(0), 2);
+        let d = p.connect("postgres", SUPER_PW, "postgres").await;
+        let e = p.connect("postgres", SUPER_PW, "postgres").await;
+        d.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        e.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        let ta = tokio::spawn(async move { a.query_one(&sa, &[&41i32]).await.map(|r| r.get::<_, i32>(0)) });
+        wait_stat(&p, &console, "cl_waiting", "1").await;
+        let big = "b".repeat(3 * MIB);
+        let tb = tokio::spawn(async move { b.query_one(&sb, &[&big]).await.map(|r| r.get::<_, i32>(0)) });
+        wait_stat(&p, &console, "cl_waiting", "2").await;
+        e.batch_execute("COMMIT").await.unwrap();
+        let got_b = tb.await.unwrap().unwrap_or_else(|e| panic!("{}\n{}", describe(&e), p.log_tail()));
+        assert_eq!(got_b, 3 * MIB as i32, "B's own answer");
+        assert_eq!(ta.await.unwrap().unwrap(), 42, "A's own answer");
+        assert_eq!(pool_stat(&console, "pipelined").await, "1", "B was queued behind A");
+        d.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(e.scalar("select 7").await.unwrap(), "7");
+    })
+    .await;
+}
