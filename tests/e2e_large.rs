@@ -108,6 +108,7 @@ async fn a_200mb_bind_passes_through() {
 
 #[tokio::test]
 async fn four_concurrent_64mb_binds_stay_within_64mb() {
+    // (Debug logs: each large frame's start and end, shown if the four stall.)
     let p = Parsnip::trust("log_level = \"debug\"");
     bounded(180, "four_concurrent_64mb_binds_stay_within_64mb", async {
         let clients = warm(&p, 4).await;
