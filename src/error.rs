@@ -22,6 +22,8 @@ sqlstates! {
     PROTOCOL_VIOLATION = "08P01";
     /// 08006: a server connection failed.
     CONNECTION_FAILURE = "08006";
+    /// 53200: out of memory (the pooler's budget for buffered messages is spent).
+    OUT_OF_MEMORY = "53200";
     /// 53300: too many client connections.
     TOO_MANY_CONNECTIONS = "53300";
     /// 57P03: the pooler cannot accept connections now (shutting down).

@@ -125,6 +125,9 @@ pub struct Config {
     pub client_login_timeout_ms: u64,
     /// Largest message a client may send, in bytes.
     pub max_message_size: usize,
+    /// Bytes of large messages held whole (not streamed) that all connections together may
+    /// buffer at once; a message beyond it gets 53200 (docs/design.md "Memory").
+    pub max_buffered_bytes: usize,
     /// Prepared-statement cache in transaction and statement modes (session mode passes
     /// statements through unchanged).
     pub prepared_statements: bool,
@@ -286,6 +289,7 @@ impl Default for Config {
             idle_transaction_timeout_ms: 0,
             client_login_timeout_ms: 60_000,
             max_message_size: 256 * 1024 * 1024,
+            max_buffered_bytes: 256 * 1024 * 1024,
             prepared_statements: true,
             max_prepared_statements: 500,
             max_client_prepared_statements: 10_000,
@@ -393,6 +397,9 @@ impl Config {
         }
         if self.max_message_size < 1024 {
             return Err(ConfigError("max_message_size must be at least 1024".into()));
+        }
+        if self.max_buffered_bytes < 1024 * 1024 {
+            return Err(ConfigError("max_buffered_bytes must be at least 1048576".into()));
         }
         if self.databases.is_empty() {
             return Err(ConfigError("no [databases] entry: give a database URL or a databases table".into()));

@@ -4,6 +4,7 @@
 //! `session`; this layer reads bytes, feeds frames in, and writes what comes out.
 
 mod admin;
+pub(crate) mod budget;
 pub(crate) mod bufpool;
 pub(crate) mod cancel;
 pub(crate) mod census;
@@ -81,6 +82,8 @@ pub struct Shared {
     pub(crate) reloader: std::sync::OnceLock<reload::Reloader>,
     /// The event-loop threads clients run on (None: the runtime that called `start`).
     pub(crate) shards: Option<shards::Shards>,
+    /// Bytes of large messages held whole, all connections together (`max_buffered_bytes`).
+    pub(crate) budget: Arc<budget::Budget>,
 }
 
 /// How the process should stop, as the console's `SHUTDOWN` asked.
@@ -152,6 +155,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
         stop_requests: watch::Sender::new(None),
         reloader: std::sync::OnceLock::new(),
         shards,
+        budget: Arc::default(),
     });
     let stop_requests = shared.stop_requests.subscribe();
     let metrics = match &cfg.metrics_listen {

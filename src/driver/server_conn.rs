@@ -140,6 +140,8 @@ pub struct ServerConn {
     /// Bytes of a large frame still to come that go straight to the client (or are
     /// dropped) as they arrive, not buffered whole (`Session::stream_server_frame`).
     pub(crate) streaming: usize,
+    /// The budget taken for a large frame being read whole into `rbuf` (`driver::budget`).
+    pub(crate) held: Option<crate::driver::budget::Reservation>,
     /// The worker thread whose event loop watches its socket (`pool::home`).
     pub(crate) home: u16,
 }
@@ -342,6 +344,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         last_used: now,
         timing: None,
         streaming: 0,
+        held: None,
         home: crate::pool::home::here(),
     })
 }

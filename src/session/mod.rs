@@ -16,11 +16,13 @@
 //! `reply_queue` (what each reply in flight is for), `settings` (recognizing SQL that
 //! changes settings), `timeout` (which idle timeout applies, and its error), `park` (what
 //! an idle client keeps while its busy half serves others), `settle` (bringing a server
-//! back to idle when its client left it mid-conversation). `Session` holds each part's
-//! state in a field of its own.
+//! back to idle when its client left it mid-conversation), `inflow` (large client frames
+//! passed on as they arrive). `Session` holds each part's state in a field of its own.
 
 mod client;
 mod flush;
+mod inflow;
+pub use inflow::{STREAM_FROM, Streamed, stream_from};
 mod park;
 pub use park::Parked;
 mod pipeline;

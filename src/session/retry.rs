@@ -55,6 +55,10 @@ impl Session {
             return false;
         }
         let Some(tail) = self.retry.last_batch.get(from as usize..) else { return false };
+        // A frame of it was streamed (`inflow`): its body was never kept.
+        if super::inflow::holds_stub(tail) {
+            return false;
+        }
         if code == b"0A000" && self.stmts.described.contains(&stmt.id) && !describes_portal(tail) {
             return false;
         }

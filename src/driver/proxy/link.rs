@@ -2,7 +2,7 @@
 //! lending it to the next client's batch, giving it back, and settling it when the client
 //! leaves (replies drained, transaction rolled back, reset in session mode).
 
-use super::relay::{large_frame, pass_streamed, pump, read_available};
+use super::relay::{Pumped, large_frame, pass_streamed, pump, read_available};
 use super::{Linked, Proxy, ServerWait};
 use crate::config::PoolMode;
 use crate::driver::pipe::Pipe;
@@ -286,17 +286,20 @@ impl Proxy {
         }
         session.settle_server();
         let out = std::mem::take(&mut session.to_server);
+        let cfg = self.shared.cfg.load();
+        let budget = (&self.shared.budget, cfg.max_buffered_bytes);
         let drained = tokio::time::timeout(limit, async {
             if s.stream.write_all(&out).await.is_err() {
                 return false;
             }
             loop {
-                let eof = pump(session, s);
+                // A frame held whole is dropped once handled: its reservation goes with it.
+                let pumped = pump(session, s, budget, &mut None);
                 session.drop_client_output();
                 if session.outstanding() == 0 {
                     return s.streaming == 0;
                 }
-                if eof || !session.to_server.is_empty() {
+                if !matches!(pumped, Pumped::Read) || !session.to_server.is_empty() {
                     return false;
                 }
                 let ready = std::future::poll_fn(|cx| s.stream.poll_read_ready(cx)).await;

@@ -3,8 +3,10 @@
 //! and take everything available; writes go out in one call per batch; output buffers are
 //! bounded (a full buffer stops reading the other side), and freed whenever the client is
 //! idle. `relay` reads, feeds and writes frames; `link` gets, lends, gives back and settles
-//! server connections.
+//! server connections; `inflow` passes large client frames through or holds them under the
+//! process-wide budget.
 
+mod inflow;
 mod link;
 mod meter;
 mod parking;
@@ -41,6 +43,8 @@ pub(super) struct Proxy {
     slot: Arc<CancelSlot>,
     shared: Arc<Shared>,
     meter: meter::Meter,
+    /// A large client frame passing through or held whole (`inflow`).
+    inflow: Option<Box<inflow::Inflow>>,
 }
 
 /// The server connection a client is linked to.
@@ -128,6 +132,7 @@ impl Proxy {
             slot,
             shared,
             meter: Default::default(),
+            inflow: None,
         }
     }
 
@@ -161,18 +166,29 @@ impl Proxy {
             while let Some(a) = self.session.get().poll_action() {
                 match a {
                     Action::AcquireServer => self.acquire().await,
-                    Action::ReleaseServer { reusable } => self.release(reusable),
-                    Action::Close => return Box::pin(self.close()).await,
+                    // Never reused with part of a client frame on it.
+                    Action::ReleaseServer { reusable } => self.release(reusable && !self.midway()),
+                    Action::Close => {
+                        self.abandon_inflow();
+                        return Box::pin(self.close()).await;
+                    }
                 }
             }
             if self.feed_client() {
                 continue;
             }
             // Write what we have, without blocking.
-            if self.flush().is_err() {
-                return Box::pin(self.client_gone()).await;
+            match self.flush() {
+                Err(_) => {
+                    self.abandon_inflow();
+                    return Box::pin(self.client_gone()).await;
+                }
+                // A large frame got through: what the client sent after it is fed now.
+                Ok(true) => continue,
+                Ok(false) => {}
             }
-            if self.slot.is_armed() && self.session.get().batch_written() {
+            self.settle_held();
+            if self.slot.is_armed() && self.session.get().batch_written() && !self.midway() {
                 // A cancel held while the batch waited behind others goes once the batch is
                 // on the wire.
                 self.slot.fire_armed();
@@ -180,7 +196,8 @@ impl Proxy {
             let graceful = self.shared.stopping.load(Ordering::Acquire);
             let unlinked_idle = {
                 let session = self.session.get();
-                let unlinked_idle = !session.is_linked() && !session.is_acquiring() && self.cbuf.is_empty();
+                let unlinked_idle =
+                    !session.is_linked() && !session.is_acquiring() && self.cbuf.is_empty() && self.inflow.is_none();
                 if graceful && unlinked_idle {
                     session.fail(Error::fatal(
                         SqlState::ADMIN_SHUTDOWN,
@@ -217,6 +234,7 @@ impl Proxy {
             match ev {
                 Event::Client => {
                     if !self.read_client() {
+                        self.abandon_inflow();
                         return Box::pin(self.client_gone()).await;
                     }
                     self.meter_request();
@@ -249,6 +267,7 @@ impl Proxy {
         graceful: bool,
         unlinked_idle: bool,
     ) -> impl Future<Output = Event> + 'a {
+        let client_room = self.cbuf.len() < self.cbuf_cap();
         let server = self.server.as_ref().map(Linked::wait);
         let session = self.session.get();
         let to_client = session.writable_to_client() > 0;
@@ -257,7 +276,8 @@ impl Proxy {
         // on idle clients: the loop looks at it after each event.
         let idle = server.is_none() && !to_client;
         let read_server = session.to_client.len() < HIGH_WATER;
-        let want_client = idle || session.to_server.len() < HIGH_WATER;
+        // Nor while the client's buffer is full (a frame held whole may fill more of it).
+        let want_client = (idle || session.to_server.len() < HIGH_WATER) && client_room;
         if unlinked_idle {
             // The session's busy half goes back to this thread too, until the client sends
             // something (`parking`).

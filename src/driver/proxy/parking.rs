@@ -6,30 +6,37 @@
 use crate::driver::bufpool;
 use crate::session::{Parked, Session};
 
-/// A client's session: active (boxed) or parked. Exactly one of the two is set.
-pub(super) struct Sess {
-    active: Option<Box<Session>>,
-    parked: Option<Parked>,
+/// A client's session: active (boxed) or parked. (One enum, not two options: the word it
+/// saves in every idle client's task holds the large-frame state, `inflow`.)
+pub(super) enum Sess {
+    Active(Box<Session>),
+    Parked(Parked),
+    /// Only while switching between the two.
+    Switching,
 }
 
 impl Sess {
     pub(super) fn new(s: Session) -> Sess {
-        Sess { active: Some(Box::new(s)), parked: None }
+        Sess::Active(Box::new(s))
     }
 
     /// The session, unparked if it was parked.
     #[inline(always)]
     pub(super) fn get(&mut self) -> &mut Session {
-        let Sess { active, parked } = self;
-        active.get_or_insert_with(|| unpark(parked))
+        if !matches!(self, Sess::Active(_)) {
+            *self = Sess::Active(unpark(std::mem::replace(self, Sess::Switching)));
+        }
+        match self {
+            Sess::Active(s) => s,
+            _ => unreachable!("set just above"),
+        }
     }
 
     /// Parks the session if it is at rest (see `Session::park`); otherwise it stays active.
     pub(super) fn park(&mut self) {
-        let Some(s) = self.active.as_mut() else { return };
+        let Sess::Active(s) = self else { return };
         let Some(p) = s.park() else { return };
-        self.parked = Some(p);
-        if let Some(s) = self.active.take() {
+        if let Sess::Active(s) = std::mem::replace(self, Sess::Parked(p)) {
             bufpool::give_session(s);
         }
     }
@@ -38,8 +45,8 @@ impl Sess {
 /// The blank session the client's parked state goes into (kept out of line: `get` runs
 /// dozens of times per transaction, this once).
 #[inline(never)]
-fn unpark(parked: &mut Option<Parked>) -> Box<Session> {
-    let Some(p) = parked.take() else {
+fn unpark(parked: Sess) -> Box<Session> {
+    let Sess::Parked(p) = parked else {
         // Not reached (one of the two is always set): a session that closes at once.
         tracing::error!("a client's session was lost: closing it");
         let mut s = Session::new(crate::config::PoolMode::Transaction, std::sync::Arc::default(), 0, None);
