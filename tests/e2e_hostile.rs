@@ -15,7 +15,13 @@
 //! * `PARSNIP_HOSTILE_SEED=S` (hex with 0x, or decimal): replay the run of seed S.
 //! * `PARSNIP_HOSTILE_REPLAY=S1,S2,...`: instead of a run, play each of these hostile
 //!   stream seeds (printed in a failure report) alone against a parsnip with one server
-//!   connection, each followed by an honest probe.
+//!   connection, each followed by an honest probe; with `PARSNIP_HOSTILE_SHRINK=1`, shrink
+//!   each to the fewest steps and messages that still break parsnip the same way.
+//! * `PARSNIP_HOSTILE_SURVEY=N`: instead of a run, play hostile streams 0..N of the run
+//!   seed's first phase one at a time, each alone followed by an honest probe, and list what
+//!   broke by kind with example seeds.
+//! * `PARSNIP_HOSTILE_PHASE=0|1`: only that phase (1: `autoprepare` on), for all the
+//!   seconds; the replay, shrink and survey modes use its configuration and seeds.
 //! * `PARSNIP_HOSTILE_SKIP=op1,op2`: leave these honest raw-client operations out
 //!   (names in `hostile/honest.rs` `OPS`), e.g. to look past a known failure.
 //!
@@ -49,6 +55,10 @@ struct Settings {
     seed: u64,
     skip: Vec<String>,
     replay: Vec<u64>,
+    shrink: bool,
+    survey: u64,
+    /// Only this phase (0: statement cache, 1: autoprepare too), if set.
+    phase: Option<u64>,
 }
 
 fn parse_u64(s: &str) -> Option<u64> {
@@ -79,7 +89,11 @@ fn settings() -> Settings {
     }
     let replay =
         list("PARSNIP_HOSTILE_REPLAY").iter().map(|s| parse_u64(s).expect("PARSNIP_HOSTILE_REPLAY: numbers")).collect();
-    Settings { secs, seed, skip, replay }
+    let survey = var("PARSNIP_HOSTILE_SURVEY").and_then(|v| parse_u64(&v)).unwrap_or(0);
+    let shrink = var("PARSNIP_HOSTILE_SHRINK").is_some_and(|v| v != "0");
+    let phase =
+        var("PARSNIP_HOSTILE_PHASE").map(|v| parse_u64(&v).filter(|&p| p <= 1).expect("PARSNIP_HOSTILE_PHASE: 0 or 1"));
+    Settings { secs, seed, skip, replay, shrink, survey, phase }
 }
 
 fn config(phase: u64, pool_size: u32) -> String {
@@ -246,10 +260,29 @@ async fn hostile_clients_do_not_disturb_honest_ones() {
     let set = settings();
     setup();
     let marker = format!("hon{:08x}", set.seed as u32);
-    if !set.replay.is_empty() {
-        let text = report::solo(|| Parsnip::with_config(&config(0, 1)), &set.replay, &marker, &set.skip).await;
+    let one = set.phase.unwrap_or(0);
+    if set.shrink {
+        assert!(!set.replay.is_empty(), "PARSNIP_HOSTILE_SHRINK needs PARSNIP_HOSTILE_REPLAY=seeds");
+        let mut text = String::from("shrunk streams (each alone against one server connection):\n");
+        for &seed in &set.replay {
+            text.push_str(&shrink::shrink(|| Parsnip::with_config(&config(one, 1)), seed, &marker, &set.skip).await);
+        }
+        assert!(!text.contains("shrunk ("), "{text}");
         println!("{text}");
+        return;
+    }
+    if !set.replay.is_empty() {
+        let text = report::solo(|| Parsnip::with_config(&config(one, 1)), &set.replay, &marker, &set.skip).await;
         assert!(!text.contains("REPRODUCES") && !text.contains("WITHOUT ANY HOSTILE"), "{text}");
+        println!("{text}");
+        return;
+    }
+    if set.survey > 0 {
+        let (text, kinds) =
+            report::survey(|| Parsnip::with_config(&config(one, 1)), set.seed, one, set.survey, &marker, &set.skip)
+                .await;
+        assert_eq!(kinds, 0, "{text}");
+        println!("{text}");
         return;
     }
     println!("hostile-client test: run seed {:#x}, {} s", set.seed, set.secs);
@@ -259,6 +292,11 @@ async fn hostile_clients_do_not_disturb_honest_ones() {
     let mut hostile_conns = 0;
     let shares = [(0u64, set.secs * 2 / 3), (1, set.secs - set.secs * 2 / 3)];
     for (phase, secs) in shares {
+        let secs = match set.phase {
+            Some(only) if only != phase => continue,
+            Some(_) => set.secs,
+            None => secs,
+        };
         if journal.stopped() {
             break;
         }

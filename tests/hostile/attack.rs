@@ -11,6 +11,9 @@ pub const HOSTILE_LIFETIME: Duration = Duration::from_millis(1500);
 /// At most this much of what a hostile client received is kept for the report.
 const KEEP_RECEIVED: usize = 16 << 10;
 
+/// At most this much of what a hostile client sent is kept for the report.
+const KEEP_SENT: usize = 64 << 10;
+
 /// Checks of the bytes a hostile client received.
 struct Checker {
     marker: Vec<u8>,
@@ -51,10 +54,11 @@ pub async fn run(port: u16, phase: u64, idx: u64, plan: &Plan, marker: &str) -> 
         end: start,
         desc: plan.describe(),
         sent: Vec::new(),
+        sent_total: 0,
         received: Vec::new(),
         outcome: String::new(),
     };
-    let v2 = matches!(plan.steps.first(), Some(Step::Write { bytes, .. }) if bytes.get(4..8) == Some(&[0, 2, 0, 0]));
+    let v2 = plan.steps.first().is_some_and(|s| s.bytes().get(4..8) == Some(&[0, 2, 0, 0]));
     let mut chk =
         Checker { marker: marker.as_bytes().to_vec(), fatal_seen: false, v2, violations: Vec::new(), frames: 0 };
     let deadline = start + HOSTILE_LIFETIME;
@@ -110,10 +114,15 @@ async fn play(wire: &mut Wire, plan: &Plan, deadline: Instant, rec: &mut Hostile
             return "lifetime over, vanished".into();
         }
         match step {
-            Step::Write { bytes, .. } => {
-                let r = tokio::time::timeout_at(deadline.into(), wire.send(bytes)).await;
+            Step::Write(_) => {
+                let bytes = step.bytes();
+                let r = tokio::time::timeout_at(deadline.into(), wire.send(&bytes)).await;
                 match r {
-                    Ok(Ok(())) => rec.sent.extend_from_slice(bytes),
+                    Ok(Ok(())) => {
+                        let room = KEEP_SENT.saturating_sub(rec.sent.len());
+                        rec.sent.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                        rec.sent_total += bytes.len();
+                    }
                     Ok(Err(e)) => return format!("write failed: {e}"),
                     Err(_) => return "write blocked until the lifetime ended, vanished".into(),
                 }

@@ -78,6 +78,8 @@ pub struct Honest {
     pub ledger: Ledger,
     n: u64,
     skip: Vec<String>,
+    /// Bound on one request.
+    pub timeout: Duration,
 }
 
 impl Honest {
@@ -97,6 +99,7 @@ impl Honest {
             ledger: Ledger::default(),
             n: 0,
             skip: skip.to_vec(),
+            timeout: HONEST_TIMEOUT,
         }
     }
 
@@ -156,7 +159,7 @@ impl Honest {
             .await
             .map_err(|e| self.fail(start, format!("cannot connect: {e}"), String::new()))?;
         wire.send(&packet).await.map_err(|e| self.fail(start, format!("sending startup: {e}"), String::new()))?;
-        let deadline = start + HONEST_TIMEOUT;
+        let deadline = start + self.timeout;
         self.params.clear();
         let mut got = Vec::new();
         loop {
@@ -194,14 +197,14 @@ impl Honest {
         if let Err(err) = wire.send(&e.send).await {
             return (got, raw, Some(format!("write failed: {err}")));
         }
-        let deadline = Instant::now() + HONEST_TIMEOUT;
+        let deadline = Instant::now() + self.timeout;
         let mut readies = 0;
         loop {
             let f = match wire.read_frame(deadline).await {
                 Ok(f) => f,
                 Err(end) => {
                     let why = match end {
-                        ReadEnd::Timeout => format!("no reply within {HONEST_TIMEOUT:?} (hang)"),
+                        ReadEnd::Timeout => format!("no reply within {:?} (hang)", self.timeout),
                         ReadEnd::Closed => "connection closed by parsnip".into(),
                         ReadEnd::Malformed(m) => format!("malformed reply: {m}"),
                     };

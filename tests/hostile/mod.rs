@@ -7,7 +7,8 @@
 //! * [`attack`]: plays one hostile stream and checks what parsnip sent back.
 //! * [`honest`]: honest raw-protocol clients with exact expected replies.
 //! * [`honest_pg`]: honest tokio-postgres clients (a real driver's pipelining).
-//! * [`report`]: the failure report and the solo replay of suspect streams.
+//! * [`report`]: the failure report, the solo replay of suspect streams, the survey.
+//! * [`shrink`]: shrinks a stream that breaks parsnip alone to what it takes.
 
 #![allow(dead_code)]
 
@@ -15,6 +16,7 @@ pub mod attack;
 pub mod honest;
 pub mod honest_pg;
 pub mod report;
+pub mod shrink;
 pub mod stream;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -375,8 +377,10 @@ pub struct HostileRecord {
     pub end: Instant,
     /// What the plan is, message by message.
     pub desc: Vec<String>,
-    /// Every byte it managed to write.
+    /// What it managed to write (the first 64 KiB: the stream can be made again from the
+    /// seed), and how much in all.
     pub sent: Vec<u8>,
+    pub sent_total: usize,
     /// What it read (capped).
     pub received: Vec<u8>,
     pub outcome: String,

@@ -13,6 +13,13 @@ const SUSPECT_WINDOW: Duration = Duration::from_secs(3);
 /// At most this many suspects are listed and replayed.
 const MAX_SUSPECTS: usize = 8;
 
+/// Bound on a probe request after a stream played alone (it has ended by then, and the
+/// probe's server connection is the only one).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Bound on the solo replay of a failed run's suspects.
+const SOLO_BUDGET: Duration = Duration::from_secs(90);
+
 /// The hostile streams that may have caused `f`: the one that saw it, for a protocol
 /// violation; else those in `f`'s phase overlapping `[f.start - SUSPECT_WINDOW, f.end]`,
 /// latest first.
@@ -83,7 +90,7 @@ pub fn describe_record(j: &Journal, r: &HostileRecord) -> String {
     for d in &r.desc {
         s.push_str(&format!("      {d}\n"));
     }
-    s.push_str(&format!("    sent ({} bytes): {}\n", r.sent.len(), hex_cut(&r.sent, 4096)));
+    s.push_str(&format!("    sent ({} bytes): {}\n", r.sent_total, hex_cut(&r.sent, 4096)));
     s.push_str(&format!("    received: {}\n", frames_of(&r.received)));
     s
 }
@@ -152,16 +159,27 @@ pub async fn solo(start: impl Fn() -> crate::support::Parsnip, seeds: &[u64], ma
             out.push_str(&format!("  (left out of the probes below: {skip:?})\n"));
         }
     }
+    let deadline = Instant::now() + SOLO_BUDGET;
     for (k, &seed) in seeds.iter().enumerate() {
+        if Instant::now() > deadline {
+            out.push_str(&format!("  (stopped after {SOLO_BUDGET:?}; not replayed: {:x?})\n", &seeds[k..]));
+            break;
+        }
         let plan = stream::plan(seed);
         let mut verdict = "does not reproduce alone".to_string();
         let p = start();
         for attempt in 0..3u64 {
             let (rec, violations) = attack::run(p.port(), 9, k as u64, &plan, marker).await;
             let mut honest = Honest::new(p.port(), seed, 10 + attempt, 100 + k as u64, marker, &skip);
+            honest.timeout = PROBE_TIMEOUT;
             let r = honest.probe(&probe_kinds).await;
             if !violations.is_empty() || r.is_err() {
                 verdict = format!("REPRODUCES alone (try {}): hostile ended: {}\n", attempt + 1, rec.outcome);
+                for d in &rec.desc {
+                    verdict.push_str(&format!("      {d}\n"));
+                }
+                verdict.push_str(&format!("    sent ({} bytes): {}\n", rec.sent_total, hex_cut(&rec.sent, 4096)));
+                verdict.push_str(&format!("    received: {}\n", frames_of(&rec.received)));
                 if !violations.is_empty() {
                     verdict.push_str(&format!("    violations seen by the hostile client: {violations:?}\n"));
                 }
@@ -175,4 +193,71 @@ pub async fn solo(start: impl Fn() -> crate::support::Parsnip, seeds: &[u64], ma
         out.push_str(&format!("  seed {seed:#018x}: {verdict}\n"));
     }
     out
+}
+
+/// Plays hostile streams `0..n` of phase `phase` of a run one at a time against a parsnip
+/// with one server connection, each followed by a short honest probe, and groups what breaks
+/// by kind, with the first seeds of each (a development aid: `PARSNIP_HOSTILE_SURVEY=N`).
+pub async fn survey(
+    start: impl Fn() -> crate::support::Parsnip,
+    run_seed: u64,
+    phase: u64,
+    n: u64,
+    marker: &str,
+    skip: &[String],
+) -> (String, usize) {
+    let kinds: Vec<usize> = ["simple_echo", "ext_unnamed", "ext_named", "simple_txn", "pipelined", "txn_roundtrips"]
+        .iter()
+        .filter_map(|k| OPS.iter().position(|o| o == k))
+        .collect();
+    // (kind, how many, example seeds, what the first one looked like)
+    let mut found: Vec<(String, usize, Vec<u64>, String)> = Vec::new();
+    let mut p = start();
+    for idx in 0..n {
+        let plan = stream::plan(derive(run_seed, 1, phase, idx));
+        let (rec, violations) = attack::run(p.port(), phase, idx, &plan, marker).await;
+        let mut honest = Honest::new(p.port(), run_seed, 40 + idx, 0, marker, skip);
+        honest.timeout = PROBE_TIMEOUT;
+        let mut classes: Vec<(String, String)> = violations
+            .iter()
+            .map(|v| (Failure { what: format!("hostile client saw: {v}"), ..blank(&rec) }.class(), v.clone()))
+            .collect();
+        if let Err((_, f)) = honest.probe(&kinds).await {
+            classes.push((format!("probe after it: {}", f.class()), f.transcript));
+        }
+        classes.dedup_by(|a, b| a.0 == b.0);
+        for (c, detail) in &classes {
+            match found.iter_mut().find(|(k, _, _, _)| k == c) {
+                Some((_, count, seeds, _)) => {
+                    *count += 1;
+                    if seeds.len() < 5 {
+                        seeds.push(plan.seed);
+                    }
+                }
+                None => found.push((c.clone(), 1, vec![plan.seed], detail.clone())),
+            }
+        }
+        if !classes.is_empty() {
+            p = start();
+        }
+    }
+    let mut out = format!("survey of {n} hostile streams of run seed {run_seed:#x}, phase {phase}, each alone:\n");
+    for (class, count, seeds, detail) in &found {
+        let seeds: Vec<String> = seeds.iter().map(|s| format!("{s:#x}")).collect();
+        out.push_str(&format!("  {count}× {class}\n      e.g. PARSNIP_HOSTILE_REPLAY={}\n", seeds.join(",")));
+        out.push_str(&format!("      the first one:\n{detail}\n"));
+    }
+    (out, found.len())
+}
+
+fn blank(rec: &HostileRecord) -> Failure {
+    Failure {
+        who: String::new(),
+        phase: rec.phase,
+        start: rec.start,
+        end: rec.end,
+        what: String::new(),
+        transcript: String::new(),
+        hostile: Some(rec.idx),
+    }
 }

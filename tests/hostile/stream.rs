@@ -14,8 +14,9 @@ use crate::support::startup_packet;
 /// One action of a hostile client.
 #[derive(Clone, Debug)]
 pub enum Step {
-    /// Write these bytes (stop the stream if the peer is gone).
-    Write { bytes: Vec<u8>, desc: String },
+    /// Write these pieces (messages, or parts of one) in one go; stop the stream if the
+    /// peer is gone.
+    Write(Vec<Piece>),
     /// Read for at most `ms`, or until `readies` ReadyForQuery (0: only the time bound).
     Read { ms: u64, readies: usize },
     /// Read the one-byte answer to an SSLRequest / GSSENCRequest.
@@ -26,6 +27,55 @@ pub enum Step {
     HalfClose { ms: u64 },
     /// Drop the socket.
     Close,
+}
+
+/// Bytes to send and what they are.
+pub type Piece = (Vec<u8>, String);
+
+impl Step {
+    /// A write of one piece.
+    pub fn write(bytes: Vec<u8>, desc: &str) -> Step {
+        Step::Write(vec![(bytes, desc.to_string())])
+    }
+
+    /// The bytes a write sends (empty for other steps).
+    pub fn bytes(&self) -> Vec<u8> {
+        match self {
+            Step::Write(pieces) => pieces.iter().flat_map(|(b, _)| b.iter().copied()).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Splits `pieces` at the byte offsets `cuts` (ascending), a piece cut in two becoming two.
+fn split_at(pieces: Vec<Piece>, cuts: &[usize]) -> Vec<Vec<Piece>> {
+    let mut out = vec![Vec::new()];
+    let mut at = 0;
+    let mut cuts = cuts.iter().copied().peekable();
+    for (mut b, mut d) in pieces {
+        while let Some(&c) = cuts.peek() {
+            if c >= at + b.len() {
+                break;
+            }
+            let k = c - at;
+            cuts.next();
+            if k == 0 {
+                out.push(Vec::new());
+                continue;
+            }
+            let rest = b.split_off(k);
+            if !b.is_empty() {
+                out.last_mut().expect("one group").push((b, format!("{d} [first {k} bytes]")));
+            }
+            out.push(Vec::new());
+            at = c;
+            b = rest;
+            d = format!("{d} [rest]");
+        }
+        at += b.len();
+        out.last_mut().expect("one group").push((b, d));
+    }
+    out
 }
 
 /// A hostile stream.
@@ -41,7 +91,10 @@ impl Plan {
         self.steps
             .iter()
             .map(|s| match s {
-                Step::Write { bytes, desc } => format!("write {} bytes: {desc}", bytes.len()),
+                Step::Write(pieces) => {
+                    let d: Vec<&str> = pieces.iter().map(|(_, d)| d.as_str()).collect();
+                    format!("write {} bytes: {}", s.bytes().len(), d.join(" "))
+                }
                 Step::Read { ms, readies } => format!("read ≤{ms} ms / {readies} Z"),
                 Step::ReadByte => "read 1 byte".into(),
                 Step::Login => "read login reply".into(),
@@ -358,7 +411,7 @@ fn mutate(r: &mut Rng, mut b: Vec<u8>) -> (Vec<u8>, String) {
 
 /// The login part of a stream; false when the stream ends there.
 fn login(r: &mut Rng, steps: &mut Vec<Step>) -> bool {
-    let w = |bytes: Vec<u8>, desc: &str| Step::Write { bytes, desc: desc.to_string() };
+    let w = Step::write;
     let ssl = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f].to_vec();
     let gss = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30].to_vec();
     let proper = |r: &mut Rng| {
@@ -486,36 +539,38 @@ pub fn plan(seed: u64) -> Plan {
             i += 1;
         }
         let readies = out.iter().filter(|(b, _)| matches!(b.first(), Some(b'S' | b'Q'))).count();
-        let mut bytes: Vec<u8> = out.iter().flat_map(|(b, _)| b.clone()).collect();
-        let desc = out.iter().map(|(_, d)| d.as_str()).collect::<Vec<_>>().join(" ");
+        let total: usize = out.iter().map(|(b, _)| b.len()).sum();
         // The ending of the stream.
         let ending = if last { r.weighted(&[40, 20, 15, 10, 10, 5]) } else { 0 };
-        if ending == 2 && bytes.len() > 1 {
-            let cut = r.range(1, bytes.len() as u64 - 1) as usize;
-            bytes.truncate(cut);
-            steps.push(Step::Write { bytes, desc: format!("{desc} [cut at byte {cut}, then vanish]") });
+        if ending == 2 && total > 1 {
+            let cut = r.range(1, total as u64 - 1) as usize;
+            let mut groups = split_at(out, &[cut]);
+            groups.truncate(1);
+            if let Some((_, d)) = groups[0].last_mut() {
+                d.push_str(" [then vanish]");
+            }
+            steps.push(Step::Write(groups.remove(0)));
             steps.push(Step::Close);
             break;
         }
         // One write, or a few (a message split over writes, a read in between).
-        let parts = if bytes.len() > 2 && r.chance(40) { r.range(2, 3) } else { 1 };
-        let mut cuts: Vec<usize> = (1..parts).map(|_| r.range(1, bytes.len() as u64 - 1) as usize).collect();
+        let parts = if total > 2 && r.chance(40) { r.range(2, 3) } else { 1 };
+        let mut cuts: Vec<usize> = (1..parts).map(|_| r.range(1, total as u64 - 1) as usize).collect();
         cuts.sort_unstable();
         cuts.dedup();
-        let mut from = 0;
-        for (k, &c) in cuts.iter().chain(std::iter::once(&bytes.len())).enumerate() {
-            let d = if k == 0 { desc.clone() } else { format!("(continued, bytes {from}..{c})") };
-            steps.push(Step::Write { bytes: bytes[from..c].to_vec(), desc: d });
-            if c < bytes.len() && r.chance(50) {
+        let groups = split_at(out, &cuts);
+        let n = groups.len();
+        for (k, g) in groups.into_iter().enumerate() {
+            steps.push(Step::Write(g));
+            if k + 1 < n && r.chance(50) {
                 steps.push(Step::Read { ms: r.range(0, 60), readies: 0 });
             }
-            from = c;
         }
         match ending {
             0 => steps.push(Step::Read { ms: r.range(0, 400), readies }),
             1 => steps.push(Step::Close),
             3 => {
-                steps.push(Step::Write { bytes: terminate(), desc: "X".into() });
+                steps.push(Step::write(terminate(), "X"));
                 steps.push(Step::Close);
             }
             4 => steps.push(Step::HalfClose { ms: r.range(0, 400) }),
@@ -524,7 +579,7 @@ pub fn plan(seed: u64) -> Plan {
     }
     if !matches!(steps.last(), Some(Step::Close)) {
         if r.chance(30) {
-            steps.push(Step::Write { bytes: terminate(), desc: "X".into() });
+            steps.push(Step::write(terminate(), "X"));
         }
         steps.push(Step::Close);
     }
