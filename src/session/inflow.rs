@@ -130,7 +130,9 @@ impl Session {
     /// connection is closed and the client gets `err` (53200), as when a server is lost.
     pub fn handle_server_over_budget(&mut self, err: crate::error::Error) {
         self.replies.clear();
-        self.fail(err);
+        err.write_to(&mut self.to_client);
+        self.held = 0;
+        self.fail_server();
     }
 
     /// A Query went to the server unread: whatever it did to the server session (settings,

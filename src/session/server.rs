@@ -100,7 +100,7 @@ impl Session {
             tracing::info!(error = %backend::ErrorText(body(frame)), "server closed the connection");
             self.replies.clear();
             self.to_client.extend_from_slice(frame);
-            return self.fail_quiet();
+            return self.fail_server();
         }
         let Some(head) = self.replies.head() else {
             return self.desync(tag);
@@ -118,7 +118,7 @@ impl Session {
                 self.to_client.extend_from_slice(frame);
             }
             self.replies.clear();
-            return self.fail_quiet();
+            return self.fail_server();
         }
         if head.is_synth() {
             // A local answer should have been drained already; the server is ahead of us.
@@ -301,7 +301,7 @@ impl Session {
                 // The client's settings cannot be applied: PostgreSQL would have refused
                 // them at startup.
                 self.to_client.extend_from_slice(frame);
-                return self.fail_quiet();
+                return self.fail_server();
             }
             OnReply::Skip | OnReply::Synth(_) | OnReply::ShapeCheck(_) | OnReply::Answered => {}
         }
@@ -482,15 +482,21 @@ impl Session {
         self.fail(Error::protocol("server sent an unexpected message"));
     }
 
-    /// Sends `err` and closes the client (and the server, if it is in an unknown state).
+    /// Sends `err` and closes the client. A linked server stays linked: what the session
+    /// knows of it is intact, and closing brings it back to idle (`settle`) — a client's
+    /// failure (a protocol error, a timeout) never costs the connection, nor, on a shared
+    /// pipelining connection, the batches of other clients on it. Where the server itself
+    /// failed, the caller gives it up first (`desync`, `handle_server_lost`).
     pub(crate) fn fail(&mut self, err: Error) {
         err.write_to(&mut self.to_client);
         // PostgreSQL flushes an error at once, with everything before it (`flush`).
         self.held = 0;
-        self.fail_quiet();
+        self.close();
     }
 
-    pub(super) fn fail_quiet(&mut self) {
+    /// The server ended the connection (its FATAL is written already), or is in a state
+    /// the session cannot follow: it is given back to be closed, and the client closed.
+    pub(super) fn fail_server(&mut self) {
         if self.link == Link::Linked {
             self.link = Link::Unlinked;
             self.actions.push_back(Action::ReleaseServer { reusable: false });

@@ -1286,7 +1286,10 @@ fn timeouts_are_decided_by_the_session_from_the_time_the_driver_reports() {
     h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(3));
     assert!(text(&h.s.to_client).contains("C25P03"), "{}", text(&h.s.to_client));
     let actions: Vec<_> = std::iter::from_fn(|| h.s.poll_action()).collect();
-    assert_eq!(actions, vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+    // The server stays linked: closing rolls its transaction back and gives it back
+    // (`settle`), instead of throwing the connection away.
+    assert_eq!(actions, vec![Action::Close]);
+    assert!(h.s.is_linked());
     // A request in flight: no timeout applies.
     let mut h = H::new(PoolMode::Transaction, None);
     h.client(query("SELECT pg_sleep(60)"));
