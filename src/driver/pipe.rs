@@ -52,6 +52,11 @@ pub(crate) struct PipeInner {
     waiting: Vec<(u32, Waker)>,
     /// The connection broke (or was found in an unknown state): every ticket fails.
     pub(crate) dead: bool,
+    /// The writer's stream ends mid-message (its client left while a large frame passed
+    /// through): the tickets ahead of it still get their replies, which the server sends
+    /// before it reads that far; nothing more is lent, and the connection is closed once
+    /// the writer's turn comes.
+    pub(crate) cut: bool,
     /// Tickets whose batch is timed, with what its duration is recorded on.
     timed: VecDeque<(u32, Timed)>,
     /// Since when the head's batch has had the server to itself.
@@ -89,6 +94,7 @@ impl PipeInner {
             handed_over: false,
             waiting: Vec::new(),
             dead: false,
+            cut: false,
             timed,
             head_since,
             slots: VecDeque::new(),
@@ -236,7 +242,11 @@ impl PipeInner {
     }
 
     /// The connection broke: every ticket waiting is woken to find out.
+    #[track_caller]
     pub(crate) fn kill(&mut self) {
+        if !self.dead {
+            tracing::debug!(at = %std::panic::Location::caller(), tickets = self.in_flight, "pipelined connection given up");
+        }
         self.dead = true;
         for (_, w) in self.waiting.drain(..) {
             w.wake();

@@ -168,7 +168,10 @@ impl Session {
             _ => frontend::parse_fields(body(frame)).map(|p| p.query),
         };
         let Some(text) = text else { return };
-        if pin && crate::stmt::sql::holds_session_state(text) {
+        if pin
+            && (crate::stmt::sql::holds_session_state(text)
+                || (frame[0] == tags::PARSE || !watch) && names_a_prepared_statement(text))
+        {
             tracing::debug!(session = self.uid, "pinned to its server connection: session state");
             self.pinned = true;
         }
@@ -181,6 +184,11 @@ impl Session {
     /// The server discards everything up to Sync, as PostgreSQL does after an error: pass
     /// it along untouched, expect no reply, and register nothing.
     fn pass_while_server_skips(&mut self, frame: &[u8]) {
+        if !is_frontend_message(frame[0]) {
+            // PostgreSQL ends the connection for it even while skipping; the client gets
+            // the error, the server never sees it (another client may be queued on it).
+            return self.fail(Error::protocol(format!("invalid frontend message type {}", frame[0])));
+        }
         self.to_server.extend_from_slice(frame);
         match frame[0] {
             tags::SYNC => {
@@ -331,5 +339,44 @@ impl Session {
     pub(super) fn forward(&mut self, frame: &[u8], req: Req) {
         self.to_server.extend_from_slice(frame);
         self.replies.push(Pending::client(req));
+    }
+}
+
+/// A message type PostgreSQL's backend reads after login (any other ends its connection
+/// with FATAL 08P01).
+fn is_frontend_message(tag: u8) -> bool {
+    matches!(
+        tag,
+        tags::QUERY
+            | tags::PARSE
+            | tags::BIND
+            | tags::DESCRIBE
+            | tags::EXECUTE
+            | tags::CLOSE
+            | tags::SYNC
+            | tags::FLUSH
+            | tags::FUNCTION_CALL
+            | tags::TERMINATE
+            | tags::COPY_DATA
+            | tags::COPY_DONE
+            | tags::COPY_FAIL
+    )
+}
+
+/// SQL-level `PREPARE name` or `DEALLOCATE name` that reaches the server as
+/// written (through the extended protocol, or with the statement cache off): a statement of
+/// the server session's own, under a name parsnip does not manage — session state, like
+/// `LISTEN`. (`DEALLOCATE ALL` is followed from its CommandComplete.)
+fn names_a_prepared_statement(sql: &[u8]) -> bool {
+    let mut w = crate::stmt::sql::words(sql);
+    let is = |w: Option<&[u8]>, kw: &[u8]| w.is_some_and(|w| w.eq_ignore_ascii_case(kw));
+    match w.next() {
+        Some(first) if is(Some(first), b"prepare") => true,
+        Some(first) if is(Some(first), b"deallocate") => {
+            let next = w.next();
+            let next = if is(next, b"prepare") { w.next() } else { next };
+            !is(next, b"all")
+        }
+        _ => false,
     }
 }

@@ -52,7 +52,11 @@ impl Session {
     /// described in the module doc (and the statement cache is on): what the driver times
     /// them for, and whether everything they run recently ran within `limit_us` (a batch
     /// behind a slow one would wait for it). Call only once `to_server` has been written
-    /// out.
+    /// out. A session whose settings include a timeout (`statement_timeout = 1`, say) is
+    /// never lent: the batches written behind it would run, or wait to be read, under that
+    /// timeout until their own settings are replayed — and a timeout that fires while the
+    /// backend reads a message ends the connection for every batch on it (issue 23's
+    /// hostile-client test found it).
     pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         if self.link != Link::Linked
             || self.mode == PoolMode::Session
@@ -67,6 +71,7 @@ impl Session {
             || self.tx.tracked_portal.is_some()
             || self.stmts.fresh_in_tx.is_some()
             || !self.to_server.is_empty()
+            || self.settings.sets_a_timeout()
         {
             return None;
         }

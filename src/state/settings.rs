@@ -67,6 +67,13 @@ impl Settings {
         self.rekey();
     }
 
+    /// One of the settings beyond the reported ones is a timeout (`statement_timeout`,
+    /// `lock_timeout`, `idle_session_timeout`, …): it acts on whatever the server runs
+    /// next, not only on this client's statements.
+    pub(crate) fn sets_a_timeout(&self) -> bool {
+        self.extra.iter().any(|(n, _)| n.len() >= 7 && n[n.len() - 7..].eq_ignore_ascii_case("timeout"))
+    }
+
     /// Forgets all settings (RESET ALL, DISCARD ALL).
     pub(crate) fn reset_all_extra(&mut self) {
         self.extra.clear();

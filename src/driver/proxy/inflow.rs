@@ -109,8 +109,9 @@ impl Proxy {
         match self.server.take() {
             Some(Linked::Own(s)) => crate::driver::servers::release(&self.pool, s, false),
             Some(Linked::Shared(pipe, t)) => {
-                pipe.lock().kill();
-                // Settled as a broken ticket (it leaves at once).
+                // The tickets ahead still get their replies; the connection is closed when
+                // this ticket's turn comes (`settle_shared`).
+                pipe.lock().cut = true;
                 self.server = Some(Linked::Shared(pipe, t));
             }
             None => {}

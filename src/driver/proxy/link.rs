@@ -325,11 +325,11 @@ impl Proxy {
         let limit = self.shared.cfg.load().server_connect_timeout();
         let mut owed = self.session.get().owed_ready();
         {
-            let mut g = pipe.lock();
-            if !self.session.get().to_server.is_empty() && g.is_writer(t) && g.wrote_as(t) {
-                // Part of a message is on the wire: the rest of the stream means nothing.
-                g.kill();
-            }
+            let g = pipe.lock();
+            // A writer that leaves with part of what the session wrote still unsent (the
+            // server may hold half a message) waits for its turn like any ticket: the rest
+            // is whole messages, and bringing the connection back to idle writes it first
+            // (`bring_to_idle`). Killing the pipe now would fail the tickets ahead of it.
             if g.dead || !g.wrote_as(t) {
                 // Broken, or a ticket that never wrote: it leaves at once.
                 leave(&self.pool, g, t);
@@ -373,7 +373,8 @@ impl Proxy {
         .await
         .unwrap_or(false);
         let mut g = pipe.lock();
-        if !done {
+        if !done || g.cut && g.is_head(t) {
+            // Given up, or its own stream was cut mid-message: nobody is behind a writer.
             g.kill();
         }
         if !g.dead && g.is_head(t) && g.is_writer(t) && g.is_alone(t) {
