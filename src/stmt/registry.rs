@@ -8,6 +8,12 @@ use std::sync::{Arc, Mutex};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The random part of every server statement name of this process.
+fn name_salt() -> u32 {
+    static SALT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SALT.get_or_init(rand::random)
+}
+
 /// Limits and the promotion threshold.
 #[derive(Clone, Debug)]
 pub struct StmtConfig {
@@ -112,7 +118,9 @@ impl Statement {
 
     fn new(key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Statement {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let server_name: Box<str> = format!("pn_{id}").into();
+        // A process-random part: a client cannot guess the names of the cache's statements
+        // and PREPARE or DEALLOCATE one of them behind parsnip's back (issue 23).
+        let server_name: Box<str> = format!("pn_{:08x}_{id}", name_salt()).into();
         let mut create = BytesMut::with_capacity(query.len() + types.len() + 32);
         match kind {
             StmtKind::Protocol => frontend::parse(&mut create, server_name.as_bytes(), query, types),
