@@ -117,3 +117,58 @@ fn parameter_then_e_string() {
     // PostgreSQL 15 reads `$1e'…'` as a parameter and an E'…' string.
     assert_eq!(solid_texts(r"$1e'\'' x"), ["$1", r"e'\''", "x"]);
 }
+
+/// Texts of SQL fragments the readers look for, glued together in any order.
+fn fragments() -> impl Strategy<Value = Vec<u8>> {
+    const PARTS: [&str; 24] = [
+        "execute ",
+        "prepare ",
+        "deallocate ",
+        "discard all",
+        "explain (",
+        "create temp table t as ",
+        "q",
+        " as ",
+        "select ",
+        "listen ",
+        "pg_advisory_lock(",
+        "declare c cursor with hold for ",
+        "1",
+        "1.5e",
+        "'",
+        "E'\\",
+        "\"",
+        "$$",
+        "$a$",
+        "$1",
+        "/*",
+        "*/",
+        "--",
+        ";",
+    ];
+    proptest::collection::vec(proptest::sample::select(PARTS.to_vec()), 0..24).prop_map(|v| v.concat().into_bytes())
+}
+
+proptest! {
+    /// Whatever the text, what reads it through the lexer does not panic.
+    #[test]
+    fn readers_never_panic(
+        sql in proptest::collection::vec(
+            prop_oneof![
+                any::<u8>(),
+                proptest::sample::select(b"'\"$-/*eEuU&\\;:.01() \n\r".to_vec()),
+                Just(b'x'),
+            ],
+            0..96,
+        ).boxed().prop_union(fragments().boxed())
+    ) {
+        use crate::stmt::sql;
+        let _ = sql::classify(&sql);
+        let _ = sql::split(&sql);
+        let _ = sql::words(&sql).count();
+        let _ = sql::prepare_body(&sql);
+        let _ = (sql::is_plain_read(&sql), sql::may_change_schema(&sql), sql::holds_session_state(&sql));
+        let _ = crate::stmt::lift::lift(&sql, false);
+        let _ = crate::stmt::lift::lift(&sql, true);
+    }
+}
