@@ -65,7 +65,8 @@ pub(crate) fn tokens(sql: &[u8]) -> Lexer<'_> {
 
 /// The tokens of `sql` the grammar sees: whitespace and comments left out.
 pub(crate) fn solid(sql: &[u8]) -> impl Iterator<Item = Token> + '_ {
-    tokens(sql).filter(|t| !t.is_blank())
+    let mut lexer = tokens(sql);
+    std::iter::from_fn(move || lexer.next_solid()).filter(|t| !t.is_blank())
 }
 
 /// The iterator of `tokens`.
@@ -142,12 +143,15 @@ fn comment_end(sql: &[u8], start: usize) -> Option<(usize, bool)> {
 /// How many bytes of whitespace and comments `sql` starts with (all of it when it ends
 /// inside a comment): where its first token the grammar sees starts. Cheaper than
 /// `solid(sql).next()`, which would scan that token too.
+#[inline]
 pub(crate) fn blank_len(sql: &[u8]) -> usize {
     let mut i = 0;
-    while i < sql.len() {
-        if class(sql[i]) & SPACE != 0 {
+    while let Some(&c) = sql.get(i) {
+        if class(c) & SPACE != 0 {
             i += 1;
-        } else if let Some((end, _)) = comment_end(sql, i) {
+        } else if (c == b'-' || c == b'/')
+            && let Some((end, _)) = comment_end(sql, i)
+        {
             i = end;
         } else {
             break;
@@ -157,6 +161,31 @@ pub(crate) fn blank_len(sql: &[u8]) -> usize {
 }
 
 impl Lexer<'_> {
+    /// The next token the grammar sees, skipping whitespace and comments without making
+    /// tokens of them; but a comment the input ends inside of is returned (not `closed`),
+    /// for callers that must know.
+    #[inline]
+    pub(crate) fn next_solid(&mut self) -> Option<Token> {
+        let sql = self.sql;
+        loop {
+            while self.i < sql.len() && class(sql[self.i]) & SPACE != 0 {
+                self.i += 1;
+            }
+            let &c = sql.get(self.i)?;
+            if (c == b'-' || c == b'/')
+                && let Some((end, closed)) = comment_end(sql, self.i)
+            {
+                let start = self.i;
+                self.i = end;
+                if !closed {
+                    return Some(Token { kind: Kind::Comment, range: start..end, closed });
+                }
+                continue;
+            }
+            return self.next();
+        }
+    }
+
     /// Where the quoted text whose opening quote (`'` or `"`) is at `open` ends, and
     /// whether it is closed: a doubled quote stands for one; with `escapes` a backslash
     /// escapes the byte after it.
