@@ -265,6 +265,11 @@ impl Session {
         head.failed = true;
         let req = head.req;
         let code = statement_error_class(body(frame));
+        if backend::error_field(body(frame), b'C').is_some_and(|c| c.starts_with(b"XX")) {
+            // An internal error: whatever state the backend is in, it is not handed to
+            // another client (closed when this one gives it back).
+            self.server_dirty = true;
+        }
         let retry_from = head.fx.replay_from;
         match &head.fx.uses {
             Some(s) if retry_from.is_some() && (code == b"0A000" || code == b"26000") => {
