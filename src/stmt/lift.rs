@@ -297,9 +297,8 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
             && !(is(k.wrapping_sub(1), b"not") && is(k.wrapping_sub(2), b"is"))
     });
     let closes = closing(&toks);
-    let string_at =
-        |k: usize| toks.get(k).is_some_and(|(t, r)| *t == Tok::Quoted && matches!(sql[r.start], b'\'' | b'$'));
-    let quoted_name_at = |k: usize| toks.get(k).is_some_and(|(t, r)| *t == Tok::Quoted && sql[r.start] == b'"');
+    let string_at = |k: usize| toks.get(k).is_some_and(|(t, _)| *t == Tok::Str);
+    let quoted_name_at = |k: usize| toks.get(k).is_some_and(|(t, _)| *t == Tok::Name);
     let mut lift_at: Vec<(usize, u32)> = Vec::new();
     let mut depth: i32 = 0;
     // Lists of output column positions (ORDER BY, GROUP BY, DISTINCT ON) open, innermost
@@ -360,7 +359,7 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
                 }
             }
             // `::"numeric"(10, 2)`: a quoted type name.
-            Tok::Quoted if in_type && quoted_name_at(k) => continue,
+            Tok::Name if in_type => continue,
             Tok::Cast => {
                 in_type = true;
                 continue;
@@ -413,7 +412,7 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
                 // PostgreSQL makes of it is not worth guessing.
                 let glued = |o: Option<&(Tok, Range<usize>)>| {
                     o.is_some_and(|(t, q)| {
-                        matches!(t, Tok::Word | Tok::Quoted | Tok::Number(_) | Tok::OddNumber | Tok::Param)
+                        matches!(t, Tok::Word | Tok::Str | Tok::Name | Tok::Number(_) | Tok::OddNumber | Tok::Param)
                             && (q.end == r.start || q.start == r.end)
                     })
                 };

@@ -5,13 +5,17 @@
 //!   Also counts unnamed-statement sightings for promotion, and the cache counters.
 //! * `server`: per server connection, which statements are prepared on it, with LRU order.
 //! * `epoch`: the shape epoch, which says when a description a server gave is still current.
-//! * `sql`: recognizing SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD in simple queries.
+//! * `lex`: the one SQL lexer (comments, quotes, dollar quotes, numbers, parameters).
+//! * `sql`: splitting and classifying Query texts, and recognizing SQL-level PREPARE /
+//!   EXECUTE / DEALLOCATE / DISCARD in simple queries.
+//! * `lift`: lifting a simple Query's numeric literals into parameters (autoprepare).
 //!
 //! The session (`crate::session`) decides when to register, inject, rewrite and evict; this
 //! module only keeps the books. It must not know about sockets, pools or the reply queue.
 
 pub(crate) mod epoch;
 pub(crate) mod idmap;
+pub(crate) mod lex;
 pub mod lift;
 pub(crate) mod registry;
 pub(crate) mod runtime;

@@ -258,3 +258,15 @@ fn error_texts_name_the_clients_literal() {
     // `$2` is not the start of `$21`; other languages quote otherwise.
     assert_eq!(&*o.client_text(11, "$21 \u{bb}$2\u{ab}".as_bytes()), "$21 \u{bb}2\u{ab}".as_bytes());
 }
+
+/// Where the lifter's own scanner (before `stmt::lex`) read otherwise than PostgreSQL: a
+/// word written against a quote was dropped, and a `--` comment ran past a carriage return.
+/// Both hid a RETURNING.
+#[test]
+fn reads_as_postgresqls_scanner() {
+    assert_eq!(lifted("insert into t values (1) returning\"id\""), None);
+    assert_eq!(lifted("insert into t values (1) --x\rreturning id"), None);
+    assert!(lifted("insert into t values (1) --x\nreturning id").is_none());
+    // A prefixed string is one string token: the number after it is lifted.
+    assert_eq!(lifted("select U&'x', E'\\'', 2").unwrap().0, "select U&'x', E'\\'', $1");
+}
