@@ -121,6 +121,19 @@ fn leavers() -> Vec<Leaver> {
             read_until: None,
         },
         Leaver {
+            // PostgreSQL 18 fails the backend's next transaction start after this with
+            // XX000 "StartTransactionCommand: unexpected state STARTED" (15 does not): such
+            // a backend must not serve the next client (the pid check below allows a new one).
+            name: "simple query inside a suspended portal's batch",
+            bytes: cat(&[
+                parse("leaver_q", "SELECT g FROM generate_series(1, 10) g"),
+                bind("leaver_qp", "leaver_q"),
+                msg(b'E', &[cstr("leaver_qp"), 2u32.to_be_bytes().to_vec()].concat()),
+                query_msg("UNLISTEN *"),
+            ]),
+            read_until: Some(b'Z'),
+        },
+        Leaver {
             name: "open transaction with a pending query",
             bytes: cat(&[query_msg("BEGIN"), query_msg("SELECT pg_sleep(0.2)")]),
             read_until: None,
@@ -175,7 +188,7 @@ async fn a_client_that_leaves_mid_protocol_never_disturbs_the_next() {
     psql("postgres", "DROP TABLE IF EXISTS iso_copy; CREATE TABLE iso_copy (id int)");
     let p = Parsnip::with_config(&trust_config("pool_size = 1"));
     bounded(240, "leavers", async {
-        let first = next_client_is_served(&p, "before any leaver").await;
+        let mut first = next_client_is_served(&p, "before any leaver").await;
         for l in leavers() {
             for _ in 0..2 {
                 let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
@@ -193,9 +206,14 @@ async fn a_client_that_leaves_mid_protocol_never_disturbs_the_next() {
                     assert_eq!(got, Ok(true), "{}: the leaver's own reply", l.name);
                 }
                 drop(raw);
-                // Brought back to idle, not closed: the same backend serves the next client.
+                // Brought back to idle, not closed: the same backend serves the next client
+                // (but for a backend PostgreSQL may have left broken, which is replaced).
                 let pid = next_client_is_served(&p, l.name).await;
-                assert_eq!(pid, first, "{}: the server connection was replaced\n{}", l.name, p.log_tail());
+                if !l.name.starts_with("simple query inside") {
+                    assert_eq!(pid, first, "{}: the server connection was replaced\n{}", l.name, p.log_tail());
+                } else {
+                    first = pid;
+                }
             }
         }
     })
