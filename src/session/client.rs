@@ -375,6 +375,12 @@ fn is_frontend_message(tag: u8) -> bool {
 /// the server session's own, under a name parsnip does not manage — session state, like
 /// `LISTEN`. (`DEALLOCATE ALL` is followed from its CommandComplete.)
 fn names_a_prepared_statement(sql: &[u8]) -> bool {
+    // Runs on every Parse: a text whose first non-blank byte cannot start PREPARE or
+    // DEALLOCATE (nor a comment before them) is answered at once.
+    match sql.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'p' | b'P' | b'd' | b'D' | b'/' | b'-') => {}
+        _ => return false,
+    }
     let mut w = crate::stmt::sql::words(sql);
     let is = |w: Option<&[u8]>, kw: &[u8]| w.is_some_and(|w| w.eq_ignore_ascii_case(kw));
     match w.next() {
