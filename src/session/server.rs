@@ -74,9 +74,14 @@ impl Session {
 
     /// One whole frame from the linked server.
     pub fn handle_server(&mut self, frame: &[u8], server: &mut ServerState) {
-        let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
         let unflushed = self.replies.head_unflushed();
-        if !wire_trace::on() {
+        let traced = wire_trace::on();
+        if !traced && self.held == 0 && !unflushed {
+            // Nothing held and a reply the client asked for: it goes as it is (`flush`).
+            return self.on_server_frame(frame, server);
+        }
+        let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
+        if !traced {
             self.on_server_frame(frame, server);
             return self.note_server_output(to_c, frame[0], unflushed);
         }
