@@ -106,6 +106,7 @@ scenarios! {
         portal_suspended_flush_outside_transaction,
         copy_from_stdin_extended,
         copy_from_stdin_extended_one_write,
+        copy_from_stdin_extended_sync_inside,
         copy_to_stdout_extended,
     ],
     invalidation => [

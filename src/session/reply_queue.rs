@@ -430,14 +430,19 @@ impl ReplyQueue {
         if self.q.front().is_some_and(|h| h.copy_end_after) {
             return true;
         }
-        while self.q.len() > 1 && self.q[1].req == Req::Sync && self.q[1].purpose == Purpose::Client {
-            let ended = self.q[1].copy_end_after;
+        let mut ended = false;
+        let mut dropped = false;
+        while !ended && self.q.len() > 1 && self.q[1].req == Req::Sync && self.q[1].purpose == Purpose::Client {
+            ended = self.q[1].copy_end_after;
             self.q.remove(1);
-            if ended {
-                return true;
-            }
+            dropped = true;
         }
-        false
+        if dropped {
+            // A Sync the server ignores does not end the batch: it stays open (the server
+            // waits for a Sync after the copy) unless a later Sync is queued.
+            self.mark_synced();
+        }
+        ended
     }
     /// The client sent CopyDone or CopyFail: noted on the request queued last (see
     /// `copy_in_started`).

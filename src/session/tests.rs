@@ -1393,3 +1393,22 @@ fn an_idle_session_is_parked_and_comes_back_whole() {
     assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBES");
     assert_eq!(h.s.prepared_count(), 1);
 }
+
+/// A Sync sent during COPY FROM STDIN is ignored by PostgreSQL: after the CopyDone the
+/// extended batch is still open, and the server must not go back to the pool until the
+/// client's next Sync is answered (PostgreSQL 18 fails the next transaction start of a
+/// backend given a simple Query in that state).
+#[test]
+fn a_sync_sent_during_copy_does_not_end_the_batch() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    for f in [parse("", "COPY t FROM STDIN"), bind(""), execute(), sync(), msg(b'd', b"1\n"), msg(b'c', b"")] {
+        h.client(f);
+    }
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'G', &[0, 0, 1, 0, 0]), msg(b'C', b"COPY 1\0")] {
+        h.server(m);
+    }
+    assert!(h.linked, "released while the server waits for a Sync: {:?}", h.actions());
+    h.client(sync());
+    h.server(rfq(b'I'));
+    assert!(!h.linked);
+}
