@@ -365,10 +365,8 @@ fn sasl_mechanisms(out: &[u8]) -> Vec<String> {
 /// The channel-binding hash of the certificate "shown" in these tests.
 const END_POINT: [u8; 32] = [0x5a; 32];
 
-/// A SCRAM login (`secret` for user "u") on a TLS connection whose certificate hash is
-/// `END_POINT`, up to AuthenticationSASL.
-fn scram_over_tls(secret: &str) -> Login {
-    let cfg = config(AuthType::ScramSha256, &[("u", secret)]);
+/// A login on a TLS connection (certificate hash `END_POINT`) with the TLS handshake done.
+pub(super) fn over_tls(cfg: Arc<Config>) -> Login {
     let mut m = login(cfg).with_transport(Transport {
         tls: true,
         mode: crate::config::ClientTlsMode::Prefer,
@@ -378,6 +376,13 @@ fn scram_over_tls(secret: &str) -> Login {
     assert!(matches!(m.handle_bytes(&mut request(80877103)), Step::StartTls { direct: false }));
     m.to_client.clear();
     assert!(matches!(m.handle_tls_started(false, None, Some(END_POINT.to_vec())), Step::NeedBytes));
+    m
+}
+
+/// A SCRAM login (`secret` for user "u") on a TLS connection whose certificate hash is
+/// `END_POINT`, up to AuthenticationSASL.
+fn scram_over_tls(secret: &str) -> Login {
+    let mut m = over_tls(config(AuthType::ScramSha256, &[("u", secret)]));
     assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
     m
 }

@@ -5,20 +5,6 @@
 use super::*;
 use crate::auth::ClientBinding;
 
-/// A login on a TLS connection (certificate hash `END_POINT`) with the TLS handshake done.
-fn over_tls(cfg: Arc<Config>) -> Login {
-    let mut m = login(cfg).with_transport(Transport {
-        tls: true,
-        mode: crate::config::ClientTlsMode::Prefer,
-        unix: false,
-        peer: String::new(),
-    });
-    assert!(matches!(m.handle_bytes(&mut request(80877103)), Step::StartTls { direct: false }));
-    m.to_client.clear();
-    assert!(matches!(m.handle_tls_started(false, None, Some(END_POINT.to_vec())), Step::NeedBytes));
-    m
-}
-
 /// What a SCRAM login as `user` with `password` shows the client: AuthenticationSASL, the
 /// server-first-message, and how it ends.
 struct Exchange {
