@@ -254,7 +254,7 @@ impl Proxy {
         };
         let cfg = self.shared.cfg.load_full();
         let t = cfg.server_connect_timeout();
-        let mut ok = self.bring_to_idle(&mut s, t).await;
+        let mut ok = self.bring_to_idle(&mut s, &cfg).await;
         if ok && s.state.tx_status != TxStatus::Idle {
             ok = s.run_internal("ROLLBACK", t).await;
         }
@@ -276,9 +276,11 @@ impl Proxy {
     /// The client left: brings its server back to idle (`session::settle`) — what the
     /// session still had for it written out, then, unless the session saw it settled, a
     /// CopyFail and a Sync of parsnip's own and every reply up to that Sync's
-    /// ReadyForQuery read through the session and dropped — within `limit`. False when the
+    /// ReadyForQuery read through the session and dropped — within `server_connect_timeout`
+    /// of `cfg` (the one the caller loaded). False when the
     /// connection cannot be reused (the bound passed, it broke, or the session gave it up).
-    async fn bring_to_idle(&mut self, s: &mut ServerConn, limit: Duration) -> bool {
+    async fn bring_to_idle(&mut self, s: &mut ServerConn, cfg: &crate::config::Config) -> bool {
+        let limit = cfg.server_connect_timeout();
         let session = self.session.get();
         session.drop_client_output();
         if session.server_settled() && session.to_server.is_empty() && s.rbuf.is_empty() && s.streaming == 0 {
@@ -286,7 +288,6 @@ impl Proxy {
         }
         session.settle_server();
         let out = std::mem::take(&mut session.to_server);
-        let cfg = self.shared.cfg.load();
         let budget = (&self.shared.budget, cfg.max_buffered_bytes);
         let drained = tokio::time::timeout(limit, async {
             if s.stream.write_all(&out).await.is_err() {
