@@ -358,3 +358,50 @@ async fn a_client_leaving_in_a_transaction_on_a_shared_connection_releases_it_at
     })
     .await;
 }
+
+/// B is queued behind A's batch on a shared connection and fed there: its settings
+/// (a `search_path` of its own) are queued for that server, and so is its query — then the
+/// rest of what B sent is malformed and B is closed before any of it was written. What
+/// parsnip records of that server must stay what the server has: a later client with B's
+/// `search_path` must still get it set (issue 23's hostile-client test found the
+/// connection's record changed by bytes that never reached it).
+#[tokio::test]
+async fn a_client_closed_before_writing_behind_another_leaves_the_servers_record_as_it_was() {
+    const DB: &str = "pipeunwrittendb";
+    let p = trust_db(DB, "CREATE SCHEMA tschema; GRANT ALL ON SCHEMA tschema TO PUBLIC;", POOL);
+    bounded(60, "a_client_closed_before_writing_behind_another_leaves_the_servers_record_as_it_was", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let sa = a.prepare("select pg_sleep($1::float8)::text").await.unwrap();
+        a.query_one(&sa, &[&0.0f64]).await.unwrap();
+        let params = [("user", "postgres"), ("database", DB), ("search_path", "tschema")];
+        let mut b = Raw::tcp(p.port()).await;
+        b.startup(&params, Some(SUPER_PW)).await.unwrap();
+        let (d, e, ta, tb) = queue_a_then_b(
+            &p,
+            &console,
+            DB,
+            async move { a.query_one(&sa, &[&1.0f64]).await.map(|_| ()) },
+            async move {
+                // A query, then a frame whose length is impossible: both in one write.
+                let mut bytes = query_msg("SELECT current_setting('search_path')");
+                bytes.extend_from_slice(&[b'Q', 0, 0, 0, 2]);
+                b.send(&bytes).await.unwrap();
+                b.read_until_closed(Duration::from_secs(10)).await
+            },
+        )
+        .await;
+        e.batch_execute("COMMIT").await.unwrap();
+        let got = tb.await.unwrap();
+        assert!(got.iter().any(|f| f.tag == b'E'), "B gets a protocol error: {}", summarize(&got));
+        ta.await.unwrap().unwrap();
+        // A's server is free again (D still holds the other one): C, with B's search_path,
+        // gets it.
+        let mut c = Raw::tcp(p.port()).await;
+        c.startup(&params, Some(SUPER_PW)).await.unwrap();
+        let path = c.scalar("SELECT current_setting('search_path')").await.unwrap();
+        assert_eq!(path.as_deref(), Some("tschema"), "C's own search_path");
+        d.batch_execute("COMMIT").await.unwrap();
+    })
+    .await;
+}

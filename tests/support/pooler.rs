@@ -332,6 +332,11 @@ impl Drop for Parsnip {
         if let Some(p) = self.config_file.take() {
             let _ = std::fs::remove_file(p);
         }
+        // A debugging aid: PARSNIP_TEST_LOG_DIR=<dir> keeps each pooler's whole log there.
+        if let Ok(dir) = std::env::var("PARSNIP_TEST_LOG_DIR") {
+            let path = std::path::Path::new(&dir).join(format!("parsnip-{}.log", self.port));
+            let _ = std::fs::write(path, self.logs());
+        }
         // Shown by the test harness only when the test fails.
         eprintln!("{}", self.log_tail());
     }

@@ -59,6 +59,7 @@ impl Proxy {
                         }
                         s.home = home::here();
                     }
+                    tracing::trace!(target: "parsnip::links", session = self.slot.pid, server = s.cancel.pid, "linked");
                     self.session.get().handle_server_linked(&mut s.state);
                     self.mark_reads();
                     self.slot.set(&s.cancel);
@@ -70,6 +71,7 @@ impl Proxy {
                     let dead = g.dead;
                     match g.conn.as_mut() {
                         Some(c) if !dead => {
+                            tracing::trace!(target: "parsnip::links", session = self.slot.pid, server = c.cancel.pid, ticket = t, head, "linked to a shared connection");
                             self.session.get().handle_server_linked(&mut c.state);
                             self.mark_reads();
                             if head {
@@ -165,6 +167,7 @@ impl Proxy {
     }
 
     pub(super) fn release(&mut self, reusable: bool) {
+        tracing::trace!(target: "parsnip::links", session = self.slot.pid, reusable, "release");
         self.slot.clear();
         match self.server.take() {
             Some(Linked::Own(mut s)) => {
@@ -172,8 +175,10 @@ impl Proxy {
                     stmt.note(t0.elapsed().as_micros() as u64);
                 }
                 // Bytes left unread would belong to nobody: never reuse such a connection.
-                let clean =
-                    reusable && s.rbuf.is_empty() && s.streaming == 0 && self.session.get().to_server.is_empty();
+                // Bytes the session queued for it and never wrote were written against what
+                // is recorded of it (`drop_unsent`): it is closed, and they go nowhere else.
+                let unsent = self.drop_unsent();
+                let clean = reusable && s.rbuf.is_empty() && s.streaming == 0 && !unsent;
                 servers::release(&self.pool, s, clean);
             }
             Some(Linked::Shared(pipe, t)) => {
@@ -185,7 +190,7 @@ impl Proxy {
                     self.server = Some(Linked::Shared(pipe, t));
                     return;
                 }
-                if !reusable || !self.session.get().to_server.is_empty() {
+                if !reusable || self.drop_unsent() {
                     // Its state is unknown: nobody behind this ticket can use it either.
                     g.kill();
                 }
@@ -194,6 +199,21 @@ impl Proxy {
             None => {}
         }
         self.after_release();
+    }
+
+    /// Drops what the session queued for the server being given back and never wrote;
+    /// true when there was something. Those bytes were made for that server (statement
+    /// names it was recorded to hold, settings replayed against its recorded ones): they
+    /// must never reach the next server the client gets, and the one they were made for
+    /// no longer matches its record.
+    fn drop_unsent(&mut self) -> bool {
+        let to_server = &mut self.session.get().to_server;
+        if to_server.is_empty() {
+            return false;
+        }
+        tracing::debug!(bytes = to_server.len(), "server given back with bytes queued for it: closed");
+        to_server.clear();
+        true
     }
 
     /// Lets the first queued client write its batch behind this one's on the linked
@@ -209,6 +229,7 @@ impl Proxy {
         // (`Pool::lend` refuses while a cancel is on its way: it could land on the batch
         // written behind this one.)
         if servers::lend(&self.pool, &pipe, t, depth) {
+            tracing::trace!(target: "parsnip::links", session = self.slot.pid, ticket = t, "lent");
             self.session.get().set_lent();
         }
         self.server = Some(Linked::Shared(pipe, t));
@@ -245,6 +266,7 @@ impl Proxy {
 
     /// Gives the linked server back in a clean state, or closes it.
     pub(super) async fn settle_server(&mut self) {
+        tracing::trace!(target: "parsnip::links", session = self.slot.pid, "settle");
         self.slot.clear();
         if matches!(self.server, Some(Linked::Shared(..))) && !Box::pin(self.settle_shared()).await {
             return;
@@ -326,11 +348,18 @@ impl Proxy {
         let limit = self.shared.cfg.load().server_connect_timeout();
         let mut owed = self.session.get().owed_ready();
         {
-            let g = pipe.lock();
+            let mut g = pipe.lock();
             // A writer that leaves with part of what the session wrote still unsent (the
             // server may hold half a message) waits for its turn like any ticket: the rest
             // is whole messages, and bringing the connection back to idle writes it first
             // (`bring_to_idle`). Killing the pipe now would fail the tickets ahead of it.
+            // So does a writer that wrote nothing yet but has bytes queued for this server:
+            // the session wrote them against what it knows of the server (the settings it
+            // replays, the statements it prepares are recorded as done), so they must reach
+            // it — taking the ticket back would leave that record wrong for every later user.
+            if !g.dead && !g.wrote_as(t) && !self.session.get().to_server.is_empty() {
+                g.note_write(t);
+            }
             if g.dead || !g.wrote_as(t) {
                 // Broken, or a ticket that never wrote: it leaves at once.
                 leave(&self.pool, g, t);
