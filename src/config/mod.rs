@@ -4,7 +4,7 @@
 
 pub mod cli;
 mod entries;
-pub(crate) use entries::CHANGEABLE;
+pub(crate) use entries::{KEYS, Reload, key};
 mod peers;
 pub use peers::{MAX_PEER_ID, PeerConfig};
 mod hosts;

@@ -444,7 +444,7 @@ impl View for Live<'_> {
                 key,
                 value,
                 default: defaults.get(key).cloned().unwrap_or_default(),
-                changeable: crate::config::CHANGEABLE.contains(&key),
+                changeable: crate::config::key(key).is_some_and(|k| k.settable()),
             })
             .collect()
     }

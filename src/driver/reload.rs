@@ -15,7 +15,7 @@ use super::login::server_side;
 use super::servers::ServerPool;
 use super::tls_config;
 use crate::auth::Credentials;
-use crate::config::Config;
+use crate::config::{Config, Reload};
 use crate::error::{Error, SqlState};
 use crate::pool::PoolPurpose;
 use std::sync::Arc;
@@ -34,32 +34,6 @@ impl std::fmt::Debug for Reloader {
         f.write_str("Reloader")
     }
 }
-
-/// Settings that only a restart changes (listening sockets, the log format, the janitor's
-/// averaging period, and `peer_id`: the keys already handed out carry the old one).
-/// `[peers]` is not among them: each cancel request reads the current table.
-const RESTART_ONLY: &[&str] = &[
-    "listen",
-    "unix_socket_dir",
-    "unix_socket_mode",
-    "so_reuseport",
-    "peer_id",
-    "metrics_listen",
-    "log_format",
-    "stats_period",
-];
-
-/// Settings that apply to pools created after the reload (a pool's statement cache is
-/// sized when it is made).
-const NEW_POOLS_ONLY: &[&str] = &[
-    "max_prepared_statements",
-    "max_client_prepared_statements",
-    "max_cached_statements",
-    "promote_unnamed_after",
-    "describe_from_cache",
-    "autoprepare",
-    "autoprepare_after",
-];
 
 impl Shared {
     /// RELOAD and SIGHUP: re-reads and applies the configuration, or changes nothing and
@@ -85,11 +59,12 @@ impl Shared {
         let tls_clients = tls_config::for_clients(&new)?;
         let tls_servers = Arc::new(tls_config::for_servers(&new)?);
         let old = self.cfg.load_full();
-        let (old_e, new_e) = (old.entries(), new.entries());
-        for ((key, a), (_, b)) in old_e.iter().zip(&new_e) {
-            if a != b && RESTART_ONLY.contains(key) {
+        for k in crate::config::KEYS {
+            let key = k.name;
+            let (a, b) = ((k.show)(&old), (k.show)(&new));
+            if a != b && k.reload == Reload::Restart {
                 tracing::warn!("{key} changed ({a:?} to {b:?}): it takes effect after a restart");
-            } else if a != b && NEW_POOLS_ONLY.contains(key) {
+            } else if a != b && k.reload == Reload::NewPools {
                 tracing::warn!("{key} changed ({a:?} to {b:?}): pools created from now on use it");
             }
         }
