@@ -1,5 +1,6 @@
 //! Configuration: the TOML file and the command line, merged and validated into one typed
-//! `Config` that the rest of the pooler receives as `Arc<Config>`. Every key is documented
+//! `Config` that the rest of the pooler receives as `Arc<Config>`, or while running as the
+//! one `LiveConfig` handle a reload swaps (`live`). Every key is documented
 //! in docs/configuration.md. This module reads files and nothing else: no sockets.
 
 pub mod cli;
@@ -8,7 +9,9 @@ pub(crate) use entries::{KEYS, Reload, key};
 mod peers;
 pub use peers::{MAX_PEER_ID, PeerConfig};
 mod hosts;
+mod live;
 pub use hosts::{HostList, LoadBalanceHosts, TargetSessionAttrs};
+pub use live::LiveConfig;
 mod tls;
 mod url;
 

@@ -280,7 +280,7 @@ impl Shared {
         let (target, forced) = server_side(&cfg, db_cfg, server_db, user, self.tls_servers.load_full());
         let creds = forced.unwrap_or(creds);
         let (target_reads, creds_reads) = (target.clone(), creds.clone());
-        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
+        let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone())
             .with_census(self.census.clone())
             .with_host_memory(self.hosts.clone());
         let pool = Arc::new(Pool::new(
@@ -288,7 +288,7 @@ impl Shared {
             cfg.pool_mode_for(db_cfg, user),
             cfg.pool_size_for(db_cfg, user),
             connector,
-            cfg.clone(),
+            self.cfg.clone(),
         ));
         if purpose == PoolPurpose::Clients && self.is_paused(db) {
             pool.pause();
@@ -310,13 +310,12 @@ impl Shared {
         mut target: ServerTarget,
         creds: Credentials,
     ) -> Arc<ServerPool> {
-        let cfg = self.cfg.load_full();
         let key = PoolKey { purpose: PoolPurpose::Reads, ..primary.key.clone() };
         target.attrs = crate::config::TargetSessionAttrs::Standby;
-        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
+        let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone())
             .with_census(self.census.clone())
             .with_host_memory(self.hosts.clone());
-        let mut reads = Pool::new(key, primary.mode, primary.size(), connector, cfg);
+        let mut reads = Pool::new(key, primary.mode, primary.size(), connector, self.cfg.clone());
         reads.stmts = primary.stmts.clone();
         let reads = Arc::new(reads);
         reads.connector().set_primary(primary);

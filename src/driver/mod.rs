@@ -28,6 +28,7 @@ pub(crate) mod tls_config;
 
 use crate::admin::ShutdownMode;
 use crate::config::Config;
+use crate::config::LiveConfig;
 use crate::error::{Error, SqlState};
 use crate::login::Refusal;
 use crate::pool::PoolKey;
@@ -46,8 +47,9 @@ use tokio::sync::{Semaphore, watch};
 /// State shared by all connection tasks.
 #[derive(Debug)]
 pub struct Shared {
-    /// The configuration (swapped whole by a reload, `reload::apply`).
-    pub(crate) cfg: ArcSwap<Config>,
+    /// The configuration in force, shared with every pool and connector (swapped whole,
+    /// once, by a reload: `reload::apply`).
+    pub(crate) cfg: LiveConfig,
     /// Pools by (database, user).
     pub(crate) pools: Mutex<HashMap<PoolKey, Arc<ServerPool>>>,
     /// Cancel keys.
@@ -137,7 +139,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
     let tls_clients = tls_config::for_clients(&cfg).map_err(std::io::Error::other)?;
     let tls_servers = Arc::new(tls_config::for_servers(&cfg).map_err(std::io::Error::other)?);
     let shared = Arc::new(Shared {
-        cfg: ArcSwap::new(cfg.clone()),
+        cfg: LiveConfig::new(cfg.clone()),
         pools: Mutex::new(HashMap::new()),
         cancels: CancelRegistry::new(cfg.peer_id),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),

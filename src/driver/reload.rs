@@ -1,14 +1,16 @@
 //! Online reload (SIGHUP, the console's `RELOAD`): the configuration is read again by the
 //! loader the binary gave (`Reloader`), checked whole (TLS files included) before anything
-//! changes, and swapped in: logins, timeouts and limits read the new one from then on; each
-//! pool takes its new size, target and credentials (a database whose servers (host list),
-//! database name, user, password or target_session_attrs changed has its open server
-//! connections closed as they come back, as PgBouncer does; a new load_balance_hosts
-//! applies to new server connections; read_write_split, max_replica_lag_ms and
-//! read_your_writes_ms apply at once to pools made with a split, and a split turned on
-//! applies to pools created from then on); TLS certificates and keys are re-read. A pool whose pool_mode
-//! changed is replaced for new clients; its clients keep theirs. An invalid file changes
-//! nothing. No client is dropped: a client in a transaction finishes it undisturbed.
+//! changes, and swapped in once (the `LiveConfig` every pool and connector shares): logins,
+//! timeouts and limits read the new one from then on; each pool takes its new size, target
+//! and credentials (a database whose servers (host list), database name, user, password or
+//! target_session_attrs changed has its open server connections closed as they come back,
+//! as PgBouncer does; a new load_balance_hosts applies to new server connections;
+//! read_write_split, max_replica_lag_ms and read_your_writes_ms apply at once to pools made
+//! with a split, and a split turned on applies to pools created from then on); TLS
+//! certificates and keys are re-read. A pool whose pool_mode changed is replaced for new
+//! clients; its clients keep theirs. An invalid file changes nothing. No client is dropped:
+//! a client in a transaction finishes it undisturbed. What each scalar key's change does is
+//! its row's `Reload` in `config::KEYS`.
 
 use super::Shared;
 use super::login::server_side;
@@ -79,7 +81,6 @@ impl Shared {
             let Some((db_cfg, server_db)) = new.database(&p.key.db).or_else(|| new.database(lookup_db)) else {
                 // Removed: its clients keep it; new ones are refused (3D000).
                 tracing::info!(db = %p.key.db, "database removed: no new clients; connected ones stay");
-                p.reconfigure(new.clone(), p.size());
                 continue;
             };
             let user = &p.key.user;
@@ -94,8 +95,8 @@ impl Shared {
             // The client's credentials, learnt at login: forgotten when the user's password
             // changed (the next login offers the new ones).
             let creds = forced.or_else(|| (password(&old) != password(&new)).then_some(Credentials::None));
-            let changed = p.connector().retarget(target, creds, new.clone());
-            p.reconfigure(new.clone(), new.pool_size_for(db_cfg, user));
+            let changed = p.connector().retarget(target, creds);
+            p.resize(new.pool_size_for(db_cfg, user));
             if changed {
                 tracing::info!(db = %p.key.db, user = %user, "database changed: server connections close as they come back");
                 p.reconnect();

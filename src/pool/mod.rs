@@ -27,10 +27,9 @@ pub use key::{PoolKey, PoolPurpose};
 pub(crate) use queue::{Checkout, Lease, Queued};
 pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKETS};
 
-use crate::config::{Config, PoolMode};
+use crate::config::{LiveConfig, PoolMode};
 use crate::error::{Error, SqlState};
 use crate::state::settings::Settings;
-use arc_swap::ArcSwap;
 use queue::{Handoff, Waiter};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -58,8 +57,8 @@ pub struct Pool<K: Connector> {
     connector: K,
     inner: Mutex<Inner<K>>,
     defaults: OnceLock<Arc<ServerDefaults>>,
-    /// The configuration (swapped by a reload: `reconfigure`).
-    cfg: ArcSwap<Config>,
+    /// The configuration in force (shared with the driver: a reload swaps it there).
+    cfg: LiveConfig,
     /// Counters.
     pub(crate) stats: PoolStats,
     /// The prepared-statement cache of this pool.
@@ -81,8 +80,9 @@ impl<K: Connector> std::fmt::Debug for Pool<K> {
 
 impl<K: Connector> Pool<K> {
     /// A pool with no connections yet, opening them with `connector`.
-    pub fn new(key: PoolKey, mode: PoolMode, size: usize, connector: K, cfg: Arc<Config>) -> Pool<K> {
-        let stmt_config = cfg.stmt_config_for(&key.db, &key.user);
+    pub fn new(key: PoolKey, mode: PoolMode, size: usize, connector: K, cfg: impl Into<LiveConfig>) -> Pool<K> {
+        let cfg = cfg.into();
+        let stmt_config = cfg.load().stmt_config_for(&key.db, &key.user);
         Pool {
             key,
             mode,
@@ -92,7 +92,7 @@ impl<K: Connector> Pool<K> {
             defaults: OnceLock::new(),
             stmts: Arc::new(crate::stmt::Registry::new(stmt_config)),
             settings: Mutex::new(std::collections::HashMap::new()),
-            cfg: ArcSwap::new(cfg),
+            cfg,
             stats: PoolStats::default(),
             paused: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
@@ -104,11 +104,10 @@ impl<K: Connector> Pool<K> {
         self.size.load(Ordering::Relaxed)
     }
 
-    /// A reload: the new configuration and pool size. A bigger size lets queued checkouts
-    /// open connections at once; a smaller one closes idle connections above it, and the
-    /// others as they come back.
-    pub(crate) fn reconfigure(&self, cfg: Arc<Config>, size: usize) {
-        self.cfg.store(cfg);
+    /// A reload: the new pool size. A bigger size lets queued checkouts open connections at
+    /// once; a smaller one closes idle connections above it, and the others as they come
+    /// back.
+    pub(crate) fn resize(&self, size: usize) {
         let old = self.size.swap(size, Ordering::Relaxed);
         if size > old {
             self.wake_for_free_slots();
