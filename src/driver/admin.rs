@@ -204,53 +204,21 @@ impl Shared {
     /// PAUSE: the pools of `db` (all: None) hold their checkouts, and so will pools made
     /// for it later.
     pub(crate) fn pause(&self, db: Option<&str>) {
-        match db {
-            None => self.paused_all.store(true, Ordering::SeqCst),
-            Some(d) => {
-                self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner()).insert(d.to_owned());
-            }
-        }
-        for p in pools_of(self, db) {
-            p.pause();
-        }
+        self.pauses.pause(db);
     }
 
     /// RESUME: undoes PAUSE and KILL.
     pub(crate) fn resume(&self, db: Option<&str>) -> Result<(), Error> {
-        {
-            let mut dbs = self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner());
-            match db {
-                None => {
-                    let was = self.paused_all.swap(false, Ordering::SeqCst);
-                    if !was && dbs.is_empty() {
-                        return Err(Error::new(
-                            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
-                            "pooler is not paused/suspended",
-                        ));
-                    }
-                    dbs.clear();
-                }
-                Some(d) => {
-                    if !dbs.remove(d) && !self.paused_all.load(Ordering::SeqCst) {
-                        return Err(Error::new(
-                            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
-                            format!("database {d} is not paused"),
-                        ));
-                    }
-                }
-            }
-        }
+        self.pauses.resume(db)?;
         for p in pools_of(self, db) {
-            if !self.is_paused(&p.key.db) {
-                p.resume();
-            }
+            p.resumed();
         }
         Ok(())
     }
 
     /// Whether clients of `db` are held by PAUSE or KILL.
     pub(crate) fn is_paused(&self, db: &str) -> bool {
-        self.paused_all.load(Ordering::SeqCst) || self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner()).contains(db)
+        self.pauses.holds(db)
     }
 
     /// Whether DISABLE refuses new clients of `db`.
@@ -450,7 +418,7 @@ impl View for Live<'_> {
     }
 
     fn paused(&self) -> bool {
-        self.0.paused_all.load(Ordering::SeqCst)
+        self.0.pauses.all()
     }
 
     fn console_clients(&self) -> usize {

@@ -70,10 +70,8 @@ pub struct Shared {
     pub(crate) census: Arc<census::Census>,
     /// What was learnt about servers' hosts (down, role), shared by every pool.
     pub(crate) hosts: Arc<crate::pool::hosts::HostMemory>,
-    /// `PAUSE` without a database (or SIGUSR1) is in force.
-    pub(crate) paused_all: AtomicBool,
-    /// Databases `PAUSE db` or `KILL db` holds.
-    pub(crate) paused_dbs: Mutex<HashSet<String>>,
+    /// What `PAUSE` and `KILL` hold (SIGUSR1 too), read by every pool.
+    pub(crate) pauses: Arc<crate::pool::Pauses>,
     /// Databases `DISABLE db` closed to new clients.
     pub(crate) disabled: Mutex<HashSet<String>>,
     /// Console connections open.
@@ -150,8 +148,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
         tls_servers: ArcSwap::new(tls_servers),
         census: Arc::default(),
         hosts: Arc::default(),
-        paused_all: AtomicBool::new(false),
-        paused_dbs: Mutex::default(),
+        pauses: Arc::default(),
         disabled: Mutex::default(),
         consoles: AtomicUsize::new(0),
         stop_requests: watch::Sender::new(None),

@@ -16,6 +16,7 @@ mod defaults;
 pub mod home;
 pub(crate) mod hosts;
 mod key;
+mod pause;
 mod queue;
 mod stats;
 #[cfg(test)]
@@ -24,6 +25,7 @@ mod tests;
 pub(crate) use conn::{Connecting, Connector, Pooled};
 pub(crate) use defaults::ServerDefaults;
 pub use key::{PoolKey, PoolPurpose};
+pub use pause::Pauses;
 pub(crate) use queue::{Checkout, Lease, Queued};
 pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKETS};
 
@@ -32,7 +34,7 @@ use crate::error::{Error, SqlState};
 use crate::state::settings::Settings;
 use queue::{Handoff, Waiter};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -65,9 +67,10 @@ pub struct Pool<K: Connector> {
     pub(crate) stmts: Arc<crate::stmt::Registry>,
     /// Clients' settings, shared between clients that have the same (most do).
     settings: Mutex<std::collections::HashMap<u64, std::sync::Weak<Settings>>>,
-    /// `PAUSE`d: checkouts queue, returned connections stay idle (and are closed by the
-    /// pauser), nothing is handed over until `resume`.
-    paused: AtomicBool,
+    /// The pooler's pauses: while they hold this pool's database, checkouts queue,
+    /// returned connections stay idle (and are closed by the pauser), nothing is handed
+    /// over until `resumed`.
+    pauses: Arc<Pauses>,
     /// Bumped by `reconnect`: connections of an older epoch are closed, not reused.
     epoch: AtomicU64,
 }
@@ -94,9 +97,15 @@ impl<K: Connector> Pool<K> {
             settings: Mutex::new(std::collections::HashMap::new()),
             cfg,
             stats: PoolStats::default(),
-            paused: AtomicBool::new(false),
+            pauses: Arc::default(),
             epoch: AtomicU64::new(0),
         }
+    }
+
+    /// Reads `pauses` (the pooler's) instead of pauses of its own.
+    pub(crate) fn with_pauses(mut self, pauses: Arc<Pauses>) -> Pool<K> {
+        self.pauses = pauses;
+        self
     }
 
     /// Maximum open connections.
@@ -500,23 +509,17 @@ impl<K: Connector> Pool<K> {
         g.open -= n;
     }
 
-    /// Whether `PAUSE`d.
+    /// Whether `PAUSE`d: checkouts queue; connections coming back stay idle (the pauser
+    /// closes them with `close_idle`). An auth_query pool is never paused.
     pub(crate) fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::Relaxed)
+        self.key.purpose != PoolPurpose::AuthQuery && self.pauses.holds(&self.key.db)
     }
 
-    /// `PAUSE`: checkouts queue from now on; connections coming back stay idle (the
-    /// pauser closes them with `close_idle`).
-    pub(crate) fn pause(&self) {
-        let _g = self.lock();
-        self.paused.store(true, Ordering::Relaxed);
-    }
-
-    /// `RESUME`: idle connections go to the queued checkouts, and as many more as there
-    /// are free slots are told to open one.
-    pub(crate) fn resume(&self) {
+    /// After `RESUME`: unless still paused, idle connections go to the queued checkouts,
+    /// and as many more as there are free slots are told to open one.
+    pub(crate) fn resumed(&self) {
         let mut g = self.lock();
-        if !self.paused.swap(false, Ordering::Relaxed) {
+        if self.is_paused() {
             return;
         }
         let mut free = self.size().saturating_sub(g.open);
