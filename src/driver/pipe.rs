@@ -1,7 +1,7 @@
 //! A server connection carrying the batches of several clients at once (pipelining).
 //!
 //! When clients are queued for a server and the linked client's batch is written out and
-//! qualifies (`Session::lendable`: an autocommit batch of statements already prepared
+//! qualifies (`Session::pipelinable`: an autocommit batch of statements already prepared
 //! there, sure to leave the server idle and unchanged), the client keeps reading its
 //! replies but lets the first queued client write its own batch behind them. PostgreSQL
 //! then runs the next batch without waiting for the pooler, and the pooler reads several

@@ -54,7 +54,7 @@ pub struct Pool<K: Connector> {
     pub(crate) key: PoolKey,
     /// Pool mode of its clients.
     pub(crate) mode: PoolMode,
-    /// Maximum open connections (a reload may change it: `reconfigure`).
+    /// Maximum open connections (a reload may change it: `resize`).
     size: AtomicUsize,
     connector: K,
     inner: Mutex<Inner<K>>,

@@ -6,8 +6,9 @@
 //!
 //! `ClientStmts` is what one client holds; the handlers are per message: `parse` (Parse),
 //! `portal` (Bind, Describe, Close, Execute), `sql` (PREPARE, EXECUTE, DEALLOCATE in a
-//! simple Query), `autoprepare` (a simple Query run as a cached statement), `script` (those in a multi-statement Query), `shape` (result-shape checks), `guard` (the savepoint guard). Retrying a
-//! batch after a stale plan is `session::retry`.
+//! simple Query), `autoprepare` (a simple Query run as a cached statement), `script`
+//! (those in a multi-statement Query), `shape` (result-shape checks), `guard` (the
+//! savepoint guard). Retrying a batch after a stale plan is `session::retry`.
 
 pub(in crate::session) mod autoprepare;
 pub(in crate::session) mod guard;
