@@ -605,7 +605,8 @@ mod tests {
     #[test]
     fn wildcard_database_and_overrides() {
         let cfg = Config::from_toml(
-            "pool_size = 7\n[databases.\"*\"]\nhost='h'\nport=5\n[databases.x]\nhost='h'\nport=5\ndbname='real'\npool_size=2\n[users.u]\npool_mode='session'\n",
+            "pool_size = 7\n[databases.\"*\"]\nhost='h'\nport=5\n\
+                [databases.x]\nhost='h'\nport=5\ndbname='real'\npool_size=2\n[users.u]\npool_mode='session'\n",
         )
         .unwrap();
         let (db, name) = cfg.database("other").unwrap();

@@ -245,7 +245,8 @@ impl PipeInner {
     #[track_caller]
     pub(crate) fn kill(&mut self) {
         if !self.dead {
-            tracing::debug!(at = %std::panic::Location::caller(), tickets = self.in_flight, "pipelined connection given up");
+            let at = std::panic::Location::caller();
+            tracing::debug!(at = %at, tickets = self.in_flight, "pipelined connection given up");
         }
         self.dead = true;
         for (_, w) in self.waiting.drain(..) {

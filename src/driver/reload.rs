@@ -98,7 +98,8 @@ impl Shared {
             let changed = p.connector().retarget(target, creds);
             p.resize(new.pool_size_for(db_cfg, user));
             if changed {
-                tracing::info!(db = %p.key.db, user = %user, "database changed: server connections close as they come back");
+                let db = &p.key.db;
+                tracing::info!(db = %db, user = %user, "database changed: server connections close as they come back");
                 p.reconnect();
                 if let Some(split) = p.connector().split() {
                     super::split::forget_probes(split);

@@ -141,7 +141,8 @@ impl ServerConnector {
                 Ok(c) => {
                     stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.census.add_server(&self.key, &c.cancel);
-                    tracing::debug!(db = %self.key.db, user = %self.key.user, pid = c.cancel.pid, "server connection opened");
+                    let (db, user) = (&self.key.db, &self.key.user);
+                    tracing::debug!(db = %db, user = %user, pid = c.cancel.pid, "server connection opened");
                     return Ok(Box::new(c));
                 }
                 Err(e) => {

@@ -84,8 +84,12 @@ proptest::proptest! {
     /// that server directly (statements renamed, injected, evicted, answered locally),
     /// no protocol error or close, and nothing stays outstanding.
     #[test]
-    fn reply_queue_never_desyncs(ops in proptest::collection::vec((0u8..10, 0u8..3, proptest::bool::ANY), 1..40), cap in 1usize..4) {
-        let reg = Arc::new(Registry::new(StmtConfig { server_cap: cap, promote_unnamed_after: 2, ..Default::default() }));
+    fn reply_queue_never_desyncs(
+        ops in proptest::collection::vec((0u8..10, 0u8..3, proptest::bool::ANY), 1..40),
+        cap in 1usize..4,
+    ) {
+        let stmt_config = StmtConfig { server_cap: cap, promote_unnamed_after: 2, ..Default::default() };
+        let reg = Arc::new(Registry::new(stmt_config));
         let mut h = H::new(PoolMode::Transaction, Some(reg));
         let mut server = ModelServer::default();
         // The same client frames sent straight to the model give the expected transcript.
