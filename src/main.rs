@@ -110,7 +110,8 @@ fn main() -> ExitCode {
         apply_url(&mut cfg, &url, true);
         embedded_url = Some(url);
         eprintln!(
-            "parsnip: embedded PostgreSQL {} running in {} (port {}); connect with: psql -h 127.0.0.1 -p {} -U postgres postgres",
+            "parsnip: embedded PostgreSQL {} running in {} (port {}); connect with: psql -h 127.0.0.1 -p {} -U \
+                postgres postgres",
             cluster.major_version(),
             cluster.data_dir().display(),
             cluster.port(),

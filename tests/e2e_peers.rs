@@ -501,7 +501,10 @@ async fn online_restart_hands_the_port_over_without_refusing_anyone() {
                 c.scalar("select 1").await
             };
             tokio::select! {
-                r = r => if let Err(e) = r { failures.push(format!("attempt {i} ({}): {}", if i % 2 == 1 { "unix" } else { "tcp" }, describe(&e))) },
+                r = r => if let Err(e) = r {
+                    let via = if i % 2 == 1 { "unix" } else { "tcp" };
+                    failures.push(format!("attempt {i} ({via}): {}", describe(&e)))
+                },
                 _ = stop2.notified() => break,
             }
             count.fetch_add(1, Ordering::SeqCst);

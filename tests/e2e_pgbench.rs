@@ -395,9 +395,11 @@ async fn pipeline_with_an_error_matches_postgres() {
                 ] {
                     assert_eq!(got.count(label), want.count(label), "{label}\n{}", ctx());
                 }
-                assert_eq!(got.aborts(), want.aborts(), "aborted clients and their errors\n{}\n{}", ctx(), p.log_tail());
+                let why = format!("aborted clients and their errors\n{}\n{}", ctx(), p.log_tail());
+                assert_eq!(got.aborts(), want.aborts(), "{why}");
                 eprintln!(
-                    "pipeline {name} -M {mode}: exit {:?}, processed {:?}, failed {:?}, {} aborted (direct and parsnip)",
+                    "pipeline {name} -M {mode}: exit {:?}, processed {:?}, failed {:?}, {} aborted (direct and \
+                        parsnip)",
                     got.code,
                     got.processed(),
                     got.failed(),

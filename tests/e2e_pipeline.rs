@@ -182,7 +182,7 @@ async fn a_client_leaving_with_a_batch_in_flight_does_not_disturb_the_one_behind
     .await;
 }
 
-/// A's statement `a_sql`, timed fast (`pg_sleep(0)`), runs for `a_secs` with B's `b_sql`
+/// A's `pg_sleep($1)`, timed fast (`pg_sleep(0)`), runs for `a_secs` with B's `b_sql`
 /// (argument `b_arg`) written behind it on the server A got; D still holds the other one.
 struct SleeperAhead {
     d: Pg,

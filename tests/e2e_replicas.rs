@@ -217,7 +217,8 @@ async fn read_write_database_follows_a_promoted_standby() {
             if succeeded(w.simple_query(&format!("INSERT INTO t VALUES ({id}, 'after')")).await, &mut seen) {
                 break;
             }
-            assert!(promoted.elapsed() < Duration::from_secs(10), "no write succeeded 10 s after the promotion: {seen:?}");
+            let waited = promoted.elapsed();
+            assert!(waited < Duration::from_secs(10), "no write succeeded 10 s after the promotion: {seen:?}");
             if w.is_closed() {
                 match p.try_connect("postgres", Some(SUPER_PW), "rw").await {
                     Ok(c) => w = c,
@@ -228,13 +229,15 @@ async fn read_write_database_follows_a_promoted_standby() {
         }
         let (after_kill, after_promote) = (killed.elapsed(), promoted.elapsed());
         eprintln!(
-            "failover: first write {} ms after the kill, {} ms after pg_ctl promote returned; errors meanwhile: {seen:?}",
+            "failover: first write {} ms after the kill, {} ms after pg_ctl promote returned; errors meanwhile: \
+                {seen:?}",
             after_kill.as_millis(),
             after_promote.as_millis()
         );
         assert!(!seen.iter().any(|c| c == "25006"), "a write reached a standby: {seen:?}");
         assert_eq!(w.scalar("select pg_is_in_recovery()").await.unwrap(), "f");
-        assert_eq!(w.scalar("SELECT count(*) FROM t WHERE id <= 50").await.unwrap(), "50", "rows replayed before the kill");
+        let replayed = w.scalar("SELECT count(*) FROM t WHERE id <= 50").await.unwrap();
+        assert_eq!(replayed, "50", "rows replayed before the kill");
         assert_eq!(w.scalar(&format!("SELECT note FROM t WHERE id = {id}")).await.unwrap(), "after");
         // A new client goes to the promoted server as well.
         let fresh = p.connect("postgres", SUPER_PW, "rw").await;

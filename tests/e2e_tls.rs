@@ -420,7 +420,8 @@ fn libpq_direct_tls_negotiation_gets_in() {
     let p = tls_front("require");
     let (ok, out, err) = psql_with(
         &format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=verify-full sslnegotiation=direct sslrootcert={}",
+            "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=verify-full sslnegotiation=direct \
+                sslrootcert={}",
             p.port(),
             CERTS.ca()
         ),

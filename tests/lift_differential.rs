@@ -92,8 +92,8 @@ async fn lifted_statements_answer_as_their_literal_forms() {
     raw.startup(&[("user", "postgres"), ("database", "postgres")], Some(SUPER_PW)).await.unwrap();
     raw.simple_query(
         "DROP TABLE IF EXISTS lift_t; CREATE TABLE lift_t (id int PRIMARY KEY, s smallint, b bigint, n numeric(10,2), \
-         t text, f float8); INSERT INTO lift_t SELECT g, g % 100, g::bigint * 1000000000, g / 7.0, 'row ' || g, g / 3.0 \
-         FROM generate_series(1, 50) g",
+         t text, f float8); INSERT INTO lift_t SELECT g, g % 100, g::bigint * 1000000000, g / 7.0, 'row ' || g, \
+         g / 3.0 FROM generate_series(1, 50) g",
     )
     .await
     .unwrap();

@@ -18,7 +18,7 @@ pub(crate) enum ShutdownMode {
 
 /// A command that changes the pooler's state: the driver carries it out.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Action {
+pub(crate) enum StateChange {
     /// Stop giving servers to clients (of one database, or all) and wait until every
     /// server connection is back and closed.
     Pause(Option<String>),
@@ -54,7 +54,7 @@ pub(crate) enum Command {
     /// `SHOW what` (`what` lower-cased).
     Show(String),
     /// Anything else.
-    Act(Action),
+    Act(StateChange),
 }
 
 /// Parses one query text.
@@ -84,17 +84,17 @@ pub(crate) fn parse(sql: &str) -> Result<Command, Error> {
             }
             return Ok(Command::Show(what));
         }
-        "pause" => Action::Pause(one_name(false)?),
-        "resume" => Action::Resume(one_name(false)?),
-        "reconnect" => Action::Reconnect(one_name(false)?),
-        "kill" => Action::Kill(one_name(false)?),
-        "wait_close" => Action::WaitClose(one_name(false)?),
-        "disable" => Action::Disable(one_name(true)?.unwrap_or_default()),
-        "enable" => Action::Enable(one_name(true)?.unwrap_or_default()),
-        "kill_client" => Action::KillClient(rest.parse().map_err(|_| syntax())?),
-        "reload" if rest.is_empty() => Action::Reload,
-        "suspend" if rest.is_empty() => Action::Suspend,
-        "shutdown" => Action::Shutdown(match rest.to_ascii_lowercase().as_str() {
+        "pause" => StateChange::Pause(one_name(false)?),
+        "resume" => StateChange::Resume(one_name(false)?),
+        "reconnect" => StateChange::Reconnect(one_name(false)?),
+        "kill" => StateChange::Kill(one_name(false)?),
+        "wait_close" => StateChange::WaitClose(one_name(false)?),
+        "disable" => StateChange::Disable(one_name(true)?.unwrap_or_default()),
+        "enable" => StateChange::Enable(one_name(true)?.unwrap_or_default()),
+        "kill_client" => StateChange::KillClient(rest.parse().map_err(|_| syntax())?),
+        "reload" if rest.is_empty() => StateChange::Reload,
+        "suspend" if rest.is_empty() => StateChange::Suspend,
+        "shutdown" => StateChange::Shutdown(match rest.to_ascii_lowercase().as_str() {
             "" => ShutdownMode::Now,
             "wait_for_servers" => ShutdownMode::WaitForServers,
             "wait_for_clients" => ShutdownMode::WaitForClients,
@@ -114,7 +114,7 @@ pub(crate) fn parse(sql: &str) -> Result<Command, Error> {
             if key.is_empty() || key.contains(char::is_whitespace) {
                 return Err(syntax());
             }
-            Action::Set(key, value.replace("''", "'"))
+            StateChange::Set(key, value.replace("''", "'"))
         }
         _ => return Err(syntax()),
     };
@@ -134,7 +134,7 @@ fn name(s: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn act(s: &str) -> Action {
+    fn act(s: &str) -> StateChange {
         match parse(s) {
             Ok(Command::Act(a)) => a,
             other => panic!("{s}: {other:?}"),
@@ -145,16 +145,16 @@ mod tests {
     fn commands_parse_as_pgbouncer_spells_them() {
         assert_eq!(parse(" show Pools ;").ok(), Some(Command::Show("pools".into())));
         assert_eq!(parse(";").ok(), Some(Command::Empty));
-        assert_eq!(act("PAUSE"), Action::Pause(None));
-        assert_eq!(act("pause mydb;"), Action::Pause(Some("mydb".into())));
-        assert_eq!(act("RESUME \"My Db\""), Action::Resume(Some("My Db".into())));
-        assert_eq!(act("kill_client 42"), Action::KillClient(42));
-        assert_eq!(act("DISABLE app"), Action::Disable("app".into()));
-        assert_eq!(act("SHUTDOWN WAIT_FOR_CLIENTS"), Action::Shutdown(ShutdownMode::WaitForClients));
-        assert_eq!(act("shutdown"), Action::Shutdown(ShutdownMode::Now));
-        assert_eq!(act("SET pool_size = 20"), Action::Set("pool_size".into(), "20".into()));
-        assert_eq!(act("set log_level to 'debug'"), Action::Set("log_level".into(), "debug".into()));
-        assert_eq!(act("WAIT_CLOSE"), Action::WaitClose(None));
+        assert_eq!(act("PAUSE"), StateChange::Pause(None));
+        assert_eq!(act("pause mydb;"), StateChange::Pause(Some("mydb".into())));
+        assert_eq!(act("RESUME \"My Db\""), StateChange::Resume(Some("My Db".into())));
+        assert_eq!(act("kill_client 42"), StateChange::KillClient(42));
+        assert_eq!(act("DISABLE app"), StateChange::Disable("app".into()));
+        assert_eq!(act("SHUTDOWN WAIT_FOR_CLIENTS"), StateChange::Shutdown(ShutdownMode::WaitForClients));
+        assert_eq!(act("shutdown"), StateChange::Shutdown(ShutdownMode::Now));
+        assert_eq!(act("SET pool_size = 20"), StateChange::Set("pool_size".into(), "20".into()));
+        assert_eq!(act("set log_level to 'debug'"), StateChange::Set("log_level".into(), "debug".into()));
+        assert_eq!(act("WAIT_CLOSE"), StateChange::WaitClose(None));
         for bad in ["DISABLE", "KILL_CLIENT x", "PAUSE a b", "SHUTDOWN later", "select 1", "SHOW", "SET x"] {
             let e = parse(bad).expect_err(bad);
             assert_eq!(e.code, SqlState::SYNTAX_ERROR, "{bad}");

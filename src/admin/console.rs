@@ -3,7 +3,7 @@
 //! the `View`; commands that change the pooler's state are handed to the driver
 //! (`ConsoleStep::Run`), which reports back with `finished`.
 
-use super::command::{self, Action, Command};
+use super::command::{self, Command, StateChange};
 use super::show::show;
 use super::view::View;
 use crate::error::{Error, SqlState};
@@ -20,7 +20,7 @@ pub(crate) enum ConsoleStep {
     NeedBytes,
     /// Write `to_client`, carry the action out, then call `finished` (and `handle_bytes`
     /// again: the rest of the buffer waits).
-    Run(Action),
+    Run(StateChange),
     /// Write `to_client`, then close the connection.
     Close,
 }
@@ -154,7 +154,7 @@ mod tests {
         let mut buf = BytesMut::new();
         frontend::query(&mut buf, "PAUSE app");
         frontend::query(&mut buf, "SHOW STATE");
-        assert_eq!(c.handle_bytes(&mut buf, &Empty), ConsoleStep::Run(Action::Pause(Some("app".into()))));
+        assert_eq!(c.handle_bytes(&mut buf, &Empty), ConsoleStep::Run(StateChange::Pause(Some("app".into()))));
         assert!(c.to_client.is_empty());
         c.finished(Ok("PAUSE"));
         assert_eq!(tags_of(&c.to_client), "CZ");

@@ -34,7 +34,8 @@ pub(crate) fn md5_secret(user: &str, password: &str) -> String {
     md5_secret_bytes(user.as_bytes(), password.as_bytes())
 }
 
-/// What a client sends in reply to AuthenticationMD5Password: "md5" + hex(md5(hex_of_secret_without_md5_prefix || salt)).
+/// What a client sends in reply to AuthenticationMD5Password:
+/// "md5" + hex(md5(hex_of_secret_without_md5_prefix || salt)).
 ///
 /// If `md5_secret` lacks the "md5" prefix it is used whole.
 #[must_use]
@@ -56,7 +57,8 @@ pub(crate) fn verify_md5(secret: &Secret, user: &str, salt: [u8; 4], response: &
 }
 
 /// Checks a cleartext password (PasswordMessage payload without NUL) against any Secret kind
-/// (Plain: constant-time compare; Md5: compare md5_secret(user, pw); Scram: derive with the secret's salt/iterations and compare StoredKey and ServerKey).
+/// (Plain: constant-time compare; Md5: compare md5_secret(user, pw); Scram: derive with the
+/// secret's salt/iterations and compare StoredKey and ServerKey).
 ///
 /// The Plain comparison is made on SHA-256 digests so that not even the password's length
 /// shows in the timing. The Scram path applies the same limited SASLprep as the rest of this

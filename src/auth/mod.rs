@@ -7,9 +7,10 @@
 //! * Password checks for clients that log in to parsnip: cleartext ([`verify_cleartext`]) and
 //!   md5 ([`verify_md5`], [`md5_response`]).
 //! * SCRAM-SHA-256 and SCRAM-SHA-256-PLUS (RFC 5802 / RFC 7677, channel binding of type
-//!   `tls-server-end-point` from RFC 5929, as PostgreSQL does it) in both directions: as a server towards clients ([`ScramServer`]) and as a client towards
-//!   PostgreSQL ([`ScramClient`]), including logging in to PostgreSQL with a ClientKey recovered
-//!   from a client's exchange ([`ScramServer::client_key`], [`ScramClient::with_client_key`]).
+//!   `tls-server-end-point` from RFC 5929, as PostgreSQL does it) in both directions: as a
+//!   server towards clients ([`ScramServer`]) and as a client towards PostgreSQL
+//!   ([`ScramClient`]), including logging in to PostgreSQL with a ClientKey recovered from a
+//!   client's exchange ([`ScramServer::client_key`], [`ScramClient::with_client_key`]).
 //!
 //! # What it must not touch
 //!

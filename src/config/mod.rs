@@ -1,14 +1,17 @@
 //! Configuration: the TOML file and the command line, merged and validated into one typed
-//! `Config` that the rest of the pooler receives as `Arc<Config>`. Every key is documented
+//! `Config` that the rest of the pooler receives as `Arc<Config>`, or while running as the
+//! one `LiveConfig` handle a reload swaps (`live`). Every key is documented
 //! in docs/configuration.md. This module reads files and nothing else: no sockets.
 
 pub mod cli;
 mod entries;
-pub(crate) use entries::CHANGEABLE;
+pub(crate) use entries::{KEYS, Reload, key};
 mod peers;
 pub use peers::{MAX_PEER_ID, PeerConfig};
 mod hosts;
+mod live;
 pub use hosts::{HostList, LoadBalanceHosts, TargetSessionAttrs};
+pub use live::LiveConfig;
 mod tls;
 mod url;
 
@@ -555,62 +558,4 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn example_file_parses() {
-        let text = include_str!("../../docs/parsnip.example.toml");
-        let cfg = Config::from_toml(text).expect("example config is valid");
-        assert_eq!(cfg.pool_mode, PoolMode::Transaction);
-        assert!(cfg.databases.contains_key("app"));
-        assert!(cfg.listen.iter().any(|l| l.starts_with('/')));
-    }
-
-    #[test]
-    fn unknown_key_is_an_error() {
-        let e = Config::from_toml("pool_sise = 3\n[databases.a]\nhost='h'\nport=1\n").unwrap_err();
-        assert!(e.0.contains("pool_sise"), "{e}");
-    }
-
-    #[test]
-    fn tls_settings_are_checked_together() {
-        let db = "[databases.a]\nhost='h'\nport=1\n";
-        let bad = [
-            ("client_tls_cert_file = '/c'\n", "go together"),
-            ("client_tls_sslmode = 'require'\n", "needs client_tls_cert_file"),
-            ("server_tls_cert_file = '/c'\n", "go together"),
-            ("server_tls_sslmode = 'verify-full'\n", "server_tls_ca_file"),
-            ("server_tls_sslmode = 'verify_full'\n", "unknown variant"),
-            ("server_channel_binding = 'required'\n", "unknown variant"),
-            ("server_channel_binding = 'require'\nserver_tls_sslmode = 'disable'\n", "needs TLS"),
-        ];
-        for (top, want) in bad {
-            let e = Config::from_toml(&format!("{top}{db}")).unwrap_err();
-            assert!(e.0.contains(want), "{top}: {e}");
-        }
-        let cfg = Config::from_toml(&format!("client_tls_cert_file = '/c'\nclient_tls_key_file = '/k'\n{db}")).unwrap();
-        assert_eq!(cfg.client_tls_mode(), ClientTlsMode::Prefer, "a certificate alone means prefer");
-        let cfg = Config::from_toml(db).unwrap();
-        assert_eq!(cfg.client_tls_mode(), ClientTlsMode::Disable);
-        assert_eq!(cfg.server_tls_sslmode, ServerTlsMode::Prefer, "libpq's default");
-        assert_eq!(cfg.server_channel_binding, ChannelBinding::Prefer, "libpq's default");
-        let cfg = Config::from_toml(&format!("server_channel_binding = 'require'\n{db}")).unwrap();
-        assert_eq!(cfg.server_channel_binding, ChannelBinding::Require);
-    }
-
-    #[test]
-    fn wildcard_database_and_overrides() {
-        let cfg = Config::from_toml(
-            "pool_size = 7\n[databases.\"*\"]\nhost='h'\nport=5\n[databases.x]\nhost='h'\nport=5\ndbname='real'\npool_size=2\n[users.u]\npool_mode='session'\n",
-        )
-        .unwrap();
-        let (db, name) = cfg.database("other").unwrap();
-        assert_eq!(name, "other");
-        assert_eq!(cfg.pool_size_for(db, "v"), 7);
-        let (db, name) = cfg.database("x").unwrap();
-        assert_eq!(name, "real");
-        assert_eq!(cfg.pool_size_for(db, "v"), 2);
-        assert_eq!(cfg.pool_mode_for(db, "u"), PoolMode::Session);
-    }
-}
+mod tests;

@@ -81,7 +81,8 @@ mod tests {
             assert!(e.0.contains(want), "{text}: {e}");
         }
         let cfg = Config::from_toml(&format!(
-            "peer_id = 1\nso_reuseport = true\n{db}[peers.1]\nhost='127.0.0.1'\nport=6432\n[peers.2]\nhost='/tmp'\nport=6433\n"
+            "peer_id = 1\nso_reuseport = true\n{db}[peers.1]\nhost='127.0.0.1'\nport=6432\n\
+                [peers.2]\nhost='/tmp'\nport=6433\n"
         ))
         .unwrap();
         assert!(cfg.so_reuseport);

@@ -8,7 +8,7 @@ use super::Shared;
 use super::census::unix_us;
 use super::servers::ServerPool;
 use super::stream::Stream;
-use crate::admin::{Action, ConfigRow, ConnRow, Console, ConsoleStep, DatabaseRow, PeerRow, UserRow, View};
+use crate::admin::{ConfigRow, ConnRow, Console, ConsoleStep, DatabaseRow, PeerRow, StateChange, UserRow, View};
 use crate::config::Config;
 use crate::error::{Error, SqlState};
 use crate::pool::{PoolPurpose, PoolSnapshot};
@@ -80,19 +80,19 @@ fn known_if_named(shared: &Shared, db: &Option<String>) -> Result<(), Error> {
 }
 
 /// Carries out one console command; the tag PgBouncer answers with, or the error.
-async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Error> {
-    match action {
-        Action::Pause(db) => {
+async fn run(change: &StateChange, shared: &Arc<Shared>) -> Result<&'static str, Error> {
+    match change {
+        StateChange::Pause(db) => {
             known_if_named(shared, db)?;
             shared.pause(db.as_deref());
             wait_until_closed(shared, db.as_deref()).await;
             Ok("PAUSE")
         }
-        Action::Resume(db) => {
+        StateChange::Resume(db) => {
             shared.resume(db.as_deref())?;
             Ok("RESUME")
         }
-        Action::Reconnect(db) => {
+        StateChange::Reconnect(db) => {
             known_if_named(shared, db)?;
             for p in pools_of(shared, db.as_deref()) {
                 p.reconnect();
@@ -102,7 +102,7 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             crate::stmt::epoch::advance();
             Ok("RECONNECT")
         }
-        Action::Kill(db) => {
+        StateChange::Kill(db) => {
             known_if_named(shared, db)?;
             shared.pause(db.as_deref());
             for slot in shared.cancels.clients() {
@@ -116,7 +116,7 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             }
             Ok("KILL")
         }
-        Action::KillClient(id) => {
+        StateChange::KillClient(id) => {
             let slot = shared.cancels.clients().into_iter().find(|s| s.pid as u64 == *id);
             match slot {
                 Some(s) => {
@@ -126,33 +126,33 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
                 None => Err(Error::new(SqlState::UNDEFINED_OBJECT, format!("client {id} not found"))),
             }
         }
-        Action::Disable(db) => {
+        StateChange::Disable(db) => {
             known(shared, db)?;
             shared.disabled.lock().unwrap_or_else(|e| e.into_inner()).insert(db.clone());
             Ok("DISABLE")
         }
-        Action::Enable(db) => {
+        StateChange::Enable(db) => {
             known(shared, db)?;
             shared.disabled.lock().unwrap_or_else(|e| e.into_inner()).remove(db);
             Ok("ENABLE")
         }
-        Action::WaitClose(db) => {
+        StateChange::WaitClose(db) => {
             known_if_named(shared, db)?;
             while outdated_servers(shared, db.as_deref()) > 0 {
                 tokio::time::sleep(POLL).await;
             }
             Ok("WAIT_CLOSE")
         }
-        Action::Shutdown(mode) => {
+        StateChange::Shutdown(mode) => {
             shared.stop_requests.send_replace(Some(*mode));
             // SHUTDOWN without WAIT_*: the process exits before a reply could matter.
             Ok("SHUTDOWN")
         }
-        Action::Reload => {
+        StateChange::Reload => {
             shared.reload()?;
             Ok("RELOAD")
         }
-        Action::Set(key, value) => {
+        StateChange::Set(key, value) => {
             let mut cfg = Config::clone(&shared.cfg.load());
             cfg.set(key, value)?;
             shared.apply(Arc::new(cfg)).map_err(|why| Error::new(SqlState::INVALID_PARAMETER_VALUE, why))?;
@@ -162,7 +162,7 @@ async fn run(action: &Action, shared: &Arc<Shared>) -> Result<&'static str, Erro
             tracing::info!("SET {key} = {value:?}");
             Ok("SET")
         }
-        Action::Suspend => Err(Error::new(
+        StateChange::Suspend => Err(Error::new(
             SqlState::FEATURE_NOT_SUPPORTED,
             "SUSPEND is not supported: parsnip has no online restart by socket handover",
         )),
@@ -204,53 +204,21 @@ impl Shared {
     /// PAUSE: the pools of `db` (all: None) hold their checkouts, and so will pools made
     /// for it later.
     pub(crate) fn pause(&self, db: Option<&str>) {
-        match db {
-            None => self.paused_all.store(true, Ordering::SeqCst),
-            Some(d) => {
-                self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner()).insert(d.to_owned());
-            }
-        }
-        for p in pools_of(self, db) {
-            p.pause();
-        }
+        self.pauses.pause(db);
     }
 
     /// RESUME: undoes PAUSE and KILL.
     pub(crate) fn resume(&self, db: Option<&str>) -> Result<(), Error> {
-        {
-            let mut dbs = self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner());
-            match db {
-                None => {
-                    let was = self.paused_all.swap(false, Ordering::SeqCst);
-                    if !was && dbs.is_empty() {
-                        return Err(Error::new(
-                            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
-                            "pooler is not paused/suspended",
-                        ));
-                    }
-                    dbs.clear();
-                }
-                Some(d) => {
-                    if !dbs.remove(d) && !self.paused_all.load(Ordering::SeqCst) {
-                        return Err(Error::new(
-                            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
-                            format!("database {d} is not paused"),
-                        ));
-                    }
-                }
-            }
-        }
+        self.pauses.resume(db)?;
         for p in pools_of(self, db) {
-            if !self.is_paused(&p.key.db) {
-                p.resume();
-            }
+            p.resumed();
         }
         Ok(())
     }
 
     /// Whether clients of `db` are held by PAUSE or KILL.
     pub(crate) fn is_paused(&self, db: &str) -> bool {
-        self.paused_all.load(Ordering::SeqCst) || self.paused_dbs.lock().unwrap_or_else(|e| e.into_inner()).contains(db)
+        self.pauses.holds(db)
     }
 
     /// Whether DISABLE refuses new clients of `db`.
@@ -444,13 +412,13 @@ impl View for Live<'_> {
                 key,
                 value,
                 default: defaults.get(key).cloned().unwrap_or_default(),
-                changeable: crate::config::CHANGEABLE.contains(&key),
+                changeable: crate::config::key(key).is_some_and(|k| k.settable()),
             })
             .collect()
     }
 
     fn paused(&self) -> bool {
-        self.0.paused_all.load(Ordering::SeqCst)
+        self.0.pauses.all()
     }
 
     fn console_clients(&self) -> usize {

@@ -39,8 +39,9 @@ pub(crate) async fn connect(
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(host = %place, error = %e, "server host failed");
+                let starting_up = |e: &ConnectError| e.to_error().code == crate::error::SqlState::CANNOT_CONNECT_NOW;
                 if matches!(e, ConnectError::Io(_) | ConnectError::Tls(_))
-                    || matches!(&e, ConnectError::Server(_) if e.to_error().code == crate::error::SqlState::CANNOT_CONNECT_NOW)
+                    || matches!(&e, ConnectError::Server(_) if starting_up(&e))
                 {
                     memory.down(&one.host, one.port);
                 }

@@ -185,7 +185,8 @@ async fn bind_tcp(addr: &str, reuseport: bool) -> io::Result<(TcpSocket, SocketA
                 let hint = if reuseport {
                     "the process holding it must have so_reuseport = true too (and run as the same user)"
                 } else {
-                    "another process listens there; several parsnip processes share a port only with so_reuseport = true in each"
+                    "another process listens there; several parsnip processes share a port only with so_reuseport = \
+                        true in each"
                 };
                 last = io::Error::new(e.kind(), format!("{addr}: {e} ({hint})"));
             }

@@ -280,19 +280,19 @@ impl Shared {
         let (target, forced) = server_side(&cfg, db_cfg, server_db, user, self.tls_servers.load_full());
         let creds = forced.unwrap_or(creds);
         let (target_reads, creds_reads) = (target.clone(), creds.clone());
-        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
+        let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone())
             .with_census(self.census.clone())
             .with_host_memory(self.hosts.clone());
-        let pool = Arc::new(Pool::new(
-            key.clone(),
-            cfg.pool_mode_for(db_cfg, user),
-            cfg.pool_size_for(db_cfg, user),
-            connector,
-            cfg.clone(),
-        ));
-        if purpose == PoolPurpose::Clients && self.is_paused(db) {
-            pool.pause();
-        }
+        let pool = Arc::new(
+            Pool::new(
+                key.clone(),
+                cfg.pool_mode_for(db_cfg, user),
+                cfg.pool_size_for(db_cfg, user),
+                connector,
+                self.cfg.clone(),
+            )
+            .with_pauses(self.pauses.clone()),
+        );
         if purpose == PoolPurpose::Clients && db_cfg.read_write_split && pool.mode != crate::config::PoolMode::Session {
             let reads = self.read_pool(&pool, db_cfg, target_reads, creds_reads);
             pools.insert(reads.key.clone(), reads);
@@ -310,19 +310,16 @@ impl Shared {
         mut target: ServerTarget,
         creds: Credentials,
     ) -> Arc<ServerPool> {
-        let cfg = self.cfg.load_full();
         let key = PoolKey { purpose: PoolPurpose::Reads, ..primary.key.clone() };
         target.attrs = crate::config::TargetSessionAttrs::Standby;
-        let connector = ServerConnector::new(key.clone(), target, creds, cfg.clone())
+        let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone())
             .with_census(self.census.clone())
             .with_host_memory(self.hosts.clone());
-        let mut reads = Pool::new(key, primary.mode, primary.size(), connector, cfg);
+        let mut reads =
+            Pool::new(key, primary.mode, primary.size(), connector, self.cfg.clone()).with_pauses(self.pauses.clone());
         reads.stmts = primary.stmts.clone();
         let reads = Arc::new(reads);
         reads.connector().set_primary(primary);
-        if primary.is_paused() {
-            reads.pause();
-        }
         primary.connector().set_split(Arc::new(super::split::Split::new(reads.clone(), db_cfg)));
         reads
     }

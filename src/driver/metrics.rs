@@ -70,7 +70,7 @@ fn respond(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<Fu
         "/ready" => {
             if shared.stopping.load(Ordering::Acquire) || *shared.shutdown.borrow() {
                 reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "shutting down\n".into())
-            } else if shared.paused_all.load(Ordering::SeqCst) {
+            } else if shared.pauses.all() {
                 reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "paused\n".into())
             } else {
                 reply(StatusCode::OK, TEXT, "ready\n".into())

@@ -28,6 +28,7 @@ pub(crate) mod tls_config;
 
 use crate::admin::ShutdownMode;
 use crate::config::Config;
+use crate::config::LiveConfig;
 use crate::error::{Error, SqlState};
 use crate::login::Refusal;
 use crate::pool::PoolKey;
@@ -46,8 +47,9 @@ use tokio::sync::{Semaphore, watch};
 /// State shared by all connection tasks.
 #[derive(Debug)]
 pub struct Shared {
-    /// The configuration (swapped whole by a reload, `reload::apply`).
-    pub(crate) cfg: ArcSwap<Config>,
+    /// The configuration in force, shared with every pool and connector (swapped whole,
+    /// once, by a reload: `reload::apply`).
+    pub(crate) cfg: LiveConfig,
     /// Pools by (database, user).
     pub(crate) pools: Mutex<HashMap<PoolKey, Arc<ServerPool>>>,
     /// Cancel keys.
@@ -68,10 +70,8 @@ pub struct Shared {
     pub(crate) census: Arc<census::Census>,
     /// What was learnt about servers' hosts (down, role), shared by every pool.
     pub(crate) hosts: Arc<crate::pool::hosts::HostMemory>,
-    /// `PAUSE` without a database (or SIGUSR1) is in force.
-    pub(crate) paused_all: AtomicBool,
-    /// Databases `PAUSE db` or `KILL db` holds.
-    pub(crate) paused_dbs: Mutex<HashSet<String>>,
+    /// What `PAUSE` and `KILL` hold (SIGUSR1 too), read by every pool.
+    pub(crate) pauses: Arc<crate::pool::Pauses>,
     /// Databases `DISABLE db` closed to new clients.
     pub(crate) disabled: Mutex<HashSet<String>>,
     /// Console connections open.
@@ -137,7 +137,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
     let tls_clients = tls_config::for_clients(&cfg).map_err(std::io::Error::other)?;
     let tls_servers = Arc::new(tls_config::for_servers(&cfg).map_err(std::io::Error::other)?);
     let shared = Arc::new(Shared {
-        cfg: ArcSwap::new(cfg.clone()),
+        cfg: LiveConfig::new(cfg.clone()),
         pools: Mutex::new(HashMap::new()),
         cancels: CancelRegistry::new(cfg.peer_id),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
@@ -148,8 +148,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
         tls_servers: ArcSwap::new(tls_servers),
         census: Arc::default(),
         hosts: Arc::default(),
-        paused_all: AtomicBool::new(false),
-        paused_dbs: Mutex::default(),
+        pauses: Arc::default(),
         disabled: Mutex::default(),
         consoles: AtomicUsize::new(0),
         stop_requests: watch::Sender::new(None),

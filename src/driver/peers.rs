@@ -113,10 +113,12 @@ async fn forward(id: u16, peer: &PeerConfig, pid: i32, key: &[u8]) {
     match sent {
         Ok(Ok(())) => tracing::debug!(peer = id, "cancel request forwarded to a peer"),
         Ok(Err(e)) => {
-            tracing::warn!(peer = id, host = %peer.host, port = peer.port, error = %e, "could not forward cancel request to peer")
+            let (host, port) = (&peer.host, peer.port);
+            tracing::warn!(peer = id, host = %host, port, error = %e, "could not forward cancel request to peer")
         }
         Err(_) => {
-            tracing::warn!(peer = id, host = %peer.host, port = peer.port, "forwarding a cancel request to a peer timed out")
+            let (host, port) = (&peer.host, peer.port);
+            tracing::warn!(peer = id, host = %host, port, "forwarding a cancel request to a peer timed out")
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A server connection carrying the batches of several clients at once (pipelining).
 //!
 //! When clients are queued for a server and the linked client's batch is written out and
-//! qualifies (`Session::lendable`: an autocommit batch of statements already prepared
+//! qualifies (`Session::pipelinable`: an autocommit batch of statements already prepared
 //! there, sure to leave the server idle and unchanged), the client keeps reading its
 //! replies but lets the first queued client write its own batch behind them. PostgreSQL
 //! then runs the next batch without waiting for the pooler, and the pooler reads several
@@ -245,7 +245,8 @@ impl PipeInner {
     #[track_caller]
     pub(crate) fn kill(&mut self) {
         if !self.dead {
-            tracing::debug!(at = %std::panic::Location::caller(), tickets = self.in_flight, "pipelined connection given up");
+            let at = std::panic::Location::caller();
+            tracing::debug!(at = %at, tickets = self.in_flight, "pipelined connection given up");
         }
         self.dead = true;
         for (_, w) in self.waiting.drain(..) {

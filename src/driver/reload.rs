@@ -1,21 +1,23 @@
 //! Online reload (SIGHUP, the console's `RELOAD`): the configuration is read again by the
 //! loader the binary gave (`Reloader`), checked whole (TLS files included) before anything
-//! changes, and swapped in: logins, timeouts and limits read the new one from then on; each
-//! pool takes its new size, target and credentials (a database whose servers (host list),
-//! database name, user, password or target_session_attrs changed has its open server
-//! connections closed as they come back, as PgBouncer does; a new load_balance_hosts
-//! applies to new server connections; read_write_split, max_replica_lag_ms and
-//! read_your_writes_ms apply at once to pools made with a split, and a split turned on
-//! applies to pools created from then on); TLS certificates and keys are re-read. A pool whose pool_mode
-//! changed is replaced for new clients; its clients keep theirs. An invalid file changes
-//! nothing. No client is dropped: a client in a transaction finishes it undisturbed.
+//! changes, and swapped in once (the `LiveConfig` every pool and connector shares): logins,
+//! timeouts and limits read the new one from then on; each pool takes its new size, target
+//! and credentials (a database whose servers (host list), database name, user, password or
+//! target_session_attrs changed has its open server connections closed as they come back,
+//! as PgBouncer does; a new load_balance_hosts applies to new server connections;
+//! read_write_split, max_replica_lag_ms and read_your_writes_ms apply at once to pools made
+//! with a split, and a split turned on applies to pools created from then on); TLS
+//! certificates and keys are re-read. A pool whose pool_mode changed is replaced for new
+//! clients; its clients keep theirs. An invalid file changes nothing. No client is dropped:
+//! a client in a transaction finishes it undisturbed. What each scalar key's change does is
+//! its row's `Reload` in `config::KEYS`.
 
 use super::Shared;
 use super::login::server_side;
 use super::servers::ServerPool;
 use super::tls_config;
 use crate::auth::Credentials;
-use crate::config::Config;
+use crate::config::{Config, Reload};
 use crate::error::{Error, SqlState};
 use crate::pool::PoolPurpose;
 use std::sync::Arc;
@@ -34,32 +36,6 @@ impl std::fmt::Debug for Reloader {
         f.write_str("Reloader")
     }
 }
-
-/// Settings that only a restart changes (listening sockets, the log format, the janitor's
-/// averaging period, and `peer_id`: the keys already handed out carry the old one).
-/// `[peers]` is not among them: each cancel request reads the current table.
-const RESTART_ONLY: &[&str] = &[
-    "listen",
-    "unix_socket_dir",
-    "unix_socket_mode",
-    "so_reuseport",
-    "peer_id",
-    "metrics_listen",
-    "log_format",
-    "stats_period",
-];
-
-/// Settings that apply to pools created after the reload (a pool's statement cache is
-/// sized when it is made).
-const NEW_POOLS_ONLY: &[&str] = &[
-    "max_prepared_statements",
-    "max_client_prepared_statements",
-    "max_cached_statements",
-    "promote_unnamed_after",
-    "describe_from_cache",
-    "autoprepare",
-    "autoprepare_after",
-];
 
 impl Shared {
     /// RELOAD and SIGHUP: re-reads and applies the configuration, or changes nothing and
@@ -85,11 +61,12 @@ impl Shared {
         let tls_clients = tls_config::for_clients(&new)?;
         let tls_servers = Arc::new(tls_config::for_servers(&new)?);
         let old = self.cfg.load_full();
-        let (old_e, new_e) = (old.entries(), new.entries());
-        for ((key, a), (_, b)) in old_e.iter().zip(&new_e) {
-            if a != b && RESTART_ONLY.contains(key) {
+        for k in crate::config::KEYS {
+            let key = k.name;
+            let (a, b) = ((k.show)(&old), (k.show)(&new));
+            if a != b && k.reload == Reload::Restart {
                 tracing::warn!("{key} changed ({a:?} to {b:?}): it takes effect after a restart");
-            } else if a != b && NEW_POOLS_ONLY.contains(key) {
+            } else if a != b && k.reload == Reload::NewPools {
                 tracing::warn!("{key} changed ({a:?} to {b:?}): pools created from now on use it");
             }
         }
@@ -104,7 +81,6 @@ impl Shared {
             let Some((db_cfg, server_db)) = new.database(&p.key.db).or_else(|| new.database(lookup_db)) else {
                 // Removed: its clients keep it; new ones are refused (3D000).
                 tracing::info!(db = %p.key.db, "database removed: no new clients; connected ones stay");
-                p.reconfigure(new.clone(), p.size());
                 continue;
             };
             let user = &p.key.user;
@@ -119,10 +95,11 @@ impl Shared {
             // The client's credentials, learnt at login: forgotten when the user's password
             // changed (the next login offers the new ones).
             let creds = forced.or_else(|| (password(&old) != password(&new)).then_some(Credentials::None));
-            let changed = p.connector().retarget(target, creds, new.clone());
-            p.reconfigure(new.clone(), new.pool_size_for(db_cfg, user));
+            let changed = p.connector().retarget(target, creds);
+            p.resize(new.pool_size_for(db_cfg, user));
             if changed {
-                tracing::info!(db = %p.key.db, user = %user, "database changed: server connections close as they come back");
+                let db = &p.key.db;
+                tracing::info!(db = %db, user = %user, "database changed: server connections close as they come back");
                 p.reconnect();
                 if let Some(split) = p.connector().split() {
                     super::split::forget_probes(split);

@@ -6,11 +6,10 @@
 use super::pipe::Pipe;
 use super::server_conn::{ConnectError, ServerConn, ServerTarget};
 use crate::auth::Credentials;
-use crate::config::Config;
+use crate::config::LiveConfig;
 use crate::error::{Error, SqlState};
 use crate::pool::{Connecting, Connector, Pool, PoolKey, PoolStats, Pooled};
 use crate::state::Settings;
-use arc_swap::ArcSwap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,7 +28,8 @@ pub struct ServerConnector {
     /// Where it connects (a reload may change it: `retarget`).
     target: Mutex<ServerTarget>,
     creds: Mutex<Credentials>,
-    cfg: ArcSwap<Config>,
+    /// The configuration in force (shared with the driver: a reload swaps it there).
+    cfg: LiveConfig,
     /// Where opened connections are listed (`SHOW SERVERS`).
     census: Arc<super::census::Census>,
     /// What was learnt about the database's hosts, shared by all pools.
@@ -42,12 +42,12 @@ pub struct ServerConnector {
 
 impl ServerConnector {
     /// Connects to `target` with `creds` (attempts, retry pause and timeout from `cfg`).
-    pub fn new(key: PoolKey, target: ServerTarget, creds: Credentials, cfg: Arc<Config>) -> ServerConnector {
+    pub fn new(key: PoolKey, target: ServerTarget, creds: Credentials, cfg: impl Into<LiveConfig>) -> ServerConnector {
         ServerConnector {
             key,
             target: Mutex::new(target),
             creds: Mutex::new(creds),
-            cfg: ArcSwap::new(cfg),
+            cfg: cfg.into(),
             census: Default::default(),
             hosts: Default::default(),
             split: Default::default(),
@@ -86,10 +86,9 @@ impl ServerConnector {
         self
     }
 
-    /// A reload: connect to `target` with `creds` from now on, under `cfg`. True if the
-    /// target or credentials changed (the pool's open connections should then go).
-    pub(crate) fn retarget(&self, target: ServerTarget, creds: Option<Credentials>, cfg: Arc<Config>) -> bool {
-        self.cfg.store(cfg);
+    /// A reload: connect to `target` with `creds` from now on. True if the target or
+    /// credentials changed (the pool's open connections should then go).
+    pub(crate) fn retarget(&self, target: ServerTarget, creds: Option<Credentials>) -> bool {
         let mut t = self.target.lock().unwrap_or_else(|e| e.into_inner());
         let mut changed = !t.same_place(&target);
         *t = target;
@@ -142,7 +141,8 @@ impl ServerConnector {
                 Ok(c) => {
                     stats.connects.fetch_add(1, Ordering::Relaxed);
                     self.census.add_server(&self.key, &c.cancel);
-                    tracing::debug!(db = %self.key.db, user = %self.key.user, pid = c.cancel.pid, "server connection opened");
+                    let (db, user) = (&self.key.db, &self.key.user);
+                    tracing::debug!(db = %db, user = %user, pid = c.cancel.pid, "server connection opened");
                     return Ok(Box::new(c));
                 }
                 Err(e) => {

@@ -16,6 +16,7 @@ mod defaults;
 pub mod home;
 pub(crate) mod hosts;
 mod key;
+mod pause;
 mod queue;
 mod stats;
 #[cfg(test)]
@@ -24,16 +25,16 @@ mod tests;
 pub(crate) use conn::{Connecting, Connector, Pooled};
 pub(crate) use defaults::ServerDefaults;
 pub use key::{PoolKey, PoolPurpose};
+pub use pause::Pauses;
 pub(crate) use queue::{Checkout, Lease, Queued};
 pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKETS};
 
-use crate::config::{Config, PoolMode};
+use crate::config::{LiveConfig, PoolMode};
 use crate::error::{Error, SqlState};
 use crate::state::settings::Settings;
-use arc_swap::ArcSwap;
 use queue::{Handoff, Waiter};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -53,22 +54,23 @@ pub struct Pool<K: Connector> {
     pub(crate) key: PoolKey,
     /// Pool mode of its clients.
     pub(crate) mode: PoolMode,
-    /// Maximum open connections (a reload may change it: `reconfigure`).
+    /// Maximum open connections (a reload may change it: `resize`).
     size: AtomicUsize,
     connector: K,
     inner: Mutex<Inner<K>>,
     defaults: OnceLock<Arc<ServerDefaults>>,
-    /// The configuration (swapped by a reload: `reconfigure`).
-    cfg: ArcSwap<Config>,
+    /// The configuration in force (shared with the driver: a reload swaps it there).
+    cfg: LiveConfig,
     /// Counters.
     pub(crate) stats: PoolStats,
     /// The prepared-statement cache of this pool.
     pub(crate) stmts: Arc<crate::stmt::Registry>,
     /// Clients' settings, shared between clients that have the same (most do).
     settings: Mutex<std::collections::HashMap<u64, std::sync::Weak<Settings>>>,
-    /// `PAUSE`d: checkouts queue, returned connections stay idle (and are closed by the
-    /// pauser), nothing is handed over until `resume`.
-    paused: AtomicBool,
+    /// The pooler's pauses: while they hold this pool's database, checkouts queue,
+    /// returned connections stay idle (and are closed by the pauser), nothing is handed
+    /// over until `resumed`.
+    pauses: Arc<Pauses>,
     /// Bumped by `reconnect`: connections of an older epoch are closed, not reused.
     epoch: AtomicU64,
 }
@@ -81,8 +83,9 @@ impl<K: Connector> std::fmt::Debug for Pool<K> {
 
 impl<K: Connector> Pool<K> {
     /// A pool with no connections yet, opening them with `connector`.
-    pub fn new(key: PoolKey, mode: PoolMode, size: usize, connector: K, cfg: Arc<Config>) -> Pool<K> {
-        let stmt_config = cfg.stmt_config_for(&key.db, &key.user);
+    pub fn new(key: PoolKey, mode: PoolMode, size: usize, connector: K, cfg: impl Into<LiveConfig>) -> Pool<K> {
+        let cfg = cfg.into();
+        let stmt_config = cfg.load().stmt_config_for(&key.db, &key.user);
         Pool {
             key,
             mode,
@@ -92,11 +95,17 @@ impl<K: Connector> Pool<K> {
             defaults: OnceLock::new(),
             stmts: Arc::new(crate::stmt::Registry::new(stmt_config)),
             settings: Mutex::new(std::collections::HashMap::new()),
-            cfg: ArcSwap::new(cfg),
+            cfg,
             stats: PoolStats::default(),
-            paused: AtomicBool::new(false),
+            pauses: Arc::default(),
             epoch: AtomicU64::new(0),
         }
+    }
+
+    /// Reads `pauses` (the pooler's) instead of pauses of its own.
+    pub(crate) fn with_pauses(mut self, pauses: Arc<Pauses>) -> Pool<K> {
+        self.pauses = pauses;
+        self
     }
 
     /// Maximum open connections.
@@ -104,11 +113,10 @@ impl<K: Connector> Pool<K> {
         self.size.load(Ordering::Relaxed)
     }
 
-    /// A reload: the new configuration and pool size. A bigger size lets queued checkouts
-    /// open connections at once; a smaller one closes idle connections above it, and the
-    /// others as they come back.
-    pub(crate) fn reconfigure(&self, cfg: Arc<Config>, size: usize) {
-        self.cfg.store(cfg);
+    /// A reload: the new pool size. A bigger size lets queued checkouts open connections at
+    /// once; a smaller one closes idle connections above it, and the others as they come
+    /// back.
+    pub(crate) fn resize(&self, size: usize) {
         let old = self.size.swap(size, Ordering::Relaxed);
         if size > old {
             self.wake_for_free_slots();
@@ -501,23 +509,17 @@ impl<K: Connector> Pool<K> {
         g.open -= n;
     }
 
-    /// Whether `PAUSE`d.
+    /// Whether `PAUSE`d: checkouts queue; connections coming back stay idle (the pauser
+    /// closes them with `close_idle`). An auth_query pool is never paused.
     pub(crate) fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::Relaxed)
+        self.key.purpose != PoolPurpose::AuthQuery && self.pauses.holds(&self.key.db)
     }
 
-    /// `PAUSE`: checkouts queue from now on; connections coming back stay idle (the
-    /// pauser closes them with `close_idle`).
-    pub(crate) fn pause(&self) {
-        let _g = self.lock();
-        self.paused.store(true, Ordering::Relaxed);
-    }
-
-    /// `RESUME`: idle connections go to the queued checkouts, and as many more as there
-    /// are free slots are told to open one.
-    pub(crate) fn resume(&self) {
+    /// After `RESUME`: unless still paused, idle connections go to the queued checkouts,
+    /// and as many more as there are free slots are told to open one.
+    pub(crate) fn resumed(&self) {
         let mut g = self.lock();
-        if !self.paused.swap(false, Ordering::Relaxed) {
+        if self.is_paused() {
             return;
         }
         let mut free = self.size().saturating_sub(g.open);

@@ -1,6 +1,7 @@
 //! The pool's bookkeeping with a connection type of the tests' own: no sockets, no server.
 
 use super::*;
+use crate::config::Config;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 

@@ -9,15 +9,16 @@
 //! over the shared statement cache.
 //!
 //! The parts, one file each: `client` (frames from the client), `flush` (when output may
-//! reach the client), `server` (frames from the
-//! server, linking and releasing), `tx` (the client's transaction and the settings made in
-//! it), `stmts` (the client's prepared statements), `retry` (replaying a batch after a
-//! stale plan), `pipeline` (lending the server to other clients' fast reads),
-//! `reply_queue` (what each reply in flight is for), `settings` (recognizing SQL that
-//! changes settings), `timeout` (which idle timeout applies, and its error), `park` (what
-//! an idle client keeps while its busy half serves others), `settle` (bringing a server
-//! back to idle when its client left it mid-conversation), `inflow` (large client frames
-//! passed on as they arrive). `Session` holds each part's state in a field of its own.
+//! reach the client), `server` (frames from the server, linking and releasing), `tx` (the
+//! client's transaction and the settings made in it), `stmts` (the client's prepared
+//! statements), `retry` (replaying a batch after a stale plan), `pipeline` (lending the
+//! server to other clients' fast reads), `reply_queue` (what each reply in flight is for),
+//! `settings` (recognizing SQL that changes settings), `timeout` (which idle timeout
+//! applies, and its error), `park` (what an idle client keeps while its busy half serves
+//! others), `settle` (bringing a server back to idle when its client left it
+//! mid-conversation), `inflow` (large client frames passed on as they arrive), `wire_trace`
+//! (the frames of a conversation, logged at trace level). `Session` holds each part's
+//! state in a field of its own.
 
 mod client;
 mod flush;

@@ -17,7 +17,6 @@ use crate::state::TxStatus;
 use crate::stmt::registry::StmtKind;
 use crate::stmt::{Registry, Statement};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 /// What `Session::pipelinable` found.
 #[derive(Debug)]
@@ -188,13 +187,5 @@ impl Session {
 /// may wait for another transaction's row lock while the batches behind it wait too.
 fn plain(s: &crate::stmt::Statement) -> bool {
     // The text never changes: classified once, remembered in the statement.
-    match s.plain_read.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let p = crate::stmt::sql::is_plain_read(&s.query);
-            s.plain_read.store(if p { 1 } else { 2 }, Ordering::Relaxed);
-            p
-        }
-    }
+    s.plain_read.get_or_init(|| crate::stmt::sql::is_plain_read(&s.query))
 }

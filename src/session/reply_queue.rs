@@ -107,7 +107,7 @@ pub(crate) enum Purpose {
     /// The client's Sync ending a batch that is being retried: its ReadyForQuery is not
     /// the client's, nor is the transaction status it reports.
     Retried,
-    /// A savepoint command of the pooler's sent as a simple Query (`session::guard`).
+    /// A savepoint command of the pooler's sent as a simple Query (`session::stmts::guard`).
     Guard,
     /// The Sync ending a PREPARE the pooler runs ahead of the client's simple Query (an
     /// `EXECUTE` of a statement this server does not have): the request queued after it
@@ -125,7 +125,7 @@ pub(crate) enum ClientFx {
     /// Nothing to undo.
     #[default]
     None,
-    /// A named statement was registered; `prev` is what the name held before.
+    /// A named statement was registered under a name that was free (undone by removing it).
     Named {
         /// The client's statement name.
         name: Box<[u8]>,
@@ -164,7 +164,7 @@ pub(crate) struct Fx {
     /// For a client Bind of a cached statement outside a transaction: where the Bind starts
     /// in the client's batch, so the batch can be replayed after a re-prepare.
     pub(crate) replay_from: Option<u32>,
-    /// The request runs inside the pooler's savepoint guard (`session::guard`): a retry
+    /// The request runs inside the pooler's savepoint guard (`session::stmts::guard`): a retry
     /// is possible inside a transaction.
     pub(crate) guarded: bool,
     /// A Parse of these savepoint-guard statements was sent (bits of `GuardCmd`): they are

@@ -99,7 +99,8 @@ impl Session {
         };
         self.remap(stmt, &fresh);
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(statement = %stmt.server_name, code = %String::from_utf8_lossy(code), "re-prepared and retried transparently");
+        let code = String::from_utf8_lossy(code);
+        tracing::debug!(statement = %stmt.server_name, code = %code, "re-prepared and retried transparently");
         self.retry.retried = true;
         // The driver feeds these frames again before anything else the client sent, through
         // the normal path (so a frame that must wait, waits).

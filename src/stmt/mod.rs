@@ -9,6 +9,9 @@
 //! * `sql`: splitting and classifying Query texts, and recognizing SQL-level PREPARE /
 //!   EXECUTE / DEALLOCATE / DISCARD in simple queries.
 //! * `lift`: lifting a simple Query's numeric literals into parameters (autoprepare).
+//! * `runtime`: how long batches of one kind recently took on a server (pipelining).
+//! * `idmap`: maps keyed by the statement ids the registry hands out.
+//! * `memo`: facts about a statement's text worked out on first need and kept in it.
 //!
 //! The session (`crate::session`) decides when to register, inject, rewrite and evict; this
 //! module only keeps the books. It must not know about sockets, pools or the reply queue.
@@ -17,6 +20,7 @@ pub(crate) mod epoch;
 pub(crate) mod idmap;
 pub(crate) mod lex;
 pub mod lift;
+pub(crate) mod memo;
 pub(crate) mod registry;
 pub(crate) mod runtime;
 pub(crate) mod server;

@@ -84,13 +84,11 @@ pub struct Statement {
     /// The shape epoch (`super::epoch`) at which a server last confirmed `desc`; 0: never.
     pub(crate) desc_epoch: AtomicU64,
     /// Whether its text is one plain read (`sql::is_plain_read`), worked out on first
-    /// need: 0 not yet, 1 yes, 2 no (`session::pipeline`).
-    pub(crate) plain_read: std::sync::atomic::AtomicU8,
+    /// need (`session::pipeline`).
+    pub(crate) plain_read: super::memo::OnceBool,
     /// What a Bind of it must watch for in its text, worked out on first need by the
-    /// session (`session::stmts::bind_text`): 0 not yet, else bit 0 set, bit 1 the text may
-    /// call `set_config` for the session, bit 2 it may be a SET/RESET/DISCARD or a
-    /// transaction statement.
-    pub(crate) bind_flags: std::sync::atomic::AtomicU8,
+    /// session (`session::stmts::bind_text`).
+    pub(crate) bind_watch: super::memo::OnceBindWatch,
     /// How long batches using it recently took on a server.
     pub(crate) runs: super::RunTime,
     /// Its registry key and parameter types, to make a new generation.
@@ -148,7 +146,7 @@ impl Statement {
             desc: std::sync::OnceLock::new(),
             desc_epoch: AtomicU64::new(0),
             plain_read: Default::default(),
-            bind_flags: Default::default(),
+            bind_watch: Default::default(),
             runs: Default::default(),
             key: key.into(),
             types: types.into(),

@@ -15,7 +15,7 @@ pub(crate) struct ServerStmts {
     /// Who owns the server's unnamed statement: (client id, that client's Parse sequence).
     pub(crate) unnamed_owner: Option<(u64, u64)>,
     /// Which of the pooler's savepoint-guard statements are prepared here (bits of
-    /// `session::guard::GuardCmd`).
+    /// `session::stmts::guard::GuardCmd`).
     pub(crate) guard: u8,
 }
 

@@ -132,9 +132,10 @@ impl ScramServer {
         Ok(reply)
     }
 
-    /// Consumes client-final-message, checks channel-binding attribute ("biws" for "n,,", "eSws" for "y,,",
-    /// base64 of the gs2 header and the certificate hash for "p=tls-server-end-point,,"),
-    /// nonce, and proof (constant-time). Returns server-final-message ("v=..."). Wrong proof -> AuthError::WrongPassword.
+    /// Consumes client-final-message, checks channel-binding attribute ("biws" for "n,,",
+    /// "eSws" for "y,,", base64 of the gs2 header and the certificate hash for
+    /// "p=tls-server-end-point,,"), nonce, and proof (constant-time). Returns
+    /// server-final-message ("v=..."). Wrong proof -> AuthError::WrongPassword.
     ///
     /// Channel-binding data that does not match the certificate gives
     /// `AuthError::ChannelBindingCheck`; a channel-binding attribute that does not repeat the

@@ -160,7 +160,9 @@ impl Proxy {
     /// `woken`: the pool freed a slot for this client while it was queued.
     pub(super) async fn acquire_slow(&self, woken: bool) -> Result<Box<ServerConn>, Error> {
         tokio::select! {
-            r = Box::pin(async { if woken { self.pool.acquire_woken().await } else { self.pool.acquire().await } }) => r,
+            r = Box::pin(async {
+                if woken { self.pool.acquire_woken().await } else { self.pool.acquire().await }
+            }) => r,
             _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
             _ = self.slot.killed_while_queued() => Err(killed_by_admin()),
         }

@@ -4,7 +4,8 @@
 //! bounded (a full buffer stops reading the other side), and freed whenever the client is
 //! idle. `relay` reads, feeds and writes frames; `link` gets, lends, gives back and settles
 //! server connections; `inflow` passes large client frames through or holds them under the
-//! process-wide budget.
+//! process-wide budget; `parking` parks the session of an idle client; `meter` times its
+//! queries and transactions for its pool's figures.
 
 mod inflow;
 mod link;

@@ -6,8 +6,9 @@
 //!
 //! `ClientStmts` is what one client holds; the handlers are per message: `parse` (Parse),
 //! `portal` (Bind, Describe, Close, Execute), `sql` (PREPARE, EXECUTE, DEALLOCATE in a
-//! simple Query), `autoprepare` (a simple Query run as a cached statement), `script` (those in a multi-statement Query), `shape` (result-shape checks), `guard` (the savepoint guard). Retrying a
-//! batch after a stale plan is `session::retry`.
+//! simple Query), `autoprepare` (a simple Query run as a cached statement), `script`
+//! (those in a multi-statement Query), `shape` (result-shape checks), `guard` (the
+//! savepoint guard). Retrying a batch after a stale plan is `session::retry`.
 
 pub(in crate::session) mod autoprepare;
 pub(in crate::session) mod guard;
@@ -24,6 +25,7 @@ use super::{Phase, Session, settings};
 use crate::error::{Error, SqlState};
 use crate::protocol::{body, frontend};
 use crate::state::{ServerState, TxStatus};
+use crate::stmt::memo::BindWatch;
 use crate::stmt::registry::StmtKind;
 use crate::stmt::{Registry, Statement};
 use std::collections::HashMap;
@@ -74,16 +76,22 @@ impl ClientStmts {
     }
 }
 
-/// `Session::bind_text` of a cached statement: its flags are worked out once.
-pub(in crate::session) fn cached_bind_text(s: &Statement) -> (Option<&[u8]>, bool, bool) {
-    let mut flags = s.bind_flags.load(Ordering::Relaxed);
-    if flags == 0 {
-        flags = 1
-            | u8::from(settings::may_set_session_config(&s.query)) << 1
-            | u8::from(settings::maybe_session_stmt(&s.query)) << 2;
-        s.bind_flags.store(flags, Ordering::Relaxed);
-    }
-    (Some(&s.query), flags & 2 != 0, flags & 4 != 0)
+/// The text of a statement as a Bind needs it (`Session::bind_text`).
+pub(in crate::session) struct BindText<'a> {
+    /// The text, if the statement is known.
+    pub(in crate::session) text: Option<&'a [u8]>,
+    /// What to watch for in it.
+    pub(in crate::session) watch: BindWatch,
+}
+
+/// What a Bind of `text` must watch for.
+fn bind_watch(text: &[u8]) -> BindWatch {
+    BindWatch { sets_config: settings::may_set_session_config(text), session_stmt: settings::maybe_session_stmt(text) }
+}
+
+/// `Session::bind_text` of a cached statement: what to watch for is worked out once.
+pub(in crate::session) fn cached_bind_text(s: &Statement) -> BindText<'_> {
+    BindText { text: Some(&s.query), watch: s.bind_watch.get_or_init(|| bind_watch(&s.query)) }
 }
 
 /// Reserved statement name that never exists on a server: a request naming it fails with
@@ -351,11 +359,11 @@ impl Session {
     /// `set_config` for the session (`settings::may_set_session_config`) and whether it may
     /// be a tracked session statement (`settings::maybe_session_stmt`). A cached statement's
     /// text never changes: both are worked out once and kept in it.
-    pub(super) fn bind_text(&self, name: &[u8]) -> (Option<&[u8]>, bool, bool) {
+    pub(super) fn bind_text(&self, name: &[u8]) -> BindText<'_> {
         match self.client_statement(name) {
             Some(Ok(s)) => cached_bind_text(s),
-            Some(Err(text)) => (Some(text), settings::may_set_session_config(text), settings::maybe_session_stmt(text)),
-            None => (None, false, false),
+            Some(Err(text)) => BindText { text: Some(text), watch: bind_watch(text) },
+            None => BindText { text: None, watch: BindWatch::default() },
         }
     }
 

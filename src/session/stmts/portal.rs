@@ -3,7 +3,7 @@
 //! guard, and portals running SET/RESET or transaction control are tracked.
 
 use super::guard::GuardCmd;
-use super::{DEALLOCATE_ALL_STANDIN, Resolved, Unnamed};
+use super::{BindText, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed};
 use crate::error::Error;
 use crate::protocol::{body, frontend};
 use crate::session::Session;
@@ -29,15 +29,16 @@ impl Session {
                 // The portal is re-bound: a Describe of it no longer describes that statement.
                 self.stmts.last_bind = None;
             }
-            let (text, sets_config, session_stmt) = match &resolved {
+            let BindText { text, watch } = match &resolved {
                 // Resolved already: no second lookup of its name.
                 Resolved::Cached(s) => super::cached_bind_text(s),
                 _ => self.bind_text(stmt_name),
             };
             let standin = text == Some(DEALLOCATE_ALL_STANDIN);
-            let tracked = text.filter(|_| session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
+            let tracked =
+                text.filter(|_| watch.session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
-            self.server_dirty |= sets_config;
+            self.server_dirty |= watch.sets_config;
             if standin && bound {
                 self.stmts.dealloc_portal = Some(portal.into());
             } else if self.stmts.dealloc_portal.as_deref() == Some(portal) {

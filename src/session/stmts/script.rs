@@ -261,7 +261,8 @@ impl Session {
         }
         let escapes_everywhere = self.settings.reported("standard_conforming_strings") == Some("off");
         (escapes_everywhere && text.contains(&b'\\')).then_some(
-            "PREPARE, EXECUTE and DEALLOCATE cannot share a query string with backslashes while standard_conforming_strings is off",
+            "PREPARE, EXECUTE and DEALLOCATE cannot share a query string with backslashes while \
+                standard_conforming_strings is off",
         )
     }
 

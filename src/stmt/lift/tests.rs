@@ -196,8 +196,10 @@ fn constants_of_the_grammar_stay() {
         ),
         // A CTE's CYCLE clause: TO and DEFAULT take constants.
         (
-            "with recursive r(n) as (select 1 union all select n + 1 from r) cycle n set c to 1 default 0 using p select * from r",
-            "with recursive r(n) as (select $1 union all select n + $2 from r) cycle n set c to 1 default 0 using p select * from r",
+            "with recursive r(n) as (select 1 union all select n + 1 from r) cycle n set c to 1 default 0 using p \
+                select * from r",
+            "with recursive r(n) as (select $1 union all select n + $2 from r) cycle n set c to 1 default 0 using p \
+                select * from r",
         ),
         // `$1[1]` and `$1.a` would subscript and select from the parameter.
         ("select 1[1], 2 .a, 3", "select 1[$1], 2 .a, $2"),

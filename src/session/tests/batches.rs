@@ -1,0 +1,250 @@
+//! Where a batch ends and what waits for it: a released server, errors before Sync, row
+//! shape checks and the replies their flushes bring, batches behind an injected Parse.
+
+use super::*;
+
+#[test]
+fn a_released_server_is_never_used_for_the_next_frame() {
+    let mut h = H::cached();
+    h.client(parse("", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    h.server_out();
+    // The driver still holds the server state when it feeds the next frame: the session
+    // must ask for a server again rather than write to the one it gave back.
+    assert_eq!(h.s.handle_client(&bind(""), Some(&mut h.srv)), Fed::NeedsServer);
+    assert!(h.s.to_server.is_empty());
+    assert_eq!(h.s.poll_action(), Some(Action::AcquireServer));
+}
+
+#[test]
+fn error_before_the_client_sent_sync_skips_what_follows() {
+    // P D H, error; then B E S: the server ignores B and E, answers only the Sync.
+    let mut h = H::cached();
+    h.client(parse("s1", "selec 1"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(msg(b'H', b""));
+    h.server(err("42601"));
+    assert_eq!(h.client_out(), "E");
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    assert_eq!(h.s.outstanding(), 1, "only the Sync expects a reply");
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "Z");
+    assert_eq!(h.s.prepared_count(), 0);
+}
+
+#[test]
+fn fresh_parse_with_a_different_row_shape_never_sends_rows() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    let rowdesc3 = rowdesc(&["a", "b", "c"], 1);
+    let rowdesc4 = rowdesc(&["a", "b", "c", "d"], 1);
+    h.client(parse("s1", "select * from t"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), rowdesc3.clone(), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "1tTZ");
+    h.server_out();
+    // ALTER TABLE happened; the next checkout is a server without the statement.
+    h.srv = ServerState::default();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    // Parse, a Describe to check the shape, and Flush: the client's Bind waits.
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PDH");
+    assert_eq!(h.pending.len(), 3, "Bind, Execute, Sync held");
+    h.server(msg(b'1', b""));
+    h.server(msg(b't', b"\0\0"));
+    h.server(rowdesc4);
+    // Shape differs: the stale statement is closed there, and the Bind fails with 0A000
+    // (through a probe so the server skips to Sync as PostgreSQL would).
+    let sent = h.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "CDES");
+    assert!(text(&sent[1]).contains("parsnip_probe"));
+    h.server(msg(b'3', b""));
+    h.server(msg(b'E', b"SERROR\0C26000\0Mprepared statement \"parsnip_probe\" does not exist\0\0"));
+    h.server(rfq(b'I'));
+    let out = h.s.to_client.split();
+    assert_eq!(tags_of(&out), "EZ");
+    assert!(text(&out).contains("0A000") && text(&out).contains("cached plan must not change result type"));
+    // Re-preparing the same text gets a new generation.
+    h.client(parse("s2", "select * from t"));
+    h.client(sync());
+    let sent = h.server_out();
+    assert!(!text(&sent[0]).contains("pn_1\0"), "{}", text(&sent[0]));
+}
+
+#[test]
+fn same_shape_on_a_fresh_server_goes_on() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg));
+    // The same columns, from a table re-created since (another table OID).
+    let (before, after) = (rowdesc(&["one"], 1), rowdesc(&["one"], 2));
+    h.client(parse("s1", "select 1"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), before, rfq(b'I')] {
+        h.server(m);
+    }
+    h.client_out();
+    h.server_out();
+    h.srv = ServerState::default();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    h.server_out();
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), after] {
+        h.server(m);
+    }
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BES");
+    for m in [msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "2CZ");
+}
+
+/// A shape check asks the server to flush (issue 23 item 6): the replies that flush
+/// brings for the client's own requests, which PostgreSQL would have kept until the
+/// client's Sync, are held until that Sync; an error is not (PostgreSQL flushes errors).
+#[test]
+fn replies_flushed_for_the_pooler_wait_for_the_clients_sync() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg));
+    h.client(parse("s1", "select 1"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), rowdesc(&["one"], 1), rfq(b'I')] {
+        h.server(m);
+    }
+    h.client_out();
+    h.server_out();
+    // Another server: the client's own Parse goes first, then s1 is injected and checked.
+    h.srv = ServerState::default();
+    h.client(parse("s2", "select 2"));
+    h.client(bind("s1"));
+    h.client(execute());
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PPDH");
+    for m in [msg(b'1', b""), msg(b'1', b""), msg(b't', b"\0\0"), rowdesc(&["one"], 1)] {
+        h.server(m);
+    }
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BE");
+    assert_eq!(h.client_out(), "", "the client's ParseComplete came only because of the pooler's Flush");
+    h.client(sync());
+    for m in [msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "12CZ");
+    // An error goes at once, with what was held before it.
+    h.srv = ServerState::default();
+    h.client(parse("s3", "select 3"));
+    h.client(bind("s1"));
+    h.client(execute());
+    h.server_out();
+    for m in [msg(b'1', b""), msg(b'1', b""), msg(b't', b"\0\0"), rowdesc(&["one"], 1)] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "");
+    h.server(err("22012"));
+    assert_eq!(h.client_out(), "1E");
+}
+
+#[test]
+fn a_batch_ended_by_flush_keeps_the_server() {
+    // pg-cursor: Bind/Execute(max rows)/Flush outside a transaction; the portal lives in
+    // the implicit transaction until Sync, so the server must stay linked.
+    let mut h = H::cached();
+    h.client(parse("s", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.actions();
+    h.client(msg(b'B', b"c\0s\0\0\0\0\0\0\0"));
+    h.client(msg(b'E', b"c\0\0\0\0\x02"));
+    h.client(msg(b'H', b""));
+    for m in [msg(b'2', b""), msg(b'D', b"\0\0"), msg(b's', b"")] {
+        h.server(m);
+    }
+    assert_eq!(h.actions(), vec![Action::AcquireServer], "not released before Sync");
+    h.client(msg(b'E', b"c\0\0\0\0\x02"));
+    h.client(sync());
+    for m in [msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: true }]);
+}
+
+#[test]
+fn a_batch_behind_a_failing_parse_waits_for_its_outcome() {
+    let mut h = H::cached();
+    h.client(parse("s", "selec"));
+    h.client(sync());
+    h.client(parse("s", "select 1"));
+    h.client(sync());
+    assert_eq!(h.pending.len(), 2, "second Parse waits: does \"s\" exist?");
+    h.server(err("42601"));
+    h.server(rfq(b'I'));
+    // Now it is known that "s" does not exist: the second Parse goes through.
+    assert!(h.pending.is_empty());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "EZ1Z");
+}
+#[test]
+fn a_batch_behind_a_skipped_injected_parse_waits_for_its_outcome() {
+    let reg = Arc::new(Registry::new(StmtConfig { server_cap: 1, ..Default::default() }));
+    let mut h = H::new(PoolMode::Transaction, Some(reg));
+    h.client(parse("a", "select 'a'"));
+    h.client(parse("b", "select 'b'"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b'1', b""), rfq(b'I')] {
+        h.server(m);
+    }
+    h.client_out();
+    h.server_out();
+    for m in
+        [bind("a"), execute(), bind("unknown"), execute(), bind("b"), execute(), sync(), bind("b"), execute(), sync()]
+    {
+        h.client(m);
+    }
+    assert_eq!(h.pending.len(), 3, "the second batch waits: is b prepared there or was its Parse skipped?");
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(sent, "CCPBEDEPBES");
+    for m in [msg(b'3', b""), msg(b'3', b""), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0")] {
+        h.server(m);
+    }
+    h.server(msg(b'E', b"SERROR\0C26000\0Mprepared statement \"parsnip_probe\" does not exist\0\0"));
+    h.server(rfq(b'I'));
+    // b's Parse was skipped: the held batch now prepares it again.
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(sent, "PBES");
+}
+
+#[test]
+fn a_local_parse_waits_for_an_earlier_batch_that_may_abort_the_transaction() {
+    let mut h = H::cached();
+    h.client(parse("s", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    // In a transaction: a failing batch, then a Parse of a known statement.
+    h.client(query("begin"));
+    h.client(parse("bad", "selec"));
+    h.client(sync());
+    h.client(parse("t", "select 1"));
+    h.client(sync());
+    assert_eq!(h.pending.len(), 2, "the Parse waits for the earlier batches");
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), err("42601"), rfq(b'E')] {
+        h.server(m);
+    }
+    // The transaction is aborted: the Parse goes to the server, which answers 25P02.
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert!(sent.ends_with("PS"), "{sent}");
+    assert!(h.pending.is_empty());
+}

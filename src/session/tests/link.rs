@@ -1,0 +1,167 @@
+//! Linking and releasing a server by pool mode, errors and skipping to Sync, settings
+//! replayed on a new server.
+
+use super::*;
+
+#[test]
+fn transaction_mode_releases_at_idle_ready() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("select 1"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    assert_eq!(h.server_out().len(), 1);
+    for m in [msg(b'T', b"\0\0"), msg(b'D', b"\0\0"), msg(b'C', b"SELECT 1\0")] {
+        h.server(m);
+    }
+    assert!(h.actions().is_empty());
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.client_out(), "TDCZ");
+}
+
+#[test]
+fn stays_linked_inside_transaction_and_in_session_mode() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("begin"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    assert!(h.s.is_idle_in_transaction());
+    let mut h = H::new(PoolMode::Session, None);
+    h.client(query("select 1"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+}
+
+#[test]
+fn pipelined_syncs_release_only_after_the_last() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    for m in [parse("", "select 1"), bind(""), execute(), sync(), execute(), sync()] {
+        h.client(m);
+    }
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert!(h.actions().is_empty(), "second Sync still outstanding");
+    // The second Execute fails: the server skips to Sync.
+    h.server(err("34000"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.client_out(), "12CZEZ");
+}
+
+#[test]
+fn error_skips_queued_requests_until_sync() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    for m in [parse("", "bad"), bind(""), msg(b'D', b"P\0"), execute(), sync()] {
+        h.client(m);
+    }
+    h.server(err("42601"));
+    assert_eq!(h.s.outstanding(), 1);
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.client_out(), "EZ");
+}
+
+#[test]
+fn sync_without_server_is_answered_locally() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(sync());
+    assert!(h.actions().is_empty());
+    assert_eq!(h.client_out(), "Z");
+}
+
+#[test]
+fn unexpected_server_reply_closes_both() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("select 1"));
+    let _ = h.actions();
+    h.server(msg(b'1', b""));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+    assert_eq!(h.client_out(), "E");
+}
+
+#[test]
+fn fatal_from_an_idle_server_reaches_the_client_as_sent() {
+    // A backend terminated under a client idle in a transaction (pg_terminate_backend):
+    // the client gets PostgreSQL's own FATAL 57P01, then the connection ends.
+    let fatal = msg(b'E', b"SFATAL\0VFATAL\0C57P01\0Mterminating connection due to administrator command\0\0");
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let mut h = H::new(mode, None);
+        h.client(query("begin"));
+        h.server(msg(b'C', b"BEGIN\0"));
+        h.server(rfq(b'T'));
+        assert_eq!(h.client_out(), "CZ");
+        let _ = h.actions();
+        h.server(fatal.clone());
+        assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+        let out = h.s.to_client.split().to_vec();
+        assert_eq!(out, fatal, "the server's own frame, not a pooler error");
+    }
+    // A non-FATAL error with nothing outstanding is still a desync.
+    let mut h = H::new(PoolMode::Session, None);
+    h.client(query("select 1"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    let _ = (h.client_out(), h.actions());
+    h.server(err("42000"));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+    assert!(text(&h.s.to_client.split()).contains("unexpected"));
+}
+
+#[test]
+fn unknown_client_message_is_08p01() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(msg(b'!', b""));
+    assert_eq!(h.actions(), vec![Action::Close]);
+    assert!(h.s.to_client.windows(5).any(|w| w == b"08P01"));
+}
+
+#[test]
+fn statement_mode_refuses_transaction_blocks() {
+    let mut h = H::new(PoolMode::Statement, None);
+    h.client(query("begin"));
+    let _ = h.server_out();
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.client_out(), "CEZ");
+    assert_eq!(h.server_out().len(), 1, "ROLLBACK sent");
+    h.server(msg(b'C', b"ROLLBACK\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.client_out(), "", "rollback replies hidden");
+}
+
+#[test]
+fn settings_replayed_on_link_and_tracked_after_set() {
+    let mut client = Settings::default();
+    client.set_reported("application_name", "app");
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.s.settings = Arc::new(client);
+    h.srv.settings.set_reported("application_name", "");
+    h.client(query("SET search_path TO x"));
+    assert_eq!(h.server_out().len(), 2, "settings replay, then the client's query");
+    h.server(msg(b'S', b"application_name\0app\0"));
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "");
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.s.settings().key(), h.srv.settings.key());
+    assert_eq!(h.s.settings().extra[0].0, "search_path");
+}
+
+#[test]
+fn acquire_failure_fails_the_request() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.s.handle_acquire_failed(Error::new(SqlState::QUERY_CANCELED, "timeout"));
+    h.client(query("select 1"));
+    assert_eq!(h.client_out(), "EZ");
+    h.s.handle_acquire_failed(Error::new(SqlState::QUERY_CANCELED, "timeout"));
+    h.client(parse("", "select 1"));
+    h.client(bind(""));
+    h.client(sync());
+    assert_eq!(h.client_out(), "EZ");
+}

@@ -1,0 +1,198 @@
+//! Conversation tests: frames in, bytes and actions out, no sockets. `H` plays the
+//! driver: it links a server when asked and feeds frames again as the driver does.
+
+use super::*;
+use crate::error::SqlState;
+use crate::protocol::frontend;
+use crate::protocol::{tags_of, write_msg};
+use crate::state::ServerState;
+use crate::stmt::StmtConfig;
+use bytes::BufMut;
+use std::sync::atomic::Ordering;
+
+mod batches;
+mod link;
+mod model;
+mod pipeline;
+mod routing_and_parking;
+mod statements;
+mod streaming;
+mod timeouts_and_counts;
+
+fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    write_msg(&mut b, tag, |b| b.put_slice(body));
+    b.to_vec()
+}
+fn query(sql: &str) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    frontend::query(&mut b, sql);
+    b.to_vec()
+}
+fn parse(name: &str, sql: &str) -> Vec<u8> {
+    msg(b'P', format!("{name}\0{sql}\0\0\0").as_bytes())
+}
+fn bind(stmt: &str) -> Vec<u8> {
+    msg(b'B', format!("\0{stmt}\0\0\0\0\0\0\0").as_bytes())
+}
+fn execute() -> Vec<u8> {
+    msg(b'E', b"\0\0\0\0\0")
+}
+fn sync() -> Vec<u8> {
+    msg(b'S', b"")
+}
+fn close_s(name: &str) -> Vec<u8> {
+    msg(b'C', format!("S{name}\0").as_bytes())
+}
+fn rfq(s: u8) -> Vec<u8> {
+    msg(b'Z', &[s])
+}
+fn err(code: &str) -> Vec<u8> {
+    msg(b'E', format!("SERROR\0C{code}\0Mboom\0\0").as_bytes())
+}
+/// A RowDescription of int4 columns, with a given table OID.
+fn rowdesc(cols: &[&str], table: u32) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    write_msg(&mut b, b'T', |b| {
+        b.put_i16(cols.len() as i16);
+        for (i, c) in cols.iter().enumerate() {
+            b.put_slice(c.as_bytes());
+            b.put_u8(0);
+            b.put_u32(table);
+            b.put_i16(i as i16 + 1);
+            b.put_u32(23);
+            b.put_i16(4);
+            b.put_i32(-1);
+            b.put_i16(0);
+        }
+    });
+    b.to_vec()
+}
+fn frames(buf: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while let Ok(Some(n)) = crate::protocol::split_frame(rest, usize::MAX) {
+        out.push(rest[..n].to_vec());
+        rest = &rest[n..];
+    }
+    out
+}
+
+/// A test driver around one session and one server state.
+struct H {
+    s: Session,
+    srv: ServerState,
+    linked: bool,
+    pending: Vec<Vec<u8>>,
+    log: Vec<Action>,
+    /// As a driver with a read/write split: a plain read is linked to a standby.
+    reads: bool,
+    /// Times the session was parked (`park`).
+    parks: u32,
+}
+
+impl H {
+    fn new(mode: PoolMode, registry: Option<Arc<Registry>>) -> H {
+        H {
+            s: Session::new(mode, Arc::new(Settings::default()), 7, registry),
+            srv: ServerState::default(),
+            linked: false,
+            pending: vec![],
+            log: vec![],
+            reads: false,
+            parks: 0,
+        }
+    }
+    fn cached() -> H {
+        H::new(
+            PoolMode::Transaction,
+            Some(Arc::new(Registry::new(StmtConfig { promote_unnamed_after: 2, ..Default::default() }))),
+        )
+    }
+    fn client(&mut self, frame: Vec<u8>) {
+        self.pending.push(frame);
+        self.pump();
+    }
+    fn server(&mut self, frame: Vec<u8>) {
+        self.s.handle_server(&frame, &mut self.srv);
+        self.pump();
+    }
+    fn pump(&mut self) {
+        loop {
+            let mut progress = false;
+            if let Some(replay) = self.s.take_replay() {
+                let mut again: Vec<Vec<u8>> = frames(&replay);
+                again.append(&mut self.pending);
+                self.pending = again;
+                progress = true;
+            }
+            while let Some(a) = self.s.poll_action() {
+                progress = true;
+                self.log.push(a.clone());
+                match a {
+                    Action::AcquireServer => {
+                        self.s.handle_server_linked(&mut self.srv);
+                        if self.reads && self.s.wants_reads() {
+                            self.s.set_on_reads();
+                        }
+                        self.linked = true;
+                    }
+                    Action::ReleaseServer { .. } => self.linked = false,
+                    Action::Close => {}
+                }
+            }
+            // As the driver: a session lent for pipelining is fed nothing until released.
+            while !(self.pending.is_empty() || self.linked && self.s.is_lent()) {
+                let srv = if self.linked { Some(&mut self.srv) } else { None };
+                if self.s.handle_client(&self.pending[0], srv) != Fed::Consumed {
+                    break;
+                }
+                self.pending.remove(0);
+                progress = true;
+            }
+            if !progress && self.s.actions.is_empty() {
+                break;
+            }
+        }
+        self.park();
+    }
+    /// As the driver: a session at rest is parked, and unparked into a blank session another
+    /// one left (every conversation test runs across such swaps: nothing a client needs may
+    /// stay behind in the blank half, nothing of another client may come with it).
+    fn park(&mut self) {
+        thread_local! {
+            static BLANK: std::cell::RefCell<Option<Session>> = const { std::cell::RefCell::new(None) };
+        }
+        let Some(p) = self.s.park() else { return };
+        assert!(self.s.at_rest());
+        let blank = BLANK.with(|b| b.borrow_mut().take());
+        let old = match blank {
+            Some(mut b) => {
+                b.unpark(p);
+                std::mem::replace(&mut self.s, b)
+            }
+            None => std::mem::replace(&mut self.s, Session::unparked(p)),
+        };
+        BLANK.with(|b| *b.borrow_mut() = Some(old));
+        self.parks += 1;
+    }
+    /// What the driver writes to the client now: not what waits for the client's Sync or
+    /// Flush (`session::flush`).
+    fn client_out(&mut self) -> String {
+        let writable = self.s.writable_to_client();
+        let out = tags_of(&self.s.to_client.split_to(writable));
+        // Written out: the driver parks a session at rest before it waits.
+        self.park();
+        out
+    }
+    fn server_out(&mut self) -> Vec<Vec<u8>> {
+        frames(&self.s.to_server.split())
+    }
+    fn actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.log)
+    }
+}
+
+fn text(f: &[u8]) -> String {
+    String::from_utf8_lossy(f).into_owned()
+}

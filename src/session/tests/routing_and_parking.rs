@@ -1,0 +1,89 @@
+//! Which server a batch asks for (primary or standby), and parking an idle session.
+
+use super::*;
+
+#[test]
+fn a_plain_autocommit_read_asks_for_a_standby_and_anything_else_waits_for_the_primary() {
+    // Without a split in the pool, no batch is looked at.
+    let mut h = H::cached();
+    h.client(query("select abalance from pgbench_accounts where aid = 1"));
+    assert!(!h.s.wants_reads(), "no read/write split");
+    let mut h = H::cached();
+    h.reads = true;
+    h.s.set_read_split(true);
+    h.client(query("select abalance from pgbench_accounts where aid = 1"));
+    assert!(h.s.wants_reads(), "one plain read outside a transaction");
+    // Sent before the read's replies: another read goes to the same standby, a write waits.
+    h.client(query("select 2"));
+    h.client(query("update pgbench_accounts set abalance = 0"));
+    assert_eq!(h.server_out().len(), 2, "the two reads are written, the update is held");
+    for _ in 0..2 {
+        h.server(msg(b'C', b"SELECT 1\0"));
+        h.server(rfq(b'I'));
+    }
+    // Given back, then the update asks for a server of its own: the primary.
+    assert_eq!(
+        h.actions(),
+        vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }, Action::AcquireServer]
+    );
+    assert!(!h.s.wants_reads());
+    assert_eq!(h.server_out().len(), 1, "the update, on its new server");
+    // Not reads: locking clauses, several statements, set_config, transactions, writes.
+    for sql in [
+        "select * from t for update",
+        "select 1; select 2",
+        "select set_config('a.b', '1', false)",
+        "insert into t values (1)",
+        "begin",
+    ] {
+        let mut h = H::cached();
+        h.s.set_read_split(true);
+        h.client(query(sql));
+        assert!(!h.s.wants_reads(), "{sql}");
+    }
+    let mut h = H::cached();
+    h.client(query("begin"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert!(!h.s.is_read_batch(&query("select 1")), "inside a transaction block");
+    let h = H::new(PoolMode::Session, None);
+    assert!(!h.s.is_read_batch(&query("select 1")), "session mode");
+}
+
+#[test]
+fn an_idle_session_is_parked_and_comes_back_whole() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    // Logged in, nothing sent: at rest.
+    h.pump();
+    assert_eq!(h.parks, 1);
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    assert_eq!(h.parks, 1, "not parked while a request is in flight");
+    h.server_out();
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1Z");
+    assert_eq!(h.parks, 2, "parked once idle, with a statement");
+    // In a transaction block: never parked.
+    // One statement sent, completed by `tag`, ending with status `status`, written out.
+    let round_trip = |h: &mut H, sql: &str, tag: &[u8], status: u8| {
+        h.client(query(sql));
+        h.server_out();
+        h.server(msg(b'C', tag));
+        h.server(rfq(status));
+        assert_eq!(h.client_out(), "CZ");
+    };
+    round_trip(&mut h, "begin", b"BEGIN\0", b'T');
+    assert_eq!(h.parks, 2);
+    assert!(h.s.park().is_none(), "a session in a transaction is not at rest");
+    round_trip(&mut h, "commit", b"COMMIT\0", b'I');
+    assert_eq!(h.parks, 3);
+    // The statement came through the swaps: its Bind on a fresh server re-parses it.
+    h.srv = ServerState::default();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBES");
+    assert_eq!(h.s.prepared_count(), 1);
+}

@@ -1,0 +1,363 @@
+//! The statement cache: client names mapped to server statements, unnamed statements
+//! promoted, SQL PREPARE/EXECUTE/DEALLOCATE, eviction and stale plans.
+
+use super::*;
+
+#[test]
+fn named_statements_are_renamed_and_parsed_once_per_server() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut a = H::new(PoolMode::Transaction, Some(reg.clone()));
+    a.client(parse("s1", "select 1"));
+    a.client(sync());
+    let sent = a.server_out();
+    assert_eq!(sent.len(), 2);
+    assert!(text(&sent[0]).contains("pn_"), "renamed: {}", text(&sent[0]));
+    a.server(msg(b'1', b""));
+    a.server(rfq(b'I'));
+    assert_eq!(a.client_out(), "1Z");
+    // Another client, same text, different name, on the same server: no server Parse.
+    let mut b = H::new(PoolMode::Transaction, Some(reg.clone()));
+    b.srv = std::mem::take(&mut a.srv);
+    b.client(parse("other", "select 1"));
+    // Answered locally, and held until the client flushes, as PostgreSQL holds it.
+    assert_eq!(b.client_out(), "", "held");
+    b.client(msg(b'H', b""));
+    assert_eq!(b.client_out(), "1", "answered locally");
+    b.client(bind("other"));
+    b.client(execute());
+    b.client(sync());
+    let sent = b.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "BES");
+    assert!(text(&sent[0]).contains("pn_"));
+    assert_eq!(reg.stats.server_parses.load(Ordering::Relaxed), 1);
+    assert_eq!(reg.stats.hits.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn bind_on_a_new_server_injects_parse_and_hides_its_reply() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut a = H::new(PoolMode::Transaction, Some(reg.clone()));
+    a.client(parse("s1", "select 1"));
+    a.client(sync());
+    a.server(msg(b'1', b""));
+    a.server(rfq(b'I'));
+    a.client_out();
+    a.server_out();
+    a.srv = ServerState::default(); // next checkout: a fresh server
+    a.client(bind("s1"));
+    a.client(execute());
+    a.client(sync());
+    assert_eq!(a.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBES");
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        a.server(m);
+    }
+    assert_eq!(a.client_out(), "2CZ");
+}
+
+#[test]
+fn duplicate_and_unknown_names_get_postgres_errors_without_disconnect() {
+    let mut h = H::cached();
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    // Unlinked: answered locally, then skip to Sync.
+    h.client(parse("s1", "select 2"));
+    h.client(bind("s1"));
+    h.client(sync());
+    let out = h.s.to_client.split();
+    assert_eq!(tags_of(&out), "EZ");
+    assert!(text(&out).contains("42P05") && text(&out).contains("prepared statement \"s1\" already exists"));
+    // Linked (inside a transaction): the server is made to fail so its state matches.
+    h.client(query("begin"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    h.client_out();
+    h.server_out();
+    h.client(bind("nope"));
+    h.client(sync());
+    let sent = h.server_out();
+    assert!(text(&sent[0]).contains("parsnip_probe"));
+    h.server(msg(b'E', b"SERROR\0C26000\0Mprepared statement \"parsnip_probe\" does not exist\0\0"));
+    h.server(rfq(b'E'));
+    let out = h.s.to_client.split();
+    assert_eq!(tags_of(&out), "EZ");
+    assert!(text(&out).contains("prepared statement \"nope\" does not exist"));
+    assert!(h.actions().iter().all(|a| *a != Action::Close));
+}
+
+#[test]
+fn failed_parse_leaves_no_mapping() {
+    let mut h = H::cached();
+    h.client(parse("s1", "selec 1"));
+    h.client(sync());
+    h.server(err("42601"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "EZ");
+    assert_eq!(h.s.prepared_count(), 0);
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1Z");
+    assert_eq!(h.s.prepared_count(), 1);
+}
+
+#[test]
+fn skipped_messages_roll_back_their_effects() {
+    let mut h = H::cached();
+    // s1 is known and valid: a second client's Parse would be answered locally.
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    // An error before a locally answered Parse: that Parse never happened.
+    h.client(parse("bad", "selec"));
+    h.client(parse("s2", "select 1"));
+    h.client(close_s("s1"));
+    h.client(sync());
+    h.server(err("42601"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "EZ");
+    assert_eq!(h.s.prepared_count(), 1, "s2 rolled back, s1's close rolled back");
+    assert!(h.s.stmts.named.contains_key(&b"s1"[..]));
+}
+
+#[test]
+fn close_is_local_and_in_order() {
+    let mut h = H::cached();
+    h.client(query("select 1"));
+    h.client(close_s("whatever"));
+    h.client(sync());
+    // The Query's replies come first, then the local CloseComplete, then Sync's Z.
+    h.server(msg(b'C', b"SELECT 1\0"));
+    assert_eq!(h.client_out(), "C");
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "Z3");
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "Z");
+}
+
+#[test]
+fn unnamed_parse_and_bind_across_syncs_and_servers() {
+    let mut h = H::new(
+        PoolMode::Transaction,
+        Some(Arc::new(Registry::new(StmtConfig { promote_unnamed_after: 0, ..Default::default() }))),
+    );
+    h.client(parse("", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    h.server_out();
+    h.srv = ServerState::default(); // another server
+    h.client(bind(""));
+    h.client(execute());
+    h.client(sync());
+    let sent = h.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBES", "unnamed Parse replayed");
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "2CZ");
+}
+
+#[test]
+fn repeated_unnamed_statements_are_promoted() {
+    let reg = Arc::new(Registry::new(StmtConfig { promote_unnamed_after: 2, ..Default::default() }));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    let round = |h: &mut H| {
+        h.client(parse("", "select 1"));
+        h.client(bind(""));
+        h.client(execute());
+        h.client(sync());
+        let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        for f in sent.chars() {
+            match f {
+                'P' => h.server(msg(b'1', b"")),
+                'B' => h.server(msg(b'2', b"")),
+                'E' => h.server(msg(b'C', b"SELECT 1\0")),
+                'S' => h.server(rfq(b'I')),
+                _ => {}
+            }
+        }
+        assert_eq!(h.client_out(), "12CZ");
+        sent
+    };
+    assert_eq!(round(&mut h), "PBES");
+    assert_eq!(round(&mut h), "PBES", "promoted: Parse of the named server statement");
+    assert_eq!(round(&mut h), "BES", "no Parse at all any more");
+    assert_eq!(reg.stats.promotions.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn sql_deallocate_all_is_answered_locally_and_clears_the_namespace() {
+    let mut h = H::cached();
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    h.client(query("DEALLOCATE ALL"));
+    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.s.prepared_count(), 0);
+    // Pipelined after it: Parse/Bind of the same name works.
+    h.client(parse("s1", "select 1"));
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    assert_eq!(h.client_out(), "1", "statement known and valid: Parse answered locally");
+}
+
+#[test]
+fn sql_prepare_execute_deallocate_across_checkouts() {
+    let mut h = H::cached();
+    h.client(query("PREPARE q (int) AS SELECT $1"));
+    let sent = h.server_out();
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBES");
+    assert!(text(&sent[0]).contains("PREPARE pn_"));
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "CZ");
+    h.srv = ServerState::default(); // another server
+    h.client(query("EXECUTE q(5)"));
+    let sent = h.server_out();
+    // The PREPARE ends with a Sync of its own, so no implicit transaction of it is left
+    // open when the Query runs.
+    assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
+    assert!(text(&sent[4]).contains("EXECUTE pn_"));
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(b'I'), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "CZ");
+    h.client(query("DEALLOCATE q"));
+    assert_eq!(h.client_out(), "CZ");
+    h.client(query("DEALLOCATE q"));
+    let sent = h.server_out();
+    assert!(text(&sent[0]).contains("parsnip_probe"));
+}
+
+#[test]
+fn failed_prepare_ahead_of_execute_answers_it() {
+    let mut h = H::cached();
+    let client_text = "PREPARE q AS SELECT a FROM gone";
+    h.client(query(client_text));
+    h.server_out();
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "CZ");
+    for in_tx in [false, true] {
+        h.srv = ServerState::default(); // another server, which lacks the statement
+        let status = if in_tx { b'T' } else { b'I' };
+        h.s.tx.status = TxStatus::from_byte(status);
+        h.client(query("EXECUTE q"));
+        let sent = h.server_out();
+        assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
+        // The table went away: the PREPARE fails when executed, and the EXECUTE after it
+        // for want of the statement (or of a live transaction).
+        let server_text = text(&sent[0]);
+        let at = |t: &str| t.find("gone").expect("table name") - t.find("PREPARE").expect("PREPARE") + 1;
+        let e = format!("SERROR\0C42P01\0Mrelation \"gone\" does not exist\0P{}\0\0", at(&server_text));
+        let failed = if in_tx { b'E' } else { b'I' };
+        let second = if in_tx { err("25P02") } else { err("26000") };
+        for m in [msg(b'1', b""), msg(b'2', b""), msg(b'E', e.as_bytes()), rfq(failed), second, rfq(failed)] {
+            h.server(m);
+        }
+        let out = h.s.to_client.split();
+        assert_eq!(tags_of(&out), "EZ", "in a transaction: {in_tx}");
+        let reply = frames(&out);
+        assert!(text(&reply[0]).contains("C42P01"), "{}", text(&reply[0]));
+        assert!(text(&reply[0]).contains(&format!("P{}\0", at(client_text))), "{}", text(&reply[0]));
+        assert_eq!(reply[1][5], failed);
+        // Not prepared there: the next EXECUTE prepares it again.
+        h.s.tx.status = TxStatus::from_byte(status);
+        h.client(query("EXECUTE q"));
+        assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
+        for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(status), msg(b'C', b"SELECT 1\0")] {
+            h.server(m);
+        }
+        h.server(rfq(status));
+        assert_eq!(h.client_out(), "CZ");
+    }
+}
+
+#[test]
+fn server_cap_evicts_least_recently_used_with_close() {
+    let reg = Arc::new(Registry::new(StmtConfig { server_cap: 2, ..Default::default() }));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    for (i, q) in ["select 1", "select 2", "select 3"].iter().enumerate() {
+        h.client(parse(&format!("s{i}"), q));
+        h.client(sync());
+        let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        for c in sent.chars() {
+            match c {
+                'C' => h.server(msg(b'3', b"")),
+                'P' => h.server(msg(b'1', b"")),
+                'S' => h.server(rfq(b'I')),
+                _ => {}
+            }
+        }
+        assert_eq!(h.client_out(), "1Z");
+        assert_eq!(sent, if i < 2 { "PS" } else { "CPS" });
+    }
+    assert_eq!(h.srv.stmts.len(), 2);
+    assert_eq!(reg.stats.evictions.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn stale_plan_starts_a_new_generation() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    h.client(parse("s1", "select * from t"));
+    h.client(msg(b'D', b"Ss1\0"));
+    h.client(sync());
+    for m in [msg(b'1', b""), msg(b't', b"\0\0"), msg(b'T', b"\0\x01old"), rfq(b'I')] {
+        h.server(m);
+    }
+    h.client_out();
+    let old = h.server_out();
+    // The client was told the old shape: PostgreSQL's 0A000 reaches it.
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    h.server_out();
+    h.server(msg(b'E', b"SERROR\0C0A000\0Mcached plan must not change result type\0\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "EZ");
+    // The client re-prepares the same text under a new name: a fresh server statement.
+    h.client(parse("s2", "select * from t"));
+    h.client(sync());
+    let sent = h.server_out();
+    assert_eq!(sent[0][0], b'P');
+    assert_ne!(text(&sent[0]), text(&old[0]), "new generation, new server name");
+}
+
+#[test]
+fn stale_plan_is_retried_when_the_client_never_saw_the_old_shape() {
+    let reg = Arc::new(Registry::new(StmtConfig::default()));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    h.client(parse("s1", "select * from t"));
+    h.client(sync());
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    h.client_out();
+    h.server_out();
+    h.client(bind("s1"));
+    h.client(execute());
+    h.client(sync());
+    h.server_out();
+    h.server(msg(b'E', b"SERROR\0C0A000\0Mcached plan must not change result type\0\0"));
+    // Close of the stale statement, then the batch again on a new generation.
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(sent, "CPBES");
+    h.server(rfq(b'I')); // the first Sync's answer: hidden
+    for m in [msg(b'3', b""), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "2CZ", "no error, one ReadyForQuery");
+    assert_eq!(reg.stats.retries.load(Ordering::Relaxed), 1);
+}
