@@ -17,7 +17,8 @@
 //! changes settings), `timeout` (which idle timeout applies, and its error), `park` (what
 //! an idle client keeps while its busy half serves others), `settle` (bringing a server
 //! back to idle when its client left it mid-conversation), `inflow` (large client frames
-//! passed on as they arrive). `Session` holds each part's state in a field of its own.
+//! passed on as they arrive), `timing` (server time of executions of cached statements, for
+//! their statistics and plan guard). `Session` holds each part's state in a field of its own.
 
 mod client;
 mod flush;
@@ -35,6 +36,7 @@ mod settle;
 mod stmts;
 mod timeout;
 pub(crate) use timeout::Timeouts;
+mod timing;
 mod tx;
 mod wire_trace;
 
@@ -170,6 +172,10 @@ pub struct Session {
     spare_stmts: Option<Box<ClientStmts>>,
     /// Scratch space for statement cache keys.
     key_buf: Vec<u8>,
+    /// The driver's clock as last told (`timing`), µs.
+    clock_us: u64,
+    /// When the last timed execution on the linked server ended (`timing`), µs.
+    last_done_us: u64,
 }
 
 /// Counts of what one client has done since the driver last took them (`take_tally`, after
@@ -245,6 +251,8 @@ impl Session {
             tally: Tally::default(),
             spare_stmts: None,
             key_buf: Vec::new(),
+            clock_us: 0,
+            last_done_us: 0,
         }
     }
 

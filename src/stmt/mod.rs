@@ -9,11 +9,15 @@
 //! * `sql`: splitting and classifying Query texts, and recognizing SQL-level PREPARE /
 //!   EXECUTE / DEALLOCATE / DISCARD in simple queries.
 //! * `lift`: lifting a simple Query's numeric literals into parameters (autoprepare).
+//! * `stats`: per-statement execution statistics (calls, rows, errors, a time histogram).
+//! * `guard`: the plan guard's decision, per promoted or autoprepared text: which
+//!   executions run as the client sent them, and when the text is demoted.
 //!
 //! The session (`crate::session`) decides when to register, inject, rewrite and evict; this
 //! module only keeps the books. It must not know about sockets, pools or the reply queue.
 
 pub(crate) mod epoch;
+pub mod guard;
 pub(crate) mod idmap;
 pub(crate) mod lex;
 pub mod lift;
@@ -21,6 +25,7 @@ pub(crate) mod registry;
 pub(crate) mod runtime;
 pub(crate) mod server;
 pub(crate) mod sql;
+pub mod stats;
 
 pub use registry::{Registry, Statement, StmtConfig, StmtStats};
 pub(crate) use runtime::RunTime;
