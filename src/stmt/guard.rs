@@ -25,7 +25,9 @@
 //!   consistent difference.
 //! * A first finding empties the window and asks for a second one on fresh samples (a
 //!   chance finding rarely repeats); only that one demotes.
-//! * Sampling is cheap in the steady state (1 in `sample_one_in`) and denser (1 in 2)
+//! * Sampling is cheap in the steady state (1 in `sample_one_in`, reached after
+//!   8 × `sample_one_in` executions: one in executions/8 before, so a young text's first
+//!   change of parameters is seen soon) and denser (1 in 2)
 //!   during a *probe*, until `PROBE` as-sent samples are in: when the statement is new,
 //!   every `PERIOD` executions, after a first finding or a retry, while the figures lean
 //!   towards the cache being slower, and when the cached times shift (two executions in a
@@ -241,7 +243,12 @@ impl Guard {
         } else if self.probe_left > 0 {
             2
         } else {
-            self.cfg.sample_one_in.max(2)
+            // Denser while the text is young (one in execs/8): a change of parameters soon
+            // after it was promoted, which the cached times may not show (a generic plan
+            // as slow for the new values as a custom one was for the old), is seen within
+            // a few dozen executions; then 1 in `sample_one_in`.
+            let young = u32::try_from(self.execs / 8).unwrap_or(u32::MAX);
+            young.clamp(2, self.cfg.sample_one_in.max(2))
         }
     }
 

@@ -166,3 +166,14 @@ fn sampling_follows_no_pattern_of_the_execution_numbers() {
     assert!((400..600).contains(&even) && (400..600).contains(&odd), "{even} {odd}");
     assert!(sampled(1, 5, 1) && !sampled(1, 5, 0));
 }
+
+#[test]
+fn a_shift_the_cached_times_do_not_show_is_caught_while_the_text_is_young() {
+    // The generic plan scans: as slow for the narrow range as a custom plan was for the
+    // wide ones, so only as-sent samples of the narrow range can show it.
+    for seed in 1..=20 {
+        let run = simulate(seed, 600, |i, _| if i < 20 { Class(38_000.0, 34_000.0) } else { Class(120.0, 34_000.0) });
+        let first = run.demoted_at.first().copied().unwrap_or(usize::MAX);
+        assert!((20..20 + 50).contains(&first), "seed {seed}: demoted at {first}");
+    }
+}
