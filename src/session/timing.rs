@@ -21,6 +21,13 @@ impl Session {
         self.clock_us = us;
     }
 
+    /// Whether an execution being timed waits for its reply (the driver reads the clock
+    /// before feeding server frames only then, or when it needs the time itself).
+    #[inline]
+    pub(crate) fn timing(&self) -> bool {
+        self.replies.iter().any(|p| p.timed.is_some())
+    }
+
     /// An Execute was just queued: if its portal was bound from a cached statement (or run
     /// as sent for one), its reply entry is stamped to be timed.
     pub(super) fn time_execute(&mut self, frame: &[u8]) {

@@ -215,7 +215,13 @@ pub(crate) struct Guard {
     streak: u32,
     /// When the last retry began: a retry that lasts `RETRY` executions ends the streak.
     retried_at: Option<u64>,
+    /// Cached executions since the tests last ran (they run at each as-sent sample, and
+    /// every `EVAL_EVERY` cached ones: a cached sample moves the figures little).
+    since_eval: u32,
 }
+
+/// Cached executions between two runs of the tests, when nothing else prompts one.
+const EVAL_EVERY: u32 = 8;
 
 impl Guard {
     /// A guard for a text just promoted: it starts with a probe (no baseline yet).
@@ -232,6 +238,7 @@ impl Guard {
             demoted: None,
             streak: 0,
             retried_at: None,
+            since_eval: 0,
         }
     }
 
@@ -298,6 +305,11 @@ impl Guard {
             self.next_probe = self.execs + PERIOD;
             self.probe_left = self.probe_left.max(PROBE);
         }
+        self.since_eval += 1;
+        if cached && self.suspect.is_none() && self.since_eval < EVAL_EVERY {
+            return None;
+        }
+        self.since_eval = 0;
         self.decide()
     }
 

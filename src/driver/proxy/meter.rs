@@ -61,9 +61,10 @@ impl Proxy {
 
     /// After server frames were fed: queries or transactions that ended are timed, and the
     /// figures go to the pool.
-    /// `now`: when the server frames were read (`meter_server_read`).
+    /// `now`: when the server frames were read (`meter_server_read`; 0: not read).
     pub(super) fn meter_replies(&mut self, now: u64) {
         let Some(tally) = self.session.get().take_tally() else { return };
+        let now = if now != 0 { now } else { census::mono_us(Instant::now()) };
         let more = self.session.get().outstanding() > 0;
         let m = &mut self.meter;
         let t = &self.pool.stats.traffic;
@@ -109,9 +110,12 @@ impl Proxy {
         now
     }
 
-    /// Server frames are about to be fed: the session's clock is set for them (one clock
-    /// read, which `meter_replies` uses too).
+    /// Server frames are about to be fed: when an execution is being timed, the session's
+    /// clock is set for them (a clock read `meter_replies` uses too; 0: none read).
     pub(super) fn meter_server_read(&mut self) -> u64 {
+        if !self.session.get().timing() {
+            return 0;
+        }
         let t = census::mono_us(Instant::now());
         self.session.get().set_clock(t);
         t
