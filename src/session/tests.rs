@@ -1429,7 +1429,7 @@ fn the_plan_guard_demotes_a_slow_promoted_statement() {
     // (ran as sent, demoted after it)
     let mut round = |h: &mut H| {
         h.s.set_clock(clock);
-        h.client(parse("", "select 1"));
+        h.client(parse("", "select 1 where $1"));
         h.client(bind(""));
         h.client(execute());
         h.client(sync());

@@ -232,9 +232,10 @@ impl Statement {
     }
 
     /// Its plan guard, made now if it has none (it was just promoted or autoprepared), if
-    /// the pool guards plans.
+    /// the pool guards plans and its text has parameters: without any, PostgreSQL has one
+    /// plan for it, cached or not (and BEGIN, SET and the like are not planned at all).
     pub(crate) fn guard(&self, cfg: &StmtConfig) -> Option<&GuardCell> {
-        if cfg.guard.sample_one_in == 0 {
+        if cfg.guard.sample_one_in == 0 || (self.guard.get().is_none() && !self.query.contains(&b'$')) {
             return None;
         }
         Some(self.guard.get_or_init(|| {
