@@ -38,6 +38,7 @@ pub(crate) fn render(v: &dyn View) -> String {
             .collect(),
         paused: v.paused(),
         console_clients: v.console_clients() as i64,
+        top: v.top_statements(),
     };
     let mut registry = Registry::with_prefix("parsnip");
     registry.register_collector(Box::new(scrape));
@@ -65,6 +66,8 @@ struct Scrape {
     pools: Vec<(PoolSnapshot, Conns)>,
     paused: bool,
     console_clients: i64,
+    /// Statements per pool listed (the top ones by total server time).
+    top: usize,
 }
 
 type Labels<'a> = [(&'static str, &'a str); 2];
@@ -222,6 +225,8 @@ impl Collector for Scrape {
             stmt(|s| &s.retries),
         )?;
         counters(e, "binds", "Binds of cached statements.", pools, |p| p.totals.binds)?;
+        counters(e, "plan_guard_demotions", "Statement texts the plan guard demoted.", pools, stmt(|s| &s.demotions))?;
+        statements(e, pools, self.top)?;
         counters(e, "pipelined", "Checkouts served on a connection busy with other clients' batches.", pools, |p| {
             p.pipelined
         })?;
@@ -247,4 +252,78 @@ impl Collector for Scrape {
         ConstGauge::new(self.console_clients).encode(m)?;
         Ok(())
     }
+}
+
+/// Per statement, for the `top` statements of each pool by total server time (bounded:
+/// at most `top` × pools series per family): executions by kind, rows, errors, server time,
+/// and whether the plan guard has it demoted. Labelled with the server name and the first
+/// 100 characters of its text.
+fn statements(e: &mut DescriptorEncoder, pools: &[(PoolSnapshot, Conns)], top: usize) -> Result<(), std::fmt::Error> {
+    let mut rows = Vec::new();
+    for (p, _) in pools {
+        let mut stmts: Vec<_> = p.stmts.statements().into_iter().map(|s| (s.exec.figures(), s)).collect();
+        stmts.sort_by(|a, b| b.0.total_us.cmp(&a.0.total_us).then_with(|| a.1.server_name.cmp(&b.1.server_name)));
+        for (f, s) in stmts.into_iter().take(top).filter(|(f, _)| f.calls() > 0) {
+            let query: String = String::from_utf8_lossy(&s.query).chars().take(100).collect();
+            let demoted = s.guard.get().is_some_and(|g| g.state().0.is_some());
+            rows.push((p, s.server_name.to_string(), query, f, demoted));
+        }
+    }
+    let l = |p: &PoolSnapshot, name: &str, query: &str, kind: Option<&'static str>| {
+        let mut v = vec![
+            ("database", p.key.db.clone()),
+            ("user", p.key.user.clone()),
+            ("statement", name.to_owned()),
+            ("query", query.to_owned()),
+        ];
+        if let Some(k) = kind {
+            v.push(("kind", k.to_owned()));
+        }
+        v
+    };
+    {
+        let mut m = e.encode_descriptor(
+            "statement_calls",
+            "Executions of a cached statement, from the cache or as the client sent them (plan guard).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (p, name, query, f, _) in &rows {
+            for (kind, n) in [("cached", f.cached), ("as_sent", f.as_sent)] {
+                ConstCounter::new(n).encode(m.encode_family(&l(p, name, query, Some(kind)))?)?;
+            }
+        }
+    }
+    type Get = fn(&crate::stmt::stats::ExecFigures) -> u64;
+    let families: [(&str, &str, Get); 2] = [
+        ("statement_rows", "Rows a cached statement's executions returned or affected.", |f| f.rows),
+        ("statement_errors", "Executions of a cached statement that failed.", |f| f.errors),
+    ];
+    for (name_, help, get) in families {
+        let mut m = e.encode_descriptor(name_, help, None, MetricType::Counter)?;
+        for (p, name, query, f, _) in &rows {
+            ConstCounter::new(get(f)).encode(m.encode_family(&l(p, name, query, None))?)?;
+        }
+    }
+    {
+        let mut m = e.encode_descriptor(
+            "statement_seconds",
+            "Server time of a cached statement's executions (sent to completed).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (p, name, query, f, _) in &rows {
+            ConstCounter::new(secs(f.total_us)).encode(m.encode_family(&l(p, name, query, None))?)?;
+        }
+    }
+    let mut m = e.encode_descriptor(
+        "statement_demoted",
+        "1 while the plan guard runs the statement as sent.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (p, name, query, _, demoted) in &rows {
+        ConstGauge::new(i64::from(*demoted)).encode(m.encode_family(&l(p, name, query, None))?)?;
+    }
+    Ok(())
 }

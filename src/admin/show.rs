@@ -402,6 +402,7 @@ fn show_prepared_statements(v: &dyn View) -> Table {
         ("invalidations", Q),
         ("retries", Q),
         ("describes_saved", Q),
+        ("demotions", Q),
     ]);
     for p in v.pools() {
         let s = &p.stmts.stats;
@@ -418,16 +419,65 @@ fn show_prepared_statements(v: &dyn View) -> Table {
             c(&s.invalidations),
             c(&s.retries),
             c(&s.describes_saved),
+            c(&s.demotions),
         ]);
     }
     table
 }
 
+/// The cached statements with their statistics (`stmt::stats`: executions from the cache
+/// and as sent, rows, errors, server time in µs, its percentiles) and plan guard
+/// (`stmt::guard`: "watched" or "demoted", with the mean cached and as-sent times that
+/// demoted it, or over its window now).
 fn show_statements(v: &dyn View) -> Table {
-    let mut table = Table::new(&[("database", S), ("user", S), ("server_name", S), ("refs", Q), ("query", S)]);
+    let mut table = Table::new(&[
+        ("database", S),
+        ("user", S),
+        ("server_name", S),
+        ("refs", Q),
+        ("query", S),
+        ("calls", Q),
+        ("cached_calls", Q),
+        ("as_sent_calls", Q),
+        ("rows", Q),
+        ("errors", Q),
+        ("total_time", Q),
+        ("p50_time", Q),
+        ("p95_time", Q),
+        ("p99_time", Q),
+        ("plan_guard", S),
+        ("cached_time", Q),
+        ("as_sent_time", Q),
+    ]);
     for p in v.pools() {
-        for (name, query, refs) in p.stmts.snapshot() {
-            table.push(vec![t(&p.key.db), t(&p.key.user), t(name), n(refs), t(query)]);
+        let mut stmts = p.stmts.statements();
+        stmts.sort_by(|a, b| a.server_name.cmp(&b.server_name));
+        for s in stmts {
+            let f = s.exec.figures();
+            let (guard, (cached_us, as_sent_us)) = match s.guard.get().map(|g| g.state()) {
+                None => ("", (0, 0)),
+                Some((Some(figures), _)) => ("demoted", figures),
+                Some((None, means)) => ("watched", means),
+            };
+            table.push(vec![
+                t(&p.key.db),
+                t(&p.key.user),
+                t(&*s.server_name),
+                n(std::sync::Arc::strong_count(&s) - 2),
+                t(String::from_utf8_lossy(&s.query)),
+                n(f.calls()),
+                n(f.cached),
+                n(f.as_sent),
+                n(f.rows),
+                n(f.errors),
+                n(f.total_us),
+                n(f.p50_us),
+                n(f.p95_us),
+                n(f.p99_us),
+                t(guard),
+                n(cached_us),
+                n(as_sent_us),
+            ]);
         }
     }
     table

@@ -116,6 +116,10 @@ pub(crate) trait View {
     fn paused(&self) -> bool;
     /// Console connections open now.
     fn console_clients(&self) -> usize;
+    /// Statements per pool the metrics list (`stats_top_statements`).
+    fn top_statements(&self) -> usize {
+        20
+    }
     /// The other instances cancel requests are forwarded to (`[peers]`), by id.
     fn peers(&self) -> Vec<PeerRow> {
         Vec::new()

@@ -155,6 +155,15 @@ pub struct Config {
     pub autoprepare: bool,
     /// Sightings of a lifted text before it is cached (0 = never).
     pub autoprepare_after: u32,
+    /// The plan guard (`stmt::guard`): promoted and autoprepared texts run as the client
+    /// sent them now and then, and are demoted when the cache is reliably slower.
+    pub plan_guard: bool,
+    /// One execution in this many runs as sent to keep the guard's baseline (at least 2).
+    pub plan_guard_sample: u32,
+    /// Cached executions must be this many times slower than the baseline to demote.
+    pub plan_guard_ratio: f64,
+    /// Statements per pool in the Prometheus metrics (the top ones by total time).
+    pub stats_top_statements: usize,
     /// Batches in flight at once on one server connection when clients wait for one:
     /// another client's qualifying batch may be written behind the one whose replies are
     /// still coming (`driver::pipe`). 1 = one batch at a time (no pipelining).
@@ -301,6 +310,10 @@ impl Default for Config {
             describe_from_cache: false,
             autoprepare: false,
             autoprepare_after: 3,
+            plan_guard: true,
+            plan_guard_sample: 64,
+            plan_guard_ratio: 1.5,
+            stats_top_statements: 20,
             pipeline_depth: 8,
             pipeline_max_statement_ms: 2.0,
             server_reset_query: "DISCARD ALL".into(),
@@ -394,6 +407,9 @@ impl Config {
         }
         if self.stats_period == 0 {
             return Err(ConfigError("stats_period must be at least 1 (seconds)".into()));
+        }
+        if self.plan_guard_sample < 2 || self.plan_guard_ratio.is_nan() || self.plan_guard_ratio < 1.0 {
+            return Err(ConfigError("plan_guard_sample must be at least 2 and plan_guard_ratio at least 1".into()));
         }
         if self.min_pool_size > self.pool_size {
             return Err(ConfigError("min_pool_size must not exceed pool_size".into()));
@@ -549,6 +565,10 @@ impl Config {
             describe_from_cache: self.describe_from_cache,
             autoprepare: self.autoprepare,
             autoprepare_after: self.autoprepare_after,
+            guard: crate::stmt::guard::GuardConfig {
+                sample_one_in: if self.plan_guard { self.plan_guard_sample } else { 0 },
+                ratio: self.plan_guard_ratio,
+            },
         }
     }
     /// See `client_login_timeout_ms` (never disabled).

@@ -425,6 +425,10 @@ impl View for Live<'_> {
         self.0.consoles.load(Ordering::Relaxed)
     }
 
+    fn top_statements(&self) -> usize {
+        self.0.cfg.load().stats_top_statements
+    }
+
     fn peers(&self) -> Vec<PeerRow> {
         let cfg = self.0.cfg.load();
         let mut rows: Vec<PeerRow> = cfg

@@ -287,6 +287,7 @@ impl Session {
                 if self.stmts.registry.is_some() {
                     self.on_execute(frame);
                     self.track_execute(frame);
+                    self.time_execute(frame);
                 }
             }
             tags::CLOSE => self.forward(frame, Req::Close),

@@ -16,7 +16,8 @@
 //! `settings` (recognizing SQL that changes settings), `timeout` (which idle timeout
 //! applies, and its error), `park` (what an idle client keeps while its busy half serves
 //! others), `settle` (bringing a server back to idle when its client left it
-//! mid-conversation), `inflow` (large client frames passed on as they arrive), `wire_trace`
+//! mid-conversation), `inflow` (large client frames passed on as they arrive), `timing` (server time of
+//! executions of cached statements, for their statistics and plan guard), `wire_trace`
 //! (the frames of a conversation, logged at trace level). `Session` holds each part's
 //! state in a field of its own.
 
@@ -36,6 +37,7 @@ mod settle;
 mod stmts;
 mod timeout;
 pub(crate) use timeout::Timeouts;
+mod timing;
 mod tx;
 mod wire_trace;
 
@@ -171,6 +173,10 @@ pub struct Session {
     spare_stmts: Option<Box<ClientStmts>>,
     /// Scratch space for statement cache keys.
     key_buf: Vec<u8>,
+    /// The driver's clock as last told (`timing`), µs.
+    clock_us: u64,
+    /// When the last timed execution on the linked server ended (`timing`), µs.
+    last_done_us: u64,
 }
 
 /// Counts of what one client has done since the driver last took them (`take_tally`, after
@@ -246,6 +252,8 @@ impl Session {
             tally: Tally::default(),
             spare_stmts: None,
             key_buf: Vec::new(),
+            clock_us: 0,
+            last_done_us: 0,
         }
     }
 

@@ -78,6 +78,8 @@ impl Session {
         self.retry.frame_at = 0;
         // Portals end with their transaction: none is left to describe.
         self.stmts.last_bind = None;
+        self.stmts.last_plain = None;
+        self.stmts.as_sent_next = None;
         // What the last link was (a read pool's, lent to other clients) is set afresh at
         // the next one.
         self.wants_reads = false;
@@ -145,6 +147,8 @@ impl ClientStmts {
             && matches!(self.unnamed, Unnamed::None)
             && self.described.is_empty()
             && self.last_bind.is_none()
+            && self.last_plain.is_none()
+            && self.as_sent_next.is_none()
             && self.dealloc_portal.is_none()
             && self.shape_mismatch.is_none()
             && self.fresh_in_tx.is_none()

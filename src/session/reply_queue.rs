@@ -265,6 +265,14 @@ pub(crate) struct Pending {
     /// (`stmts::autoprepare`): its ParseComplete, BindComplete and NoData are not the
     /// client's, and its errors map back to the client's text through this.
     pub(crate) simple: Option<Arc<crate::stmt::lift::Origin>>,
+    /// An Execute of a portal of this cached statement (or of the unnamed statement run as
+    /// sent in its place, `timed_cached` false): its server time, rows and error count for
+    /// the statement (`stmt::stats`, `stmt::guard`), from `sent_us`.
+    pub(crate) timed: Option<Arc<Statement>>,
+    /// See `timed`.
+    pub(crate) timed_cached: bool,
+    /// The session's clock when it was queued (`Session::set_clock`).
+    pub(crate) sent_us: u64,
 }
 
 impl Pending {
@@ -286,6 +294,9 @@ impl Pending {
             copy_end_after: false,
             fx,
             simple: None,
+            timed: None,
+            timed_cached: false,
+            sent_us: 0,
         }
     }
     /// A request of the pooler's own.
@@ -300,6 +311,9 @@ impl Pending {
             copy_end_after: false,
             fx: Fx::default(),
             simple: None,
+            timed: None,
+            timed_cached: false,
+            sent_us: 0,
         }
     }
     /// True for an entry the pooler answers itself.

@@ -20,6 +20,9 @@ impl Session {
         self.link = Link::Linked;
         self.lent = false;
         self.on_reads = false;
+        // Executions on this server start no earlier than now (a busy half unparked from
+        // another client carries the end of an execution on another server).
+        self.last_done_us = 0;
         server.tx_status = TxStatus::Idle;
         server.stmts.begin_link();
         self.trim_server_statements(server);
@@ -165,7 +168,7 @@ impl Session {
         if forwarded && head.fx.script.is_some() {
             self.on_script_reply(frame);
             if req.completed_by(tag) {
-                self.complete_head(tag);
+                self.complete_head(frame);
             }
             return;
         }
@@ -204,7 +207,7 @@ impl Session {
                 self.enter(Phase::CopyIn);
             }
         } else if req.completed_by(tag) {
-            self.complete_head(tag);
+            self.complete_head(frame);
         }
     }
 
@@ -238,9 +241,14 @@ impl Session {
         }
     }
 
-    /// The request at the head of the queue is done (`tag` completed it).
-    fn complete_head(&mut self, tag: u8) {
+    /// The request at the head of the queue is done (`frame` completed it).
+    fn complete_head(&mut self, frame: &[u8]) {
+        let tag = frame[0];
         let Some(p) = self.replies.pop() else { return };
+        if let Some(s) = &p.timed {
+            let rows = if tag == tags::COMMAND_COMPLETE { crate::stmt::stats::tag_rows(body(frame)) } else { 0 };
+            self.execution_done(s, p.timed_cached, p.sent_us, rows, false);
+        }
         if p.req == Req::Execute
             && tag == tags::COMMAND_COMPLETE
             && let Some(sql) = p.tracked_sql
@@ -268,6 +276,11 @@ impl Session {
         let param_desc = self.param_desc.take();
         let Some(head) = self.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
         head.failed = true;
+        if let Some(s) = head.timed.take() {
+            let (cached, sent) = (head.timed_cached, head.sent_us);
+            self.execution_done(&s, cached, sent, 0, true);
+        }
+        let Some(head) = self.replies.head_mut() else { return };
         let req = head.req;
         let code = statement_error_class(body(frame));
         if backend::error_field(body(frame), b'C').is_some_and(|c| c.starts_with(b"XX")) {

@@ -12,11 +12,15 @@
 //! * `runtime`: how long batches of one kind recently took on a server (pipelining).
 //! * `idmap`: maps keyed by the statement ids the registry hands out.
 //! * `memo`: facts about a statement's text worked out on first need and kept in it.
+//! * `stats`: per-statement execution statistics (calls, rows, errors, a time histogram).
+//! * `guard`: the plan guard's decision, per promoted or autoprepared text: which
+//!   executions run as the client sent them, and when the text is demoted.
 //!
 //! The session (`crate::session`) decides when to register, inject, rewrite and evict; this
 //! module only keeps the books. It must not know about sockets, pools or the reply queue.
 
 pub(crate) mod epoch;
+pub mod guard;
 pub(crate) mod idmap;
 pub(crate) mod lex;
 pub mod lift;
@@ -25,6 +29,7 @@ pub(crate) mod registry;
 pub(crate) mod runtime;
 pub(crate) mod server;
 pub(crate) mod sql;
+pub mod stats;
 
 pub use registry::{Registry, Statement, StmtConfig, StmtStats};
 pub(crate) use runtime::RunTime;

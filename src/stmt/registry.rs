@@ -32,6 +32,8 @@ pub struct StmtConfig {
     pub(crate) autoprepare: bool,
     /// Sightings of a lifted text before it is cached (like `promote_unnamed_after`).
     pub(crate) autoprepare_after: u32,
+    /// The plan guard of promoted and autoprepared texts (`super::guard`).
+    pub(crate) guard: super::guard::GuardConfig,
 }
 
 impl Default for StmtConfig {
@@ -44,6 +46,9 @@ impl Default for StmtConfig {
             describe_from_cache: false,
             autoprepare: false,
             autoprepare_after: 3,
+            // Off here (the unit tests' default: promotion stays deterministic); the
+            // configuration's default turns it on (`config::Config::stmt_config`).
+            guard: super::guard::GuardConfig { sample_one_in: 0, ..Default::default() },
         }
     }
 }
@@ -91,12 +96,53 @@ pub struct Statement {
     pub(crate) bind_watch: super::memo::OnceBindWatch,
     /// How long batches using it recently took on a server.
     pub(crate) runs: super::RunTime,
+    /// What its executions came to (`super::stats`).
+    pub(crate) exec: super::stats::ExecStats,
+    /// The plan guard, once it was promoted from an unnamed statement or autoprepared.
+    pub(crate) guard: std::sync::OnceLock<Box<GuardCell>>,
     /// Its registry key and parameter types, to make a new generation.
     key: Box<[u8]>,
     types: Box<[u8]>,
     /// The shape epoch when it was made: a server infers the types of parameters a Parse
     /// leaves unspecified from the schema of that moment (`infers_stale_types`).
     born_epoch: u64,
+}
+
+/// A statement's plan guard (`super::guard`), shared by every session: the decision behind
+/// a mutex that sessions only `try_lock` (a sample recorded while another thread holds it
+/// is dropped), and what sessions read on every execution as atomics.
+#[derive(Debug)]
+pub(crate) struct GuardCell {
+    pub(crate) guard: Mutex<super::guard::Guard>,
+    /// `Guard::one_in` as of the last execution recorded.
+    pub(crate) one_in: std::sync::atomic::AtomicU32,
+    /// Executions chosen for so far (the sampling hash's input).
+    pub(crate) seq: AtomicU64,
+}
+
+impl GuardCell {
+    /// Whether the next execution runs as the client sent it.
+    #[inline]
+    pub(crate) fn as_sent(&self, id: u64) -> bool {
+        let one_in = self.one_in.load(Ordering::Relaxed);
+        one_in == 1 || super::guard::sampled(id, self.seq.fetch_add(1, Ordering::Relaxed), one_in)
+    }
+
+    /// Records an execution; what it changed, if anything (None also when another thread
+    /// was recording).
+    pub(crate) fn record(&self, cached: bool, us: u64) -> Option<super::guard::Verdict> {
+        let mut g = self.guard.try_lock().ok()?;
+        let v = g.record(cached, us);
+        self.one_in.store(g.one_in(), Ordering::Relaxed);
+        v
+    }
+
+    /// While demoted: the (cached µs, as-sent µs) that demoted it; and the mean times over
+    /// the guard's window now.
+    pub(crate) fn state(&self) -> (Option<(u64, u64)>, (u64, u64)) {
+        let g = self.guard.lock().unwrap_or_else(|e| e.into_inner());
+        (g.demotion(), g.means())
+    }
 }
 
 /// Statements are the same when they are the same server statement.
@@ -148,6 +194,8 @@ impl Statement {
             plain_read: Default::default(),
             bind_watch: Default::default(),
             runs: Default::default(),
+            exec: Default::default(),
+            guard: std::sync::OnceLock::new(),
             key: key.into(),
             types: types.into(),
             born_epoch: super::epoch::current(),
@@ -181,6 +229,23 @@ impl Statement {
         }
     }
 
+    /// Its plan guard, made now if it has none (it was just promoted or autoprepared), if
+    /// the pool guards plans and its text has parameters: without any, PostgreSQL has one
+    /// plan for it, cached or not (and BEGIN, SET and the like are not planned at all).
+    pub(crate) fn guard(&self, cfg: &StmtConfig) -> Option<&GuardCell> {
+        if cfg.guard.sample_one_in == 0 || (self.guard.get().is_none() && !self.query.contains(&b'$')) {
+            return None;
+        }
+        Some(self.guard.get_or_init(|| {
+            let g = super::guard::Guard::new(cfg.guard);
+            Box::new(GuardCell {
+                one_in: std::sync::atomic::AtomicU32::new(g.one_in()),
+                guard: Mutex::new(g),
+                seq: AtomicU64::new(0),
+            })
+        }))
+    }
+
     /// True once a server accepted it and it is not stale.
     #[inline]
     pub(crate) fn is_valid(&self) -> bool {
@@ -208,6 +273,8 @@ pub struct StmtStats {
     pub(crate) retries: AtomicU64,
     /// Describe messages of cached statements answered without a server.
     pub(crate) describes_saved: AtomicU64,
+    /// Texts the plan guard demoted (`super::guard`).
+    pub(crate) demotions: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -342,7 +409,13 @@ impl Registry {
         self.lock().map.len()
     }
 
+    /// The statements, for the console and the metrics.
+    pub(crate) fn statements(&self) -> Vec<Arc<Statement>> {
+        self.lock().map.values().cloned().collect()
+    }
+
     /// A snapshot of the statements: (server name, query text, clients+servers holding it).
+    #[cfg(test)]
     pub(crate) fn snapshot(&self) -> Vec<(String, String, usize)> {
         let g = self.lock();
         let mut v: Vec<_> = g

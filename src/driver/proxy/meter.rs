@@ -1,7 +1,8 @@
 //! What one client's traffic adds to its pool's figures (PgBouncer's `SHOW STATS`: queries,
 //! transactions, bytes, query, transaction and wait times): the session counts queries and
 //! transactions (`Session::take_tally`), this times them. Two clock reads per query (its
-//! first bytes, its ReadyForQuery) and a few relaxed atomic adds per ReadyForQuery. Small:
+//! first bytes, and each read of server frames, also the session's clock for timing
+//! executions: `session::timing`) and a few relaxed atomic adds per ReadyForQuery. Small:
 //! every idle client's task carries it.
 
 use super::Proxy;
@@ -49,6 +50,8 @@ impl Proxy {
         }
         let now = Instant::now();
         let t = census::mono_us(now);
+        // The session times executions from it (`session::timing`).
+        self.session.get().set_clock(t);
         self.meter.query_start = t;
         if self.meter.xact_start == 0 {
             self.meter.xact_start = t;
@@ -58,9 +61,10 @@ impl Proxy {
 
     /// After server frames were fed: queries or transactions that ended are timed, and the
     /// figures go to the pool.
-    pub(super) fn meter_replies(&mut self) {
+    /// `now`: when the server frames were read (`meter_server_read`; 0: not read).
+    pub(super) fn meter_replies(&mut self, now: u64) {
         let Some(tally) = self.session.get().take_tally() else { return };
-        let now = census::mono_us(Instant::now());
+        let now = if now != 0 { now } else { census::mono_us(Instant::now()) };
         let more = self.session.get().outstanding() > 0;
         let m = &mut self.meter;
         let t = &self.pool.stats.traffic;
@@ -95,7 +99,7 @@ impl Proxy {
 
     /// The client is leaving: what is not added yet is added now.
     pub(in crate::driver) fn meter_finish(&mut self) {
-        self.meter_replies();
+        self.meter_replies(census::mono_us(Instant::now()));
         self.meter_bytes();
     }
 
@@ -106,9 +110,22 @@ impl Proxy {
         now
     }
 
-    /// The client waited since `since` for a server.
-    pub(super) fn meter_waited(&self, since: Instant) {
-        self.pool.stats.traffic.waited(since.elapsed().as_micros() as u64);
+    /// Server frames are about to be fed: when an execution is being timed, the session's
+    /// clock is set for them (a clock read `meter_replies` uses too; 0: none read).
+    pub(super) fn meter_server_read(&mut self) -> u64 {
+        if !self.session.get().timing() {
+            return 0;
+        }
+        let t = census::mono_us(Instant::now());
+        self.session.get().set_clock(t);
+        t
+    }
+
+    /// The client waited since `since` for a server: what it sends next is sent now.
+    pub(super) fn meter_waited(&mut self, since: Instant) {
+        let now = Instant::now();
+        self.session.get().set_clock(census::mono_us(now));
+        self.pool.stats.traffic.waited(now.saturating_duration_since(since).as_micros() as u64);
         self.slot.live.waiting_since_us.store(0, Ordering::Relaxed);
     }
 }

@@ -244,8 +244,9 @@ impl Proxy {
                     }
                 }
                 Event::Server => {
+                    let now = self.meter_server_read();
                     self.read_server();
-                    self.meter_replies();
+                    self.meter_replies(now);
                 }
                 Event::Writable | Event::Shutdown => {}
                 Event::Timer => {

@@ -52,6 +52,12 @@ pub(in crate::session) struct ClientStmts {
     pub(in crate::session) described: crate::stmt::idmap::IdSet,
     /// The portal and statement of the last Bind of a cached statement.
     pub(in crate::session) last_bind: Option<(Box<[u8]>, Arc<Statement>)>,
+    /// The portal of the last Bind of an unnamed statement the plan guard ran as sent, and
+    /// the cached statement its executions are measured for.
+    pub(in crate::session) last_plain: Option<(Box<[u8]>, Arc<Statement>)>,
+    /// The plan guard chose to run the next Parse of this statement (id) as sent, and it
+    /// waits for a server: the choice stands when it is fed again.
+    pub(in crate::session) as_sent_next: Option<u64>,
     /// The portal bound to this client's `DEALLOCATE ALL` (run on the server as a no-op).
     pub(in crate::session) dealloc_portal: Option<Box<[u8]>>,
     /// A statement whose fresh Parse described a different row shape than the one clients
@@ -123,6 +129,9 @@ pub(crate) enum Unnamed {
         frame: Vec<u8>,
         /// This client's Parse sequence.
         seq: u64,
+        /// The cached statement of the same text, when the plan guard runs it as sent
+        /// (`stmt::guard`): its executions count for that statement.
+        measure: Option<Arc<Statement>>,
     },
     /// Promoted: served by a cached named server statement.
     Cached(Arc<Statement>),

@@ -23,6 +23,9 @@ enum Lookup {
     Plain,
     /// Decided only with a server linked.
     NeedServer,
+    /// The server's own unnamed statement, as the client sent it, its executions measured
+    /// for this cached statement of the same text (the plan guard, `stmt::guard`).
+    AsSent(Arc<Statement>),
 }
 
 impl Session {
@@ -62,6 +65,17 @@ impl Session {
             match self.lookup_unnamed(&key, &registry, &p, srv.is_some()) {
                 Lookup::Cached(s) => Some(s),
                 Lookup::Plain => None,
+                Lookup::AsSent(s) if srv.is_some() => {
+                    self.key_buf = key;
+                    registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+                    return self.parse_plain(frame, srv, Some(s));
+                }
+                Lookup::AsSent(s) => {
+                    // The choice stands when the Parse is fed again, with a server.
+                    self.stmts.as_sent_next = Some(s.id);
+                    self.key_buf = key;
+                    return self.need_server(&[]);
+                }
                 Lookup::NeedServer => {
                     self.key_buf = key;
                     return self.need_server(&[]);
@@ -81,7 +95,7 @@ impl Session {
         registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
         match cached {
             Some(stmt) => self.parse_cached(&p, stmt, srv, in_failed_tx, &registry),
-            None => self.parse_plain(frame, srv),
+            None => self.parse_plain(frame, srv, None),
         }
     }
 
@@ -104,7 +118,7 @@ impl Session {
             Unnamed::Cached(s)
                 if s.has_key(key) && !s.stale.load(Ordering::Relaxed) && !s.infers_stale_types() && idle =>
             {
-                return Lookup::Cached(s.clone());
+                return self.guarded(s.clone(), registry);
             }
             _ => {}
         }
@@ -122,16 +136,26 @@ impl Session {
             registry.cfg.promote_unnamed_after
         };
         if idle && registry.see_unnamed_after(key, after) {
-            return Lookup::Cached(registry.for_parse(key, StmtKind::Protocol, p.query, p.param_types));
+            return self.guarded(registry.for_parse(key, StmtKind::Protocol, p.query, p.param_types), registry);
         }
         Lookup::Plain
     }
 
+    /// The cached statement `s` serves an unnamed Parse, unless its plan guard runs this
+    /// execution as the client sent it (a baseline sample, or the text is demoted).
+    fn guarded(&self, s: Arc<Statement>, registry: &Registry) -> Lookup {
+        match s.guard(&registry.cfg) {
+            Some(g) if self.stmts.as_sent_next == Some(s.id) || g.as_sent(s.id) => Lookup::AsSent(s),
+            _ => Lookup::Cached(s),
+        }
+    }
+
     /// A plain unnamed statement: the server parses it; it is remembered for replay.
-    fn parse_plain(&mut self, frame: &[u8], srv: Option<&mut ServerState>) -> bool {
+    fn parse_plain(&mut self, frame: &[u8], srv: Option<&mut ServerState>, measure: Option<Arc<Statement>>) -> bool {
         let Some(srv) = srv else { return self.need_server(&[]) };
+        self.stmts.as_sent_next = None;
         self.stmts.unnamed_seq += 1;
-        self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.stmts.unnamed_seq };
+        self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.stmts.unnamed_seq, measure };
         srv.stmts.unnamed_owner = Some((self.uid, self.stmts.unnamed_seq));
         self.to_server.extend_from_slice(frame);
         let fx = Fx { client: ClientFx::Unnamed, ..Fx::default() };
@@ -193,7 +217,7 @@ impl Session {
         let cached = if name.is_empty() {
             match &self.stmts.unnamed {
                 Unnamed::Cached(s) => s.clone(),
-                Unnamed::Plain { frame, seq } => {
+                Unnamed::Plain { frame, seq, .. } => {
                     if srv.stmts.unnamed_owner != Some((self.uid, *seq)) {
                         // Parsed on another server (or replaced since): parse it again here.
                         self.to_server.extend_from_slice(frame);

@@ -29,6 +29,9 @@ impl Session {
                 // The portal is re-bound: a Describe of it no longer describes that statement.
                 self.stmts.last_bind = None;
             }
+            if self.stmts.last_plain.as_ref().is_some_and(|(p, _)| **p == *portal) {
+                self.stmts.last_plain = None;
+            }
             let BindText { text, watch } = match &resolved {
                 // Resolved already: no second lookup of its name.
                 Resolved::Cached(s) => super::cached_bind_text(s),
@@ -55,7 +58,15 @@ impl Session {
         match resolved {
             Resolved::Held => return false,
             Resolved::Failed => {}
-            Resolved::Plain => self.forward(frame, Req::Bind),
+            Resolved::Plain => {
+                if stmt_name.is_empty()
+                    && let super::Unnamed::Plain { measure: Some(s), .. } = &self.stmts.unnamed
+                {
+                    // Run as sent by the plan guard: its executions count for `s`.
+                    self.stmts.last_plain = Some((portal.into(), s.clone()));
+                }
+                self.forward(frame, Req::Bind)
+            }
             Resolved::Cached(s) => {
                 self.tally.binds = self.tally.binds.wrapping_add(1);
                 self.stmts.last_bind = Some((portal.into(), s.clone()));

@@ -1,0 +1,75 @@
+//! Timing executions of cached statements for their statistics and plan guard (issue 24,
+//! `stmt::stats`, `stmt::guard`). The session has no clock: the driver tells it the time
+//! (`set_clock`) when it reads one anyway — when a client's request starts, after a wait for
+//! a server, before server frames are fed. An Execute of a portal bound from a cached
+//! statement (or from the unnamed statement the guard ran as sent in its place) is stamped
+//! when queued; its CommandComplete, PortalSuspended or ErrorResponse ends it. Its server
+//! time runs from the later of its stamp and the end of the previous execution on that
+//! server (the server runs one at a time), to the feed that brought its end.
+
+use super::Session;
+use crate::protocol::{body, read_cstr};
+use crate::stmt::Statement;
+use crate::stmt::guard::Verdict;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl Session {
+    /// The driver's clock, µs on a monotonic scale: what the next frames fed happen at.
+    #[inline]
+    pub(crate) fn set_clock(&mut self, us: u64) {
+        self.clock_us = us;
+    }
+
+    /// Whether an execution being timed waits for its reply (the driver reads the clock
+    /// before feeding server frames only then, or when it needs the time itself).
+    #[inline]
+    pub(crate) fn timing(&self) -> bool {
+        self.replies.iter().any(|p| p.timed.is_some())
+    }
+
+    /// An Execute was just queued: if its portal was bound from a cached statement (or run
+    /// as sent for one), its reply entry is stamped to be timed.
+    pub(super) fn time_execute(&mut self, frame: &[u8]) {
+        let Some((portal, _)) = read_cstr(body(frame)) else { return };
+        let target = match (&self.stmts.last_bind, &self.stmts.last_plain) {
+            (Some((p, s)), _) if **p == *portal => (s.clone(), true),
+            (_, Some((p, s))) if **p == *portal => (s.clone(), false),
+            _ => return,
+        };
+        if let Some(p) = self.replies.last_mut() {
+            p.timed = Some(target.0);
+            p.timed_cached = target.1;
+            p.sent_us = self.clock_us;
+        }
+    }
+
+    /// A timed execution of `s` ended (`failed`: with an error) after returning `rows`.
+    pub(super) fn execution_done(&mut self, s: &Arc<Statement>, cached: bool, sent_us: u64, rows: u64, failed: bool) {
+        let us = self.clock_us.saturating_sub(sent_us.max(self.last_done_us));
+        self.last_done_us = self.clock_us;
+        s.exec.record(cached, us, rows, failed);
+        if failed {
+            return;
+        }
+        let Some(g) = s.guard.get() else { return };
+        match g.record(cached, us) {
+            Some(Verdict::Demoted { cached_us, as_sent_us }) => {
+                if let Some(r) = &self.stmts.registry {
+                    r.stats.demotions.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::info!(
+                    statement = %s.server_name,
+                    cached_us,
+                    as_sent_us,
+                    query = %String::from_utf8_lossy(&s.query[..s.query.len().min(200)]),
+                    "plan guard: the cached statement is slower than the query as sent; running it as sent for a while"
+                );
+            }
+            Some(Verdict::Retried) => {
+                tracing::debug!(statement = %s.server_name, "plan guard: trying the cached statement again");
+            }
+            None => {}
+        }
+    }
+}
