@@ -256,3 +256,39 @@ async fn a_terminated_backend_gives_its_client_one_fatal() {
         .await;
     }
 }
+
+/// PostgreSQL 18 answers a simple Query or a FunctionCall sent inside an extended-protocol
+/// batch not ended by Sync, then fails the backend's next transaction start with XX000
+/// "StartTransactionCommand: unexpected state STARTED" (15 does not). A client that does
+/// that and stays connected gets the server back with its Sync as usual; the backend must
+/// not serve the next client (issue 23's hostile-client test found the FunctionCall case).
+#[tokio::test]
+async fn a_backend_postgresql_may_have_left_broken_serves_nobody_else() {
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    bounded(60, "a_backend_postgresql_may_have_left_broken_serves_nobody_else", async {
+        // pg_backend_pid(), oid 2026: no arguments, a text result.
+        let mut call = 2026u32.to_be_bytes().to_vec();
+        call.extend([0, 0, 0, 0, 0, 0]);
+        for (name, inside) in [("query", query_msg("SELECT 1")), ("function call", msg(b'F', &call))] {
+            let mut a = p.raw_login("postgres", SUPER_PW, "postgres").await;
+            a.send(&[parse("", "SELECT 1"), bind("", ""), execute(""), flush()].concat()).await.unwrap();
+            let mut seen = Vec::new();
+            while let Some(f) = within(Duration::from_secs(10), a.read_frame()).await.unwrap() {
+                seen.push(f.tag);
+                if f.tag == b'C' {
+                    break;
+                }
+            }
+            assert_eq!(seen, b"12DC", "{name}: the flushed batch's replies");
+            a.send(&[inside, sync()].concat()).await.unwrap();
+            for _ in 0..2 {
+                let (frames, _) = within(Duration::from_secs(10), a.read_until_ready()).await.unwrap();
+                assert!(frames.iter().all(|f| f.tag != b'E'), "{name}: {}", summarize(&frames));
+            }
+            // A stays connected: its server went back to the pool at its Sync.
+            next_client_is_served(&p, name).await;
+            drop(a);
+        }
+    })
+    .await;
+}

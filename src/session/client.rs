@@ -133,11 +133,12 @@ impl Session {
             return true;
         }
         let unnamed_owner = srv.stmts.unnamed_owner;
-        if tag == tags::QUERY && self.replies.is_unsynced() {
-            // A simple Query inside an extended-protocol batch not ended by Sync (a portal
-            // suspended, say): PostgreSQL 18 answers it inside the implicit transaction and
-            // then fails the backend's next transaction start with XX000 "unexpected state
-            // STARTED" — the next client's, through a pool. That backend is not reused.
+        if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) && self.replies.is_unsynced() {
+            // A simple Query (or a FunctionCall, which PostgreSQL runs the same way) inside
+            // an extended-protocol batch not ended by Sync (a portal suspended, say):
+            // PostgreSQL 18 answers it inside the implicit transaction and then fails the
+            // backend's next transaction start with XX000 "unexpected state STARTED" — the
+            // next client's, through a pool. That backend is not reused.
             self.server_dirty = true;
         }
         if tag == tags::QUERY {
