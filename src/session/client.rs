@@ -28,7 +28,7 @@ impl Session {
         self.note_client_output(to_c, frame[0], consumed);
         let fed = if consumed {
             Fed::Consumed
-        } else if self.link == Link::Linked {
+        } else if self.link.is_linked() {
             Fed::AwaitsReplies
         } else {
             Fed::NeedsServer
@@ -77,7 +77,7 @@ impl Session {
         let sql = matches!(tag, tags::QUERY | tags::PARSE) && !self.autoprep_feeding();
         // A server the session has already given back (a release queued, not yet carried
         // out) must not be used.
-        match server.filter(|_| self.link == Link::Linked) {
+        match server.filter(|_| self.link.is_linked()) {
             Some(srv) => {
                 if sql {
                     self.look_at_sql(frame);
@@ -120,7 +120,7 @@ impl Session {
 
     pub(super) fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
         if self.wants_reads && !self.is_read_batch(frame) {
-            if self.on_reads {
+            if self.link.state().is_some_and(|l| l.on_reads) {
                 // Not for a standby: it waits for this server to be given back.
                 return false;
             }
@@ -138,7 +138,7 @@ impl Session {
             // suspended, say): PostgreSQL 18 answers it inside the implicit transaction and
             // then fails the backend's next transaction start with XX000 "unexpected state
             // STARTED" — the next client's, through a pool. That backend is not reused.
-            self.server_dirty = true;
+            self.dirty_server_if(true);
         }
         if tag == tags::QUERY {
             // PostgreSQL drops the unnamed statement at every simple Query.
@@ -332,7 +332,7 @@ impl Session {
             if settings::maybe_setting_stmt(text) || (!self.tx.settings.is_empty() && settings::maybe_tx_end(text)) {
                 p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
             }
-            self.server_dirty |= settings::may_set_session_config(text);
+            self.dirty_server_if(settings::may_set_session_config(text));
             // Outside transactions, with the cache on: may others be queued behind it?
             p.plain_read = self.tx.status == TxStatus::Idle
                 && self.stmts.registry.is_some()

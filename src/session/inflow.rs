@@ -140,7 +140,7 @@ impl Session {
     /// closed rather than reused when the client gives it back; it may have changed the
     /// schema, so the shape epoch moves now and when its transaction ends.
     fn looked_past(&mut self) {
-        self.server_dirty = true;
+        self.dirty_server_if(true);
         crate::stmt::epoch::advance();
         self.tx.schema_change = true;
     }

@@ -72,11 +72,62 @@ pub enum Action {
     Close,
 }
 
+/// The session's server connection, and what is true of it only while it is linked: the
+/// state dies with the link, so nothing of one server carries over to the next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Link {
     Unlinked,
     Acquiring,
-    Linked,
+    Linked(LinkState),
+}
+
+/// What the session knows of its linked server beyond the reply queue (see `Link`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct LinkState {
+    /// The server took another client's batch behind this session's replies (`pipeline`):
+    /// nothing more may be written to it.
+    lent: bool,
+    /// A standby's server (`set_on_reads`): only plain reads are written to it; anything
+    /// else waits until it is given back, then goes to the primary.
+    on_reads: bool,
+    /// The client may have changed the server's session in a way parsnip cannot replay
+    /// (`set_config(…, false)`, `settings::may_set_session_config`; an internal error; a
+    /// Query it did not read): the server is closed, not reused, when given back.
+    dirty: bool,
+    /// When the last timed execution on this server ended (`timing`), µs.
+    last_done_us: u64,
+}
+
+impl Link {
+    /// The linked server's state, if one is linked.
+    fn state(&self) -> Option<&LinkState> {
+        match self {
+            Link::Linked(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    fn state_mut(&mut self) -> Option<&mut LinkState> {
+        match self {
+            Link::Linked(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    fn is_linked(&self) -> bool {
+        matches!(self, Link::Linked(_))
+    }
+
+    /// Unlinks, returning the state the link had (None if no server was linked).
+    fn unlink(&mut self) -> Option<LinkState> {
+        match std::mem::replace(self, Link::Unlinked) {
+            Link::Linked(l) => Some(l),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
 }
 
 /// What became of a client frame given to [`Session::handle_client`].
@@ -138,13 +189,6 @@ pub struct Session {
     /// ParameterDescription of a Describe S of a cached statement, held until the row
     /// description arrives (a stale statement errors in between, and is then retried).
     param_desc: Option<Box<[u8]>>,
-    /// The client may have called `set_config(…, false)` on the linked server: a
-    /// session-level change parsnip cannot replay, so that server is closed, not reused,
-    /// when this client gives it back (`settings::may_set_session_config`).
-    server_dirty: bool,
-    /// The linked server took another client's batch behind this session's replies
-    /// (`pipeline`): nothing more may be written to it.
-    lent: bool,
     /// Under transaction pooling, the client ran something that leaves state in the server
     /// session (`stmt::sql::holds_session_state`: LISTEN, temporary tables, WITH HOLD
     /// cursors, session advisory locks): it keeps its server connection, as in session
@@ -154,9 +198,6 @@ pub struct Session {
     /// that a standby may serve (`is_read_batch`), and so is everything written to that
     /// server since.
     wants_reads: bool,
-    /// The linked server is a standby's (`set_on_reads`): only plain reads are written to
-    /// it; anything else waits until it is given back, then goes to the primary.
-    on_reads: bool,
     /// The client's pool splits plain reads to standbys (`set_read_split`): only then is a
     /// batch asking for a server looked at for being one (`is_read_batch`).
     read_split: bool,
@@ -175,8 +216,6 @@ pub struct Session {
     key_buf: Vec<u8>,
     /// The driver's clock as last told (`timing`), µs.
     clock_us: u64,
-    /// When the last timed execution on the linked server ended (`timing`), µs.
-    last_done_us: u64,
 }
 
 /// Counts of what one client has done since the driver last took them (`take_tally`, after
@@ -240,11 +279,8 @@ impl Session {
             settings,
             uid,
             param_desc: None,
-            server_dirty: false,
-            lent: false,
             pinned: false,
             wants_reads: false,
-            on_reads: false,
             read_split: false,
             tx: TxState::default(),
             stmts: Box::new(ClientStmts::new(registry)),
@@ -253,7 +289,6 @@ impl Session {
             spare_stmts: None,
             key_buf: Vec::new(),
             clock_us: 0,
-            last_done_us: 0,
         }
     }
 
@@ -271,7 +306,7 @@ impl Session {
     }
     /// A server is linked.
     pub(crate) fn is_linked(&self) -> bool {
-        self.link == Link::Linked
+        self.link.is_linked()
     }
     /// Waiting for the pool.
     pub(crate) fn is_acquiring(&self) -> bool {
@@ -279,7 +314,7 @@ impl Session {
     }
     /// Linked, inside a transaction, with nothing outstanding: the client is idle in a transaction.
     pub(crate) fn is_idle_in_transaction(&self) -> bool {
-        self.link == Link::Linked && self.replies.is_empty() && self.tx.status != TxStatus::Idle
+        self.link.is_linked() && self.replies.is_empty() && self.tx.status != TxStatus::Idle
     }
     /// Requests outstanding on the linked server.
     pub(crate) fn outstanding(&self) -> usize {
@@ -325,6 +360,13 @@ impl Session {
     /// Actions are waiting for the driver.
     pub(crate) fn has_actions(&self) -> bool {
         !self.actions.is_empty()
+    }
+
+    /// The linked server is not to be reused when `yes` (`LinkState::dirty`).
+    fn dirty_server_if(&mut self, yes: bool) {
+        if yes && let Some(l) = self.link.state_mut() {
+            l.dirty = true;
+        }
     }
 
     /// Enters phase `p` from `Ready`; a closing session stays closing.

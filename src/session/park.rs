@@ -49,7 +49,6 @@ impl Session {
             && self.actions.is_empty()
             && self.acquire_error.is_none()
             && self.param_desc.is_none()
-            && !self.server_dirty
             && !self.pinned
             && tx.status == TxStatus::Idle
             && !tx.opening
@@ -83,8 +82,6 @@ impl Session {
         // What the last link was (a read pool's, lent to other clients) is set afresh at
         // the next one.
         self.wants_reads = false;
-        self.lent = false;
-        self.on_reads = false;
         let stmts = if self.stmts.holds_nothing() {
             let registry = self.stmts.registry.take();
             let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);

@@ -11,7 +11,7 @@
 //! the server to itself, as without pipelining.
 
 use super::reply_queue::{ClientFx, OnReply, Purpose, Req};
-use super::{Link, Phase, Session};
+use super::{Phase, Session};
 use crate::config::PoolMode;
 use crate::state::TxStatus;
 use crate::stmt::registry::StmtKind;
@@ -57,14 +57,14 @@ impl Session {
     /// backend reads a message ends the connection for every batch on it (issue 23's
     /// hostile-client test found it).
     pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
-        if self.link != Link::Linked
-            || self.mode == PoolMode::Session
+        let link = self.link.state()?;
+        if self.mode == PoolMode::Session
             || self.pinned
             || self.tx.status != TxStatus::Idle
             || self.tx.opening
             || matches!(self.phase, Phase::CopyIn | Phase::Held | Phase::ServerSkipping)
-            || self.server_dirty
-            || self.lent
+            || link.dirty
+            || link.lent
             || self.replies.is_unsynced()
             || self.stmts.dealloc_portal.is_some()
             || self.tx.tracked_portal.is_some()
@@ -149,7 +149,9 @@ impl Session {
     /// plain read that asked for a server: until it is given back, only plain reads go to
     /// it.
     pub(crate) fn set_on_reads(&mut self) {
-        self.on_reads = true;
+        if let Some(l) = self.link.state_mut() {
+            l.on_reads = true;
+        }
     }
 
     /// The driver let the server take another client's batch behind this session's: from
@@ -157,7 +159,9 @@ impl Session {
     /// would land behind the other batch). A transparent retry then re-prepares on the
     /// next server the client gets instead of closing the stale statement here.
     pub(crate) fn set_lent(&mut self) {
-        self.lent = true;
+        if let Some(l) = self.link.state_mut() {
+            l.lent = true;
+        }
     }
 
     /// ReadyForQuery messages the server still owes this session (one per Sync, Query or
@@ -179,7 +183,7 @@ impl Session {
     /// Whether `set_lent` was called since the server was linked.
     #[cfg(test)]
     pub(crate) fn is_lent(&self) -> bool {
-        self.lent
+        self.link.state().is_some_and(|l| l.lent)
     }
 }
 

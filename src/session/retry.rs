@@ -84,7 +84,7 @@ impl Session {
         let registry = self.registry().clone();
         let fresh = if code == b"0A000" {
             registry.mark_stale(stmt);
-            if !self.lent {
+            if !self.link.state().is_some_and(|l| l.lent) {
                 srv.stmts.remove(stmt);
                 self.close_quietly(&stmt.server_name, Fx::default());
             }

@@ -4,7 +4,7 @@
 
 use super::reply_queue::{self, OnReply, Pending, Purpose, Req, Synth};
 use super::stmts::same_shape;
-use super::{Action, Link, Phase, Session, wire_trace};
+use super::{Action, Link, LinkState, Phase, Session, wire_trace};
 use crate::config::PoolMode;
 use crate::error::{Error, Severity, SqlState};
 use crate::protocol::{backend, body, frontend, tags};
@@ -17,12 +17,9 @@ use std::sync::atomic::Ordering;
 impl Session {
     /// The pool gave us `server`: replay settings if they differ.
     pub fn handle_server_linked(&mut self, server: &mut ServerState) {
-        self.link = Link::Linked;
-        self.lent = false;
-        self.on_reads = false;
-        // Executions on this server start no earlier than now (a busy half unparked from
-        // another client carries the end of an execution on another server).
-        self.last_done_us = 0;
+        // A fresh state: nothing of the last server (lent, a standby's, dirty, when its
+        // last execution ended) carries over.
+        self.link = Link::Linked(LinkState::default());
         server.tx_status = TxStatus::Idle;
         server.stmts.begin_link();
         self.trim_server_statements(server);
@@ -49,8 +46,7 @@ impl Session {
     /// The linked server's connection broke.
     pub(crate) fn handle_server_lost(&mut self) {
         self.replies.clear();
-        if self.link == Link::Linked {
-            self.link = Link::Unlinked;
+        if self.link.unlink().is_some() {
             self.actions.push_back(Action::ReleaseServer { reusable: false });
         }
         self.fail(Error::fatal(SqlState::CONNECTION_FAILURE, "server closed the connection unexpectedly"));
@@ -286,7 +282,9 @@ impl Session {
         if backend::error_field(body(frame), b'C').is_some_and(|c| c.starts_with(b"XX")) {
             // An internal error: whatever state the backend is in, it is not handed to
             // another client (closed when this one gives it back).
-            self.server_dirty = true;
+            if let Some(l) = self.link.state_mut() {
+                l.dirty = true;
+            }
         }
         let retry_from = head.fx.replay_from;
         match &head.fx.uses {
@@ -421,7 +419,7 @@ impl Session {
 
     /// Releases the server when nothing is outstanding and no transaction is open.
     pub(super) fn maybe_release(&mut self) {
-        if self.link == Link::Linked
+        if self.link.is_linked()
             && self.replies.is_empty()
             && self.tx.status == TxStatus::Idle
             && !matches!(self.phase, Phase::CopyIn | Phase::ServerSkipping)
@@ -429,8 +427,7 @@ impl Session {
             && self.mode != PoolMode::Session
             && !self.pinned
         {
-            self.link = Link::Unlinked;
-            let reusable = !std::mem::take(&mut self.server_dirty);
+            let reusable = self.link.unlink().is_some_and(|l| !l.dirty);
             if !reusable {
                 tracing::debug!("server connection closed: set_config() may have changed its session settings");
             }
@@ -498,8 +495,7 @@ impl Session {
     pub(super) fn desync(&mut self, tag: u8) {
         tracing::warn!(tag = %(tag as char), "server reply does not match any outstanding request");
         self.replies.clear();
-        if self.link == Link::Linked {
-            self.link = Link::Unlinked;
+        if self.link.unlink().is_some() {
             self.actions.push_back(Action::ReleaseServer { reusable: false });
         }
         self.fail(Error::protocol("server sent an unexpected message"));
@@ -520,8 +516,7 @@ impl Session {
     /// The server ended the connection (its FATAL is written already), or is in a state
     /// the session cannot follow: it is given back to be closed, and the client closed.
     pub(super) fn fail_server(&mut self) {
-        if self.link == Link::Linked {
-            self.link = Link::Unlinked;
+        if self.link.unlink().is_some() {
             self.actions.push_back(Action::ReleaseServer { reusable: false });
         }
         self.close();

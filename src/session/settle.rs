@@ -7,7 +7,7 @@
 //! and closes the connection when the bound passes or anything does not add up.
 
 use super::reply_queue::{Pending, Purpose, Req};
-use super::{Action, Link, Phase, Session};
+use super::{Action, Link, LinkState, Phase, Session};
 use crate::protocol::frontend;
 
 impl Session {
@@ -28,7 +28,9 @@ impl Session {
     /// The session is closing from here on.
     pub(crate) fn settle_server(&mut self) {
         self.phase = Phase::Closing;
-        self.link = Link::Linked;
+        if !self.link.is_linked() {
+            self.link = Link::Linked(LinkState::default());
+        }
         self.drop_client_output();
         self.actions.clear();
         frontend::copy_fail(&mut self.to_server, "the client disconnected");
@@ -38,9 +40,9 @@ impl Session {
 
     /// After a settle: whether the server may be reused — false when the session gave it
     /// up meanwhile (a FATAL, a reply that matched nothing) or it ran something parsnip
-    /// cannot undo (`server_dirty`). Takes the actions queued meanwhile.
+    /// cannot undo (`LinkState::dirty`). Takes the actions queued meanwhile.
     pub(crate) fn settled_reusable(&mut self) -> bool {
-        let mut reusable = !self.server_dirty;
+        let mut reusable = !self.link.state().is_some_and(|l| l.dirty);
         while let Some(a) = self.actions.pop_front() {
             if a == (Action::ReleaseServer { reusable: false }) {
                 reusable = false;

@@ -46,8 +46,11 @@ impl Session {
 
     /// A timed execution of `s` ended (`failed`: with an error) after returning `rows`.
     pub(super) fn execution_done(&mut self, s: &Arc<Statement>, cached: bool, sent_us: u64, rows: u64, failed: bool) {
-        let us = self.clock_us.saturating_sub(sent_us.max(self.last_done_us));
-        self.last_done_us = self.clock_us;
+        let last_done_us = self.link.state().map_or(0, |l| l.last_done_us);
+        let us = self.clock_us.saturating_sub(sent_us.max(last_done_us));
+        if let Some(l) = self.link.state_mut() {
+            l.last_done_us = self.clock_us;
+        }
         s.exec.record(cached, us, rows, failed);
         if failed {
             return;

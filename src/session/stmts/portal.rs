@@ -41,7 +41,7 @@ impl Session {
             let tracked =
                 text.filter(|_| watch.session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
-            self.server_dirty |= watch.sets_config;
+            self.dirty_server_if(watch.sets_config);
             if standin && bound {
                 self.stmts.dealloc_portal = Some(portal.into());
             } else if self.stmts.dealloc_portal.as_deref() == Some(portal) {

@@ -274,7 +274,7 @@ impl Session {
         {
             p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
         }
-        self.server_dirty |= crate::session::settings::may_set_session_config(text);
+        self.dirty_server_if(crate::session::settings::may_set_session_config(text));
         self.replies.push(p);
         self.drain_synth();
     }
