@@ -58,19 +58,19 @@ impl Session {
     /// hostile-client test found it).
     pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         let link = self.link.state()?;
-        if self.mode == PoolMode::Session
-            || self.pinned
-            || self.tx.status != TxStatus::Idle
-            || self.tx.opening
-            || matches!(self.phase, Phase::CopyIn | Phase::Held | Phase::ServerSkipping)
+        if self.kept.mode == PoolMode::Session
+            || self.kept.pinned
+            || self.busy.tx.status != TxStatus::Idle
+            || self.busy.tx.opening
+            || matches!(self.busy.phase, Phase::CopyIn | Phase::Held | Phase::ServerSkipping)
             || link.dirty
             || link.lent
-            || self.replies.is_unsynced()
+            || self.busy.replies.is_unsynced()
             || self.stmts.dealloc_portal.is_some()
-            || self.tx.tracked_portal.is_some()
+            || self.busy.tx.tracked_portal.is_some()
             || self.stmts.fresh_in_tx.is_some()
             || !self.to_server.is_empty()
-            || self.settings.sets_a_timeout()
+            || self.kept.settings.sets_a_timeout()
         {
             return None;
         }
@@ -78,7 +78,7 @@ impl Session {
         let mut ends_batch = false;
         let mut first: Option<Timed> = None;
         let mut fast = true;
-        for p in self.replies.iter() {
+        for p in self.busy.replies.iter() {
             ends_batch = matches!(p.req, Req::Sync | Req::Query);
             if p.purpose != Purpose::Client
                 || p.tracked_sql.is_some()
@@ -121,10 +121,10 @@ impl Session {
     /// statement mode and not pinned to its server. Everything else goes to the primary.
     pub(crate) fn is_read_batch(&self, frame: &[u8]) -> bool {
         frame.first() == Some(&crate::protocol::tags::QUERY)
-            && self.mode != PoolMode::Session
-            && !self.pinned
-            && self.tx.status == TxStatus::Idle
-            && !self.tx.opening
+            && self.kept.mode != PoolMode::Session
+            && !self.kept.pinned
+            && self.busy.tx.status == TxStatus::Idle
+            && !self.busy.tx.opening
             && crate::protocol::frontend::query_text(crate::protocol::body(frame)).is_some_and(|text| {
                 !super::settings::maybe_setting_stmt(text)
                     && !super::settings::may_set_session_config(text)
@@ -136,13 +136,13 @@ impl Session {
     /// and everything written to that server since too (false once anything else was: a
     /// client that wrote on the primary reads from it for a while, `driver::split`).
     pub(crate) fn wants_reads(&self) -> bool {
-        self.wants_reads
+        self.busy.wants_reads
     }
 
     /// Whether the client's pool has a read/write split (`read_write_split`): without one,
     /// no batch is looked at for being a plain read.
     pub(crate) fn set_read_split(&mut self, on: bool) {
-        self.read_split = on;
+        self.kept.read_split = on;
     }
 
     /// The driver linked a standby's connection (after `handle_server_linked`) for the
@@ -168,7 +168,8 @@ impl Session {
     /// FunctionCall sent and not yet answered): where its replies end on a shared
     /// connection when nobody reads them for it any more.
     pub(crate) fn owed_ready(&self) -> usize {
-        self.replies
+        self.busy
+            .replies
             .iter()
             .filter(|p| matches!(p.req, Req::Sync | Req::Query | Req::FunctionCall) && !p.is_synth())
             .count()
@@ -177,7 +178,7 @@ impl Session {
     /// Everything the client sent for its current batch is written out: nothing left for the
     /// server, and no frame held for a statement's shape check.
     pub(crate) fn batch_written(&self) -> bool {
-        self.to_server.is_empty() && self.phase != super::Phase::Held
+        self.to_server.is_empty() && self.busy.phase != super::Phase::Held
     }
 
     /// Whether `set_lent` was called since the server was linked.

@@ -33,6 +33,21 @@ pub(super) struct TxState {
     pub(super) schema_change: bool,
 }
 
+impl TxState {
+    /// Nothing of a transaction: idle, none opening, nothing tracked or pending for its end.
+    /// Names every field, so that a new one is not forgotten.
+    pub(super) fn is_blank(&self) -> bool {
+        let TxState { status, opening, settings, tracked_portal, ext_done, ext_failed, schema_change } = self;
+        *status == TxStatus::Idle
+            && !opening
+            && settings.is_empty()
+            && tracked_portal.is_none()
+            && ext_done.is_empty()
+            && !ext_failed
+            && !schema_change
+    }
+}
+
 impl Session {
     /// A Query with SET/RESET/transaction statements finished: keep the settings that
     /// persist as PostgreSQL would (outside a transaction, or in one that committed).
@@ -50,28 +65,28 @@ impl Session {
             match t {
                 TxStmt::Begin => in_tx = true,
                 TxStmt::Commit => {
-                    apply.append(&mut self.tx.settings);
+                    apply.append(&mut self.busy.tx.settings);
                     in_tx = false;
                 }
                 TxStmt::Rollback => {
-                    self.tx.settings.clear();
+                    self.busy.tx.settings.clear();
                     in_tx = false;
                 }
-                TxStmt::Setting(s) if in_tx => self.tx.settings.push(s),
+                TxStmt::Setting(s) if in_tx => self.busy.tx.settings.push(s),
                 TxStmt::Setting(s) => apply.push(s),
             }
         }
         if failed && status == TxStatus::Idle {
             // The implicit transaction of this Query failed: nothing of it persists.
             apply.clear();
-            self.tx.settings.clear();
+            self.busy.tx.settings.clear();
         }
         if status == TxStatus::Idle {
             // Ended by something not seen here (e.g. an extended-protocol COMMIT): unknown.
-            self.tx.settings.clear();
+            self.busy.tx.settings.clear();
         }
         for s in apply {
-            apply_setting(Arc::make_mut(&mut self.settings), &mut server.settings, s);
+            apply_setting(Arc::make_mut(&mut self.kept.settings), &mut server.settings, s);
         }
     }
 }

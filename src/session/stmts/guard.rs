@@ -58,15 +58,15 @@ impl GuardCmd {
 impl Session {
     /// Inside a transaction block, as far as the requests sent so far tell.
     fn in_tx_block(&self) -> bool {
-        self.tx.status == TxStatus::InBlock || (self.tx.status == TxStatus::Idle && self.tx.opening)
+        self.busy.tx.status == TxStatus::InBlock || (self.busy.tx.status == TxStatus::Idle && self.busy.tx.opening)
     }
 
     /// The client sent `sql` (a simple Query, or the statement of a portal it executes):
     /// a transaction block starts there if it succeeds (pgjdbc sends its BEGIN in the same
     /// batch as the transaction's first statements).
     pub(super) fn note_tx_start(&mut self, sql: &[u8]) {
-        if self.tx.status == TxStatus::Idle && crate::session::settings::maybe_tx_start(sql) {
-            self.tx.opening = true;
+        if self.busy.tx.status == TxStatus::Idle && crate::session::settings::maybe_tx_start(sql) {
+            self.busy.tx.opening = true;
         }
     }
 
@@ -122,7 +122,7 @@ impl Session {
     /// statement it parsed in this transaction, already prepared on the server (one the
     /// server has to parse now is fresh anyway): that statement's id.
     pub(super) fn guard_wanted(&self, name: &[u8], srv: &ServerState) -> Option<u64> {
-        let ids = self.stmts.fresh_in_tx.as_ref().filter(|_| self.in_tx_block() && !self.retry.retried)?;
+        let ids = self.stmts.fresh_in_tx.as_ref().filter(|_| self.in_tx_block() && !self.busy.retry.retried)?;
         let stmt = if name.is_empty() {
             match &self.stmts.unnamed {
                 Unnamed::Cached(s) => s,
@@ -155,7 +155,7 @@ impl Session {
     /// lost that its own Query would not drop anyway). Every reply is hidden.
     pub(in crate::session) fn guard_query(&mut self, cmd: GuardCmd, purpose: crate::session::reply_queue::Purpose) {
         crate::protocol::frontend::query(&mut self.to_server, cmd.sql());
-        self.replies.push(Pending::internal(Req::Query, purpose));
+        self.busy.replies.push(Pending::internal(Req::Query, purpose));
     }
 
     /// Runs one savepoint command on the server on the pooler's behalf (parsing its
@@ -167,13 +167,13 @@ impl Session {
             srv.stmts.guard |= cmd as u8;
             frontend::parse(&mut self.to_server, name, cmd.sql().as_bytes(), &[]);
             let fx = Fx { guard_parse: cmd as u8, ..Fx::default() };
-            self.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
+            self.busy.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
         }
         frontend::bind_no_params(&mut self.to_server, PORTAL, name);
         frontend::execute(&mut self.to_server, PORTAL);
         frontend::close_portal(&mut self.to_server, PORTAL);
         for req in [Req::Bind, Req::Execute, Req::Close] {
-            self.replies.push(Pending::with(req, OnReply::Inject, Fx::default()));
+            self.busy.replies.push(Pending::with(req, OnReply::Inject, Fx::default()));
         }
     }
 }
