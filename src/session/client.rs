@@ -223,19 +223,7 @@ impl Session {
             tags::DESCRIBE => self.on_describe(frame, srv),
             _ => true,
         };
-        if record && !consumed {
-            self.busy.retry.batch.truncate(self.busy.retry.frame_at as usize);
-        }
-        if tag == tags::SYNC && record {
-            std::mem::swap(&mut self.busy.retry.batch, &mut self.busy.retry.last_batch);
-            self.busy.retry.batch.clear();
-        }
-        match tag {
-            tags::EXECUTE => self.busy.retry.batch_executed = true,
-            // These end with their own ReadyForQuery, like a Sync.
-            tags::SYNC | tags::QUERY | tags::FUNCTION_CALL => self.busy.retry.batch_executed = false,
-            _ => {}
-        }
+        self.busy.retry.frame_handled(tag, record, consumed);
         match tag {
             tags::PARSE | tags::BIND | tags::DESCRIBE => Some(consumed),
             tags::CLOSE => {
@@ -268,8 +256,7 @@ impl Session {
                 && (self.stmts.fresh_in_tx.is_some() || !self.busy.retry.batch.is_empty())))
             && matches!(frame[0], tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
         if record {
-            self.busy.retry.frame_at = self.busy.retry.batch.len() as u32;
-            self.busy.retry.batch.extend_from_slice(frame);
+            self.busy.retry.record(frame);
         }
         record
     }

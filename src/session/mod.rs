@@ -392,16 +392,14 @@ impl Session {
     pub(crate) fn is_closing(&self) -> bool {
         self.busy.phase == Phase::Closing
     }
-    /// Client frames the driver must feed again before the ones it holds (a batch retried
-    /// after a transparent re-prepare).
     /// Frames queued to be fed before the client's next ones (a retry, an autoprepared
     /// Query): the driver stops feeding after the frame that queued them.
     pub(crate) fn has_replay(&self) -> bool {
-        self.busy.retry.replay.is_some()
+        self.busy.retry.has_replay()
     }
-
+    /// Those frames (`has_replay`), taken.
     pub(crate) fn take_replay(&mut self) -> Option<Vec<u8>> {
-        self.busy.retry.replay.take().map(|b| *b)
+        self.busy.retry.take_replay()
     }
     /// Actions are waiting for the driver.
     pub(crate) fn has_actions(&self) -> bool {

@@ -6,6 +6,7 @@ use super::Session;
 use super::reply_queue::{Fx, OnReply, Purpose, Req};
 use super::stmts::describes_portal;
 use super::stmts::guard::GuardCmd;
+use crate::protocol::tags;
 use crate::state::{ServerState, TxStatus};
 use crate::stmt::Statement;
 use std::sync::Arc;
@@ -40,6 +41,49 @@ impl Retry {
     pub(super) fn is_blank(&self) -> bool {
         let Retry { batch, last_batch: _, frame_at: _, batch_executed, retried, replay, autoprep } = self;
         batch.is_empty() && !retried && !batch_executed && replay.is_none() && autoprep.is_none()
+    }
+
+    /// Keeps a client frame in the batch being sent.
+    pub(super) fn record(&mut self, frame: &[u8]) {
+        self.frame_at = self.batch.len() as u32;
+        self.batch.extend_from_slice(frame);
+    }
+
+    /// A client frame with tag `tag` was handled (`recorded`: kept by `record`;
+    /// `consumed`: not to be fed again). A frame fed again is recorded again then; a Sync
+    /// ends the batch, which becomes the last one; an Execute makes the batch have effects.
+    pub(super) fn frame_handled(&mut self, tag: u8, recorded: bool, consumed: bool) {
+        if recorded && !consumed {
+            self.batch.truncate(self.frame_at as usize);
+        }
+        if tag == tags::SYNC && recorded {
+            std::mem::swap(&mut self.batch, &mut self.last_batch);
+            self.batch.clear();
+        }
+        match tag {
+            tags::EXECUTE => self.batch_executed = true,
+            // These end with their own ReadyForQuery, like a Sync.
+            tags::SYNC | tags::QUERY | tags::FUNCTION_CALL => self.batch_executed = false,
+            _ => {}
+        }
+    }
+
+    /// Starts a transparent retry: the last batch, from byte `from` on, is to be fed again
+    /// (`replay`), and no retry of it will be tried again.
+    pub(super) fn replay_last(&mut self, from: u32) {
+        self.retried = true;
+        let frames = std::mem::take(&mut self.last_batch);
+        self.replay = frames.get(from as usize..).map(|f| Box::new(f.to_vec()));
+    }
+
+    /// Whether frames wait to be fed again.
+    pub(super) fn has_replay(&self) -> bool {
+        self.replay.is_some()
+    }
+
+    /// The frames to feed again, if any.
+    pub(super) fn take_replay(&mut self) -> Option<Vec<u8>> {
+        self.replay.take().map(|b| *b)
     }
 
     /// Forgets the last batch, kept for a retry of its failure: moot once its replies are
@@ -116,18 +160,15 @@ impl Session {
             srv.stmts.clear();
             stmt.clone()
         };
-        self.remap(stmt, &fresh);
+        self.stmts.remap(stmt, &fresh);
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
         let code = String::from_utf8_lossy(code);
         tracing::debug!(statement = %stmt.server_name, code = %code, "re-prepared and retried transparently");
-        self.busy.retry.retried = true;
         // The driver feeds these frames again before anything else the client sent, through
         // the normal path (so a frame that must wait, waits).
-        let frames = std::mem::take(&mut self.busy.retry.last_batch);
         // An autoprepared Query's batch is replayed whole: its unnamed statement is gone
         // once its Sync was fed.
-        let from = if simple.is_some() { 0 } else { from };
-        self.busy.retry.replay = frames.get(from as usize..).map(|f| Box::new(f.to_vec()));
+        self.busy.retry.replay_last(if simple.is_some() { 0 } else { from });
         if let (Some(edits), Some(replay)) = (simple, self.busy.retry.replay.as_deref()) {
             let mut n = 0u8;
             let mut rest: &[u8] = replay;
@@ -166,11 +207,10 @@ impl Session {
         srv.stmts.remove(stmt);
         self.close_quietly(&stmt.server_name, Fx::default());
         let fresh = registry.current(stmt);
-        self.remap(stmt, &fresh);
+        self.stmts.remap(stmt, &fresh);
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(statement = %stmt.server_name, "SQL EXECUTE re-prepared and retried transparently");
-        self.busy.retry.retried = true;
-        self.busy.retry.replay = Some(Box::new(std::mem::take(&mut self.busy.retry.last_batch)));
+        self.busy.retry.replay_last(0);
         true
     }
 

@@ -378,16 +378,14 @@ impl Session {
             self.kept.tally.xacts = self.kept.tally.xacts.wrapping_add(u32::from(status == TxStatus::Idle));
         }
         let before = self.busy.tx.status;
-        if status == TxStatus::Idle && self.busy.tx.schema_change {
-            // A transaction that may have changed the schema ended (committed or not):
-            // descriptions confirmed while it ran may be stale now.
-            self.busy.tx.schema_change = false;
+        if self.busy.tx.schema_change_ended(status) {
+            // Descriptions confirmed while it ran may be stale now.
             crate::stmt::epoch::advance();
         }
         self.busy.tx.status = status;
         server.tx_status = status;
         if status != TxStatus::InBlock {
-            self.end_guards();
+            self.stmts.end_guards();
         }
         self.leave(Phase::CopyIn);
         if !self.busy.tx.ext_done.is_empty() {

@@ -34,6 +34,26 @@ pub(super) struct TxState {
 }
 
 impl TxState {
+    /// ReadyForQuery reported `status`: whether a transaction that may have changed the
+    /// schema (`schema_change`) ended with it, committed or not.
+    pub(super) fn schema_change_ended(&mut self, status: TxStatus) -> bool {
+        status == TxStatus::Idle && std::mem::take(&mut self.schema_change)
+    }
+
+    /// Inside a transaction block, as far as the requests sent so far tell.
+    pub(super) fn in_block(&self) -> bool {
+        self.status == TxStatus::InBlock || (self.status == TxStatus::Idle && self.opening)
+    }
+
+    /// The client sent `sql` (a simple Query, or the statement of a portal it executes):
+    /// a transaction block starts there if it succeeds (pgjdbc sends its BEGIN in the same
+    /// batch as the transaction's first statements).
+    pub(super) fn note_start(&mut self, sql: &[u8]) {
+        if self.status == TxStatus::Idle && crate::session::settings::maybe_tx_start(sql) {
+            self.opening = true;
+        }
+    }
+
     /// Nothing of a transaction: idle, none opening, nothing tracked or pending for its end.
     /// Names every field, so that a new one is not forgotten.
     pub(super) fn is_blank(&self) -> bool {

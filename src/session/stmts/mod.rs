@@ -80,6 +80,34 @@ impl ClientStmts {
     pub(super) fn new(registry: Option<Arc<Registry>>) -> ClientStmts {
         ClientStmts { registry, ..ClientStmts::default() }
     }
+
+    /// Points the client's names (and unnamed statement) from `old` to `new`.
+    pub(super) fn remap(&mut self, old: &Arc<Statement>, new: &Arc<Statement>) {
+        for v in self.named.values_mut() {
+            if Arc::ptr_eq(v, old) {
+                *v = new.clone();
+            }
+        }
+        if let Unnamed::Cached(u) = &self.unnamed
+            && Arc::ptr_eq(u, old)
+        {
+            self.unnamed = Unnamed::Cached(new.clone());
+        }
+    }
+
+    /// The client's statement `name` ("" = unnamed): a cached one, or the text of its plain
+    /// unnamed statement.
+    fn client_statement(&self, name: &[u8]) -> Option<Result<&Arc<Statement>, &[u8]>> {
+        if name.is_empty() {
+            match &self.unnamed {
+                Unnamed::Plain { frame, .. } => frontend::parse_fields(body(frame)).map(|f| Err(f.query)),
+                Unnamed::Cached(s) => Some(Ok(s)),
+                Unnamed::None => None,
+            }
+        } else {
+            self.named.get(name).map(Ok)
+        }
+    }
 }
 
 /// The text of a statement as a Bind needs it (`Session::bind_text`).
@@ -261,20 +289,6 @@ impl Session {
         })
     }
 
-    /// Points the client's names (and unnamed statement) from `old` to `new`.
-    pub(super) fn remap(&mut self, old: &Arc<Statement>, new: &Arc<Statement>) {
-        for v in self.stmts.named.values_mut() {
-            if Arc::ptr_eq(v, old) {
-                *v = new.clone();
-            }
-        }
-        if let Unnamed::Cached(u) = &self.stmts.unnamed
-            && Arc::ptr_eq(u, old)
-        {
-            self.stmts.unnamed = Unnamed::Cached(new.clone());
-        }
-    }
-
     /// A transaction may use more statements than the cap (none of its own is evicted while
     /// it runs): bring the server back under the cap when the next client is linked.
     pub(super) fn trim_server_statements(&mut self, srv: &mut ServerState) {
@@ -349,23 +363,9 @@ impl Session {
         self.busy.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
     }
 
-    /// The client's statement `name` ("" = unnamed): a cached one, or the text of its plain
-    /// unnamed statement.
-    fn client_statement(&self, name: &[u8]) -> Option<Result<&Arc<Statement>, &[u8]>> {
-        if name.is_empty() {
-            match &self.stmts.unnamed {
-                Unnamed::Plain { frame, .. } => frontend::parse_fields(body(frame)).map(|f| Err(f.query)),
-                Unnamed::Cached(s) => Some(Ok(s)),
-                Unnamed::None => None,
-            }
-        } else {
-            self.stmts.named.get(name).map(Ok)
-        }
-    }
-
     /// The SQL text of the client's statement `name` ("" = unnamed), if known.
     fn statement_text(&self, name: &[u8]) -> Option<&[u8]> {
-        self.client_statement(name).map(|s| s.map_or_else(|text| text, |s| &*s.query))
+        self.stmts.client_statement(name).map(|s| s.map_or_else(|text| text, |s| &*s.query))
     }
 
     /// The text of statement `name` as a Bind needs it: the text, whether it may call
@@ -373,7 +373,7 @@ impl Session {
     /// be a tracked session statement (`settings::maybe_session_stmt`). A cached statement's
     /// text never changes: both are worked out once and kept in it.
     pub(super) fn bind_text(&self, name: &[u8]) -> BindText<'_> {
-        match self.client_statement(name) {
+        match self.stmts.client_statement(name) {
             Some(Ok(s)) => cached_bind_text(s),
             Some(Err(text)) => BindText { text: Some(text), watch: bind_watch(text) },
             None => BindText { text: None, watch: BindWatch::default() },

@@ -2,7 +2,9 @@
 //! or one prepared on it now), promoted (an unnamed statement seen often enough), or
 //! passed through; `resolve` finds what a name in Bind or Describe refers to.
 
-use super::{DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many};
+use super::{
+    ClientStmts, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many,
+};
 use crate::error::Error;
 use crate::protocol::frontend::ParseFields;
 use crate::protocol::{body, frontend};
@@ -50,7 +52,7 @@ impl Session {
                 // Whether the name exists depends on an earlier batch still in flight.
                 return false;
             }
-            if let Some(err) = self.refuse_name(p.name, &registry) {
+            if let Some(err) = self.stmts.refuse_name(p.name, &registry) {
                 self.statement_error(err, srv, false);
                 return true;
             }
@@ -97,17 +99,6 @@ impl Session {
             Some(stmt) => self.parse_cached(&p, stmt, srv, in_failed_tx, &registry),
             None => self.parse_plain(frame, srv, None),
         }
-    }
-
-    /// Why a Parse may not define the name `name`, if it may not: 42P05 for a name in use,
-    /// 54000 past the per-client cap.
-    fn refuse_name(&self, name: &[u8], registry: &Registry) -> Option<Error> {
-        if self.stmts.named.contains_key(name) {
-            registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
-            return Some(duplicate(name));
-        }
-        let cap = registry.cfg.client_cap;
-        (self.stmts.named.len() >= cap).then(|| too_many(cap))
     }
 
     /// What serves an unnamed Parse of the statement `key`: the client's promoted statement,
@@ -257,7 +248,7 @@ impl Session {
             }
             // The client never saw the old shape: use the current generation.
             let fresh = self.registry().current(&cached);
-            self.remap(&cached, &fresh);
+            self.stmts.remap(&cached, &fresh);
             fresh
         } else {
             cached
@@ -292,14 +283,27 @@ impl Session {
             shift: theirs - ours,
         }
     }
+}
+
+impl ClientStmts {
+    /// Why a Parse may not define the name `name`, if it may not: 42P05 for a name in use,
+    /// 54000 past the per-client cap.
+    fn refuse_name(&self, name: &[u8], registry: &Registry) -> Option<Error> {
+        if self.named.contains_key(name) {
+            registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+            return Some(duplicate(name));
+        }
+        let cap = registry.cfg.client_cap;
+        (self.named.len() >= cap).then(|| too_many(cap))
+    }
 
     /// Remembers where the definition starts in the client's `PREPARE name …` text.
     pub(super) fn note_sql_prefix(&mut self, name: &[u8], prefix: &[u8]) {
-        if self.stmts.sql_prefix.len() > 2 * self.stmts.named.len() + 16 {
-            let named = &self.stmts.named;
-            self.stmts.sql_prefix.retain(|n, _| named.contains_key(n));
+        if self.sql_prefix.len() > 2 * self.named.len() + 16 {
+            let named = &self.named;
+            self.sql_prefix.retain(|n, _| named.contains_key(n));
         }
         let chars = u32::try_from(char_len(prefix)).unwrap_or(u32::MAX);
-        self.stmts.sql_prefix.insert(name.into(), chars);
+        self.sql_prefix.insert(name.into(), chars);
     }
 }

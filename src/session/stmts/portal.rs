@@ -20,7 +20,7 @@ impl Session {
         };
         if self.stmts.fresh_in_tx.is_some() {
             let dml = self.statement_text(stmt_name).is_some_and(crate::stmt::sql::is_plain_dml);
-            self.note_statement_run(dml);
+            self.stmts.note_statement_run(dml);
         }
         let guard = self.guard_wanted(stmt_name, srv);
         let resolved = self.resolve(stmt_name, srv);
@@ -207,7 +207,7 @@ impl Session {
             return;
         }
         let sql = sql.clone();
-        self.note_tx_start(sql.as_bytes());
+        self.busy.tx.note_start(sql.as_bytes());
         if let Some(p) = self.busy.replies.last_mut() {
             p.tracked_sql = Some(sql);
         }

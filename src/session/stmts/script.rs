@@ -159,7 +159,7 @@ impl Session {
                         make_key(&mut k, &StmtKind::Sql, self.search_path(), def, b"");
                         let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
                         self.busy.key_buf = k;
-                        self.note_sql_prefix(&name, &text[start..rest]);
+                        self.stmts.note_sql_prefix(&name, &text[start..rest]);
                         let here = srv.stmts.has(&stmt);
                         if here {
                             srv.stmts.touch(&stmt);
@@ -242,7 +242,7 @@ impl Session {
         }
         let (sql, edits) = t.finish();
         sc.edits = edits;
-        self.note_tx_start(text);
+        self.busy.tx.note_start(text);
         self.send_script(text, &sql, sc);
         true
     }

@@ -22,7 +22,7 @@ impl Session {
         let class = classify(text);
         if self.stmts.fresh_in_tx.is_some() {
             let dml = self.may_write(&class, text);
-            self.note_statement_run(dml);
+            self.stmts.note_statement_run(dml);
         }
         // In a failed transaction PostgreSQL rejects every command with 25P02: let it.
         if self.busy.tx.status == TxStatus::Failed {
@@ -34,7 +34,7 @@ impl Session {
                 if self.try_autoprepare(text) {
                     return true;
                 }
-                self.note_tx_start(text);
+                self.busy.tx.note_start(text);
                 self.forward_query(frame)
             }
             Classified::Multi(stmts) => return self.on_sql_script(text, stmts, srv),
@@ -119,11 +119,11 @@ impl Session {
         let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
         self.busy.key_buf = k;
         self.stmts.named.insert(name.into(), stmt.clone());
-        self.note_sql_prefix(name, &text[..rest]);
+        self.stmts.note_sql_prefix(name, &text[..rest]);
         let client = ClientFx::Named { name: name.into() };
         if stmt.is_valid() || srv.stmts.has(&stmt) {
             self.note_fresh_parse(&stmt);
-            self.note_fresh_sql(&stmt);
+            self.stmts.note_fresh_sql(&stmt);
             self.push_synth(Synth::TagAndReady("PREPARE"), Fx { client, ..Fx::default() });
         } else {
             self.ensure_on_server(srv, &stmt, OnReply::Inject, client, name);
@@ -152,7 +152,7 @@ impl Session {
             // Whether the server has it depends on a PREPARE (or Close) still in flight.
             return false;
         }
-        let fresh = self.take_fresh_sql(&stmt);
+        let fresh = self.stmts.take_fresh_sql(&stmt);
         if stmt.stale.load(Ordering::Relaxed) {
             // Its plan changed result type, found after this client PREPAREd it
             // (a PREPARE since gets the current generation): PostgreSQL's 0A000,
@@ -167,7 +167,7 @@ impl Session {
         let guarded = alone && srv.stmts.has(&stmt) && self.guard_wanted(name, srv) == Some(stmt.id);
         let retry = alone && ((fresh && self.busy.tx.status == TxStatus::Idle) || guarded);
         if guarded {
-            self.forget_fresh(&stmt);
+            self.stmts.forget_fresh(&stmt);
             self.guard_query(GuardCmd::Savepoint, Purpose::Guard);
         }
         if retry {
