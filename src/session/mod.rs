@@ -18,8 +18,9 @@
 //! others), `settle` (bringing a server back to idle when its client left it
 //! mid-conversation), `inflow` (large client frames passed on as they arrive), `timing` (server time of
 //! executions of cached statements, for their statistics and plan guard), `wire_trace`
-//! (the frames of a conversation, logged at trace level). `Session` holds each part's
-//! state in a field of its own.
+//! (the frames of a conversation, logged at trace level). `Session`'s state is grouped by
+//! how long it lives (see `Session`): the link's (`Link`, `LinkState`), the client's kept
+//! across transactions (`Kept`, its statements), and a busy client's (`Busy`).
 
 mod client;
 mod flush;
