@@ -20,7 +20,7 @@ impl Session {
         let traced = wire_trace::on();
         let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
         if traced {
-            wire_trace::frames(self.uid, "client>", true, frame);
+            wire_trace::frames(self.kept.uid, "client>", true, frame);
         }
         self.autoprep_before_frame();
         let consumed = self.on_client_frame(frame, server);
@@ -28,14 +28,14 @@ impl Session {
         self.note_client_output(to_c, frame[0], consumed);
         let fed = if consumed {
             Fed::Consumed
-        } else if self.link == Link::Linked {
+        } else if self.link.is_linked() {
             Fed::AwaitsReplies
         } else {
             Fed::NeedsServer
         };
         if traced {
             if fed != Fed::Consumed {
-                wire_trace::frames(self.uid, "  (held)", true, frame);
+                wire_trace::frames(self.kept.uid, "  (held)", true, frame);
             }
             self.trace_output(to_s, to_c);
         }
@@ -43,11 +43,11 @@ impl Session {
     }
 
     pub(super) fn on_client_frame(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
-        if self.phase == Phase::Closing {
+        if self.busy.phase == Phase::Closing {
             return true;
         }
         let tag = frame[0];
-        if let Some(err) = self.acquire_error.take() {
+        if let Some(err) = self.busy.acquire_error.take() {
             // The pool could not serve this request: fail it as PostgreSQL fails a request.
             err.write_to(&mut self.to_client);
             if tag == tags::QUERY || tag == tags::SYNC {
@@ -57,14 +57,14 @@ impl Session {
             }
             return true;
         }
-        if self.phase == Phase::Held {
+        if self.busy.phase == Phase::Held {
             // Waiting for a shape check on the server: feed this frame again later.
             return false;
         }
-        if self.phase == Phase::ClientSkipping {
+        if self.busy.phase == Phase::ClientSkipping {
             if tag == tags::SYNC {
-                self.phase = Phase::Ready;
-                backend::ready_for_query(&mut self.to_client, self.tx.status.as_byte());
+                self.busy.phase = Phase::Ready;
+                backend::ready_for_query(&mut self.to_client, self.busy.tx.status.as_byte());
             } else if tag == tags::TERMINATE {
                 self.close();
             }
@@ -77,7 +77,7 @@ impl Session {
         let sql = matches!(tag, tags::QUERY | tags::PARSE) && !self.autoprep_feeding();
         // A server the session has already given back (a release queued, not yet carried
         // out) must not be used.
-        match server.filter(|_| self.link == Link::Linked) {
+        match server.filter(|_| self.link.is_linked()) {
             Some(srv) => {
                 if sql {
                     self.look_at_sql(frame);
@@ -119,27 +119,27 @@ impl Session {
     }
 
     pub(super) fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
-        if self.wants_reads && !self.is_read_batch(frame) {
-            if self.on_reads {
+        if self.busy.wants_reads && !self.is_read_batch(frame) {
+            if self.link.state().is_some_and(|l| l.on_reads) {
                 // Not for a standby: it waits for this server to be given back.
                 return false;
             }
             // On the primary, this link now runs more than plain reads.
-            self.wants_reads = false;
+            self.busy.wants_reads = false;
         }
         let tag = frame[0];
-        if self.phase == Phase::ServerSkipping {
+        if self.busy.phase == Phase::ServerSkipping {
             self.pass_while_server_skips(frame);
             return true;
         }
         let unnamed_owner = srv.stmts.unnamed_owner;
-        if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) && self.replies.is_unsynced() {
+        if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) && self.busy.replies.is_unsynced() {
             // A simple Query (or a FunctionCall, which PostgreSQL runs the same way) inside
             // an extended-protocol batch not ended by Sync (a portal suspended, say):
             // PostgreSQL 18 answers it inside the implicit transaction and then fails the
             // backend's next transaction start with XX000 "unexpected state STARTED" — the
             // next client's, through a pool. That backend is not reused.
-            self.server_dirty = true;
+            self.dirty_server_if(true);
         }
         if tag == tags::QUERY {
             // PostgreSQL drops the unnamed statement at every simple Query.
@@ -152,7 +152,7 @@ impl Session {
             return consumed;
         }
         if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) {
-            self.retry.batch.clear();
+            self.busy.retry.batch.clear();
         }
         self.forward_client(frame);
         true
@@ -166,7 +166,7 @@ impl Session {
     /// watched whether or not this pool answers Describe from the cache, as the epoch is
     /// the whole process's and another pool's may, after a reload turned it on).
     fn look_at_sql(&mut self, frame: &[u8]) {
-        let pin = !self.pinned && self.mode != PoolMode::Session;
+        let pin = !self.kept.pinned && self.kept.mode != PoolMode::Session;
         let watch = self.stmts.registry.is_some();
         if !pin && !watch {
             return;
@@ -180,12 +180,12 @@ impl Session {
             && (crate::stmt::sql::holds_session_state(text)
                 || (frame[0] == tags::PARSE || !watch) && names_a_prepared_statement(text))
         {
-            tracing::debug!(session = self.uid, "pinned to its server connection: session state");
-            self.pinned = true;
+            tracing::debug!(session = self.kept.uid, "pinned to its server connection: session state");
+            self.kept.pinned = true;
         }
         if watch && crate::stmt::sql::may_change_schema(text) {
             crate::stmt::epoch::advance();
-            self.tx.schema_change = true;
+            self.busy.tx.schema_change = true;
         }
     }
 
@@ -200,8 +200,8 @@ impl Session {
         self.to_server.extend_from_slice(frame);
         match frame[0] {
             tags::SYNC => {
-                self.phase = Phase::Ready;
-                self.replies.push(Pending::client(Req::Sync));
+                self.busy.phase = Phase::Ready;
+                self.busy.replies.push(Pending::client(Req::Sync));
             }
             tags::TERMINATE => self.close(),
             _ => {}
@@ -224,19 +224,7 @@ impl Session {
             tags::DESCRIBE => self.on_describe(frame, srv),
             _ => true,
         };
-        if record && !consumed {
-            self.retry.batch.truncate(self.retry.frame_at as usize);
-        }
-        if tag == tags::SYNC && record {
-            std::mem::swap(&mut self.retry.batch, &mut self.retry.last_batch);
-            self.retry.batch.clear();
-        }
-        match tag {
-            tags::EXECUTE => self.retry.batch_executed = true,
-            // These end with their own ReadyForQuery, like a Sync.
-            tags::SYNC | tags::QUERY | tags::FUNCTION_CALL => self.retry.batch_executed = false,
-            _ => {}
-        }
+        self.busy.retry.frame_handled(tag, record, consumed);
         match tag {
             tags::PARSE | tags::BIND | tags::DESCRIBE => Some(consumed),
             tags::CLOSE => {
@@ -264,13 +252,12 @@ impl Session {
     /// Keeps the frame in the batch a transparent retry replays: outside transactions, and
     /// inside one from where a savepoint guard may be needed (`stmts::guard`). True if kept.
     fn record_for_retry(&mut self, frame: &[u8]) -> bool {
-        let record = (self.tx.status == TxStatus::Idle
-            || (self.tx.status == TxStatus::InBlock
-                && (self.stmts.fresh_in_tx.is_some() || !self.retry.batch.is_empty())))
+        let record = (self.busy.tx.status == TxStatus::Idle
+            || (self.busy.tx.status == TxStatus::InBlock
+                && (self.stmts.fresh_in_tx.is_some() || !self.busy.retry.batch.is_empty())))
             && matches!(frame[0], tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
         if record {
-            self.retry.frame_at = self.retry.batch.len() as u32;
-            self.retry.batch.extend_from_slice(frame);
+            self.busy.retry.record(frame);
         }
         record
     }
@@ -296,20 +283,20 @@ impl Session {
             tags::SYNC => {
                 self.to_server.extend_from_slice(frame);
                 // Ignored by the server in COPY FROM STDIN: no reply to wait for.
-                if self.phase != Phase::CopyIn {
-                    self.replies.push(Pending::client(Req::Sync));
+                if self.busy.phase != Phase::CopyIn {
+                    self.busy.replies.push(Pending::client(Req::Sync));
                 }
             }
             tags::FLUSH => self.to_server.extend_from_slice(frame),
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {
                 self.to_server.extend_from_slice(frame);
                 if tag != tags::COPY_DATA {
-                    if self.phase == Phase::CopyIn {
+                    if self.busy.phase == Phase::CopyIn {
                         self.leave(Phase::CopyIn);
                     } else {
                         // Sent ahead of the server's CopyInResponse (or outside any COPY,
                         // where PostgreSQL ignores it).
-                        self.replies.copy_end_sent();
+                        self.busy.replies.copy_end_sent();
                     }
                 }
             }
@@ -321,8 +308,8 @@ impl Session {
     pub(super) fn need_server(&mut self, frame: &[u8]) -> bool {
         if self.link == Link::Unlinked {
             self.link = Link::Acquiring;
-            self.wants_reads = self.read_split && self.is_read_batch(frame);
-            self.actions.push_back(Action::AcquireServer);
+            self.busy.wants_reads = self.kept.read_split && self.is_read_batch(frame);
+            self.busy.actions.push_back(Action::AcquireServer);
         }
         false
     }
@@ -330,24 +317,25 @@ impl Session {
     pub(super) fn forward_query(&mut self, frame: &[u8]) {
         let mut p = Pending::client(Req::Query);
         if let Some(text) = frontend::query_text(body(frame)) {
-            if settings::maybe_setting_stmt(text) || (!self.tx.settings.is_empty() && settings::maybe_tx_end(text)) {
+            if settings::maybe_setting_stmt(text) || (!self.busy.tx.settings.is_empty() && settings::maybe_tx_end(text))
+            {
                 p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
             }
-            self.server_dirty |= settings::may_set_session_config(text);
+            self.dirty_server_if(settings::may_set_session_config(text));
             // Outside transactions, with the cache on: may others be queued behind it?
-            p.plain_read = self.tx.status == TxStatus::Idle
+            p.plain_read = self.busy.tx.status == TxStatus::Idle
                 && self.stmts.registry.is_some()
                 && p.tracked_sql.is_none()
                 && crate::stmt::sql::is_plain_read(text);
         }
         self.to_server.extend_from_slice(frame);
-        self.replies.push(p);
+        self.busy.replies.push(p);
     }
 
     #[inline]
     pub(super) fn forward(&mut self, frame: &[u8], req: Req) {
         self.to_server.extend_from_slice(frame);
-        self.replies.push(Pending::client(req));
+        self.busy.replies.push(Pending::client(req));
     }
 }
 

@@ -17,13 +17,13 @@ impl Session {
     /// the client's next Sync or Flush.
     #[inline]
     pub(crate) fn writable_to_client(&self) -> usize {
-        self.to_client.len().saturating_sub(self.held)
+        self.to_client.len().saturating_sub(self.busy.held)
     }
 
     /// Drops everything meant for the client (it is gone).
     pub(crate) fn drop_client_output(&mut self) {
         self.to_client.clear();
-        self.held = 0;
+        self.busy.held = 0;
     }
 
     /// After a client frame (`consumed`, with tag `tag`) whose handling found `to_client`
@@ -31,8 +31,8 @@ impl Session {
     #[inline]
     pub(super) fn note_client_output(&mut self, before: usize, tag: u8, consumed: bool) {
         if consumed && matches!(tag, tags::SYNC | tags::FLUSH | tags::QUERY | tags::FUNCTION_CALL) {
-            self.replies.client_flushed();
-            self.held = 0;
+            self.busy.replies.client_flushed();
+            self.busy.held = 0;
         } else if self.to_client.len() > before {
             // The pooler's own answer to a request the client has not flushed yet.
             self.hold_new(before, true);
@@ -44,8 +44,8 @@ impl Session {
     #[inline]
     pub(super) fn note_server_output(&mut self, before: usize, tag: u8, unflushed: bool) {
         if matches!(tag, tags::ERROR_RESPONSE | tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE) {
-            self.held = 0;
-        } else if self.to_client.len() > before && (unflushed || self.held > 0) {
+            self.busy.held = 0;
+        } else if self.to_client.len() > before && (unflushed || self.busy.held > 0) {
             self.hold_new(before, false);
         }
     }
@@ -56,9 +56,9 @@ impl Session {
     fn hold_new(&mut self, before: usize, scan: bool) {
         let new = &self.to_client[before..];
         if scan && flushes_at_once(new) {
-            self.held = 0;
+            self.busy.held = 0;
         } else {
-            self.held += new.len();
+            self.busy.held += new.len();
         }
     }
 }

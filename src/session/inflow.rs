@@ -74,7 +74,7 @@ impl Session {
         let tag = head[0];
         if stream_from(tag).is_none_or(|from| total < from)
             || total < 5
-            || self.retry.replay.is_some()
+            || self.busy.retry.replay.is_some()
             || self.autoprep_feeding()
         {
             return Streamed::Whole;
@@ -129,9 +129,9 @@ impl Session {
     /// (and not one that streams): the stream cannot be followed past it, so the server
     /// connection is closed and the client gets `err` (53200), as when a server is lost.
     pub fn handle_server_over_budget(&mut self, err: crate::error::Error) {
-        self.replies.clear();
+        self.busy.replies.clear();
         err.write_to(&mut self.to_client);
-        self.held = 0;
+        self.busy.held = 0;
         self.fail_server();
     }
 
@@ -140,9 +140,9 @@ impl Session {
     /// closed rather than reused when the client gives it back; it may have changed the
     /// schema, so the shape epoch moves now and when its transaction ends.
     fn looked_past(&mut self) {
-        self.server_dirty = true;
+        self.dirty_server_if(true);
         crate::stmt::epoch::advance();
-        self.tx.schema_change = true;
+        self.busy.tx.schema_change = true;
     }
 }
 

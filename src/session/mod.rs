@@ -18,8 +18,9 @@
 //! others), `settle` (bringing a server back to idle when its client left it
 //! mid-conversation), `inflow` (large client frames passed on as they arrive), `timing` (server time of
 //! executions of cached statements, for their statistics and plan guard), `wire_trace`
-//! (the frames of a conversation, logged at trace level). `Session` holds each part's
-//! state in a field of its own.
+//! (the frames of a conversation, logged at trace level). `Session`'s state is grouped by
+//! how long it lives (see `Session`): the link's (`Link`, `LinkState`), the client's kept
+//! across transactions (`Kept`, its statements), and a busy client's (`Busy`).
 
 mod client;
 mod flush;
@@ -72,11 +73,62 @@ pub enum Action {
     Close,
 }
 
+/// The session's server connection, and what is true of it only while it is linked: the
+/// state dies with the link, so nothing of one server carries over to the next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Link {
     Unlinked,
     Acquiring,
-    Linked,
+    Linked(LinkState),
+}
+
+/// What the session knows of its linked server beyond the reply queue (see `Link`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct LinkState {
+    /// The server took another client's batch behind this session's replies (`pipeline`):
+    /// nothing more may be written to it.
+    lent: bool,
+    /// A standby's server (`set_on_reads`): only plain reads are written to it; anything
+    /// else waits until it is given back, then goes to the primary.
+    on_reads: bool,
+    /// The client may have changed the server's session in a way parsnip cannot replay
+    /// (`set_config(…, false)`, `settings::may_set_session_config`; an internal error; a
+    /// Query it did not read): the server is closed, not reused, when given back.
+    dirty: bool,
+    /// When the last timed execution on this server ended (`timing`), µs.
+    last_done_us: u64,
+}
+
+impl Link {
+    /// The linked server's state, if one is linked.
+    fn state(&self) -> Option<&LinkState> {
+        match self {
+            Link::Linked(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    fn state_mut(&mut self) -> Option<&mut LinkState> {
+        match self {
+            Link::Linked(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    fn is_linked(&self) -> bool {
+        matches!(self, Link::Linked(_))
+    }
+
+    /// Unlinks, returning the state the link had (None if no server was linked).
+    fn unlink(&mut self) -> Option<LinkState> {
+        match std::mem::replace(self, Link::Unlinked) {
+            Link::Linked(l) => Some(l),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
 }
 
 /// What became of a client frame given to [`Session::handle_client`].
@@ -94,9 +146,10 @@ pub enum Fed {
 
 /// Where the conversation stands, beyond the request/reply flow of the reply queue. The
 /// phases exclude each other; `Closing` is final.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Phase {
     /// Frames flow as usual.
+    #[default]
     Ready,
     /// The server is in COPY FROM STDIN (CopyInResponse seen): the client sends COPY data,
     /// and a Sync gets no reply.
@@ -114,69 +167,118 @@ enum Phase {
     Closing,
 }
 
-/// One client's conversation. See the module doc.
+/// One client's conversation. See the module doc. Its state is split by how long it
+/// lives: the output buffers (the driver's interface), the link (`Link`: what is true of
+/// the linked server dies with it), what the client keeps across transactions (`Kept`, and
+/// its statements), and what only a busy client needs (`Busy`), blank between
+/// transactions.
 #[derive(Debug)]
 pub struct Session {
-    mode: PoolMode,
-    link: Link,
-    replies: ReplyQueue,
     /// Bytes to write to the client.
     pub to_client: BytesMut,
-    /// How many bytes at the end of `to_client` wait for the client's next Sync or Flush
-    /// (`flush`).
-    held: usize,
     /// Bytes to write to the linked server.
     pub to_server: BytesMut,
-    actions: VecDeque<Action>,
-    /// Where the conversation stands (COPY, skipping to Sync, held, closing).
-    phase: Phase,
-    /// Boxed: rare, and every idle client carries the field.
-    acquire_error: Option<Box<Error>>,
+    link: Link,
+    kept: Kept,
+    /// The client's prepared statements, kept across transactions.
+    /// Boxed: parking hands the box over (`park`) instead of copying the statements.
+    stmts: Box<ClientStmts>,
+    busy: Busy,
+}
+
+/// What a client keeps across transactions, besides its statements: parking moves it out
+/// of the session (`park`).
+#[derive(Debug)]
+struct Kept {
+    mode: PoolMode,
     settings: Arc<Settings>,
     /// Unique id of this client (for the server's unnamed-statement owner).
     uid: u64,
-    /// ParameterDescription of a Describe S of a cached statement, held until the row
-    /// description arrives (a stale statement errors in between, and is then retried).
-    param_desc: Option<Box<[u8]>>,
-    /// The client may have called `set_config(…, false)` on the linked server: a
-    /// session-level change parsnip cannot replay, so that server is closed, not reused,
-    /// when this client gives it back (`settings::may_set_session_config`).
-    server_dirty: bool,
-    /// The linked server took another client's batch behind this session's replies
-    /// (`pipeline`): nothing more may be written to it.
-    lent: bool,
+    /// What the client has done, counted for the console and the metrics.
+    tally: Tally,
+    /// The client's pool splits plain reads to standbys (`set_read_split`): only then is a
+    /// batch asking for a server looked at for being one (`is_read_batch`).
+    read_split: bool,
     /// Under transaction pooling, the client ran something that leaves state in the server
     /// session (`stmt::sql::holds_session_state`: LISTEN, temporary tables, WITH HOLD
     /// cursors, session advisory locks): it keeps its server connection, as in session
     /// mode, until it leaves.
     pinned: bool,
+}
+
+impl Kept {
+    /// Moves the kept part out, leaving this session's a blank one (that still refers to the
+    /// client's settings until the next `unpark` replaces it).
+    fn take(&mut self) -> Kept {
+        let blank = Kept { settings: self.settings.clone(), tally: Tally::default(), pinned: false, ..*self };
+        std::mem::replace(self, blank)
+    }
+}
+
+/// What only a busy client needs: blank between transactions (`is_blank`), so that an idle
+/// client's session can be parked and this part reused for whichever client is busy next.
+#[derive(Debug, Default)]
+struct Busy {
+    /// What each request in flight on the linked server is for.
+    replies: ReplyQueue,
+    /// How many bytes at the end of `to_client` wait for the client's next Sync or Flush
+    /// (`flush`).
+    held: usize,
+    actions: VecDeque<Action>,
+    /// Where the conversation stands (COPY, skipping to Sync, held, closing).
+    phase: Phase,
+    /// Boxed: rare, and every session carries the field.
+    acquire_error: Option<Box<Error>>,
+    /// ParameterDescription of a Describe S of a cached statement, held until the row
+    /// description arrives (a stale statement errors in between, and is then retried).
+    param_desc: Option<Box<[u8]>>,
     /// The batch that asked for a server last (`Action::AcquireServer`) is a plain read
     /// that a standby may serve (`is_read_batch`), and so is everything written to that
-    /// server since.
+    /// server since. Read by the driver after the server is given back, so not the link's.
     wants_reads: bool,
-    /// The linked server is a standby's (`set_on_reads`): only plain reads are written to
-    /// it; anything else waits until it is given back, then goes to the primary.
-    on_reads: bool,
-    /// The client's pool splits plain reads to standbys (`set_read_split`): only then is a
-    /// batch asking for a server looked at for being one (`is_read_batch`).
-    read_split: bool,
     /// The client's transaction.
     tx: TxState,
-    /// The client's prepared statements.
-    /// Boxed: parking hands the box over (`park`) instead of copying the statements.
-    stmts: Box<ClientStmts>,
     /// The batch kept for a transparent retry.
     retry: Retry,
-    /// What the client has done, counted for the console and the metrics.
-    tally: Tally,
     /// A blank set of statements for the next client that parks with some (`park`).
     spare_stmts: Option<Box<ClientStmts>>,
     /// Scratch space for statement cache keys.
     key_buf: Vec<u8>,
     /// The driver's clock as last told (`timing`), µs.
     clock_us: u64,
-    /// When the last timed execution on the linked server ended (`timing`), µs.
-    last_done_us: u64,
+}
+
+impl Busy {
+    /// Nothing would be lost by handing this part to another client: no request in flight
+    /// or batch open, no action or error pending, nothing held of a reply, no transaction,
+    /// nothing kept for a retry. Names every field, so that a new one is not forgotten.
+    fn is_blank(&self) -> bool {
+        let Busy {
+            replies,
+            // Counts bytes of `to_client`, which is empty when this is asked.
+            held: _,
+            actions,
+            phase,
+            acquire_error,
+            param_desc,
+            // Set afresh when the next batch asks for a server.
+            wants_reads: _,
+            tx,
+            retry,
+            // Storage and scratch, nobody's.
+            spare_stmts: _,
+            key_buf: _,
+            clock_us: _,
+        } = self;
+        replies.is_empty()
+            && !replies.is_unsynced()
+            && actions.is_empty()
+            && *phase == Phase::Ready
+            && acquire_error.is_none()
+            && param_desc.is_none()
+            && tx.is_blank()
+            && retry.is_blank()
+    }
 }
 
 /// Counts of what one client has done since the driver last took them (`take_tally`, after
@@ -228,32 +330,12 @@ impl Session {
     /// statements go through the shared cache; without, they pass through.
     pub fn new(mode: PoolMode, settings: Arc<Settings>, uid: u64, registry: Option<Arc<Registry>>) -> Session {
         Session {
-            mode,
-            link: Link::Unlinked,
-            replies: ReplyQueue::default(),
             to_client: BytesMut::new(),
-            held: 0,
             to_server: BytesMut::new(),
-            actions: VecDeque::new(),
-            phase: Phase::Ready,
-            acquire_error: None,
-            settings,
-            uid,
-            param_desc: None,
-            server_dirty: false,
-            lent: false,
-            pinned: false,
-            wants_reads: false,
-            on_reads: false,
-            read_split: false,
-            tx: TxState::default(),
+            link: Link::Unlinked,
+            kept: Kept { mode, settings, uid, tally: Tally::default(), read_split: false, pinned: false },
             stmts: Box::new(ClientStmts::new(registry)),
-            retry: Retry::default(),
-            tally: Tally::default(),
-            spare_stmts: None,
-            key_buf: Vec::new(),
-            clock_us: 0,
-            last_done_us: 0,
+            busy: Busy::default(),
         }
     }
 
@@ -262,16 +344,16 @@ impl Session {
     /// The reply queue's storage when it is empty, for a client going idle (the driver
     /// recycles it with the IO buffers; an idle client keeps none).
     pub(crate) fn take_idle_storage(&mut self) -> Option<VecDeque<reply_queue::Pending>> {
-        self.replies.take_storage()
+        self.busy.replies.take_storage()
     }
     /// Storage for the reply queue of a client becoming active, if it has none: `get`
     /// supplies it (called only then).
     pub(crate) fn lend_storage(&mut self, get: impl FnOnce() -> Option<VecDeque<reply_queue::Pending>>) {
-        self.replies.lend_storage(get)
+        self.busy.replies.lend_storage(get)
     }
     /// A server is linked.
     pub(crate) fn is_linked(&self) -> bool {
-        self.link == Link::Linked
+        self.link.is_linked()
     }
     /// Waiting for the pool.
     pub(crate) fn is_acquiring(&self) -> bool {
@@ -279,25 +361,25 @@ impl Session {
     }
     /// Linked, inside a transaction, with nothing outstanding: the client is idle in a transaction.
     pub(crate) fn is_idle_in_transaction(&self) -> bool {
-        self.link == Link::Linked && self.replies.is_empty() && self.tx.status != TxStatus::Idle
+        self.link.is_linked() && self.busy.replies.is_empty() && self.busy.tx.status != TxStatus::Idle
     }
     /// Requests outstanding on the linked server.
     pub(crate) fn outstanding(&self) -> usize {
-        self.replies.len()
+        self.busy.replies.len()
     }
     /// The client's settings.
     #[cfg(test)]
     pub(crate) fn settings(&self) -> &Settings {
-        &self.settings
+        &self.kept.settings
     }
     /// What the client did since the last call (see `Tally`); None if nothing ended.
     pub(crate) fn take_tally(&mut self) -> Option<Tally> {
-        (self.tally.queries > 0 || self.tally.binds > 0 || self.tally.has_errors())
-            .then(|| std::mem::take(&mut self.tally))
+        (self.kept.tally.queries > 0 || self.kept.tally.binds > 0 || self.kept.tally.has_errors())
+            .then(|| std::mem::take(&mut self.kept.tally))
     }
     /// Pinned to its server connection (see the field).
     pub(crate) fn is_pinned(&self) -> bool {
-        self.pinned
+        self.kept.pinned
     }
     /// Prepared statements the client holds.
     pub(crate) fn prepared_count(&self) -> usize {
@@ -305,44 +387,49 @@ impl Session {
     }
     /// The client is inside a transaction block (or a failed one).
     pub(crate) fn in_transaction(&self) -> bool {
-        self.tx.status != TxStatus::Idle
+        self.busy.tx.status != TxStatus::Idle
     }
     /// The session is closing: feed nothing more.
     pub(crate) fn is_closing(&self) -> bool {
-        self.phase == Phase::Closing
+        self.busy.phase == Phase::Closing
     }
-    /// Client frames the driver must feed again before the ones it holds (a batch retried
-    /// after a transparent re-prepare).
     /// Frames queued to be fed before the client's next ones (a retry, an autoprepared
     /// Query): the driver stops feeding after the frame that queued them.
     pub(crate) fn has_replay(&self) -> bool {
-        self.retry.replay.is_some()
+        self.busy.retry.has_replay()
     }
-
+    /// Those frames (`has_replay`), taken.
     pub(crate) fn take_replay(&mut self) -> Option<Vec<u8>> {
-        self.retry.replay.take().map(|b| *b)
+        self.busy.retry.take_replay()
     }
     /// Actions are waiting for the driver.
     pub(crate) fn has_actions(&self) -> bool {
-        !self.actions.is_empty()
+        !self.busy.actions.is_empty()
+    }
+
+    /// The linked server is not to be reused when `yes` (`LinkState::dirty`).
+    fn dirty_server_if(&mut self, yes: bool) {
+        if yes && let Some(l) = self.link.state_mut() {
+            l.dirty = true;
+        }
     }
 
     /// Enters phase `p` from `Ready`; a closing session stays closing.
     fn enter(&mut self, p: Phase) {
         debug_assert!(
-            matches!(self.phase, Phase::Ready | Phase::Closing) || self.phase == p,
+            matches!(self.busy.phase, Phase::Ready | Phase::Closing) || self.busy.phase == p,
             "{:?} -> {p:?}",
-            self.phase
+            self.busy.phase
         );
-        if self.phase != Phase::Closing {
-            self.phase = p;
+        if self.busy.phase != Phase::Closing {
+            self.busy.phase = p;
         }
     }
 
     /// Leaves phase `p` for `Ready`, if the session is in it.
     fn leave(&mut self, p: Phase) {
-        if self.phase == p {
-            self.phase = Phase::Ready;
+        if self.busy.phase == p {
+            self.busy.phase = Phase::Ready;
         }
     }
 
@@ -351,16 +438,16 @@ impl Session {
     /// Next action for the driver; call until None after every input.
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        self.busy.actions.pop_front()
     }
 
     /// Logs what the session wrote to either side since the buffers had these lengths.
     fn trace_output(&self, to_s: usize, to_c: usize) {
         if let Some(out) = self.to_server.get(to_s..) {
-            wire_trace::frames(self.uid, "  >server", true, out);
+            wire_trace::frames(self.kept.uid, "  >server", true, out);
         }
         if let Some(out) = self.to_client.get(to_c..) {
-            wire_trace::frames(self.uid, "  >client", false, out);
+            wire_trace::frames(self.kept.uid, "  >client", false, out);
         }
     }
 }

@@ -4,26 +4,20 @@
 //! transaction and retry state: most of its size) is left blank, for the driver to reuse for
 //! whichever client becomes active next. An idle client then holds only the `Parked`.
 //!
-//! Owns the line between the two halves: `at_rest` says when nothing of the busy half
-//! would be lost. Must not touch sockets or free lists; the driver keeps the blank sessions.
+//! The halves are types of their own (`Kept`, `Busy` in the parent module): parking moves
+//! the `Kept` out whole. Owns the line between the two: `at_rest` says when nothing of the
+//! busy half would be lost. Must not touch sockets or free lists; the driver keeps the blank sessions.
 
 use super::stmts::{ClientStmts, Unnamed};
-use super::{Link, Phase, Session, Tally};
-use crate::config::PoolMode;
-use crate::state::TxStatus;
-use crate::state::settings::Settings;
+use super::{Kept, Link, Session};
 use crate::stmt::Registry;
 use std::sync::Arc;
 
 /// What an idle client keeps of its session (see the module doc).
 #[derive(Debug)]
 pub struct Parked {
-    settings: Arc<Settings>,
-    uid: u64,
-    tally: Tally,
+    kept: Kept,
     stmts: ParkedStmts,
-    mode: PoolMode,
-    read_split: bool,
 }
 
 /// An idle client's prepared statements: without any (the client sends simple Queries, or
@@ -35,85 +29,45 @@ enum ParkedStmts {
 }
 
 impl Session {
-    /// Nothing of the busy half would be lost by parking: no server linked or coming, no
-    /// request in flight, nothing to write, no transaction, nothing held for a retry.
+    /// Nothing of the busy half would be lost by parking: no server linked or coming,
+    /// nothing to write, not pinned to a server, and the busy part blank (`Busy::is_blank`).
     pub(crate) fn at_rest(&self) -> bool {
-        let tx = &self.tx;
-        let retry = &self.retry;
         self.link == Link::Unlinked
-            && self.phase == Phase::Ready
-            && self.replies.is_empty()
-            && !self.replies.is_unsynced()
             && self.to_client.is_empty()
             && self.to_server.is_empty()
-            && self.actions.is_empty()
-            && self.acquire_error.is_none()
-            && self.param_desc.is_none()
-            && !self.server_dirty
-            && !self.pinned
-            && tx.status == TxStatus::Idle
-            && !tx.opening
-            && tx.settings.is_empty()
-            && tx.tracked_portal.is_none()
-            && tx.ext_done.is_empty()
-            && !tx.ext_failed
-            && !tx.schema_change
-            && retry.batch.is_empty()
-            && !retry.retried
-            && !retry.batch_executed
-            && retry.replay.is_none()
-            && retry.autoprep.is_none()
+            && !self.kept.pinned
+            && self.busy.is_blank()
     }
 
-    /// Parks an idle session (`at_rest`): what the client keeps is returned, and this
-    /// session is left blank, ready for `unpark`. None (and nothing changes) when the
-    /// session is not at rest.
+    /// Parks an idle session (`at_rest`): what the client keeps is moved out and returned,
+    /// and this session is left blank, ready for `unpark`. None (and nothing changes) when
+    /// the session is not at rest.
     pub fn park(&mut self) -> Option<Parked> {
         if !self.at_rest() {
             return None;
         }
-        // What the last batch was, kept for a retry of its failure, is moot once its
-        // replies are all in.
-        self.retry.last_batch.clear();
-        self.retry.frame_at = 0;
+        self.busy.retry.forget_last_batch();
         // Portals end with their transaction: none is left to describe.
-        self.stmts.last_bind = None;
-        self.stmts.last_plain = None;
-        self.stmts.as_sent_next = None;
-        // What the last link was (a read pool's, lent to other clients) is set afresh at
-        // the next one.
-        self.wants_reads = false;
-        self.lent = false;
-        self.on_reads = false;
+        self.stmts.forget_portals();
+        // What the last link was (a read pool's) is set afresh at the next one.
+        self.busy.wants_reads = false;
         let stmts = if self.stmts.holds_nothing() {
             let registry = self.stmts.registry.take();
             let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);
             ParkedStmts::None { registry, unnamed_seq }
         } else {
             // The spare box (a blank set of statements) takes the place of the client's.
-            let spare = self.spare_stmts.take().unwrap_or_default();
+            let spare = self.busy.spare_stmts.take().unwrap_or_default();
             ParkedStmts::Some(std::mem::replace(&mut self.stmts, spare))
         };
-        Some(Parked {
-            // The blank session keeps a reference until its next `unpark` replaces it.
-            settings: self.settings.clone(),
-            uid: self.uid,
-            tally: std::mem::take(&mut self.tally),
-            stmts,
-            mode: self.mode,
-            read_split: self.read_split,
-        })
+        Some(Parked { kept: self.kept.take(), stmts })
     }
 
     /// Makes this blank session (one `park` left, or `unparked` made) the session of the
     /// client that parked `p`.
     pub fn unpark(&mut self, p: Parked) {
         debug_assert!(self.at_rest() && self.stmts.holds_nothing());
-        self.settings = p.settings;
-        self.uid = p.uid;
-        self.tally = p.tally;
-        self.mode = p.mode;
-        self.read_split = p.read_split;
+        self.kept = p.kept;
         match p.stmts {
             ParkedStmts::None { registry, unnamed_seq } => {
                 self.stmts.registry = registry;
@@ -123,8 +77,8 @@ impl Session {
                 // The blank statements stay as the spare: the next client to park keeps
                 // its own in their place.
                 let blank = std::mem::replace(&mut self.stmts, b);
-                if self.spare_stmts.is_none() {
-                    self.spare_stmts = Some(blank);
+                if self.busy.spare_stmts.is_none() {
+                    self.busy.spare_stmts = Some(blank);
                 }
             }
         }
@@ -132,13 +86,21 @@ impl Session {
 
     /// A new session for the client that parked `p` (when no blank one is at hand).
     pub fn unparked(p: Parked) -> Session {
-        let mut s = Session::new(p.mode, p.settings.clone(), p.uid, None);
+        let mut s = Session::new(p.kept.mode, p.kept.settings.clone(), p.kept.uid, None);
         s.unpark(p);
         s
     }
 }
 
 impl ClientStmts {
+    /// Forgets the portals the client bound: they end with their transaction, so none is
+    /// left to describe or time.
+    pub(super) fn forget_portals(&mut self) {
+        self.last_bind = None;
+        self.last_plain = None;
+        self.as_sent_next = None;
+    }
+
     /// Nothing but the registry and the Parse sequence: no named, unnamed or SQL-level
     /// statement, nothing described or remembered about one.
     pub(super) fn holds_nothing(&self) -> bool {

@@ -11,7 +11,7 @@
 //! the server to itself, as without pipelining.
 
 use super::reply_queue::{ClientFx, OnReply, Purpose, Req};
-use super::{Link, Phase, Session};
+use super::{Phase, Session};
 use crate::config::PoolMode;
 use crate::state::TxStatus;
 use crate::stmt::registry::StmtKind;
@@ -57,20 +57,20 @@ impl Session {
     /// backend reads a message ends the connection for every batch on it (issue 23's
     /// hostile-client test found it).
     pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
-        if self.link != Link::Linked
-            || self.mode == PoolMode::Session
-            || self.pinned
-            || self.tx.status != TxStatus::Idle
-            || self.tx.opening
-            || matches!(self.phase, Phase::CopyIn | Phase::Held | Phase::ServerSkipping)
-            || self.server_dirty
-            || self.lent
-            || self.replies.is_unsynced()
+        let link = self.link.state()?;
+        if self.kept.mode == PoolMode::Session
+            || self.kept.pinned
+            || self.busy.tx.status != TxStatus::Idle
+            || self.busy.tx.opening
+            || matches!(self.busy.phase, Phase::CopyIn | Phase::Held | Phase::ServerSkipping)
+            || link.dirty
+            || link.lent
+            || self.busy.replies.is_unsynced()
             || self.stmts.dealloc_portal.is_some()
-            || self.tx.tracked_portal.is_some()
+            || self.busy.tx.tracked_portal.is_some()
             || self.stmts.fresh_in_tx.is_some()
             || !self.to_server.is_empty()
-            || self.settings.sets_a_timeout()
+            || self.kept.settings.sets_a_timeout()
         {
             return None;
         }
@@ -78,7 +78,7 @@ impl Session {
         let mut ends_batch = false;
         let mut first: Option<Timed> = None;
         let mut fast = true;
-        for p in self.replies.iter() {
+        for p in self.busy.replies.iter() {
             ends_batch = matches!(p.req, Req::Sync | Req::Query);
             if p.purpose != Purpose::Client
                 || p.tracked_sql.is_some()
@@ -121,10 +121,10 @@ impl Session {
     /// statement mode and not pinned to its server. Everything else goes to the primary.
     pub(crate) fn is_read_batch(&self, frame: &[u8]) -> bool {
         frame.first() == Some(&crate::protocol::tags::QUERY)
-            && self.mode != PoolMode::Session
-            && !self.pinned
-            && self.tx.status == TxStatus::Idle
-            && !self.tx.opening
+            && self.kept.mode != PoolMode::Session
+            && !self.kept.pinned
+            && self.busy.tx.status == TxStatus::Idle
+            && !self.busy.tx.opening
             && crate::protocol::frontend::query_text(crate::protocol::body(frame)).is_some_and(|text| {
                 !super::settings::maybe_setting_stmt(text)
                     && !super::settings::may_set_session_config(text)
@@ -136,20 +136,22 @@ impl Session {
     /// and everything written to that server since too (false once anything else was: a
     /// client that wrote on the primary reads from it for a while, `driver::split`).
     pub(crate) fn wants_reads(&self) -> bool {
-        self.wants_reads
+        self.busy.wants_reads
     }
 
     /// Whether the client's pool has a read/write split (`read_write_split`): without one,
     /// no batch is looked at for being a plain read.
     pub(crate) fn set_read_split(&mut self, on: bool) {
-        self.read_split = on;
+        self.kept.read_split = on;
     }
 
     /// The driver linked a standby's connection (after `handle_server_linked`) for the
     /// plain read that asked for a server: until it is given back, only plain reads go to
     /// it.
     pub(crate) fn set_on_reads(&mut self) {
-        self.on_reads = true;
+        if let Some(l) = self.link.state_mut() {
+            l.on_reads = true;
+        }
     }
 
     /// The driver let the server take another client's batch behind this session's: from
@@ -157,14 +159,17 @@ impl Session {
     /// would land behind the other batch). A transparent retry then re-prepares on the
     /// next server the client gets instead of closing the stale statement here.
     pub(crate) fn set_lent(&mut self) {
-        self.lent = true;
+        if let Some(l) = self.link.state_mut() {
+            l.lent = true;
+        }
     }
 
     /// ReadyForQuery messages the server still owes this session (one per Sync, Query or
     /// FunctionCall sent and not yet answered): where its replies end on a shared
     /// connection when nobody reads them for it any more.
     pub(crate) fn owed_ready(&self) -> usize {
-        self.replies
+        self.busy
+            .replies
             .iter()
             .filter(|p| matches!(p.req, Req::Sync | Req::Query | Req::FunctionCall) && !p.is_synth())
             .count()
@@ -173,13 +178,13 @@ impl Session {
     /// Everything the client sent for its current batch is written out: nothing left for the
     /// server, and no frame held for a statement's shape check.
     pub(crate) fn batch_written(&self) -> bool {
-        self.to_server.is_empty() && self.phase != super::Phase::Held
+        self.to_server.is_empty() && self.busy.phase != super::Phase::Held
     }
 
     /// Whether `set_lent` was called since the server was linked.
     #[cfg(test)]
     pub(crate) fn is_lent(&self) -> bool {
-        self.lent
+        self.link.state().is_some_and(|l| l.lent)
     }
 }
 

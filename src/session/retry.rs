@@ -6,6 +6,7 @@ use super::Session;
 use super::reply_queue::{Fx, OnReply, Purpose, Req};
 use super::stmts::describes_portal;
 use super::stmts::guard::GuardCmd;
+use crate::protocol::tags;
 use crate::state::{ServerState, TxStatus};
 use crate::stmt::Statement;
 use std::sync::Arc;
@@ -34,6 +35,65 @@ pub(super) struct Retry {
     pub(super) autoprep: Option<Box<crate::session::stmts::autoprepare::AutoPrep>>,
 }
 
+impl Retry {
+    /// No batch kept or being replayed, no retry under way. What the last batch was may
+    /// stay (`forget_last_batch`). Names every field, so that a new one is not forgotten.
+    pub(super) fn is_blank(&self) -> bool {
+        let Retry { batch, last_batch: _, frame_at: _, batch_executed, retried, replay, autoprep } = self;
+        batch.is_empty() && !retried && !batch_executed && replay.is_none() && autoprep.is_none()
+    }
+
+    /// Keeps a client frame in the batch being sent.
+    pub(super) fn record(&mut self, frame: &[u8]) {
+        self.frame_at = self.batch.len() as u32;
+        self.batch.extend_from_slice(frame);
+    }
+
+    /// A client frame with tag `tag` was handled (`recorded`: kept by `record`;
+    /// `consumed`: not to be fed again). A frame fed again is recorded again then; a Sync
+    /// ends the batch, which becomes the last one; an Execute makes the batch have effects.
+    pub(super) fn frame_handled(&mut self, tag: u8, recorded: bool, consumed: bool) {
+        if recorded && !consumed {
+            self.batch.truncate(self.frame_at as usize);
+        }
+        if tag == tags::SYNC && recorded {
+            std::mem::swap(&mut self.batch, &mut self.last_batch);
+            self.batch.clear();
+        }
+        match tag {
+            tags::EXECUTE => self.batch_executed = true,
+            // These end with their own ReadyForQuery, like a Sync.
+            tags::SYNC | tags::QUERY | tags::FUNCTION_CALL => self.batch_executed = false,
+            _ => {}
+        }
+    }
+
+    /// Starts a transparent retry: the last batch, from byte `from` on, is to be fed again
+    /// (`replay`), and no retry of it will be tried again.
+    pub(super) fn replay_last(&mut self, from: u32) {
+        self.retried = true;
+        let frames = std::mem::take(&mut self.last_batch);
+        self.replay = frames.get(from as usize..).map(|f| Box::new(f.to_vec()));
+    }
+
+    /// Whether frames wait to be fed again.
+    pub(super) fn has_replay(&self) -> bool {
+        self.replay.is_some()
+    }
+
+    /// The frames to feed again, if any.
+    pub(super) fn take_replay(&mut self) -> Option<Vec<u8>> {
+        self.replay.take().map(|b| *b)
+    }
+
+    /// Forgets the last batch, kept for a retry of its failure: moot once its replies are
+    /// all in.
+    pub(super) fn forget_last_batch(&mut self) {
+        self.last_batch.clear();
+        self.frame_at = 0;
+    }
+}
+
 impl Session {
     /// 0A000 or 26000 answered a Bind or Describe of a cached statement outside a
     /// transaction, or inside one under a savepoint guard (`guard`): when PostgreSQL would
@@ -43,18 +103,21 @@ impl Session {
     /// after rolling back to the savepoint). Only when that batch is the last thing sent,
     /// so nothing is reordered.
     pub(super) fn try_retry(&mut self, stmt: &Arc<Statement>, code: &[u8], from: u32, srv: &mut ServerState) -> bool {
-        if self.replies.head().is_some_and(|p| p.req == Req::Query) {
+        if self.busy.replies.head().is_some_and(|p| p.req == Req::Query) {
             return self.retry_sql_execute(stmt, code, srv);
         }
-        let guarded = self.replies.head().is_some_and(|p| p.fx.guarded);
-        if self.retry.retried || !(self.tx.status == TxStatus::Idle || guarded) || !self.retry.batch.is_empty() {
+        let guarded = self.busy.replies.head().is_some_and(|p| p.fx.guarded);
+        if self.busy.retry.retried
+            || !(self.busy.tx.status == TxStatus::Idle || guarded)
+            || !self.busy.retry.batch.is_empty()
+        {
             return false;
         }
-        let last_sync = self.replies.iter().position(|p| p.req == Req::Sync && !p.is_synth());
-        if last_sync != Some(self.replies.len() - 1) {
+        let last_sync = self.busy.replies.iter().position(|p| p.req == Req::Sync && !p.is_synth());
+        if last_sync != Some(self.busy.replies.len() - 1) {
             return false;
         }
-        let Some(tail) = self.retry.last_batch.get(from as usize..) else { return false };
+        let Some(tail) = self.busy.retry.last_batch.get(from as usize..) else { return false };
         // A frame of it was streamed (`inflow`): its body was never kept.
         if super::inflow::holds_stub(tail) {
             return false;
@@ -63,16 +126,16 @@ impl Session {
             return false;
         }
         // An autoprepared Query's batch: its replay is fed as one again.
-        let simple = self.replies.head().and_then(|p| p.simple.clone());
+        let simple = self.busy.replies.head().and_then(|p| p.simple.clone());
         // The failed Bind and what the server skips after it.
-        if let Some(p) = self.replies.pop() {
+        if let Some(p) = self.busy.replies.pop() {
             self.rollback(p, srv);
         }
-        while let Some(p) = self.replies.pop_unless_sync() {
+        while let Some(p) = self.busy.replies.pop_unless_sync() {
             self.rollback(p, srv);
         }
         // The Sync already sent: its ReadyForQuery is not the client's any more.
-        if let Some(p) = self.replies.head_mut() {
+        if let Some(p) = self.busy.replies.head_mut() {
             p.on_reply = OnReply::Skip;
             p.purpose = super::reply_queue::Purpose::Retried;
         }
@@ -84,7 +147,7 @@ impl Session {
         let registry = self.registry().clone();
         let fresh = if code == b"0A000" {
             registry.mark_stale(stmt);
-            if !self.lent {
+            if !self.link.state().is_some_and(|l| l.lent) {
                 srv.stmts.remove(stmt);
                 self.close_quietly(&stmt.server_name, Fx::default());
             }
@@ -97,19 +160,16 @@ impl Session {
             srv.stmts.clear();
             stmt.clone()
         };
-        self.remap(stmt, &fresh);
+        self.stmts.remap(stmt, &fresh);
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
         let code = String::from_utf8_lossy(code);
         tracing::debug!(statement = %stmt.server_name, code = %code, "re-prepared and retried transparently");
-        self.retry.retried = true;
         // The driver feeds these frames again before anything else the client sent, through
         // the normal path (so a frame that must wait, waits).
-        let frames = std::mem::take(&mut self.retry.last_batch);
         // An autoprepared Query's batch is replayed whole: its unnamed statement is gone
         // once its Sync was fed.
-        let from = if simple.is_some() { 0 } else { from };
-        self.retry.replay = frames.get(from as usize..).map(|f| Box::new(f.to_vec()));
-        if let (Some(edits), Some(replay)) = (simple, self.retry.replay.as_deref()) {
+        self.busy.retry.replay_last(if simple.is_some() { 0 } else { from });
+        if let (Some(edits), Some(replay)) = (simple, self.busy.retry.replay.as_deref()) {
             let mut n = 0u8;
             let mut rest: &[u8] = replay;
             while let Ok(Some(len)) = crate::protocol::split_frame(rest, usize::MAX) {
@@ -128,13 +188,13 @@ impl Session {
     /// the transaction is rolled back to the savepoint), the statement goes stale, and the
     /// client's Query is fed again against the current generation.
     pub(super) fn retry_sql_execute(&mut self, stmt: &Arc<Statement>, code: &[u8], srv: &mut ServerState) -> bool {
-        let Some(head) = self.replies.head() else { return false };
+        let Some(head) = self.busy.replies.head() else { return false };
         let guarded = head.fx.guarded;
         // Nothing was sent after it but its guard's RELEASE.
-        if code != b"0A000" || self.retry.retried || self.replies.len() != 1 + usize::from(guarded) {
+        if code != b"0A000" || self.busy.retry.retried || self.busy.replies.len() != 1 + usize::from(guarded) {
             return false;
         }
-        for p in self.replies.iter_mut() {
+        for p in self.busy.replies.iter_mut() {
             p.on_reply = OnReply::Skip;
             p.purpose = Purpose::Retried;
         }
@@ -147,11 +207,10 @@ impl Session {
         srv.stmts.remove(stmt);
         self.close_quietly(&stmt.server_name, Fx::default());
         let fresh = registry.current(stmt);
-        self.remap(stmt, &fresh);
+        self.stmts.remap(stmt, &fresh);
         registry.stats.retries.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(statement = %stmt.server_name, "SQL EXECUTE re-prepared and retried transparently");
-        self.retry.retried = true;
-        self.retry.replay = Some(Box::new(std::mem::take(&mut self.retry.last_batch)));
+        self.busy.retry.replay_last(0);
         true
     }
 
@@ -159,7 +218,7 @@ impl Session {
     /// outside a transaction, not twice, and only while nothing in this batch has executed
     /// (an earlier BEGIN or write would be aborted or rolled back by the error).
     pub(super) fn retry_point(&self) -> Option<u32> {
-        (self.tx.status == TxStatus::Idle && !self.retry.retried && !self.retry.batch_executed)
-            .then_some(self.retry.frame_at)
+        (self.busy.tx.status == TxStatus::Idle && !self.busy.retry.retried && !self.busy.retry.batch_executed)
+            .then_some(self.busy.retry.frame_at)
     }
 }

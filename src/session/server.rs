@@ -4,7 +4,7 @@
 
 use super::reply_queue::{self, OnReply, Pending, Purpose, Req, Synth};
 use super::stmts::same_shape;
-use super::{Action, Link, Phase, Session, wire_trace};
+use super::{Action, Link, LinkState, Phase, Session, wire_trace};
 use crate::config::PoolMode;
 use crate::error::{Error, Severity, SqlState};
 use crate::protocol::{backend, body, frontend, tags};
@@ -17,21 +17,18 @@ use std::sync::atomic::Ordering;
 impl Session {
     /// The pool gave us `server`: replay settings if they differ.
     pub fn handle_server_linked(&mut self, server: &mut ServerState) {
-        self.link = Link::Linked;
-        self.lent = false;
-        self.on_reads = false;
-        // Executions on this server start no earlier than now (a busy half unparked from
-        // another client carries the end of an execution on another server).
-        self.last_done_us = 0;
+        // A fresh state: nothing of the last server (lent, a standby's, dirty, when its
+        // last execution ended) carries over.
+        self.link = Link::Linked(LinkState::default());
         server.tx_status = TxStatus::Idle;
         server.stmts.begin_link();
         self.trim_server_statements(server);
-        if self.settings.key() != server.settings.key() {
-            let sql = self.settings.diff_sql(&server.settings);
-            server.settings.copy_extra_from(&self.settings);
+        if self.kept.settings.key() != server.settings.key() {
+            let sql = self.kept.settings.diff_sql(&server.settings);
+            server.settings.copy_extra_from(&self.kept.settings);
             if !sql.is_empty() {
                 frontend::query(&mut self.to_server, &sql);
-                self.replies.push(Pending::internal(Req::Query, Purpose::SyncSettings));
+                self.busy.replies.push(Pending::internal(Req::Query, Purpose::SyncSettings));
             }
         }
     }
@@ -43,15 +40,14 @@ impl Session {
         if err.severity == Severity::Fatal {
             return self.fail(err);
         }
-        self.acquire_error = Some(Box::new(err));
+        self.busy.acquire_error = Some(Box::new(err));
     }
 
     /// The linked server's connection broke.
     pub(crate) fn handle_server_lost(&mut self) {
-        self.replies.clear();
-        if self.link == Link::Linked {
-            self.link = Link::Unlinked;
-            self.actions.push_back(Action::ReleaseServer { reusable: false });
+        self.busy.replies.clear();
+        if self.link.unlink().is_some() {
+            self.busy.actions.push_back(Action::ReleaseServer { reusable: false });
         }
         self.fail(Error::fatal(SqlState::CONNECTION_FAILURE, "server closed the connection unexpectedly"));
     }
@@ -63,11 +59,11 @@ impl Session {
     /// as it would do nothing with it but copy it).
     pub(crate) fn stream_server_frame(&mut self, header: &[u8]) -> bool {
         if !matches!(header.first(), Some(&tags::DATA_ROW | &tags::COPY_DATA))
-            || self.param_desc.is_some()
-            || self.held > 0
-            || self.replies.head_unflushed()
+            || self.busy.param_desc.is_some()
+            || self.busy.held > 0
+            || self.busy.replies.head_unflushed()
             || wire_trace::on()
-            || self.replies.head().is_none_or(|h| h.is_synth() || !matches!(h.on_reply, OnReply::Forward))
+            || self.busy.replies.head().is_none_or(|h| h.is_synth() || !matches!(h.on_reply, OnReply::Forward))
         {
             return false;
         }
@@ -77,9 +73,9 @@ impl Session {
 
     /// One whole frame from the linked server.
     pub fn handle_server(&mut self, frame: &[u8], server: &mut ServerState) {
-        let unflushed = self.replies.head_unflushed();
+        let unflushed = self.busy.replies.head_unflushed();
         let traced = wire_trace::on();
-        if !traced && self.held == 0 && !unflushed {
+        if !traced && self.busy.held == 0 && !unflushed {
             // Nothing held and a reply the client asked for: it goes as it is (`flush`).
             return self.on_server_frame(frame, server);
         }
@@ -88,7 +84,7 @@ impl Session {
             self.on_server_frame(frame, server);
             return self.note_server_output(to_c, frame[0], unflushed);
         }
-        wire_trace::frames(self.uid, "server>", false, frame);
+        wire_trace::frames(self.kept.uid, "server>", false, frame);
         self.on_server_frame(frame, server);
         self.note_server_output(to_c, frame[0], unflushed);
         self.trace_output(to_s, to_c);
@@ -101,16 +97,17 @@ impl Session {
             tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE => return self.on_notice(frame),
             _ => {}
         }
-        if tag == tags::ERROR_RESPONSE && is_fatal(body(frame)) && self.replies.head().is_none_or(|h| h.is_synth()) {
+        if tag == tags::ERROR_RESPONSE && is_fatal(body(frame)) && self.busy.replies.head().is_none_or(|h| h.is_synth())
+        {
             // A FATAL with no request outstanding (the backend was terminated, timed out
             // idle, or is shutting down): the client gets it as PostgreSQL sent it, and the
             // connection ends as it would have directly.
             tracing::info!(error = %backend::ErrorText(body(frame)), "server closed the connection");
-            self.replies.clear();
+            self.busy.replies.clear();
             self.to_client.extend_from_slice(frame);
             return self.fail_server();
         }
-        let Some(head) = self.replies.head() else {
+        let Some(head) = self.busy.replies.head() else {
             return self.desync(tag);
         };
         if tag == tags::ERROR_RESPONSE && is_fatal(body(frame)) && !head.is_synth() {
@@ -125,7 +122,7 @@ impl Session {
             if !forwarded {
                 self.to_client.extend_from_slice(frame);
             }
-            self.replies.clear();
+            self.busy.replies.clear();
             return self.fail_server();
         }
         if head.is_synth() {
@@ -146,7 +143,7 @@ impl Session {
     /// notices unless they answer a request of the pooler's own.
     fn on_notice(&mut self, frame: &[u8]) {
         if frame[0] == tags::NOTIFICATION_RESPONSE
-            || self.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward))
+            || self.busy.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward))
         {
             self.to_client.extend_from_slice(frame);
         }
@@ -155,13 +152,13 @@ impl Session {
     /// Any other reply to the request at the head of the queue.
     fn on_reply(&mut self, frame: &[u8], server: &mut ServerState) {
         let tag = frame[0];
-        let Some(head) = self.replies.head() else { return };
+        let Some(head) = self.busy.replies.head() else { return };
         let req = head.req;
         let forwarded = matches!(head.on_reply, OnReply::Forward);
         if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
             // Held until the row description: a stale statement errors in between.
             if forwarded {
-                self.param_desc = Some(frame.into());
+                self.busy.param_desc = Some(frame.into());
             }
             return;
         }
@@ -172,7 +169,7 @@ impl Session {
             }
             return;
         }
-        let param_desc = if forwarded { self.param_desc.take() } else { None };
+        let param_desc = if forwarded { self.busy.param_desc.take() } else { None };
         let hidden = head.simple.is_some()
             && matches!(tag, tags::PARSE_COMPLETE | tags::BIND_COMPLETE | tags::NO_DATA | tags::PARAMETER_DESCRIPTION);
         if forwarded && !hidden {
@@ -203,7 +200,7 @@ impl Session {
         if tag == tags::COPY_IN_RESPONSE {
             // Unless the client's CopyDone or CopyFail is already on its way, what it sends
             // next is COPY data, and its Syncs get no reply until the copy ends.
-            if !self.replies.copy_in_started() {
+            if !self.busy.replies.copy_in_started() {
                 self.enter(Phase::CopyIn);
             }
         } else if req.completed_by(tag) {
@@ -214,7 +211,7 @@ impl Session {
     /// A RowDescription or NoData answering a Describe: a shape check's answer, or what a
     /// client is told a cached statement returns.
     fn on_row_shape(&mut self, frame: &[u8], param_desc: Option<&[u8]>, server: &mut ServerState) {
-        let Some(head) = self.replies.head() else { return };
+        let Some(head) = self.busy.replies.head() else { return };
         if let OnReply::ShapeCheck(s) = &head.on_reply {
             let s = s.clone();
             self.on_shape_checked(&s, frame, server);
@@ -244,7 +241,7 @@ impl Session {
     /// The request at the head of the queue is done (`frame` completed it).
     fn complete_head(&mut self, frame: &[u8]) {
         let tag = frame[0];
-        let Some(p) = self.replies.pop() else { return };
+        let Some(p) = self.busy.replies.pop() else { return };
         if let Some(s) = &p.timed {
             let rows = if tag == tags::COMMAND_COMPLETE { crate::stmt::stats::tag_rows(body(frame)) } else { 0 };
             self.execution_done(s, p.timed_cached, p.sent_us, rows, false);
@@ -253,7 +250,7 @@ impl Session {
             && tag == tags::COMMAND_COMPLETE
             && let Some(sql) = p.tracked_sql
         {
-            self.tx.ext_done.push(sql);
+            self.busy.tx.ext_done.push(sql);
         }
         // A SQL-level statement exists once its PREPARE has run, not when that is parsed.
         if let Some(s) = &p.fx.server_parse
@@ -273,20 +270,22 @@ impl Session {
         // A ParameterDescription held back for a Describe of a cached statement: PostgreSQL
         // sent it before finding the statement stale; the client gets it too, unless the
         // Describe is retried.
-        let param_desc = self.param_desc.take();
-        let Some(head) = self.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
+        let param_desc = self.busy.param_desc.take();
+        let Some(head) = self.busy.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
         head.failed = true;
         if let Some(s) = head.timed.take() {
             let (cached, sent) = (head.timed_cached, head.sent_us);
             self.execution_done(&s, cached, sent, 0, true);
         }
-        let Some(head) = self.replies.head_mut() else { return };
+        let Some(head) = self.busy.replies.head_mut() else { return };
         let req = head.req;
         let code = statement_error_class(body(frame));
         if backend::error_field(body(frame), b'C').is_some_and(|c| c.starts_with(b"XX")) {
             // An internal error: whatever state the backend is in, it is not handed to
             // another client (closed when this one gives it back).
-            self.server_dirty = true;
+            if let Some(l) = self.link.state_mut() {
+                l.dirty = true;
+            }
         }
         let retry_from = head.fx.replay_from;
         match &head.fx.uses {
@@ -298,7 +297,7 @@ impl Session {
             }
             _ => {}
         }
-        let Some(head) = self.replies.head_mut() else { return };
+        let Some(head) = self.busy.replies.head_mut() else { return };
         if let Some(pd) = param_desc
             && matches!(head.on_reply, OnReply::Forward)
         {
@@ -307,7 +306,7 @@ impl Session {
         if head.purpose == Purpose::Client
             && matches!(head.on_reply, OnReply::Forward | OnReply::Inject | OnReply::ReplaceError(_))
         {
-            self.tally.error(backend::error_field(body(frame), b'C').unwrap_or_default());
+            self.kept.tally.error(backend::error_field(body(frame), b'C').unwrap_or_default());
         }
         if head.fx.script.is_some() && matches!(head.on_reply, OnReply::Forward) {
             return self.on_script_error(frame, code, server);
@@ -332,32 +331,32 @@ impl Session {
             self.on_statement_error(&s, code, server);
         }
         if req.is_extended() {
-            self.tx.ext_failed = true;
+            self.busy.tx.ext_failed = true;
             // The server now skips to the next Sync: those requests get no reply.
-            if let Some(p) = self.replies.pop() {
+            if let Some(p) = self.busy.replies.pop() {
                 self.rollback(p, server);
             }
-            while let Some(p) = self.replies.pop_unless_sync() {
+            while let Some(p) = self.busy.replies.pop_unless_sync() {
                 self.rollback(p, server);
             }
             // A PREPARE run ahead of the client's EXECUTE failed: that error is the answer.
-            self.replies.answer_after_prepare_sync();
+            self.busy.replies.answer_after_prepare_sync();
             // No Sync sent yet (the batch ended with Flush): the server ignores what the
             // client sends until its Sync.
-            if self.replies.is_empty() {
+            if self.busy.replies.is_empty() {
                 self.enter(Phase::ServerSkipping);
             }
         }
     }
 
     pub(super) fn on_ready(&mut self, frame: &[u8], server: &mut ServerState) {
-        let Some(p) = self.replies.pop() else { return self.desync(tags::READY_FOR_QUERY) };
+        let Some(p) = self.busy.replies.pop() else { return self.desync(tags::READY_FOR_QUERY) };
         if p.req.is_extended() {
             return self.desync(tags::READY_FOR_QUERY);
         }
         let status = TxStatus::from_byte(frame.get(5).copied().unwrap_or(b'I'));
-        self.replies.mark_synced();
-        self.tx.opening = false;
+        self.busy.replies.mark_synced();
+        self.busy.tx.opening = false;
         if let Some(sc) = &p.fx.script
             && matches!(p.on_reply, OnReply::Answered)
         {
@@ -368,49 +367,47 @@ impl Session {
             // The hidden end of a failed batch being retried: the client's transaction
             // status is the retried batch's.
             server.tx_status = status;
-            self.tx.ext_failed = false;
+            self.busy.tx.ext_failed = false;
             return self.drain_synth();
         }
         if matches!(p.on_reply, OnReply::Forward) {
-            self.retry.retried = false;
+            self.busy.retry.retried = false;
         }
         if p.purpose == Purpose::Client {
-            self.tally.queries = self.tally.queries.wrapping_add(1);
-            self.tally.xacts = self.tally.xacts.wrapping_add(u32::from(status == TxStatus::Idle));
+            self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
+            self.kept.tally.xacts = self.kept.tally.xacts.wrapping_add(u32::from(status == TxStatus::Idle));
         }
-        let before = self.tx.status;
-        if status == TxStatus::Idle && self.tx.schema_change {
-            // A transaction that may have changed the schema ended (committed or not):
-            // descriptions confirmed while it ran may be stale now.
-            self.tx.schema_change = false;
+        let before = self.busy.tx.status;
+        if self.busy.tx.schema_change_ended(status) {
+            // Descriptions confirmed while it ran may be stale now.
             crate::stmt::epoch::advance();
         }
-        self.tx.status = status;
+        self.busy.tx.status = status;
         server.tx_status = status;
         if status != TxStatus::InBlock {
-            self.end_guards();
+            self.stmts.end_guards();
         }
         self.leave(Phase::CopyIn);
-        if !self.tx.ext_done.is_empty() {
+        if !self.busy.tx.ext_done.is_empty() {
             // SET/RESET/DISCARD and transaction control run through the extended protocol.
-            let sql = std::mem::take(&mut self.tx.ext_done).join(";\n");
-            let failed = self.tx.ext_failed;
+            let sql = std::mem::take(&mut self.busy.tx.ext_done).join(";\n");
+            let failed = self.busy.tx.ext_failed;
             self.track_settings(&sql, failed, before != TxStatus::Idle, status, server);
         } else if let Some(sql) = &p.tracked_sql {
             self.track_settings(sql, p.failed, before != TxStatus::Idle, status, server);
         } else if status == TxStatus::Idle {
-            self.tx.settings.clear();
+            self.busy.tx.settings.clear();
         }
-        self.tx.ext_failed = false;
-        let done = self.replies.is_empty();
-        if self.mode == PoolMode::Statement && status != TxStatus::Idle && p.purpose == Purpose::Client && done {
+        self.busy.tx.ext_failed = false;
+        let done = self.busy.replies.is_empty();
+        if self.kept.mode == PoolMode::Statement && status != TxStatus::Idle && p.purpose == Purpose::Client && done {
             // A transaction block was opened: refuse it, roll it back on the server.
             Error::new(SqlState::FEATURE_NOT_SUPPORTED, "transaction blocks are not allowed in statement pooling mode")
                 .write_to(&mut self.to_client);
             backend::ready_for_query(&mut self.to_client, b'I');
-            self.tx.status = TxStatus::Idle;
+            self.busy.tx.status = TxStatus::Idle;
             frontend::query(&mut self.to_server, "ROLLBACK");
-            self.replies.push(Pending::internal(Req::Query, Purpose::Rollback));
+            self.busy.replies.push(Pending::internal(Req::Query, Purpose::Rollback));
             return;
         }
         if matches!(p.on_reply, OnReply::Forward | OnReply::ReplaceError(_) | OnReply::Answered) {
@@ -421,20 +418,19 @@ impl Session {
 
     /// Releases the server when nothing is outstanding and no transaction is open.
     pub(super) fn maybe_release(&mut self) {
-        if self.link == Link::Linked
-            && self.replies.is_empty()
-            && self.tx.status == TxStatus::Idle
-            && !matches!(self.phase, Phase::CopyIn | Phase::ServerSkipping)
-            && !self.replies.is_unsynced()
-            && self.mode != PoolMode::Session
-            && !self.pinned
+        if self.link.is_linked()
+            && self.busy.replies.is_empty()
+            && self.busy.tx.status == TxStatus::Idle
+            && !matches!(self.busy.phase, Phase::CopyIn | Phase::ServerSkipping)
+            && !self.busy.replies.is_unsynced()
+            && self.kept.mode != PoolMode::Session
+            && !self.kept.pinned
         {
-            self.link = Link::Unlinked;
-            let reusable = !std::mem::take(&mut self.server_dirty);
+            let reusable = self.link.unlink().is_some_and(|l| !l.dirty);
             if !reusable {
                 tracing::debug!("server connection closed: set_config() may have changed its session settings");
             }
-            self.actions.push_back(Action::ReleaseServer { reusable });
+            self.busy.actions.push_back(Action::ReleaseServer { reusable });
         }
     }
 
@@ -449,9 +445,9 @@ impl Session {
         server.settings.set_reported(name, value);
         // Forward when the client asked for the change, or when it changes what the client
         // believes (a replayed setting normalized by the server, e.g. DateStyle).
-        let changed =
-            self.settings.reported(name) != Some(value) && Arc::make_mut(&mut self.settings).set_reported(name, value);
-        if changed || self.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward)) {
+        let changed = self.kept.settings.reported(name) != Some(value)
+            && Arc::make_mut(&mut self.kept.settings).set_reported(name, value);
+        if changed || self.busy.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward)) {
             self.to_client.extend_from_slice(frame);
         }
     }
@@ -466,13 +462,13 @@ impl Session {
             Synth::TagAndReady(_) => Req::Query,
             Synth::Describe(_) => Req::Describe,
         };
-        self.replies.push(Pending::with(req, OnReply::Synth(s), fx));
+        self.busy.replies.push(Pending::with(req, OnReply::Synth(s), fx));
         self.drain_synth();
     }
 
     /// Emits the synthesized replies now at the head of the queue.
     pub(super) fn drain_synth(&mut self) {
-        while let Some(p) = self.replies.head() {
+        while let Some(p) = self.busy.replies.head() {
             let OnReply::Synth(s) = &p.on_reply else { break };
             match s {
                 Synth::ParseComplete if p.simple.is_some() || self.autoprep_feeding() => {}
@@ -481,7 +477,7 @@ impl Session {
                 Synth::Tag(t) => backend::command_complete(&mut self.to_client, t),
                 Synth::TagAndReady(t) => {
                     backend::command_complete(&mut self.to_client, t);
-                    backend::ready_for_query(&mut self.to_client, self.tx.status.as_byte());
+                    backend::ready_for_query(&mut self.to_client, self.busy.tx.status.as_byte());
                 }
                 Synth::Describe(s) => {
                     if let Some(d) = s.desc.get() {
@@ -489,7 +485,7 @@ impl Session {
                     }
                 }
             }
-            self.replies.pop();
+            self.busy.replies.pop();
         }
         self.script_catch_up();
         self.maybe_release();
@@ -497,10 +493,9 @@ impl Session {
 
     pub(super) fn desync(&mut self, tag: u8) {
         tracing::warn!(tag = %(tag as char), "server reply does not match any outstanding request");
-        self.replies.clear();
-        if self.link == Link::Linked {
-            self.link = Link::Unlinked;
-            self.actions.push_back(Action::ReleaseServer { reusable: false });
+        self.busy.replies.clear();
+        if self.link.unlink().is_some() {
+            self.busy.actions.push_back(Action::ReleaseServer { reusable: false });
         }
         self.fail(Error::protocol("server sent an unexpected message"));
     }
@@ -513,24 +508,23 @@ impl Session {
     pub(crate) fn fail(&mut self, err: Error) {
         err.write_to(&mut self.to_client);
         // PostgreSQL flushes an error at once, with everything before it (`flush`).
-        self.held = 0;
+        self.busy.held = 0;
         self.close();
     }
 
     /// The server ended the connection (its FATAL is written already), or is in a state
     /// the session cannot follow: it is given back to be closed, and the client closed.
     pub(super) fn fail_server(&mut self) {
-        if self.link == Link::Linked {
-            self.link = Link::Unlinked;
-            self.actions.push_back(Action::ReleaseServer { reusable: false });
+        if self.link.unlink().is_some() {
+            self.busy.actions.push_back(Action::ReleaseServer { reusable: false });
         }
         self.close();
     }
 
     pub(super) fn close(&mut self) {
-        if self.phase != Phase::Closing {
-            self.phase = Phase::Closing;
-            self.actions.push_back(Action::Close);
+        if self.busy.phase != Phase::Closing {
+            self.busy.phase = Phase::Closing;
+            self.busy.actions.push_back(Action::Close);
         }
     }
 }

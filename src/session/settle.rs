@@ -7,7 +7,7 @@
 //! and closes the connection when the bound passes or anything does not add up.
 
 use super::reply_queue::{Pending, Purpose, Req};
-use super::{Action, Link, Phase, Session};
+use super::{Action, Link, LinkState, Phase, Session};
 use crate::protocol::frontend;
 
 impl Session {
@@ -15,7 +15,7 @@ impl Session {
     /// extended-protocol batch open without its Sync, not in COPY FROM STDIN nor skipping
     /// to a Sync after an error.
     pub(crate) fn server_settled(&self) -> bool {
-        self.replies.is_empty() && !self.replies.is_unsynced() && self.phase == Phase::Ready
+        self.busy.replies.is_empty() && !self.busy.replies.is_unsynced() && self.busy.phase == Phase::Ready
     }
 
     /// The client is gone while a server is linked that is not settled (`server_settled`):
@@ -27,21 +27,23 @@ impl Session {
     /// (`outstanding() == 0`); what they write to `to_client` is nobody's and is dropped.
     /// The session is closing from here on.
     pub(crate) fn settle_server(&mut self) {
-        self.phase = Phase::Closing;
-        self.link = Link::Linked;
+        self.busy.phase = Phase::Closing;
+        if !self.link.is_linked() {
+            self.link = Link::Linked(LinkState::default());
+        }
         self.drop_client_output();
-        self.actions.clear();
+        self.busy.actions.clear();
         frontend::copy_fail(&mut self.to_server, "the client disconnected");
         frontend::sync(&mut self.to_server);
-        self.replies.push(Pending::internal(Req::Sync, Purpose::Settle));
+        self.busy.replies.push(Pending::internal(Req::Sync, Purpose::Settle));
     }
 
     /// After a settle: whether the server may be reused — false when the session gave it
     /// up meanwhile (a FATAL, a reply that matched nothing) or it ran something parsnip
-    /// cannot undo (`server_dirty`). Takes the actions queued meanwhile.
+    /// cannot undo (`LinkState::dirty`). Takes the actions queued meanwhile.
     pub(crate) fn settled_reusable(&mut self) -> bool {
-        let mut reusable = !self.server_dirty;
-        while let Some(a) = self.actions.pop_front() {
+        let mut reusable = !self.link.state().is_some_and(|l| l.dirty);
+        while let Some(a) = self.busy.actions.pop_front() {
             if a == (Action::ReleaseServer { reusable: false }) {
                 reusable = false;
             }

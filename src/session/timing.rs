@@ -18,14 +18,14 @@ impl Session {
     /// The driver's clock, µs on a monotonic scale: what the next frames fed happen at.
     #[inline]
     pub(crate) fn set_clock(&mut self, us: u64) {
-        self.clock_us = us;
+        self.busy.clock_us = us;
     }
 
     /// Whether an execution being timed waits for its reply (the driver reads the clock
     /// before feeding server frames only then, or when it needs the time itself).
     #[inline]
     pub(crate) fn timing(&self) -> bool {
-        self.replies.iter().any(|p| p.timed.is_some())
+        self.busy.replies.iter().any(|p| p.timed.is_some())
     }
 
     /// An Execute was just queued: if its portal was bound from a cached statement (or run
@@ -37,17 +37,20 @@ impl Session {
             (_, Some((p, s))) if **p == *portal => (s.clone(), false),
             _ => return,
         };
-        if let Some(p) = self.replies.last_mut() {
+        if let Some(p) = self.busy.replies.last_mut() {
             p.timed = Some(target.0);
             p.timed_cached = target.1;
-            p.sent_us = self.clock_us;
+            p.sent_us = self.busy.clock_us;
         }
     }
 
     /// A timed execution of `s` ended (`failed`: with an error) after returning `rows`.
     pub(super) fn execution_done(&mut self, s: &Arc<Statement>, cached: bool, sent_us: u64, rows: u64, failed: bool) {
-        let us = self.clock_us.saturating_sub(sent_us.max(self.last_done_us));
-        self.last_done_us = self.clock_us;
+        let last_done_us = self.link.state().map_or(0, |l| l.last_done_us);
+        let us = self.busy.clock_us.saturating_sub(sent_us.max(last_done_us));
+        if let Some(l) = self.link.state_mut() {
+            l.last_done_us = self.busy.clock_us;
+        }
         s.exec.record(cached, us, rows, failed);
         if failed {
             return;

@@ -33,6 +33,41 @@ pub(super) struct TxState {
     pub(super) schema_change: bool,
 }
 
+impl TxState {
+    /// ReadyForQuery reported `status`: whether a transaction that may have changed the
+    /// schema (`schema_change`) ended with it, committed or not.
+    pub(super) fn schema_change_ended(&mut self, status: TxStatus) -> bool {
+        status == TxStatus::Idle && std::mem::take(&mut self.schema_change)
+    }
+
+    /// Inside a transaction block, as far as the requests sent so far tell.
+    pub(super) fn in_block(&self) -> bool {
+        self.status == TxStatus::InBlock || (self.status == TxStatus::Idle && self.opening)
+    }
+
+    /// The client sent `sql` (a simple Query, or the statement of a portal it executes):
+    /// a transaction block starts there if it succeeds (pgjdbc sends its BEGIN in the same
+    /// batch as the transaction's first statements).
+    pub(super) fn note_start(&mut self, sql: &[u8]) {
+        if self.status == TxStatus::Idle && crate::session::settings::maybe_tx_start(sql) {
+            self.opening = true;
+        }
+    }
+
+    /// Nothing of a transaction: idle, none opening, nothing tracked or pending for its end.
+    /// Names every field, so that a new one is not forgotten.
+    pub(super) fn is_blank(&self) -> bool {
+        let TxState { status, opening, settings, tracked_portal, ext_done, ext_failed, schema_change } = self;
+        *status == TxStatus::Idle
+            && !opening
+            && settings.is_empty()
+            && tracked_portal.is_none()
+            && ext_done.is_empty()
+            && !ext_failed
+            && !schema_change
+    }
+}
+
 impl Session {
     /// A Query with SET/RESET/transaction statements finished: keep the settings that
     /// persist as PostgreSQL would (outside a transaction, or in one that committed).
@@ -50,28 +85,28 @@ impl Session {
             match t {
                 TxStmt::Begin => in_tx = true,
                 TxStmt::Commit => {
-                    apply.append(&mut self.tx.settings);
+                    apply.append(&mut self.busy.tx.settings);
                     in_tx = false;
                 }
                 TxStmt::Rollback => {
-                    self.tx.settings.clear();
+                    self.busy.tx.settings.clear();
                     in_tx = false;
                 }
-                TxStmt::Setting(s) if in_tx => self.tx.settings.push(s),
+                TxStmt::Setting(s) if in_tx => self.busy.tx.settings.push(s),
                 TxStmt::Setting(s) => apply.push(s),
             }
         }
         if failed && status == TxStatus::Idle {
             // The implicit transaction of this Query failed: nothing of it persists.
             apply.clear();
-            self.tx.settings.clear();
+            self.busy.tx.settings.clear();
         }
         if status == TxStatus::Idle {
             // Ended by something not seen here (e.g. an extended-protocol COMMIT): unknown.
-            self.tx.settings.clear();
+            self.busy.tx.settings.clear();
         }
         for s in apply {
-            apply_setting(Arc::make_mut(&mut self.settings), &mut server.settings, s);
+            apply_setting(Arc::make_mut(&mut self.kept.settings), &mut server.settings, s);
         }
     }
 }

@@ -41,15 +41,15 @@ impl Session {
         if !registry.cfg.autoprepare
             // In a failed transaction block the server refuses anything; the Query goes as
             // it is, so that its error is PostgreSQL's own.
-            || self.tx.status == TxStatus::Failed
-            || !self.replies.is_empty()
-            || self.replies.is_unsynced()
-            || self.retry.replay.is_some()
-            || self.retry.autoprep.is_some()
+            || self.busy.tx.status == TxStatus::Failed
+            || !self.busy.replies.is_empty()
+            || self.busy.replies.is_unsynced()
+            || self.busy.retry.replay.is_some()
+            || self.busy.retry.autoprep.is_some()
         {
             return false;
         }
-        let escapes_everywhere = self.settings.reported("standard_conforming_strings") == Some("off");
+        let escapes_everywhere = self.kept.settings.reported("standard_conforming_strings") == Some("off");
         let Some(l) = lift(text, escapes_everywhere) else { return false };
         let mut types = Vec::with_capacity(4 * l.types.len());
         for t in &l.types {
@@ -62,23 +62,23 @@ impl Session {
         frontend::describe_portal(&mut f, b"");
         frontend::execute(&mut f, b"");
         frontend::sync(&mut f);
-        self.retry.replay = Some(Box::new(f.to_vec()));
+        self.busy.retry.replay = Some(Box::new(f.to_vec()));
         let origin = Arc::new(Origin::new(text, &l));
-        self.retry.autoprep = Some(Box::new(AutoPrep { frames_left: FRAMES, origin, pushes_before: 0 }));
+        self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left: FRAMES, origin, pushes_before: 0 }));
         true
     }
 
     /// True while an autoprepared Query's frames are fed: what is answered now is part of
     /// it (a ParseComplete the cache makes at once is not the client's).
     pub(in crate::session) fn autoprep_feeding(&self) -> bool {
-        self.retry.autoprep.is_some()
+        self.busy.retry.autoprep.is_some()
     }
 
     /// Before a client frame is handled.
     #[inline]
     pub(in crate::session) fn autoprep_before_frame(&mut self) {
-        if let Some(a) = self.retry.autoprep.as_mut() {
-            a.pushes_before = self.replies.pushes;
+        if let Some(a) = self.busy.retry.autoprep.as_mut() {
+            a.pushes_before = self.busy.replies.pushes;
         }
     }
 
@@ -87,26 +87,26 @@ impl Session {
     /// used is not the client's (PostgreSQL has none after a simple Query).
     #[inline]
     pub(in crate::session) fn autoprep_after_frame(&mut self, consumed: bool) {
-        let Some(a) = self.retry.autoprep.as_mut() else { return };
-        let pushed = self.replies.pushes.wrapping_sub(a.pushes_before) as usize;
+        let Some(a) = self.busy.retry.autoprep.as_mut() else { return };
+        let pushed = self.busy.replies.pushes.wrapping_sub(a.pushes_before) as usize;
         let origin = a.origin.clone();
-        let n = self.replies.len();
-        for p in self.replies.iter_mut().skip(n.saturating_sub(pushed)) {
+        let n = self.busy.replies.len();
+        for p in self.busy.replies.iter_mut().skip(n.saturating_sub(pushed)) {
             p.simple = Some(origin.clone());
         }
         if !consumed {
             return;
         }
-        let Some(a) = self.retry.autoprep.as_mut() else { return };
+        let Some(a) = self.busy.retry.autoprep.as_mut() else { return };
         a.frames_left = a.frames_left.saturating_sub(1);
         if a.frames_left == 0 {
-            self.retry.autoprep = None;
+            self.busy.retry.autoprep = None;
             self.stmts.unnamed = super::Unnamed::None;
         }
     }
 
     /// A retry replays an autoprepared Query's batch: feed it as one again.
     pub(in crate::session) fn autoprep_replay(&mut self, origin: Arc<Origin>, frames: u8) {
-        self.retry.autoprep = Some(Box::new(AutoPrep { frames_left: frames, origin, pushes_before: 0 }));
+        self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left: frames, origin, pushes_before: 0 }));
     }
 }

@@ -19,12 +19,11 @@
 //! Owns: which statements await a guard in this transaction. Must not decide retries: that
 //! is `statements`.
 
-use super::Unnamed;
+use super::{ClientStmts, Unnamed};
 use crate::protocol::frontend;
 use crate::session::Session;
 use crate::session::reply_queue::{Fx, OnReply, Pending, Req};
 use crate::state::ServerState;
-use crate::state::TxStatus;
 use crate::stmt::Statement;
 
 /// The pooler's portal for its savepoint commands (closed after each).
@@ -55,35 +54,11 @@ impl GuardCmd {
     }
 }
 
-impl Session {
-    /// Inside a transaction block, as far as the requests sent so far tell.
-    fn in_tx_block(&self) -> bool {
-        self.tx.status == TxStatus::InBlock || (self.tx.status == TxStatus::Idle && self.tx.opening)
-    }
-
-    /// The client sent `sql` (a simple Query, or the statement of a portal it executes):
-    /// a transaction block starts there if it succeeds (pgjdbc sends its BEGIN in the same
-    /// batch as the transaction's first statements).
-    pub(super) fn note_tx_start(&mut self, sql: &[u8]) {
-        if self.tx.status == TxStatus::Idle && crate::session::settings::maybe_tx_start(sql) {
-            self.tx.opening = true;
-        }
-    }
-
-    /// A Parse inside a transaction block was answered from the cache with `stmt`.
-    pub(super) fn note_fresh_parse(&mut self, stmt: &Statement) {
-        if self.in_tx_block() {
-            let ids = self.stmts.fresh_in_tx.get_or_insert_with(Default::default);
-            if !ids.contains(&stmt.id) {
-                ids.push(stmt.id);
-            }
-        }
-    }
-
+impl ClientStmts {
     /// A SQL `PREPARE` was answered from the cache with `stmt` (kept for the first
     /// EXECUTE; at most a few dozen, the oldest forgotten).
     pub(super) fn note_fresh_sql(&mut self, stmt: &Statement) {
-        let ids = self.stmts.fresh_sql.get_or_insert_with(Default::default);
+        let ids = self.fresh_sql.get_or_insert_with(Default::default);
         if !ids.contains(&stmt.id) {
             if ids.len() >= 64 {
                 ids.remove(0);
@@ -95,11 +70,11 @@ impl Session {
     /// The client EXECUTEs `stmt`: whether it is its first EXECUTE since a PREPARE the
     /// cache answered.
     pub(super) fn take_fresh_sql(&mut self, stmt: &Statement) -> bool {
-        let Some(ids) = self.stmts.fresh_sql.as_mut() else { return false };
+        let Some(ids) = self.fresh_sql.as_mut() else { return false };
         let Some(i) = ids.iter().position(|&id| id == stmt.id) else { return false };
         ids.remove(i);
         if ids.is_empty() {
-            self.stmts.fresh_sql = None;
+            self.fresh_sql = None;
         }
         true
     }
@@ -109,20 +84,42 @@ impl Session {
     /// backend would answer their next use with 0A000 too: no guard for them.
     pub(super) fn note_statement_run(&mut self, plain_dml: bool) {
         if !plain_dml {
-            self.stmts.fresh_in_tx = None;
+            self.fresh_in_tx = None;
         }
     }
 
     /// The transaction ended (or never began): nothing awaits a guard.
     pub(in crate::session) fn end_guards(&mut self) {
-        self.stmts.fresh_in_tx = None;
+        self.fresh_in_tx = None;
+    }
+
+    /// `stmt` is used now: no later use in this transaction needs a guard.
+    pub(super) fn forget_fresh(&mut self, stmt: &Statement) {
+        if let Some(ids) = self.fresh_in_tx.as_mut() {
+            ids.retain(|&id| id != stmt.id);
+            if ids.is_empty() {
+                self.fresh_in_tx = None;
+            }
+        }
+    }
+}
+
+impl Session {
+    /// A Parse inside a transaction block was answered from the cache with `stmt`.
+    pub(super) fn note_fresh_parse(&mut self, stmt: &Statement) {
+        if self.busy.tx.in_block() {
+            let ids = self.stmts.fresh_in_tx.get_or_insert_with(Default::default);
+            if !ids.contains(&stmt.id) {
+                ids.push(stmt.id);
+            }
+        }
     }
 
     /// If a Bind or Describe of the client's statement `name` is the first use of a
     /// statement it parsed in this transaction, already prepared on the server (one the
     /// server has to parse now is fresh anyway): that statement's id.
     pub(super) fn guard_wanted(&self, name: &[u8], srv: &ServerState) -> Option<u64> {
-        let ids = self.stmts.fresh_in_tx.as_ref().filter(|_| self.in_tx_block() && !self.retry.retried)?;
+        let ids = self.stmts.fresh_in_tx.as_ref().filter(|_| self.busy.tx.in_block() && !self.busy.retry.retried)?;
         let stmt = if name.is_empty() {
             match &self.stmts.unnamed {
                 Unnamed::Cached(s) => s,
@@ -134,19 +131,9 @@ impl Session {
         (ids.contains(&stmt.id) && srv.stmts.has(stmt)).then_some(stmt.id)
     }
 
-    /// `stmt` is used now: no later use in this transaction needs a guard.
-    pub(super) fn forget_fresh(&mut self, stmt: &Statement) {
-        if let Some(ids) = self.stmts.fresh_in_tx.as_mut() {
-            ids.retain(|&id| id != stmt.id);
-            if ids.is_empty() {
-                self.stmts.fresh_in_tx = None;
-            }
-        }
-    }
-
     /// Opens the guard before the first use of `stmt`.
     pub(super) fn open_guard(&mut self, stmt: &Statement, srv: &mut ServerState) {
-        self.forget_fresh(stmt);
+        self.stmts.forget_fresh(stmt);
         self.guard_command(GuardCmd::Savepoint, srv);
     }
 
@@ -155,7 +142,7 @@ impl Session {
     /// lost that its own Query would not drop anyway). Every reply is hidden.
     pub(in crate::session) fn guard_query(&mut self, cmd: GuardCmd, purpose: crate::session::reply_queue::Purpose) {
         crate::protocol::frontend::query(&mut self.to_server, cmd.sql());
-        self.replies.push(Pending::internal(Req::Query, purpose));
+        self.busy.replies.push(Pending::internal(Req::Query, purpose));
     }
 
     /// Runs one savepoint command on the server on the pooler's behalf (parsing its
@@ -167,13 +154,13 @@ impl Session {
             srv.stmts.guard |= cmd as u8;
             frontend::parse(&mut self.to_server, name, cmd.sql().as_bytes(), &[]);
             let fx = Fx { guard_parse: cmd as u8, ..Fx::default() };
-            self.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
+            self.busy.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
         }
         frontend::bind_no_params(&mut self.to_server, PORTAL, name);
         frontend::execute(&mut self.to_server, PORTAL);
         frontend::close_portal(&mut self.to_server, PORTAL);
         for req in [Req::Bind, Req::Execute, Req::Close] {
-            self.replies.push(Pending::with(req, OnReply::Inject, Fx::default()));
+            self.busy.replies.push(Pending::with(req, OnReply::Inject, Fx::default()));
         }
     }
 }

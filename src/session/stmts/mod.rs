@@ -80,6 +80,34 @@ impl ClientStmts {
     pub(super) fn new(registry: Option<Arc<Registry>>) -> ClientStmts {
         ClientStmts { registry, ..ClientStmts::default() }
     }
+
+    /// Points the client's names (and unnamed statement) from `old` to `new`.
+    pub(super) fn remap(&mut self, old: &Arc<Statement>, new: &Arc<Statement>) {
+        for v in self.named.values_mut() {
+            if Arc::ptr_eq(v, old) {
+                *v = new.clone();
+            }
+        }
+        if let Unnamed::Cached(u) = &self.unnamed
+            && Arc::ptr_eq(u, old)
+        {
+            self.unnamed = Unnamed::Cached(new.clone());
+        }
+    }
+
+    /// The client's statement `name` ("" = unnamed): a cached one, or the text of its plain
+    /// unnamed statement.
+    fn client_statement(&self, name: &[u8]) -> Option<Result<&Arc<Statement>, &[u8]>> {
+        if name.is_empty() {
+            match &self.unnamed {
+                Unnamed::Plain { frame, .. } => frontend::parse_fields(body(frame)).map(|f| Err(f.query)),
+                Unnamed::Cached(s) => Some(Ok(s)),
+                Unnamed::None => None,
+            }
+        } else {
+            self.named.get(name).map(Ok)
+        }
+    }
 }
 
 /// The text of a statement as a Bind needs it (`Session::bind_text`).
@@ -182,7 +210,7 @@ impl Session {
     }
 
     fn search_path(&self) -> &[u8] {
-        self.settings.extra.iter().find(|(n, _)| n == "search_path").map_or(&[][..], |(_, s)| s.as_bytes())
+        self.kept.settings.extra.iter().find(|(n, _)| n == "search_path").map_or(&[][..], |(_, s)| s.as_bytes())
     }
 
     /// Fails the current request as PostgreSQL would. Linked: a request that the server
@@ -192,18 +220,22 @@ impl Session {
         match srv {
             Some(_) if query => {
                 frontend::query(&mut self.to_server, "DEALLOCATE parsnip_probe");
-                self.replies.push(Pending::with(Req::Query, OnReply::ReplaceError(Box::new(err)), Fx::default()));
+                self.busy.replies.push(Pending::with(Req::Query, OnReply::ReplaceError(Box::new(err)), Fx::default()));
             }
-            Some(srv) if self.tx.status == TxStatus::Failed => {
+            Some(srv) if self.busy.tx.status == TxStatus::Failed => {
                 // In a failed transaction PostgreSQL checks that before names: a Parse gets
                 // the 25P02 it would give (a Describe would get 26000 first).
                 frontend::parse(&mut self.to_server, b"", b"SELECT 1", &[]);
                 srv.stmts.unnamed_owner = None;
-                self.replies.push(Pending::with(Req::Parse, OnReply::ReplaceError(Box::new(err)), Fx::default()));
+                self.busy.replies.push(Pending::with(Req::Parse, OnReply::ReplaceError(Box::new(err)), Fx::default()));
             }
             Some(_) => {
                 frontend::describe_statement(&mut self.to_server, PROBE);
-                self.replies.push(Pending::with(Req::Describe, OnReply::ReplaceError(Box::new(err)), Fx::default()));
+                self.busy.replies.push(Pending::with(
+                    Req::Describe,
+                    OnReply::ReplaceError(Box::new(err)),
+                    Fx::default(),
+                ));
             }
             None => {
                 err.write_to(&mut self.to_client);
@@ -222,7 +254,7 @@ impl Session {
     /// (Within the same batch it need not: if the change fails, the server skips the rest.)
     fn pending_across_sync(&self, name: &[u8]) -> bool {
         let mut pending = false;
-        for p in self.replies.iter() {
+        for p in self.busy.replies.iter() {
             match &p.fx.client {
                 ClientFx::Named { name: n } | ClientFx::Closed { name: n, .. } if **n == *name => pending = true,
                 ClientFx::ClearedAll { .. } => pending = true,
@@ -237,7 +269,7 @@ impl Session {
     /// batch: whether the statement is there depends on whether that batch fails.
     fn stmt_pending_across_sync(&self, stmt: &Statement) -> bool {
         let mut pending = false;
-        for p in self.replies.iter() {
+        for p in self.busy.replies.iter() {
             let touches = p.fx.server_parse.as_deref() == Some(stmt) || p.fx.server_close.as_deref() == Some(stmt);
             if touches {
                 pending = true;
@@ -252,23 +284,9 @@ impl Session {
     fn earlier_batch_in_flight(&self) -> bool {
         // The pooler's own queries (settings replayed at link) run outside any transaction
         // and cannot abort the client's.
-        self.replies.iter().any(|p| {
+        self.busy.replies.iter().any(|p| {
             !p.is_synth() && p.purpose == super::reply_queue::Purpose::Client && matches!(p.req, Req::Sync | Req::Query)
         })
-    }
-
-    /// Points the client's names (and unnamed statement) from `old` to `new`.
-    pub(super) fn remap(&mut self, old: &Arc<Statement>, new: &Arc<Statement>) {
-        for v in self.stmts.named.values_mut() {
-            if Arc::ptr_eq(v, old) {
-                *v = new.clone();
-            }
-        }
-        if let Unnamed::Cached(u) = &self.stmts.unnamed
-            && Arc::ptr_eq(u, old)
-        {
-            self.stmts.unnamed = Unnamed::Cached(new.clone());
-        }
     }
 
     /// A transaction may use more statements than the cap (none of its own is evicted while
@@ -316,15 +334,15 @@ impl Session {
             debug_assert!(on_reply_is_inject);
             let rename = Some(Box::new(self.prepare_rename(stmt, name)));
             let fx = Fx { server_parse: Some(stmt.clone()), rename: rename.clone(), ..Fx::default() };
-            self.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
+            self.busy.replies.push(Pending::with(Req::Parse, OnReply::Inject, fx));
             let fx = Fx { rename: rename.clone(), ..Fx::default() };
-            self.replies.push(Pending::with(Req::Bind, OnReply::Inject, fx));
+            self.busy.replies.push(Pending::with(Req::Bind, OnReply::Inject, fx));
             let fx = Fx { server_parse: Some(stmt.clone()), client, rename, ..Fx::default() };
-            self.replies.push(Pending::with(Req::Execute, OnReply::Inject, fx));
+            self.busy.replies.push(Pending::with(Req::Execute, OnReply::Inject, fx));
             srv.stmts.unnamed_owner = Some((u64::MAX, 0));
         } else {
             let fx = Fx { server_parse: Some(stmt.clone()), client, ..Fx::default() };
-            self.replies.push(Pending::with(Req::Parse, on_reply, fx));
+            self.busy.replies.push(Pending::with(Req::Parse, on_reply, fx));
         }
         srv.stmts.insert(stmt);
         if on_reply_is_inject && stmt.shape.get().is_some() && self.stmts.described.contains(&stmt.id) {
@@ -332,7 +350,7 @@ impl Session {
             // sure this server's fresh parse describes the same shape before any row flows.
             frontend::describe_statement(&mut self.to_server, stmt.server_name.as_bytes());
             frontend::flush(&mut self.to_server);
-            self.replies.push(Pending::with(Req::Describe, OnReply::ShapeCheck(stmt.clone()), Fx::default()));
+            self.busy.replies.push(Pending::with(Req::Describe, OnReply::ShapeCheck(stmt.clone()), Fx::default()));
             self.enter(Phase::Held);
         }
         true
@@ -342,26 +360,12 @@ impl Session {
     /// `fx` says what to undo if the server skips the Close.
     pub(super) fn close_quietly(&mut self, server_name: &str, fx: Fx) {
         frontend::close_statement(&mut self.to_server, server_name.as_bytes());
-        self.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
-    }
-
-    /// The client's statement `name` ("" = unnamed): a cached one, or the text of its plain
-    /// unnamed statement.
-    fn client_statement(&self, name: &[u8]) -> Option<Result<&Arc<Statement>, &[u8]>> {
-        if name.is_empty() {
-            match &self.stmts.unnamed {
-                Unnamed::Plain { frame, .. } => frontend::parse_fields(body(frame)).map(|f| Err(f.query)),
-                Unnamed::Cached(s) => Some(Ok(s)),
-                Unnamed::None => None,
-            }
-        } else {
-            self.stmts.named.get(name).map(Ok)
-        }
+        self.busy.replies.push(Pending::with(Req::Close, OnReply::Skip, fx));
     }
 
     /// The SQL text of the client's statement `name` ("" = unnamed), if known.
     fn statement_text(&self, name: &[u8]) -> Option<&[u8]> {
-        self.client_statement(name).map(|s| s.map_or_else(|text| text, |s| &*s.query))
+        self.stmts.client_statement(name).map(|s| s.map_or_else(|text| text, |s| &*s.query))
     }
 
     /// The text of statement `name` as a Bind needs it: the text, whether it may call
@@ -369,7 +373,7 @@ impl Session {
     /// be a tracked session statement (`settings::maybe_session_stmt`). A cached statement's
     /// text never changes: both are worked out once and kept in it.
     pub(super) fn bind_text(&self, name: &[u8]) -> BindText<'_> {
-        match self.client_statement(name) {
+        match self.stmts.client_statement(name) {
             Some(Ok(s)) => cached_bind_text(s),
             Some(Err(text)) => BindText { text: Some(text), watch: bind_watch(text) },
             None => BindText { text: None, watch: BindWatch::default() },
@@ -421,7 +425,7 @@ impl Session {
             }
             ClientFx::Unnamed => {
                 self.stmts.unnamed = Unnamed::None;
-                if srv.stmts.unnamed_owner.is_some_and(|(u, _)| u == self.uid) {
+                if srv.stmts.unnamed_owner.is_some_and(|(u, _)| u == self.kept.uid) {
                     // A failed plain Parse "" dropped the server's unnamed statement; a failed
                     // promoted one (a named server Parse) left it there, but it is no longer
                     // this client's: a later Bind "" must get 26000, as from PostgreSQL.

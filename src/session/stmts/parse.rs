@@ -2,7 +2,9 @@
 //! or one prepared on it now), promoted (an unnamed statement seen often enough), or
 //! passed through; `resolve` finds what a name in Bind or Describe refers to.
 
-use super::{DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many};
+use super::{
+    ClientStmts, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many,
+};
 use crate::error::Error;
 use crate::protocol::frontend::ParseFields;
 use crate::protocol::{body, frontend};
@@ -50,14 +52,14 @@ impl Session {
                 // Whether the name exists depends on an earlier batch still in flight.
                 return false;
             }
-            if let Some(err) = self.refuse_name(p.name, &registry) {
+            if let Some(err) = self.stmts.refuse_name(p.name, &registry) {
                 self.statement_error(err, srv, false);
                 return true;
             }
         }
-        let in_failed_tx = self.tx.status == TxStatus::Failed;
+        let in_failed_tx = self.busy.tx.status == TxStatus::Failed;
         let key = {
-            let mut k = std::mem::take(&mut self.key_buf);
+            let mut k = std::mem::take(&mut self.busy.key_buf);
             make_key(&mut k, &StmtKind::Protocol, self.search_path(), p.query, p.param_types);
             k
         };
@@ -66,25 +68,25 @@ impl Session {
                 Lookup::Cached(s) => Some(s),
                 Lookup::Plain => None,
                 Lookup::AsSent(s) if srv.is_some() => {
-                    self.key_buf = key;
+                    self.busy.key_buf = key;
                     registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
                     return self.parse_plain(frame, srv, Some(s));
                 }
                 Lookup::AsSent(s) => {
                     // The choice stands when the Parse is fed again, with a server.
                     self.stmts.as_sent_next = Some(s.id);
-                    self.key_buf = key;
+                    self.busy.key_buf = key;
                     return self.need_server(&[]);
                 }
                 Lookup::NeedServer => {
-                    self.key_buf = key;
+                    self.busy.key_buf = key;
                     return self.need_server(&[]);
                 }
             }
         } else {
             Some(registry.for_parse(&key, StmtKind::Protocol, p.query, p.param_types))
         };
-        self.key_buf = key;
+        self.busy.key_buf = key;
         if srv.is_none() && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx) {
             return self.need_server(&[]);
         }
@@ -99,21 +101,10 @@ impl Session {
         }
     }
 
-    /// Why a Parse may not define the name `name`, if it may not: 42P05 for a name in use,
-    /// 54000 past the per-client cap.
-    fn refuse_name(&self, name: &[u8], registry: &Registry) -> Option<Error> {
-        if self.stmts.named.contains_key(name) {
-            registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
-            return Some(duplicate(name));
-        }
-        let cap = registry.cfg.client_cap;
-        (self.stmts.named.len() >= cap).then(|| too_many(cap))
-    }
-
     /// What serves an unnamed Parse of the statement `key`: the client's promoted statement,
     /// a promotion now (seen often enough), or the server's own unnamed statement.
     fn lookup_unnamed(&self, key: &[u8], registry: &Registry, p: &ParseFields<'_>, linked: bool) -> Lookup {
-        let idle = self.tx.status == TxStatus::Idle && !self.earlier_batch_in_flight();
+        let idle = self.busy.tx.status == TxStatus::Idle && !self.earlier_batch_in_flight();
         match &self.stmts.unnamed {
             Unnamed::Cached(s)
                 if s.has_key(key) && !s.stale.load(Ordering::Relaxed) && !s.infers_stale_types() && idle =>
@@ -130,7 +121,7 @@ impl Session {
         // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and only
         // there can that be retried transparently.
         // An autoprepared Query's statement is cached after `autoprepare_after` sightings.
-        let after = if self.retry.autoprep.is_some() {
+        let after = if self.busy.retry.autoprep.is_some() {
             registry.cfg.autoprepare_after
         } else {
             registry.cfg.promote_unnamed_after
@@ -156,10 +147,10 @@ impl Session {
         self.stmts.as_sent_next = None;
         self.stmts.unnamed_seq += 1;
         self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.stmts.unnamed_seq, measure };
-        srv.stmts.unnamed_owner = Some((self.uid, self.stmts.unnamed_seq));
+        srv.stmts.unnamed_owner = Some((self.kept.uid, self.stmts.unnamed_seq));
         self.to_server.extend_from_slice(frame);
         let fx = Fx { client: ClientFx::Unnamed, ..Fx::default() };
-        self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
+        self.busy.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
         true
     }
 
@@ -207,7 +198,7 @@ impl Session {
             frontend::parse(&mut self.to_server, b"", p.query, p.param_types);
             srv.stmts.unnamed_owner = None;
             let fx = Fx { client: client_fx, ..Fx::default() };
-            self.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
+            self.busy.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
         }
         true
     }
@@ -218,11 +209,11 @@ impl Session {
             match &self.stmts.unnamed {
                 Unnamed::Cached(s) => s.clone(),
                 Unnamed::Plain { frame, seq, .. } => {
-                    if srv.stmts.unnamed_owner != Some((self.uid, *seq)) {
+                    if srv.stmts.unnamed_owner != Some((self.kept.uid, *seq)) {
                         // Parsed on another server (or replaced since): parse it again here.
                         self.to_server.extend_from_slice(frame);
-                        srv.stmts.unnamed_owner = Some((self.uid, *seq));
-                        self.replies.push(Pending::with(Req::Parse, OnReply::Inject, Fx::default()));
+                        srv.stmts.unnamed_owner = Some((self.kept.uid, *seq));
+                        self.busy.replies.push(Pending::with(Req::Parse, OnReply::Inject, Fx::default()));
                     }
                     return Resolved::Plain;
                 }
@@ -257,7 +248,7 @@ impl Session {
             }
             // The client never saw the old shape: use the current generation.
             let fresh = self.registry().current(&cached);
-            self.remap(&cached, &fresh);
+            self.stmts.remap(&cached, &fresh);
             fresh
         } else {
             cached
@@ -268,7 +259,7 @@ impl Session {
             return Resolved::Failed;
         }
         self.ensure_on_server(srv, &cached, OnReply::Inject, ClientFx::None, name);
-        if self.phase == Phase::Held {
+        if self.busy.phase == Phase::Held {
             return Resolved::Held;
         }
         Resolved::Cached(cached)
@@ -292,14 +283,27 @@ impl Session {
             shift: theirs - ours,
         }
     }
+}
+
+impl ClientStmts {
+    /// Why a Parse may not define the name `name`, if it may not: 42P05 for a name in use,
+    /// 54000 past the per-client cap.
+    fn refuse_name(&self, name: &[u8], registry: &Registry) -> Option<Error> {
+        if self.named.contains_key(name) {
+            registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+            return Some(duplicate(name));
+        }
+        let cap = registry.cfg.client_cap;
+        (self.named.len() >= cap).then(|| too_many(cap))
+    }
 
     /// Remembers where the definition starts in the client's `PREPARE name …` text.
     pub(super) fn note_sql_prefix(&mut self, name: &[u8], prefix: &[u8]) {
-        if self.stmts.sql_prefix.len() > 2 * self.stmts.named.len() + 16 {
-            let named = &self.stmts.named;
-            self.stmts.sql_prefix.retain(|n, _| named.contains_key(n));
+        if self.sql_prefix.len() > 2 * self.named.len() + 16 {
+            let named = &self.named;
+            self.sql_prefix.retain(|n, _| named.contains_key(n));
         }
         let chars = u32::try_from(char_len(prefix)).unwrap_or(u32::MAX);
-        self.stmts.sql_prefix.insert(name.into(), chars);
+        self.sql_prefix.insert(name.into(), chars);
     }
 }

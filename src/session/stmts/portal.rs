@@ -20,7 +20,7 @@ impl Session {
         };
         if self.stmts.fresh_in_tx.is_some() {
             let dml = self.statement_text(stmt_name).is_some_and(crate::stmt::sql::is_plain_dml);
-            self.note_statement_run(dml);
+            self.stmts.note_statement_run(dml);
         }
         let guard = self.guard_wanted(stmt_name, srv);
         let resolved = self.resolve(stmt_name, srv);
@@ -41,16 +41,16 @@ impl Session {
             let tracked =
                 text.filter(|_| watch.session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
-            self.server_dirty |= watch.sets_config;
+            self.dirty_server_if(watch.sets_config);
             if standin && bound {
                 self.stmts.dealloc_portal = Some(portal.into());
             } else if self.stmts.dealloc_portal.as_deref() == Some(portal) {
                 self.stmts.dealloc_portal = None;
             }
             match tracked {
-                Some(sql) if bound => self.tx.tracked_portal = Some(Box::new((portal.into(), sql))),
-                _ if self.tx.tracked_portal.as_deref().is_some_and(|(p, _)| **p == *portal) => {
-                    self.tx.tracked_portal = None
+                Some(sql) if bound => self.busy.tx.tracked_portal = Some(Box::new((portal.into(), sql))),
+                _ if self.busy.tx.tracked_portal.as_deref().is_some_and(|(p, _)| **p == *portal) => {
+                    self.busy.tx.tracked_portal = None
                 }
                 _ => {}
             }
@@ -68,7 +68,7 @@ impl Session {
                 self.forward(frame, Req::Bind)
             }
             Resolved::Cached(s) => {
-                self.tally.binds = self.tally.binds.wrapping_add(1);
+                self.kept.tally.binds = self.kept.tally.binds.wrapping_add(1);
                 self.stmts.last_bind = Some((portal.into(), s.clone()));
                 let tail = &body(frame)[rest..];
                 self.send_use(Req::Bind, s, guard, srv, |out, server_name| {
@@ -89,7 +89,7 @@ impl Session {
             // statement's row shape as well.
             let portal_of = self.stmts.last_bind.as_ref().filter(|(p, _)| **p == *name).map(|(_, s)| s.clone());
             self.to_server.extend_from_slice(frame);
-            self.replies.push(Pending::with(Req::Describe, OnReply::Forward, Fx { portal_of, ..Fx::default() }));
+            self.busy.replies.push(Pending::with(Req::Describe, OnReply::Forward, Fx { portal_of, ..Fx::default() }));
             return true;
         }
         if self.describe_locally(name) {
@@ -121,8 +121,8 @@ impl Session {
     /// names is in flight (whether the name holds this statement depends on it).
     fn describe_locally(&mut self, name: &[u8]) -> bool {
         if !self.stmts.registry.as_ref().is_some_and(|r| r.cfg.describe_from_cache)
-            || self.tx.status == crate::state::TxStatus::Failed
-            || self.replies.iter().any(|p| !matches!(p.fx.client, ClientFx::None))
+            || self.busy.tx.status == crate::state::TxStatus::Failed
+            || self.busy.replies.iter().any(|p| !matches!(p.fx.client, ClientFx::None))
         {
             return false;
         }
@@ -166,9 +166,9 @@ impl Session {
         let keep = req == Req::Describe && self.registry().cfg.describe_from_cache;
         let epoch = if keep { crate::stmt::epoch::current() } else { 0 };
         write(&mut self.to_server, s.server_name.as_bytes());
-        let replay_from = if guarded { Some(self.retry.frame_at) } else { self.retry_point() };
+        let replay_from = if guarded { Some(self.busy.retry.frame_at) } else { self.retry_point() };
         let fx = Fx { uses: Some(s), replay_from, guarded, epoch, ..Fx::default() };
-        self.replies.push(Pending::with(req, OnReply::Forward, fx));
+        self.busy.replies.push(Pending::with(req, OnReply::Forward, fx));
         if guarded {
             self.guard_command(GuardCmd::Release, srv);
         }
@@ -202,13 +202,13 @@ impl Session {
     /// An Execute just queued: if its portal runs a SET/RESET/DISCARD or a transaction
     /// control statement, its text goes with it, to be tracked once the server completes it.
     pub(in crate::session) fn track_execute(&mut self, frame: &[u8]) {
-        let Some((portal, sql)) = self.tx.tracked_portal.as_deref() else { return };
+        let Some((portal, sql)) = self.busy.tx.tracked_portal.as_deref() else { return };
         if crate::protocol::read_cstr(body(frame)).map(|(p, _)| p) != Some(&portal[..]) {
             return;
         }
         let sql = sql.clone();
-        self.note_tx_start(sql.as_bytes());
-        if let Some(p) = self.replies.last_mut() {
+        self.busy.tx.note_start(sql.as_bytes());
+        if let Some(p) = self.busy.replies.last_mut() {
             p.tracked_sql = Some(sql);
         }
     }
@@ -221,7 +221,7 @@ impl Session {
             return;
         }
         let saved = std::mem::take(&mut self.stmts.named);
-        if let Some(p) = self.replies.last_mut() {
+        if let Some(p) = self.busy.replies.last_mut() {
             p.fx.client = ClientFx::ClearedAll { saved };
         }
     }

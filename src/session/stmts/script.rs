@@ -139,7 +139,7 @@ impl Session {
         let mut sc = Script::default();
         let mut ordinal: u16 = 0;
         let mut prepared_ahead = false;
-        let synced = !self.replies.is_unsynced();
+        let synced = !self.busy.replies.is_unsynced();
         for (r, s) in stmts {
             let start = r.start + skip_space(&text[r.clone()]);
             let Some(s) = s else {
@@ -155,11 +155,11 @@ impl Session {
                         Some(too_many(cap))
                     } else {
                         let def = &text[rest..r.end];
-                        let mut k = std::mem::take(&mut self.key_buf);
+                        let mut k = std::mem::take(&mut self.busy.key_buf);
                         make_key(&mut k, &StmtKind::Sql, self.search_path(), def, b"");
                         let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
-                        self.key_buf = k;
-                        self.note_sql_prefix(&name, &text[start..rest]);
+                        self.busy.key_buf = k;
+                        self.stmts.note_sql_prefix(&name, &text[start..rest]);
                         let here = srv.stmts.has(&stmt);
                         if here {
                             srv.stmts.touch(&stmt);
@@ -238,11 +238,11 @@ impl Session {
             // As for a lone EXECUTE: end the PREPARE's implicit transaction before the
             // Query, and stop there if it fails (`answer_after_prepare_sync`).
             frontend::sync(&mut self.to_server);
-            self.replies.push(Pending::internal(Req::Sync, Purpose::Prepare));
+            self.busy.replies.push(Pending::internal(Req::Sync, Purpose::Prepare));
         }
         let (sql, edits) = t.finish();
         sc.edits = edits;
-        self.note_tx_start(text);
+        self.busy.tx.note_start(text);
         self.send_script(text, &sql, sc);
         true
     }
@@ -259,7 +259,7 @@ impl Session {
             }
             prev_begin = w.eq_ignore_ascii_case(b"begin");
         }
-        let escapes_everywhere = self.settings.reported("standard_conforming_strings") == Some("off");
+        let escapes_everywhere = self.kept.settings.reported("standard_conforming_strings") == Some("off");
         (escapes_everywhere && text.contains(&b'\\')).then_some(
             "PREPARE, EXECUTE and DEALLOCATE cannot share a query string with backslashes while \
                 standard_conforming_strings is off",
@@ -270,19 +270,19 @@ impl Session {
         frontend::query_bytes(&mut self.to_server, sql);
         let mut p = Pending::with(Req::Query, OnReply::Forward, Fx { script: Some(Box::new(sc)), ..Fx::default() });
         if crate::session::settings::maybe_setting_stmt(text)
-            || (!self.tx.settings.is_empty() && crate::session::settings::maybe_tx_end(text))
+            || (!self.busy.tx.settings.is_empty() && crate::session::settings::maybe_tx_end(text))
         {
             p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
         }
-        self.server_dirty |= crate::session::settings::may_set_session_config(text);
-        self.replies.push(p);
+        self.dirty_server_if(crate::session::settings::may_set_session_config(text));
+        self.busy.replies.push(p);
         self.drain_synth();
     }
 
     /// The script at the head of the queue: take the steps due after `done` server
     /// statements (called as each completes, and when the script reaches the head).
     pub(in crate::session) fn script_catch_up(&mut self) {
-        let Some(head) = self.replies.head_mut() else { return };
+        let Some(head) = self.busy.replies.head_mut() else { return };
         if !matches!(head.on_reply, OnReply::Forward) {
             return;
         }
@@ -310,7 +310,7 @@ impl Session {
             }
             sc.next += 1;
         }
-        if let Some(head) = self.replies.head_mut() {
+        if let Some(head) = self.busy.replies.head_mut() {
             head.fx.script = Some(sc);
         }
     }
@@ -322,7 +322,7 @@ impl Session {
             crate::protocol::tags::EMPTY_QUERY_RESPONSE => {}
             crate::protocol::tags::COMMAND_COMPLETE => {
                 self.to_client.extend_from_slice(frame);
-                if let Some(sc) = self.replies.head_mut().and_then(|h| h.fx.script.as_mut()) {
+                if let Some(sc) = self.busy.replies.head_mut().and_then(|h| h.fx.script.as_mut()) {
                     sc.done = sc.done.saturating_add(1);
                 }
                 self.script_catch_up();
@@ -334,7 +334,7 @@ impl Session {
     /// An error ended the script at the head of the queue: the client's error, and the
     /// statements it never prepared forgotten.
     pub(in crate::session) fn on_script_error(&mut self, frame: &[u8], code: &[u8], srv: &mut ServerState) {
-        let Some(sc) = self.replies.head_mut().and_then(|h| h.fx.script.take()) else { return };
+        let Some(sc) = self.busy.replies.head_mut().and_then(|h| h.fx.script.take()) else { return };
         let at = sc.done;
         match &sc.fail {
             Some((n, e)) if *n == at && code == b"26000" => e.write_to(&mut self.to_client),

@@ -72,7 +72,7 @@ impl Session {
         registry.mark_stale(stmt);
         let fresh = registry.current(stmt);
         let _ = fresh.shape.get_or_init(|| frame.into());
-        self.remap(stmt, &fresh);
+        self.stmts.remap(stmt, &fresh);
         self.stmts.described.insert(fresh.id);
     }
 }

@@ -22,10 +22,10 @@ impl Session {
         let class = classify(text);
         if self.stmts.fresh_in_tx.is_some() {
             let dml = self.may_write(&class, text);
-            self.note_statement_run(dml);
+            self.stmts.note_statement_run(dml);
         }
         // In a failed transaction PostgreSQL rejects every command with 25P02: let it.
-        if self.tx.status == TxStatus::Failed {
+        if self.busy.tx.status == TxStatus::Failed {
             self.forward_query(frame);
             return true;
         }
@@ -34,7 +34,7 @@ impl Session {
                 if self.try_autoprepare(text) {
                     return true;
                 }
-                self.note_tx_start(text);
+                self.busy.tx.note_start(text);
                 self.forward_query(frame)
             }
             Classified::Multi(stmts) => return self.on_sql_script(text, stmts, srv),
@@ -80,21 +80,25 @@ impl Session {
 
     /// `DISCARD ALL`: everything it does except dropping the server's (shared) statements.
     fn on_sql_discard_all(&mut self, frame: &[u8], srv: &mut ServerState) {
-        if self.tx.status != TxStatus::Idle {
+        if self.busy.tx.status != TxStatus::Idle {
             // PostgreSQL: DISCARD ALL cannot run inside a transaction block.
             return self.forward_query(frame);
         }
         self.stmts.named.clear();
         self.stmts.unnamed = Unnamed::None;
-        Arc::make_mut(&mut self.settings).reset_all_extra();
+        Arc::make_mut(&mut self.kept.settings).reset_all_extra();
         srv.settings.reset_all_extra();
         frontend::query(
             &mut self.to_server,
             "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; \
              SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES",
         );
-        self.replies.push(Pending::with(Req::Query, OnReply::Skip, Fx::default()));
-        self.replies.push(Pending::with(Req::Query, OnReply::Synth(Synth::TagAndReady("DISCARD ALL")), Fx::default()));
+        self.busy.replies.push(Pending::with(Req::Query, OnReply::Skip, Fx::default()));
+        self.busy.replies.push(Pending::with(
+            Req::Query,
+            OnReply::Synth(Synth::TagAndReady("DISCARD ALL")),
+            Fx::default(),
+        ));
     }
 
     /// `PREPARE name [(types)] AS statement` (the definition starts at `rest`): answered
@@ -110,22 +114,22 @@ impl Session {
         }
         let registry = self.registry().clone();
         let def = &text[rest..];
-        let mut k = std::mem::take(&mut self.key_buf);
+        let mut k = std::mem::take(&mut self.busy.key_buf);
         make_key(&mut k, &StmtKind::Sql, self.search_path(), def, b"");
         let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
-        self.key_buf = k;
+        self.busy.key_buf = k;
         self.stmts.named.insert(name.into(), stmt.clone());
-        self.note_sql_prefix(name, &text[..rest]);
+        self.stmts.note_sql_prefix(name, &text[..rest]);
         let client = ClientFx::Named { name: name.into() };
         if stmt.is_valid() || srv.stmts.has(&stmt) {
             self.note_fresh_parse(&stmt);
-            self.note_fresh_sql(&stmt);
+            self.stmts.note_fresh_sql(&stmt);
             self.push_synth(Synth::TagAndReady("PREPARE"), Fx { client, ..Fx::default() });
         } else {
             self.ensure_on_server(srv, &stmt, OnReply::Inject, client, name);
-            self.replies.push(Pending::with(Req::Execute, OnReply::Synth(Synth::Tag("PREPARE")), Fx::default()));
+            self.busy.replies.push(Pending::with(Req::Execute, OnReply::Synth(Synth::Tag("PREPARE")), Fx::default()));
             frontend::sync(&mut self.to_server);
-            self.replies.push(Pending::client(Req::Sync));
+            self.busy.replies.push(Pending::client(Req::Sync));
         }
     }
 
@@ -148,7 +152,7 @@ impl Session {
             // Whether the server has it depends on a PREPARE (or Close) still in flight.
             return false;
         }
-        let fresh = self.take_fresh_sql(&stmt);
+        let fresh = self.stmts.take_fresh_sql(&stmt);
         if stmt.stale.load(Ordering::Relaxed) {
             // Its plan changed result type, found after this client PREPAREd it
             // (a PREPARE since gets the current generation): PostgreSQL's 0A000,
@@ -159,25 +163,25 @@ impl Session {
         // A stale plan met by the first EXECUTE after a PREPARE the cache answered
         // can be retried: outside a transaction, or inside one from a savepoint (a
         // statement PREPAREd in it, `guard`).
-        let alone = !self.retry.retried && !self.replies.is_unsynced() && !self.earlier_batch_in_flight();
+        let alone = !self.busy.retry.retried && !self.busy.replies.is_unsynced() && !self.earlier_batch_in_flight();
         let guarded = alone && srv.stmts.has(&stmt) && self.guard_wanted(name, srv) == Some(stmt.id);
-        let retry = alone && ((fresh && self.tx.status == TxStatus::Idle) || guarded);
+        let retry = alone && ((fresh && self.busy.tx.status == TxStatus::Idle) || guarded);
         if guarded {
-            self.forget_fresh(&stmt);
+            self.stmts.forget_fresh(&stmt);
             self.guard_query(GuardCmd::Savepoint, Purpose::Guard);
         }
         if retry {
-            self.retry.last_batch.clear();
-            self.retry.last_batch.extend_from_slice(frame);
+            self.busy.retry.last_batch.clear();
+            self.busy.retry.last_batch.extend_from_slice(frame);
         }
-        let synced = !self.replies.is_unsynced();
+        let synced = !self.busy.replies.is_unsynced();
         if self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None, name) && synced {
             // The PREPARE ran through the extended protocol: end its implicit
             // transaction before the client's Query (PostgreSQL 18 keeps it open
             // across a simple Query, whose ReadyForQuery would then say T), and stop
             // there if it fails (`answer_after_prepare_sync`).
             frontend::sync(&mut self.to_server);
-            self.replies.push(Pending::internal(Req::Sync, Purpose::Prepare));
+            self.busy.replies.push(Pending::internal(Req::Sync, Purpose::Prepare));
         }
         let mut sql = Vec::with_capacity(text.len() + 16);
         sql.extend_from_slice(&text[..span.start]);
@@ -192,7 +196,7 @@ impl Session {
         };
         let replay_from = retry.then_some(0);
         let fx = Fx { uses: Some(stmt), rename: Some(Box::new(rename)), replay_from, guarded, ..Fx::default() };
-        self.replies.push(Pending::with(Req::Query, OnReply::Forward, fx));
+        self.busy.replies.push(Pending::with(Req::Query, OnReply::Forward, fx));
         if guarded {
             self.guard_query(GuardCmd::Release, Purpose::Guard);
         }

@@ -138,7 +138,7 @@ fn settings_replayed_on_link_and_tracked_after_set() {
     let mut client = Settings::default();
     client.set_reported("application_name", "app");
     let mut h = H::new(PoolMode::Transaction, None);
-    h.s.settings = Arc::new(client);
+    h.s.kept.settings = Arc::new(client);
     h.srv.settings.set_reported("application_name", "");
     h.client(query("SET search_path TO x"));
     assert_eq!(h.server_out().len(), 2, "settings replay, then the client's query");

@@ -151,7 +151,7 @@ impl H {
                 self.pending.remove(0);
                 progress = true;
             }
-            if !progress && self.s.actions.is_empty() {
+            if !progress && self.s.busy.actions.is_empty() {
                 break;
             }
         }

@@ -253,7 +253,7 @@ fn failed_prepare_ahead_of_execute_answers_it() {
     for in_tx in [false, true] {
         h.srv = ServerState::default(); // another server, which lacks the statement
         let status = if in_tx { b'T' } else { b'I' };
-        h.s.tx.status = TxStatus::from_byte(status);
+        h.s.busy.tx.status = TxStatus::from_byte(status);
         h.client(query("EXECUTE q"));
         let sent = h.server_out();
         assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
@@ -274,7 +274,7 @@ fn failed_prepare_ahead_of_execute_answers_it() {
         assert!(text(&reply[0]).contains(&format!("P{}\0", at(client_text))), "{}", text(&reply[0]));
         assert_eq!(reply[1][5], failed);
         // Not prepared there: the next EXECUTE prepares it again.
-        h.s.tx.status = TxStatus::from_byte(status);
+        h.s.busy.tx.status = TxStatus::from_byte(status);
         h.client(query("EXECUTE q"));
         assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
         for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(status), msg(b'C', b"SELECT 1\0")] {

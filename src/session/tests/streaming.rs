@@ -26,7 +26,7 @@ fn large_rows_stream_only_when_forwarded() {
     let mut client = Settings::default();
     client.set_reported("application_name", "app");
     let mut h = H::new(PoolMode::Transaction, None);
-    h.s.settings = Arc::new(client);
+    h.s.kept.settings = Arc::new(client);
     h.srv.settings.set_reported("application_name", "");
     h.client(query("select 1"));
     assert_eq!(h.server_out().len(), 2, "settings replay, then the client's query");
