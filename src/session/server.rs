@@ -49,7 +49,12 @@ impl Session {
         if self.link.unlink().is_some() {
             self.busy.actions.push_back(Action::ReleaseServer { reusable: false });
         }
-        self.fail(Error::fatal(SqlState::CONNECTION_FAILURE, "server closed the connection unexpectedly"));
+        // One FATAL per failure: a session already closing has said its last words (the
+        // server's own FATAL, or an error of its own), and the driver may report the loss
+        // again before the close is carried out.
+        if self.busy.phase != Phase::Closing {
+            self.fail(Error::fatal(SqlState::CONNECTION_FAILURE, "server closed the connection unexpectedly"));
+        }
     }
 
     /// The start (`header`: tag and length) of a server frame too large to hold whole. True

@@ -165,3 +165,19 @@ fn acquire_failure_fails_the_request() {
     h.client(sync());
     assert_eq!(h.client_out(), "EZ");
 }
+
+#[test]
+fn a_server_lost_twice_gives_its_client_one_fatal() {
+    // The driver reports a broken connection each time it looks at it (a shared one is
+    // seen dead by every read until the close is carried out): one FATAL for one failure.
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("select 1"));
+    let _ = h.actions();
+    h.s.handle_server_lost();
+    h.s.handle_server_lost();
+    let out = h.s.to_client.split().to_vec();
+    assert_eq!(tags_of(&out), "E", "one error: {}", text(&out));
+    assert_eq!(h.s.poll_action(), Some(Action::ReleaseServer { reusable: false }));
+    assert_eq!(h.s.poll_action(), Some(Action::Close));
+    assert_eq!(h.s.poll_action(), None);
+}
