@@ -292,3 +292,41 @@ async fn a_backend_postgresql_may_have_left_broken_serves_nobody_else() {
     })
     .await;
 }
+
+/// A client that set `statement_timeout = 1` leaves inside an unsynced batch: the timeout
+/// fires while the backend waits, and PostgreSQL raises it at the next message it reads —
+/// parsnip's own CopyFail, not an extended-protocol message, so PostgreSQL answers with an
+/// error *and a ReadyForQuery of its own*, then another for parsnip's Sync. The extra one
+/// must not reach the next client as the answer to its first query (the concurrent
+/// hostile-client test found it: an honest Query answered with the replies of its own
+/// settings replay). Whether the two arrive in one read or two is up to timing: in one,
+/// parsnip always saw the extra bytes; in two, only `ServerConn::confirm_idle` (its decision
+/// is unit-tested in `driver::server_conn`) catches the second.
+#[tokio::test]
+async fn a_timeout_that_fires_in_a_batch_left_open_does_not_reach_the_next_client() {
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    bounded(60, "a_timeout_that_fires_in_a_batch_left_open_does_not_reach_the_next_client", async {
+        for round in 0..3 {
+            let mut l = p.raw_login("postgres", SUPER_PW, "postgres").await;
+            l.scalar("SET statement_timeout = 1").await.unwrap();
+            let mut run = cstr("");
+            run.extend(1u32.to_be_bytes());
+            let batch =
+                [parse("", "SELECT g FROM generate_series(1, 3) g"), bind("", ""), msg(b'E', &run), flush()].concat();
+            l.send(&batch).await.unwrap();
+            let mut seen = Vec::new();
+            while let Some(f) = within(Duration::from_secs(10), l.read_frame()).await.unwrap() {
+                seen.push(f.tag);
+                if f.tag == b's' {
+                    break;
+                }
+            }
+            assert_eq!(seen, b"12Ds", "round {round}: the suspended portal's replies");
+            // The scenario itself, not a synchronization: let the 1 ms timeout fire.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(l);
+            next_client_is_served(&p, &format!("after a timeout in an open batch, round {round}")).await;
+        }
+    })
+    .await;
+}

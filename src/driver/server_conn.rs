@@ -429,6 +429,33 @@ impl ServerConn {
         tokio::time::timeout(timeout, fut).await.unwrap_or(Err(None))
     }
 
+    /// After parsnip settled the connection itself (`Proxy::bring_to_idle`): an empty
+    /// Query whose answer must be exactly EmptyQueryResponse then ReadyForQuery (a
+    /// ParameterStatus or notice may come between; the transaction status is taken from it). Anything else first — a stray
+    /// ReadyForQuery, say: PostgreSQL sends one of its own when a statement timeout set by
+    /// the client that left fires while the backend waits inside an unsynced batch and
+    /// parsnip's CopyFail is the next message — means replies are still on their way that
+    /// nobody counted, and the connection must not be reused.
+    pub(crate) async fn confirm_idle(&mut self, timeout: Duration) -> bool {
+        let fut = async {
+            let mut out = BytesMut::new();
+            frontend::query(&mut out, "");
+            self.stream.write_all(&out).await.ok()?;
+            let mut check = IdleCheck::default();
+            loop {
+                let f = read_frame(&mut self.stream, &mut self.rbuf).await.ok()?;
+                if let Some(ok) = check.feed(f[0]) {
+                    if ok {
+                        self.state.tx_status = TxStatus::from_byte(f.get(5).copied().unwrap_or(b'E'));
+                    }
+                    return Some(ok);
+                }
+            }
+        };
+        let ok = tokio::time::timeout(timeout, fut).await.ok().flatten().unwrap_or(false);
+        ok && self.rbuf.is_empty()
+    }
+
     /// Consumes the bytes of whole frames at the start of `rbuf` (after handling).
     pub(crate) fn consume(&mut self, n: usize) {
         self.rbuf.advance(n);
@@ -493,6 +520,28 @@ fn data_row_text(b: &[u8]) -> Option<Vec<Option<String>>> {
     Some(out)
 }
 
+/// The answer `ServerConn::confirm_idle` accepts to its empty Query, frame by frame:
+/// EmptyQueryResponse then ReadyForQuery, with ParameterStatus or notices between.
+#[derive(Default)]
+struct IdleCheck {
+    empty: bool,
+}
+
+impl IdleCheck {
+    /// The next frame's tag: None while the answer may still be right, then whether it was.
+    fn feed(&mut self, tag: u8) -> Option<bool> {
+        match tag {
+            tags::PARAMETER_STATUS | tags::NOTICE_RESPONSE => None,
+            tags::EMPTY_QUERY_RESPONSE if !self.empty => {
+                self.empty = true;
+                None
+            }
+            tags::READY_FOR_QUERY if self.empty => Some(true),
+            _ => Some(false),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -502,5 +551,21 @@ mod tests {
         assert_eq!(super::major_version("9.6.24"), 9);
         assert_eq!(super::major_version("devel"), 0);
         assert_eq!(super::major_version(""), 0);
+    }
+
+    #[test]
+    fn only_the_empty_querys_own_answer_confirms_a_settled_connection() {
+        let run = |tags: &[u8]| {
+            let mut c = super::IdleCheck::default();
+            tags.iter().find_map(|&t| c.feed(t))
+        };
+        assert_eq!(run(b"IZ"), Some(true));
+        assert_eq!(run(b"SINZ"), Some(true), "a ParameterStatus or notice may come between");
+        // A ReadyForQuery nobody counted, before the empty query's own answer.
+        assert_eq!(run(b"ZIZ"), Some(false));
+        assert_eq!(run(b"EZ"), Some(false));
+        assert_eq!(run(b"CZ"), Some(false));
+        assert_eq!(run(b"IIZ"), Some(false));
+        assert_eq!(run(b"I"), None, "still waiting");
     }
 }

@@ -338,7 +338,15 @@ impl Proxy {
         if !drained {
             tracing::debug!("server connection closed: it did not come back to idle after its client left");
         }
-        drained && s.rbuf.is_empty() && session.settled_reusable()
+        if !(drained && s.rbuf.is_empty() && session.settled_reusable()) {
+            return false;
+        }
+        // What the session counted is in; nothing else may be on its way (`confirm_idle`).
+        let idle = s.confirm_idle(limit).await;
+        if !idle {
+            tracing::debug!("server connection closed: replies nobody counted came after it was settled");
+        }
+        idle
     }
 
     /// The client left with a ticket on a shared connection. With tickets behind it (its
