@@ -71,7 +71,10 @@ impl Proxy {
                     let dead = g.dead;
                     match g.conn.as_mut() {
                         Some(c) if !dead => {
-                            tracing::trace!(target: "parsnip::links", session = self.slot.pid, server = c.cancel.pid, ticket = t, head, "linked to a shared connection");
+                            let server = c.cancel.pid;
+                            let session = self.slot.pid;
+                            let ticket = t;
+                            tracing::trace!(target: "parsnip::links", session, server, ticket, head, "shared");
                             self.session.get().handle_server_linked(&mut c.state);
                             self.mark_reads();
                             if head {
