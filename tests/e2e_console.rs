@@ -5,33 +5,12 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use support::*;
-use tokio_postgres::SimpleQueryMessage;
-
-type Row = HashMap<String, Option<String>>;
-
-/// The rows of a console command, as column name → value.
-async fn rows(console: &Pg, sql: &str) -> Vec<Row> {
-    let msgs = console.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {}", describe(&e)));
-    msgs.iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (c.name().to_owned(), r.get(i).map(str::to_owned)))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
-}
 
 /// The row of `sql` whose `key` column is `value`.
 async fn row(console: &Pg, sql: &str, key: &str, value: &str) -> Option<Row> {
-    rows(console, sql).await.into_iter().find(|r| r.get(key).cloned().flatten().as_deref() == Some(value))
+    console_rows(console, sql).await.into_iter().find(|r| r.get(key).cloned().flatten().as_deref() == Some(value))
 }
 
 fn num(r: &Row, col: &str) -> i64 {
@@ -327,12 +306,12 @@ async fn stats_users_may_look_but_not_act() {
     }
     bounded(30, "stats_users_may_look_but_not_act", async {
         let viewer = p.connect("app", APP_PW, "pgbouncer").await;
-        assert!(!rows(&viewer, "SHOW POOLS").await.is_empty());
+        assert!(!console_rows(&viewer, "SHOW POOLS").await.is_empty());
         let e = viewer.simple_query("PAUSE").await.expect_err("a stats user paused the pooler");
         assert_eq!(sqlstate(&e).as_deref(), Some("42501"));
         assert!(describe(&e).contains("admin access needed"), "{}", describe(&e));
         let admin = p.connect("postgres", SUPER_PW, "pgbouncer").await;
-        let state = rows(&admin, "SHOW STATE").await;
+        let state = console_rows(&admin, "SHOW STATE").await;
         assert_eq!(state[1]["value"].as_deref(), Some("no"), "not paused: {state:?}");
     })
     .await;
@@ -359,7 +338,7 @@ async fn signals_pause_and_resume_and_shutdown_ends_the_process() {
     }
     bounded(60, "signals", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
-        let paused = async || rows(&console, "SHOW STATE").await[1]["value"].as_deref() == Some("yes");
+        let paused = async || console_rows(&console, "SHOW STATE").await[1]["value"].as_deref() == Some("yes");
         assert_eq!(http_status(metrics, "/ready").await, 200);
         p.signal(libc::SIGUSR1);
         until(&p, "SIGUSR1 pauses", async || paused().await).await;
@@ -371,7 +350,7 @@ async fn signals_pause_and_resume_and_shutdown_ends_the_process() {
         assert_eq!(http_status(metrics, "/ready").await, 200);
         // SIGHUP is not fatal.
         p.signal(libc::SIGHUP);
-        assert_eq!(rows(&console, "SHOW VERSION").await.len(), 1, "alive after SIGHUP");
+        assert_eq!(console_rows(&console, "SHOW VERSION").await.len(), 1, "alive after SIGHUP");
         // SHUTDOWN ends the process.
         let _ = console.simple_query("SHUTDOWN").await;
     })

@@ -7,11 +7,7 @@
 
 mod support;
 
-use std::collections::HashMap;
 use support::*;
-use tokio_postgres::SimpleQueryMessage;
-
-type Row = HashMap<String, Option<String>>;
 
 /// `k` in random order: for a third of the table (the generic plan's guess) a scan is
 /// cheaper than the index, and that scan is what the narrow range then gets.
@@ -21,25 +17,9 @@ const SCHEMA: &str = "create table orders(k int, payload text); \
 const WIDE: i64 = 20;
 const TEXT: &str = "select count(payload) from orders where k > $1";
 
-async fn rows(console: &Pg, sql: &str) -> Vec<Row> {
-    let msgs = console.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {}", describe(&e)));
-    msgs.iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (c.name().to_owned(), r.get(i).map(str::to_owned)))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
-}
-
 /// The SHOW STATEMENTS row of the statement whose text starts with `text` in `db`.
 async fn statement(console: &Pg, db: &str, text: &str) -> Row {
-    let all = rows(console, "SHOW STATEMENTS").await;
+    let all = console_rows(console, "SHOW STATEMENTS").await;
     all.iter()
         .find(|r| r["database"].as_deref() == Some(db) && r["query"].as_deref().is_some_and(|q| q.starts_with(text)))
         .cloned()
@@ -126,7 +106,7 @@ async fn a_bad_generic_plan_is_demoted_for_unnamed_statements() {
         }
         let r = statement(&console, DB, TEXT).await;
         assert_eq!(num(&r, "as_sent_calls") - before, 20, "{r:?}");
-        let prepared = rows(&console, "SHOW PREPARED_STATEMENTS").await;
+        let prepared = console_rows(&console, "SHOW PREPARED_STATEMENTS").await;
         let mine = prepared.iter().find(|r| r["database"].as_deref() == Some(DB)).expect("PREPARED_STATEMENTS");
         assert_eq!(num(mine, "demotions"), 1, "{mine:?}");
         assert!(p.logs().contains("plan guard"), "the demotion is logged");

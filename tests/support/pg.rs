@@ -111,3 +111,23 @@ pub fn expect_code<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>, code
         },
     }
 }
+
+/// A row of a console command's result, as column name → value (NULL: None).
+pub type Row = std::collections::HashMap<String, Option<String>>;
+
+/// The rows of a console command (`SHOW …`) run on `console`; panics on an error.
+pub async fn console_rows(console: &Pg, sql: &str) -> Vec<Row> {
+    let msgs = console.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {}", describe(&e)));
+    msgs.iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), r.get(i).map(str::to_owned)))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
