@@ -432,11 +432,11 @@ impl ServerConn {
     /// After parsnip settled the connection itself (`Proxy::bring_to_idle`): an empty
     /// Query whose answer must be exactly EmptyQueryResponse then ReadyForQuery (a
     /// ParameterStatus or notice may come between; the transaction status is taken from
-    /// it). Anything else first — a stray
-    /// ReadyForQuery, say: PostgreSQL sends one of its own when a statement timeout set by
-    /// the client that left fires while the backend waits inside an unsynced batch and
-    /// parsnip's CopyFail is the next message — means replies are still on their way that
-    /// nobody counted, and the connection must not be reused.
+    /// it). Anything else first — a stray ReadyForQuery, say: PostgreSQL sends one of its
+    /// own when a statement timeout set by the client that left fires while the backend
+    /// waits inside an unsynced batch and parsnip's CopyFail is the next message — means
+    /// replies are still on their way that nobody counted, and the connection must not be
+    /// reused.
     pub(crate) async fn confirm_idle(&mut self, timeout: Duration) -> bool {
         let fut = async {
             let mut out = BytesMut::new();
