@@ -123,6 +123,7 @@ scenarios! {
         alter_then_sql_prepare,
         alter_under_promoted_unnamed,
         alter_sql_prepared,
+        alter_under_unnamed_described_then_bound_elsewhere,
         intentional_retry_when_batch_describes_portal,
         intentional_server_lost_statements,
         type_dropped_and_recreated_under_a_cached_statement,

@@ -82,7 +82,7 @@ async fn skewed(mut run: impl AsyncFnMut(i64) -> i64, executions: usize) {
 #[tokio::test]
 async fn a_bad_generic_plan_is_demoted_for_unnamed_statements() {
     const DB: &str = "plan_guard_unnamed";
-    let p = trust_db(DB, SCHEMA, "pool_size = 1\nplan_guard = true");
+    let p = trust_db(DB, SCHEMA, "pool_size = 1");
     if direct_mode() {
         return;
     }
@@ -117,7 +117,7 @@ async fn a_bad_generic_plan_is_demoted_for_unnamed_statements() {
 #[tokio::test]
 async fn a_bad_generic_plan_is_demoted_for_autoprepared_queries() {
     const DB: &str = "plan_guard_simple";
-    let p = trust_db(DB, SCHEMA, "pool_size = 1\nautoprepare = true\nplan_guard = true");
+    let p = trust_db(DB, SCHEMA, "pool_size = 1\nautoprepare = true");
     if direct_mode() {
         return;
     }
@@ -141,7 +141,7 @@ async fn a_bad_generic_plan_is_demoted_for_autoprepared_queries() {
 #[tokio::test]
 async fn client_named_statements_are_measured_not_demoted() {
     const DB: &str = "plan_guard_named";
-    let p = trust_db(DB, SCHEMA, "pool_size = 1\nplan_guard = true");
+    let p = trust_db(DB, SCHEMA, "pool_size = 1");
     if direct_mode() {
         return;
     }

@@ -310,7 +310,7 @@ impl Default for Config {
             describe_from_cache: false,
             autoprepare: false,
             autoprepare_after: 3,
-            plan_guard: false,
+            plan_guard: true,
             plan_guard_sample: 64,
             plan_guard_ratio: 1.5,
             stats_top_statements: 20,

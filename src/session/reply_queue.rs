@@ -84,6 +84,9 @@ pub(crate) enum OnReply {
     /// A Describe the pooler sent after injecting a Parse, to compare the statement's row
     /// shape on this server with the one clients were given.
     ShapeCheck(Arc<Statement>),
+    /// The same for the client's plain unnamed statement (its Parse sequence number), parsed
+    /// again on another server after the client described it (`Unnamed::Plain`).
+    PlainShapeCheck(u64),
     /// A request made to fail on purpose so the server enters the same error state as
     /// PostgreSQL would: its 26000 error is replaced by this one (other errors, such as
     /// 25P02 in an aborted transaction, pass through as PostgreSQL would give them).
@@ -179,6 +182,9 @@ pub(crate) struct Fx {
     /// For a Describe of a cached statement: the shape epoch when it was sent (a reply
     /// confirms the statement's description as of then).
     pub(crate) epoch: u64,
+    /// For a Describe of the client's plain unnamed statement: its Parse sequence number
+    /// (0: none); the reply is the shape the client holds for it.
+    pub(crate) plain_seq: u64,
 }
 
 /// How the text sent to the server differs from the client's.

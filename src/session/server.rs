@@ -220,6 +220,11 @@ impl Session {
         if let OnReply::ShapeCheck(s) = &head.on_reply {
             let s = s.clone();
             self.on_shape_checked(&s, frame, server);
+        } else if let OnReply::PlainShapeCheck(seq) = head.on_reply {
+            self.on_plain_shape(seq, frame, true);
+        } else if head.fx.plain_seq != 0 && matches!(head.on_reply, OnReply::Forward) {
+            let seq = head.fx.plain_seq;
+            self.on_plain_shape(seq, frame, false);
         } else if let Some(s) = head.fx.uses.as_ref().or(head.fx.portal_of.as_ref())
             && matches!(head.on_reply, OnReply::Forward)
         {
@@ -330,7 +335,11 @@ impl Session {
                 self.to_client.extend_from_slice(frame);
                 return self.fail_server();
             }
-            OnReply::Skip | OnReply::Synth(_) | OnReply::ShapeCheck(_) | OnReply::Answered => {}
+            OnReply::Skip
+            | OnReply::Synth(_)
+            | OnReply::ShapeCheck(_)
+            | OnReply::PlainShapeCheck(_)
+            | OnReply::Answered => {}
         }
         if let Some(s) = head.fx.uses.clone() {
             self.on_statement_error(&s, code, server);

@@ -160,6 +160,12 @@ pub(crate) enum Unnamed {
         /// The cached statement of the same text, when the plan guard runs it as sent
         /// (`stmt::guard`): its executions count for that statement.
         measure: Option<Arc<Statement>>,
+        /// The row description the client was given for it (its Describe), checked
+        /// against what another server's parse of it describes (`Session::resolve`).
+        shape: Option<Box<[u8]>>,
+        /// Another server's parse of it described other rows: as PostgreSQL's statement
+        /// would, it answers 0A000 until the client parses it again.
+        stale: bool,
     },
     /// Promoted: served by a cached named server statement.
     Cached(Arc<Statement>),
@@ -404,7 +410,7 @@ impl Session {
 
     /// Undoes what a request the server failed or skipped would have done.
     pub(super) fn rollback(&mut self, p: Pending, srv: &mut ServerState) {
-        if matches!(p.on_reply, OnReply::ShapeCheck(_)) {
+        if matches!(p.on_reply, OnReply::ShapeCheck(_) | OnReply::PlainShapeCheck(_)) {
             self.leave(Phase::Held);
         }
         if let Some(s) = &p.fx.server_parse {

@@ -146,7 +146,8 @@ impl Session {
         let Some(srv) = srv else { return self.need_server(&[]) };
         self.stmts.as_sent_next = None;
         self.stmts.unnamed_seq += 1;
-        self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq: self.stmts.unnamed_seq, measure };
+        let seq = self.stmts.unnamed_seq;
+        self.stmts.unnamed = Unnamed::Plain { frame: frame.to_vec(), seq, measure, shape: None, stale: false };
         srv.stmts.unnamed_owner = Some((self.kept.uid, self.stmts.unnamed_seq));
         self.to_server.extend_from_slice(frame);
         let fx = Fx { client: ClientFx::Unnamed, ..Fx::default() };
@@ -208,12 +209,28 @@ impl Session {
         let cached = if name.is_empty() {
             match &self.stmts.unnamed {
                 Unnamed::Cached(s) => s.clone(),
-                Unnamed::Plain { frame, seq, .. } => {
-                    if srv.stmts.unnamed_owner != Some((self.kept.uid, *seq)) {
+                Unnamed::Plain { frame, seq, shape, stale, .. } => {
+                    let (seq, stale) = (*seq, *stale);
+                    if srv.stmts.unnamed_owner != Some((self.kept.uid, seq)) {
                         // Parsed on another server (or replaced since): parse it again here.
                         self.to_server.extend_from_slice(frame);
-                        srv.stmts.unnamed_owner = Some((self.kept.uid, *seq));
+                        srv.stmts.unnamed_owner = Some((self.kept.uid, seq));
                         self.busy.replies.push(Pending::with(Req::Parse, OnReply::Inject, Fx::default()));
+                        if shape.is_some() {
+                            // The client decodes its rows by the description it was given;
+                            // PostgreSQL's statement would keep that shape or answer 0A000.
+                            // This parse must describe the same before any row flows.
+                            frontend::describe_statement(&mut self.to_server, b"");
+                            frontend::flush(&mut self.to_server);
+                            let check = OnReply::PlainShapeCheck(seq);
+                            self.busy.replies.push(Pending::with(Req::Describe, check, Fx::default()));
+                            self.enter(Phase::Held);
+                            return Resolved::Held;
+                        }
+                    }
+                    if stale {
+                        self.statement_error(stale_plan(), Some(srv), false);
+                        return Resolved::Failed;
                     }
                     return Resolved::Plain;
                 }

@@ -99,7 +99,15 @@ impl Session {
         match self.resolve(name, srv) {
             Resolved::Held => return false,
             Resolved::Failed => {}
-            Resolved::Plain => self.forward(frame, Req::Describe),
+            Resolved::Plain => {
+                self.forward(frame, Req::Describe);
+                if let (true, Unnamed::Plain { seq, .. }) = (name.is_empty(), &self.stmts.unnamed)
+                    && let Some(p) = self.busy.replies.last_mut()
+                {
+                    // Its answer is the shape the client will decode this statement's rows by.
+                    p.fx.plain_seq = *seq;
+                }
+            }
             Resolved::Cached(s) => {
                 self.send_use(Req::Describe, s, guard, srv, frontend::describe_statement);
             }

@@ -2,6 +2,7 @@
 //! server describes now (a schema change under a cached statement), and the 0A000
 //! PostgreSQL gives when they differ.
 
+use super::Unnamed;
 use crate::protocol::tags;
 use crate::session::reply_queue::Fx;
 use crate::session::{Phase, Session};
@@ -58,6 +59,28 @@ impl Session {
         srv.stmts.remove(stmt);
         self.close_quietly(&stmt.server_name, Fx::default());
         self.stmts.shape_mismatch = Some(stmt.clone());
+    }
+
+    /// A description of the client's plain unnamed statement of Parse sequence `seq`: what
+    /// the client was told it returns, or (`check`) what another server's parse of it
+    /// describes, compared with that.
+    pub(in crate::session) fn on_plain_shape(&mut self, seq: u64, frame: &[u8], check: bool) {
+        if check {
+            self.leave(Phase::Held);
+        }
+        let Unnamed::Plain { seq: s, shape, stale, .. } = &mut self.stmts.unnamed else { return };
+        if *s != seq {
+            return;
+        }
+        match shape {
+            Some(told) if check && !same_shape(told, frame) => {
+                tracing::debug!("the client's unnamed statement describes other rows on this server");
+                *stale = true;
+            }
+            Some(_) => {}
+            None if check => {}
+            None => *shape = Some(frame.into()),
+        }
     }
 
     /// A server described a cached statement with rows of another shape than clients were
