@@ -17,7 +17,13 @@ from systems import NOT_RUN
 WORKLOADS = {
     "select": (["-S"], "pgbench -S (select-only: one primary-key SELECT per transaction)"),
     "tpcb": ([], "pgbench's default TPC-B-like script (three UPDATEs, a SELECT and an INSERT in BEGIN ... END)"),
+    "planheavy": (["-f", str(Path(__file__).resolve().parent / "planheavy.sql")],
+                  "bench/planheavy.sql (a plan-heavy ORM-style read: four-way join with a lateral subquery, "
+                  "planning about 4x its execution)"),
 }
+
+# How a workload is named in a case's label.
+LABELS = {"select": "-S", "tpcb": "TPC-B", "planheavy": "plan-heavy"}
 
 
 @dataclasses.dataclass
@@ -30,7 +36,7 @@ class Case:
 
     @property
     def label(self) -> str:
-        script = "-S" if self.workload == "select" else "TPC-B"
+        script = LABELS[self.workload]
         return f"latency -c 1 {script} -M {self.mode}" if self.latency else f"{script} -M {self.mode}"
 
 

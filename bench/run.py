@@ -30,7 +30,7 @@ import throwaway  # noqa: E402  (scripts/throwaway.py: clusters, processes, bina
 from throwaway import REPO, log, service_user, stop_process  # noqa: E402
 from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
-from report import WORKLOADS, Case, Run, machine_info, render_table  # noqa: E402
+from report import LABELS, WORKLOADS, Case, Run, machine_info, render_table  # noqa: E402
 from systems import (  # noqa: E402
     ALL_MODES, ALL_SYSTEMS, CLK_TCK, DEFAULT_SYSTEMS, NOT_RUN, DB, DB_USER, TRANSPORT, Parsnip, PgBouncer, Pooler, Postgres, Relay,
     cpu_ticks,
@@ -45,8 +45,13 @@ TABLES = {
     "issue3": [(8, "select", ("simple", "extended", "prepared"), (64,))],
     "issue13": [(8, "select", ("simple", "extended", "prepared"), (1, 64, 256)),
                 (8, "tpcb", ("simple", "extended", "prepared"), (64,))],
+    # Issue 24's judges: the plan-heavy read keeps its lead with the plan guard on, and what
+    # the guard's sampling costs pgbench -S (parsnip against parsnip-noguard).
+    "issue24": [(8, "planheavy", ("simple", "extended"), (64,)),
+                (8, "select", ("simple", "extended", "prepared"), (64,))],
 }
-TABLE_SYSTEMS = {"issue13": ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer")}
+TABLE_SYSTEMS = {"issue13": ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer"),
+                 "issue24": ("direct", "parsnip", "parsnip-noguard", "parsnip-autoprepare", "pgbouncer")}
 
 # --------------------------------------------------------------------------- pgbench runs
 
@@ -310,20 +315,22 @@ def main(argv: list[str]) -> int:
         description="pgbench (-S or TPC-B) directly against PostgreSQL vs through parsnip (cache on/off) vs "
         "through PgBouncer, alternated in one run; prints Markdown tables of ratios, pooler CPU and latency.",
     )
-    ap.add_argument("--table", choices=["issue2", "issue3", "issue13", "all"], default="all",
+    ap.add_argument("--table", choices=["issue2", "issue3", "issue13", "issue24", "all"], default="all",
                     help="preset grid: issue2 = simple,extended x 16,256 clients, pool 16; issue3 = "
                          "simple,extended,prepared x 64 clients, pool 8; issue13 = pool 8, simple,extended,prepared "
                          "x 1,64,256 clients with -S plus x 64 clients with TPC-B, systems "
-                         "direct,parsnip,parsnip-nocache,pgbouncer; all = issue2 + issue3 (default)")
+                         "direct,parsnip,parsnip-nocache,pgbouncer; issue24 = pool 8, 64 clients, the plan-heavy read "
+                         "(simple, extended) and -S (every mode), systems direct,parsnip,parsnip-noguard,"
+                         "parsnip-autoprepare,pgbouncer; all = issue2 + issue3 (default)")
     ap.add_argument("--workload", type=parse_list, help="pgbench scripts, comma-separated: select (-S) and/or "
-                    "tpcb (pgbench's default TPC-B-like script); replaces the preset's")
+                    "tpcb (pgbench's default TPC-B-like script) and/or planheavy (bench/planheavy.sql); replaces the preset's")
     ap.add_argument("--pool-size", type=lambda s: parse_list(s, int), help="pool sizes, e.g. 16 or 16,8 "
                     "(overrides the tables' pool sizes)")
     ap.add_argument("--clients", type=lambda s: parse_list(s, int), help="client counts, e.g. 16,64,256")
     ap.add_argument("--modes", type=parse_list, help="pgbench -M modes: simple,extended,prepared")
     ap.add_argument("--systems", type=parse_list,
-                    help="of direct,parsnip,parsnip-nocache,parsnip-autoprepare,parsnip-w1,parsnip-stealing,pgbouncer "
-                    "(parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; "
+                    help="of direct,parsnip,parsnip-noguard,parsnip-nocache,parsnip-autoprepare,parsnip-w1,parsnip-stealing,pgbouncer "
+                    "(parsnip-noguard: plan_guard = false; parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; "
                     "parsnip-w1: PARSNIP_WORKERS=1; parsnip-stealing: PARSNIP_SCHEDULER=stealing; relay: examples/relay.rs, "
                     "a byte relay with no protocol work, the floor of a hop); "
                          "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
@@ -524,7 +531,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         f"- machine: {machine_info()}",
         f"- {pg.version}: fsync, synchronous_commit and full_page_writes off, shared_buffers 256MB, "
         f"max_connections 400; pgbench scale {args.scale}",
-        f"- pgbench {' and '.join(sorted({'-S' if w == 'select' else 'TPC-B' for _, w in grid}))} -j {args.jobs} "
+        f"- pgbench {' and '.join(sorted({LABELS[w] for _, w in grid}))} -j {args.jobs} "
         f"-T {args.duration}, {args.rounds} round(s), systems alternated "
         f"({', '.join(s for s in systems if s not in skipped)}) within each case"
         + (f", niceness {args.nice}" if args.nice else "")
@@ -539,6 +546,8 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     if parsnip_version and "parsnip" not in skipped:
         extra = "".join(f", `{l}`" for l in args.parsnip_config)
         header.append(f"- {parsnip_version}, transaction mode{extra}"
+                      + ("; parsnip-noguard: the same with `plan_guard = false`"
+                         if "parsnip-noguard" in systems else "")
                       + ("; parsnip-nocache: the same with `prepared_statements = false`"
                          if "parsnip-nocache" in systems else "")
                       + ("; parsnip-autoprepare: the same with `autoprepare = true`"

@@ -23,8 +23,8 @@ from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SYSTEMS = ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "parsnip-w1", "parsnip-stealing",
-               "pgbouncer", "relay")
+ALL_SYSTEMS = ("direct", "parsnip", "parsnip-noguard", "parsnip-nocache", "parsnip-autoprepare", "parsnip-w1",
+               "parsnip-stealing", "pgbouncer", "relay")
 # relay: examples/relay.rs, a one-thread byte relay with one upstream connection per client and
 # no protocol work: the CPU any proxy pays the kernel for the extra hop (the floor).
 # parsnip-w1 / parsnip-stealing: parsnip with one event loop for everything (PARSNIP_WORKERS=1),
@@ -35,6 +35,8 @@ THREADING = {"parsnip-w1": {"PARSNIP_WORKERS": "1"}, "parsnip-stealing": {"PARSN
 # parsnip-autoprepare: parsnip with `autoprepare = true` (simple-protocol queries from cached
 # statements).
 AUTOPREPARE = "autoprepare = true"
+# parsnip-noguard: parsnip with `plan_guard = false`, to show what the guard's sampling costs.
+NOGUARD = "plan_guard = false"
 
 DEFAULT_SYSTEMS = ("direct", "parsnip", "pgbouncer")
 NOCACHE = "prepared_statements = false"
@@ -228,6 +230,9 @@ class Parsnip(Pooler):
         if name == "parsnip-autoprepare":
             keep = [l for l in extra_config if not l.strip().startswith("autoprepare ")]
             self.extra_config = keep + [AUTOPREPARE]
+        if name == "parsnip-noguard":
+            keep = [l for l in extra_config if not l.strip().startswith("plan_guard ")]
+            self.extra_config = keep + [NOGUARD]
 
     def command(self):
         cfg = self.tmp / f"{self.name}.toml"
