@@ -97,6 +97,9 @@ struct LinkState {
     dirty: bool,
     /// When the last timed execution on this server ended (`timing`), µs.
     last_done_us: u64,
+    /// The server was shared with this session's batch written behind another client's
+    /// (`set_behind`): its executions wait for that one first, so they are not timed.
+    behind: bool,
 }
 
 impl Link {

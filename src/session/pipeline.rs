@@ -154,6 +154,15 @@ impl Session {
         }
     }
 
+    /// The driver linked a shared connection with another client's batch still in flight
+    /// before this session's (after `handle_server_linked`): the executions of this batch
+    /// wait for that one, so their times are not server times (`timing`).
+    pub(crate) fn set_behind(&mut self) {
+        if let Some(l) = self.link.state_mut() {
+            l.behind = true;
+        }
+    }
+
     /// The driver let the server take another client's batch behind this session's: from
     /// now until the server is released, nothing more may be written to it (the bytes
     /// would land behind the other batch). A transparent retry then re-prepares on the

@@ -279,6 +279,9 @@ pub(crate) struct Pending {
     pub(crate) timed_cached: bool,
     /// The session's clock when it was queued (`Session::set_clock`).
     pub(crate) sent_us: u64,
+    /// Written behind another client's batch on a shared connection: the execution is
+    /// counted for `timed` but not timed (from `sent_us` its time would include the wait).
+    pub(crate) behind: bool,
 }
 
 impl Pending {
@@ -303,6 +306,7 @@ impl Pending {
             timed: None,
             timed_cached: false,
             sent_us: 0,
+            behind: false,
         }
     }
     /// A request of the pooler's own.
@@ -320,6 +324,7 @@ impl Pending {
             timed: None,
             timed_cached: false,
             sent_us: 0,
+            behind: false,
         }
     }
     /// True for an entry the pooler answers itself.

@@ -254,7 +254,7 @@ impl Session {
         let Some(p) = self.busy.replies.pop() else { return };
         if let Some(s) = &p.timed {
             let rows = if tag == tags::COMMAND_COMPLETE { crate::stmt::stats::tag_rows(body(frame)) } else { 0 };
-            self.execution_done(s, p.timed_cached, p.sent_us, rows, false);
+            self.execution_done(s, p.timed_cached, p.sent_us, p.behind, rows, false);
         }
         if p.req == Req::Execute
             && tag == tags::COMMAND_COMPLETE
@@ -284,8 +284,8 @@ impl Session {
         let Some(head) = self.busy.replies.head_mut() else { return self.desync(tags::ERROR_RESPONSE) };
         head.failed = true;
         if let Some(s) = head.timed.take() {
-            let (cached, sent) = (head.timed_cached, head.sent_us);
-            self.execution_done(&s, cached, sent, 0, true);
+            let (cached, sent, behind) = (head.timed_cached, head.sent_us, head.behind);
+            self.execution_done(&s, cached, sent, behind, 0, true);
         }
         let Some(head) = self.busy.replies.head_mut() else { return };
         let req = head.req;

@@ -37,19 +37,34 @@ impl Session {
             (_, Some((p, s))) if **p == *portal => (s.clone(), false),
             _ => return,
         };
+        let behind = self.link.state().is_some_and(|l| l.behind);
         if let Some(p) = self.busy.replies.last_mut() {
             p.timed = Some(target.0);
             p.timed_cached = target.1;
             p.sent_us = self.busy.clock_us;
+            p.behind = behind;
         }
     }
 
-    /// A timed execution of `s` ended (`failed`: with an error) after returning `rows`.
-    pub(super) fn execution_done(&mut self, s: &Arc<Statement>, cached: bool, sent_us: u64, rows: u64, failed: bool) {
+    /// A timed execution of `s` ended (`failed`: with an error) after returning `rows`;
+    /// `behind`: it waited behind another client's batch, so it is counted, not timed.
+    pub(super) fn execution_done(
+        &mut self,
+        s: &Arc<Statement>,
+        cached: bool,
+        sent_us: u64,
+        behind: bool,
+        rows: u64,
+        failed: bool,
+    ) {
         let last_done_us = self.link.state().map_or(0, |l| l.last_done_us);
         let us = self.busy.clock_us.saturating_sub(sent_us.max(last_done_us));
         if let Some(l) = self.link.state_mut() {
             l.last_done_us = self.busy.clock_us;
+        }
+        if behind {
+            s.exec.count(cached, rows, failed);
+            return;
         }
         s.exec.record(cached, us, rows, failed);
         if failed {

@@ -30,9 +30,9 @@
 //!   change of parameters is seen soon) and denser (1 in 2)
 //!   during a *probe*, until `PROBE` as-sent samples are in: when the statement is new,
 //!   every `PERIOD` executions, after a first finding or a retry, while the figures lean
-//!   towards the cache being slower, and when the cached times shift (two executions in a
-//!   row far from the recent ones: a new parameter mix, or a new plan), which also forgets
-//!   the window before the shift.
+//!   towards the cache being slower, and when the cached times shift (`SHIFT_RUN`
+//!   executions in a row far from the recent ones: a new parameter mix, or a new plan; at
+//!   most once in `SHIFT_EVERY` executions), which also forgets the window before the shift.
 //! * A demoted text is tried from the cache again after `RETRY` executions, doubling with
 //!   each demotion in a row (up to 64 times): PostgreSQL keeps a generic-plan choice for the
 //!   server statement, so a retry that meets it again is demoted again at the first finding.
@@ -59,6 +59,10 @@ pub(crate) const RETRY: u64 = 1000;
 /// A cached execution this far (as a logarithm) from the recent ones' mean, and beyond four
 /// mean absolute deviations, counts towards a shift.
 const SHIFT: f64 = 1.099; // ln 3
+/// Deviating cached executions in a row that make a shift.
+const SHIFT_RUN: usize = 4;
+/// Executions between two probes a shift starts.
+const SHIFT_EVERY: u64 = 256;
 
 /// The guard's settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -204,8 +208,11 @@ pub(crate) struct Guard {
     /// Recent cached log-times: a moving mean and mean absolute deviation, updated with
     /// deviations clipped to the shift threshold (shift detection).
     recent: Option<(f64, f64)>,
-    /// The last cached execution deviated this way (+1 slower, -1 faster, 0 not).
-    deviated: i8,
+    /// The last cached executions deviated this way (+1 slower, -1 faster, 0 not), this
+    /// many in a row.
+    deviated: (i8, u8),
+    /// When the last shift started a probe (in executions).
+    shifted_at: Option<u64>,
     /// A first test found the cache slower at this execution: the window was emptied and
     /// a second test on fresh samples must confirm it.
     suspect: Option<u64>,
@@ -233,7 +240,8 @@ impl Guard {
             probe_left: PROBE,
             next_probe: PERIOD,
             recent: None,
-            deviated: 0,
+            deviated: (0, 0),
+            shifted_at: None,
             suspect: None,
             demoted: None,
             streak: 0,
@@ -313,9 +321,11 @@ impl Guard {
         self.decide()
     }
 
-    /// A cached execution far from the recent ones (beyond four mean absolute deviations
-    /// and a factor of 3), twice in a row in the same direction: the parameters or the plan
-    /// changed. The window before the two is forgotten and a probe samples the new state.
+    /// Cached executions far from the recent ones (beyond four mean absolute deviations
+    /// and a factor of 3), `SHIFT_RUN` in a row in the same direction: the parameters or the
+    /// plan changed. The window before them is forgotten and a probe samples the new state,
+    /// at most once in `SHIFT_EVERY` executions: on a busy machine, stalls come in runs too,
+    /// and probing each would spend on planning what the cache saves.
     fn note_shift(&mut self, x: f64) {
         let Some((mean, dev)) = self.recent else {
             self.recent = Some((x, 0.0));
@@ -324,14 +334,18 @@ impl Guard {
         let limit = (4.0 * dev).max(SHIFT);
         let d = x - mean;
         let dir = if d.abs() > limit { d.signum() as i8 } else { 0 };
-        if dir != 0 && dir == self.deviated {
-            self.w.keep_last(2);
-            self.probe_left = self.probe_left.max(PROBE);
-            self.deviated = 0;
+        let run = if dir != 0 && dir == self.deviated.0 { self.deviated.1.saturating_add(1) } else { 1 };
+        self.deviated = (dir, run);
+        if dir != 0 && usize::from(run) >= SHIFT_RUN {
+            self.w.keep_last(SHIFT_RUN);
+            self.deviated = (0, 0);
             self.recent = Some((x, 0.0));
+            if self.shifted_at.is_none_or(|at| self.execs >= at + SHIFT_EVERY) {
+                self.shifted_at = Some(self.execs);
+                self.probe_left = self.probe_left.max(PROBE);
+            }
             return;
         }
-        self.deviated = dir;
         if dir == 0 {
             // An eighth at a time; a deviating execution leaves the reference as it is (a
             // stall does not widen it, and the next execution is compared with the same).

@@ -135,6 +135,20 @@ impl ExecStats {
         self.hist.get_or_init(Default::default).record(us);
     }
 
+    /// One execution ended whose server time is not known (it waited behind another
+    /// client's batch): counted, not timed.
+    #[inline]
+    pub(crate) fn count(&self, cached: bool, rows: u64, failed: bool) {
+        let calls = if cached { &self.cached } else { &self.as_sent };
+        calls.fetch_add(1, Ordering::Relaxed);
+        if rows > 0 {
+            self.rows.fetch_add(rows, Ordering::Relaxed);
+        }
+        if failed {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// The figures now.
     pub(crate) fn figures(&self) -> ExecFigures {
         let counts = self.hist.get().map(|h| h.counts());

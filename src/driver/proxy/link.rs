@@ -77,6 +77,9 @@ impl Proxy {
                             tracing::trace!(target: "parsnip::links", session, server, ticket, head, "shared");
                             self.session.get().handle_server_linked(&mut c.state);
                             self.mark_reads();
+                            if !head {
+                                self.session.get().set_behind();
+                            }
                             if head {
                                 self.slot.set(&c.cancel);
                             } else {

@@ -90,6 +90,9 @@ struct H {
     reads: bool,
     /// Times the session was parked (`park`).
     parks: u32,
+    /// As a driver that links shared connections with another client's batch in flight
+    /// first (`set_behind`).
+    behind: bool,
 }
 
 impl H {
@@ -102,6 +105,7 @@ impl H {
             log: vec![],
             reads: false,
             parks: 0,
+            behind: false,
         }
     }
     fn cached() -> H {
@@ -135,6 +139,9 @@ impl H {
                         self.s.handle_server_linked(&mut self.srv);
                         if self.reads && self.s.wants_reads() {
                             self.s.set_on_reads();
+                        }
+                        if self.behind {
+                            self.s.set_behind();
                         }
                         self.linked = true;
                     }

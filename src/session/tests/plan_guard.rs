@@ -63,3 +63,42 @@ fn the_plan_guard_demotes_a_slow_promoted_statement() {
     assert_eq!(f.rows, f.cached + f.as_sent, "one row per execution");
     assert!((4_375..=5_625).contains(&f.p99_us), "the cached executions' time, within 12.5 %: {f:?}");
 }
+
+/// A batch written behind another client's on a shared connection waits for that one: its
+/// executions are counted for the statement, but their times (which would include the wait)
+/// go neither to the statistics nor to the guard, which would otherwise see the cache slow.
+#[test]
+fn executions_queued_behind_another_batch_are_counted_not_timed() {
+    let cfg = StmtConfig { promote_unnamed_after: 1, ..Default::default() };
+    let reg = Arc::new(Registry::new(cfg));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    h.behind = true;
+    let mut clock = 1_000u64;
+    for _ in 0..100 {
+        let typed = msg(b'P', b"\0select 2 where $1\0\0\x01\0\0\0\x10");
+        for f in [typed, bind(""), execute(), sync()] {
+            h.s.set_clock(clock);
+            h.client(f);
+        }
+        let out = h.server_out();
+        // Every execution "takes" 50 ms: the wait behind the other batch.
+        clock += 50_000;
+        h.s.set_clock(clock);
+        for f in out {
+            match f[0] {
+                b'P' => h.server(msg(b'1', b"")),
+                b'B' => h.server(msg(b'2', b"")),
+                b'E' => h.server(msg(b'C', b"SELECT 1\0")),
+                b'S' => h.server(rfq(b'I')),
+                _ => {}
+            }
+        }
+        assert_eq!(h.client_out(), "12CZ");
+    }
+    let stmts = reg.statements();
+    let f = stmts[0].exec.figures();
+    assert_eq!(f.calls(), 100, "{f:?}");
+    assert_eq!(f.rows, 100, "{f:?}");
+    assert_eq!((f.total_us, f.p99_us), (0, 0), "no time recorded: {f:?}");
+    assert_eq!(reg.stats.demotions.load(Ordering::Relaxed), 0);
+}
