@@ -123,14 +123,7 @@ impl ExecStats {
     /// `rows` returned or affected, `failed` with an error.
     #[inline]
     pub(crate) fn record(&self, cached: bool, us: u64, rows: u64, failed: bool) {
-        let calls = if cached { &self.cached } else { &self.as_sent };
-        calls.fetch_add(1, Ordering::Relaxed);
-        if rows > 0 {
-            self.rows.fetch_add(rows, Ordering::Relaxed);
-        }
-        if failed {
-            self.errors.fetch_add(1, Ordering::Relaxed);
-        }
+        self.count(cached, rows, failed);
         self.total_us.fetch_add(us, Ordering::Relaxed);
         self.hist.get_or_init(Default::default).record(us);
     }

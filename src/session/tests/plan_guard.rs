@@ -2,6 +2,21 @@
 
 use super::*;
 
+/// The server's answers to one round's Parse, Bind, Execute and Sync (`out`), and what the
+/// client is sent.
+fn answer(h: &mut H, out: Vec<Vec<u8>>) {
+    for f in out {
+        match f[0] {
+            b'P' => h.server(msg(b'1', b"")),
+            b'B' => h.server(msg(b'2', b"")),
+            b'E' => h.server(msg(b'C', b"SELECT 1\0")),
+            b'S' => h.server(rfq(b'I')),
+            _ => {}
+        }
+    }
+    assert_eq!(h.client_out(), "12CZ");
+}
+
 /// The plan guard in the session: a promoted unnamed statement whose cached executions are
 /// slow (a bad generic plan) is sampled as sent, demoted, and then runs as the client sent
 /// it; its executions are counted for the cached statement, by kind.
@@ -32,16 +47,7 @@ fn the_plan_guard_demotes_a_slow_promoted_statement() {
         let cached = out.iter().any(|f| f[0] == b'B' && f.get(6) != Some(&0));
         clock += if as_sent || !cached { 100 } else { 5_000 };
         h.s.set_clock(clock);
-        for f in out {
-            match f[0] {
-                b'P' => h.server(msg(b'1', b"")),
-                b'B' => h.server(msg(b'2', b"")),
-                b'E' => h.server(msg(b'C', b"SELECT 1\0")),
-                b'S' => h.server(rfq(b'I')),
-                _ => {}
-            }
-        }
-        assert_eq!(h.client_out(), "12CZ");
+        answer(h, out);
         (as_sent, cached)
     };
     let mut demoted_at = None;
@@ -84,16 +90,7 @@ fn executions_queued_behind_another_batch_are_counted_not_timed() {
         // Every execution "takes" 50 ms: the wait behind the other batch.
         clock += 50_000;
         h.s.set_clock(clock);
-        for f in out {
-            match f[0] {
-                b'P' => h.server(msg(b'1', b"")),
-                b'B' => h.server(msg(b'2', b"")),
-                b'E' => h.server(msg(b'C', b"SELECT 1\0")),
-                b'S' => h.server(rfq(b'I')),
-                _ => {}
-            }
-        }
-        assert_eq!(h.client_out(), "12CZ");
+        answer(&mut h, out);
     }
     let stmts = reg.statements();
     let f = stmts[0].exec.figures();
