@@ -53,7 +53,7 @@ pub(crate) const MIN_GAIN_US: f64 = 100.0;
 /// As-sent samples a probe collects (sampling one execution in two meanwhile).
 pub(crate) const PROBE: u32 = 8;
 /// A probe every this many executions.
-pub(crate) const PERIOD: u64 = 1024;
+pub(crate) const PERIOD: u64 = 4096;
 /// Executions a demotion lasts at first.
 pub(crate) const RETRY: u64 = 1000;
 /// A cached execution this far (as a logarithm) from the recent ones' mean, and beyond four
