@@ -318,6 +318,7 @@ impl CancelRegistry {
 /// server before PostgreSQL 18 is signalled through `pg_cancel_backend` (once) instead of a
 /// CancelRequest (twice: the second signal may cancel the next batch).
 async fn send(t: &CancelTarget, pool: Option<Arc<ServerPool>>) {
+    t.signalled.store(true, Ordering::Release);
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         if t.behind.load(Ordering::SeqCst)
             && !t.signals_once

@@ -90,6 +90,10 @@ pub struct CancelTarget {
     pub in_flight: std::sync::atomic::AtomicU32,
     /// Woken when `in_flight` drops to zero.
     pub settled: tokio::sync::Notify,
+    /// A cancel request was forwarded to this backend since it was last given back: its
+    /// signal may have landed after the query ended, and then cancels the next statement
+    /// there (`ServerState::cancel_risk`).
+    pub(crate) signalled: std::sync::atomic::AtomicBool,
     /// Other clients' batches are queued behind the one running (`driver::pipe`): a
     /// cancel must then signal the backend once only (`cancel::send`).
     pub(crate) behind: std::sync::atomic::AtomicBool,
@@ -336,6 +340,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
             key: cancel.1,
             in_flight: Default::default(),
             settled: Default::default(),
+            signalled: Default::default(),
             behind: Default::default(),
             signals_once: major >= 18,
             info,

@@ -205,7 +205,11 @@ impl Pooled for ServerConn {
 
 /// Gives a client's connection back to `pool`. One with a cancel request on its way to its
 /// backend is handed on only once that has landed (the next client's query would take it).
-pub fn release(pool: &Arc<ServerPool>, conn: Box<ServerConn>, reusable: bool) {
+pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool) {
+    if conn.cancel.signalled.swap(false, Ordering::AcqRel) {
+        // Its signal may still be pending there: the next user absorbs it first.
+        conn.state.cancel_risk = true;
+    }
     let info = &conn.cancel.info;
     info.released_us.store(super::census::unix_us(), Ordering::Relaxed);
     info.prepared.store(conn.state.stmts.len() as u32, Ordering::Relaxed);

@@ -46,6 +46,11 @@ impl Session {
         if self.busy.phase == Phase::Closing {
             return true;
         }
+        if self.busy.replies.is_empty()
+            && let Some(l) = self.link.state_mut()
+        {
+            l.busy_since_us = self.busy.clock_us;
+        }
         let tag = frame[0];
         if let Some(err) = self.busy.acquire_error.take() {
             // The pool could not serve this request: fail it as PostgreSQL fails a request.
@@ -322,6 +327,11 @@ impl Session {
                 p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
             }
             self.dirty_server_if(settings::may_set_session_config(text));
+            if p.tracked_sql.is_some() {
+                // SET LOCAL of a statement or lock timeout arms its timer for this link too.
+                let local = crate::state::timers::local_timer_us(text);
+                self.shorten_timer(local);
+            }
             // Outside transactions, with the cache on: may others be queued behind it?
             p.plain_read = self.busy.tx.status == TxStatus::Idle
                 && self.stmts.registry.is_some()

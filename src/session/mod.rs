@@ -100,6 +100,12 @@ struct LinkState {
     /// The server was shared with this session's batch written behind another client's
     /// (`set_behind`): its executions wait for that one first, so they are not timed.
     behind: bool,
+    /// The shortest statement or lock timeout in effect at any time on this link, µs (0:
+    /// none; `state::timers`): a batch that runs half as long may leave a cancel signal.
+    timer_us: u64,
+    /// When the server last became busy with this client's requests (the clock when one
+    /// was queued with none outstanding, or when linked), µs.
+    busy_since_us: u64,
 }
 
 impl Link {

@@ -55,7 +55,8 @@ impl Session {
     /// never lent: the batches written behind it would run, or wait to be read, under that
     /// timeout until their own settings are replayed — and a timeout that fires while the
     /// backend reads a message ends the connection for every batch on it (issue 23's
-    /// hostile-client test found it).
+    /// hostile-client test found it). Nor is one that armed such a timer on this link with
+    /// `SET LOCAL`: its signal may outlive the statement (`state::timers`).
     pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         let link = self.link.state()?;
         if self.kept.mode == PoolMode::Session
@@ -71,6 +72,7 @@ impl Session {
             || self.stmts.fresh_in_tx.is_some()
             || !self.to_server.is_empty()
             || self.kept.settings.sets_a_timeout()
+            || link.timer_us != 0
         {
             return None;
         }

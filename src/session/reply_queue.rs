@@ -119,6 +119,10 @@ pub(crate) enum Purpose {
     /// The Sync the pooler sends to bring a server back to idle after its client left
     /// (`session::settle`).
     Settle,
+    /// A `SELECT 1` sent before a client's first request on a server whose backend may
+    /// hold a cancel signal from its last user (`ServerState::cancel_risk`): the signal
+    /// cancels this instead of the client's statement.
+    Absorb,
 }
 
 /// A change to the client's statement names made when the request was sent, undone if the

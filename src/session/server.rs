@@ -19,10 +19,20 @@ impl Session {
     pub fn handle_server_linked(&mut self, server: &mut ServerState) {
         // A fresh state: nothing of the last server (lent, a standby's, dirty, when its
         // last execution ended) carries over.
-        self.link = Link::Linked(LinkState::default());
+        self.link = Link::Linked(LinkState {
+            timer_us: self.kept.settings.cancel_timer_us(),
+            busy_since_us: self.busy.clock_us,
+            ..LinkState::default()
+        });
         server.tx_status = TxStatus::Idle;
         server.stmts.begin_link();
         self.trim_server_statements(server);
+        if std::mem::take(&mut server.cancel_risk) {
+            // A cancel signal its last user's statement may have left on the backend cancels
+            // this instead of the client's first statement (`state::timers`).
+            frontend::query(&mut self.to_server, "SELECT 1");
+            self.busy.replies.push(Pending::internal(Req::Query, Purpose::Absorb));
+        }
         if self.kept.settings.key() != server.settings.key() {
             let sql = self.kept.settings.diff_sql(&server.settings);
             server.settings.copy_extra_from(&self.kept.settings);
@@ -290,6 +300,10 @@ impl Session {
         let Some(head) = self.busy.replies.head_mut() else { return };
         let req = head.req;
         let code = statement_error_class(body(frame));
+        if code == b"57014" && head.purpose == Purpose::Client {
+            // Cancelled (a timeout, a cancel request): a second signal may still be pending.
+            server.cancel_risk = true;
+        }
         if backend::error_field(body(frame), b'C').is_some_and(|c| c.starts_with(b"XX")) {
             // An internal error: whatever state the backend is in, it is not handed to
             // another client (closed when this one gives it back).
@@ -411,6 +425,9 @@ impl Session {
             self.track_settings(sql, p.failed, before != TxStatus::Idle, status, server);
         } else if status == TxStatus::Idle {
             self.busy.tx.settings.clear();
+        }
+        if p.purpose == Purpose::Client {
+            self.note_cancel_risk(server);
         }
         self.busy.tx.ext_failed = false;
         let done = self.busy.replies.is_empty();

@@ -6,9 +6,14 @@
 //! when queued; its CommandComplete, PortalSuspended or ErrorResponse ends it. Its server
 //! time runs from the later of its stamp and the end of the previous execution on that
 //! server (the server runs one at a time), to the feed that brought its end.
+//!
+//! The same clock times a client's batches while a statement or lock timeout is in effect
+//! (`note_cancel_risk`, `state::timers`): one that ran about as long may have left a cancel
+//! signal on the backend, which the server's next user absorbs first.
 
 use super::Session;
 use crate::protocol::{body, read_cstr};
+use crate::state::ServerState;
 use crate::stmt::Statement;
 use crate::stmt::guard::Verdict;
 use std::sync::Arc;
@@ -21,11 +26,13 @@ impl Session {
         self.busy.clock_us = us;
     }
 
-    /// Whether an execution being timed waits for its reply (the driver reads the clock
-    /// before feeding server frames only then, or when it needs the time itself).
+    /// Whether an execution being timed waits for its reply, or a statement or lock timeout
+    /// is in effect on the link (`note_cancel_risk` times batches against it): the driver
+    /// reads the clock before feeding server frames only then, or when it needs the time
+    /// itself.
     #[inline]
     pub(crate) fn timing(&self) -> bool {
-        self.busy.replies.iter().any(|p| p.timed.is_some())
+        self.link.state().is_some_and(|l| l.timer_us != 0) || self.busy.replies.iter().any(|p| p.timed.is_some())
     }
 
     /// An Execute was just queued: if its portal was bound from a cached statement (or run
@@ -43,6 +50,29 @@ impl Session {
             p.timed_cached = target.1;
             p.sent_us = self.busy.clock_us;
             p.behind = behind;
+        }
+    }
+
+    /// A statement or lock timeout of `us` µs (0: none) is in effect on this link from now.
+    pub(super) fn shorten_timer(&mut self, us: u64) {
+        if let Some(l) = self.link.state_mut()
+            && us != 0
+        {
+            l.timer_us = if l.timer_us == 0 { us } else { l.timer_us.min(us) };
+        }
+    }
+
+    /// A client's batch got its ReadyForQuery: if the server was busy with it at least half
+    /// as long as a statement or lock timeout in effect on this link, that timer may have
+    /// fired as a statement ended and left its signal on the backend, for whoever runs
+    /// something there next (`state::timers`): the server's next user absorbs it first.
+    pub(super) fn note_cancel_risk(&mut self, server: &mut ServerState) {
+        let now = self.busy.clock_us;
+        if let Some(l) = self.link.state()
+            && l.timer_us != 0
+            && now.saturating_sub(l.busy_since_us).saturating_mul(2) >= l.timer_us
+        {
+            server.cancel_risk = true;
         }
     }
 

@@ -105,8 +105,12 @@ impl Session {
             // Ended by something not seen here (e.g. an extended-protocol COMMIT): unknown.
             self.busy.tx.settings.clear();
         }
-        for s in apply {
-            apply_setting(Arc::make_mut(&mut self.kept.settings), &mut server.settings, s);
+        if !apply.is_empty() {
+            for s in apply {
+                apply_setting(Arc::make_mut(&mut self.kept.settings), &mut server.settings, s);
+            }
+            let t = self.kept.settings.cancel_timer_us();
+            self.shorten_timer(t);
         }
     }
 }

@@ -47,4 +47,9 @@ pub struct ServerState {
     pub(crate) tx_status: TxStatus,
     /// Statements prepared on it.
     pub(crate) stmts: ServerStmts,
+    /// A cancel signal may be pending on the backend: a statement of its last user ran
+    /// about as long as a statement or lock timeout (`state::timers`), or was cancelled,
+    /// or a cancel request was forwarded to it. The next user's session absorbs it with a
+    /// statement of its own before anything of the client's runs there.
+    pub(crate) cancel_risk: bool,
 }

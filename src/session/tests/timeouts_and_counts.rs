@@ -52,3 +52,57 @@ fn tally_counts_errors_by_class() {
     // Three classes apart; a fourth and fifth class, rare in one tally, count under the last.
     assert_eq!(v, vec![(*b"22", 2), (*b"42", 1), (*b"23", 3)]);
 }
+
+/// A batch that ran half as long as the client's statement timeout (or was cancelled) may
+/// have left the timer's signal on the backend: the server's next user runs a `SELECT 1`
+/// of the pooler's first, which takes the cancel, unseen by the client; a short batch, or
+/// one with no timer in effect, leaves nothing to absorb.
+#[test]
+fn a_cancel_a_timeout_may_have_left_is_absorbed_before_the_next_user() {
+    let frames_of = |h: &mut H| h.server_out().iter().map(|f| text(f)).collect::<Vec<_>>();
+    let answer = |h: &mut H, clock: u64, replies: &[Vec<u8>]| {
+        h.s.set_clock(clock);
+        for r in replies {
+            h.server(r.clone());
+        }
+    };
+    let done = [msg(b'C', b"SELECT 1\0"), rfq(b'I')];
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.s.set_clock(1_000);
+    h.client(query("SELECT 1"));
+    frames_of(&mut h);
+    answer(&mut h, 90_000, &done);
+    assert!(!h.srv.cancel_risk, "no timer in effect: a long batch leaves nothing");
+    h.s.set_clock(99_900);
+    h.client(query("SET statement_timeout = 10"));
+    frames_of(&mut h);
+    answer(&mut h, 100_000, &[msg(b'C', b"SET\0"), rfq(b'I')]);
+    // 3 ms against a 10 ms timeout: nothing to fear.
+    h.s.set_clock(200_000);
+    h.client(query("SELECT 2"));
+    frames_of(&mut h);
+    answer(&mut h, 203_000, &done);
+    assert!(!h.srv.cancel_risk, "a batch far shorter than the timeout");
+    h.client_out();
+    // 6 ms: the timer may have fired as the statement ended.
+    h.s.set_clock(300_000);
+    h.client(query("SELECT 3"));
+    frames_of(&mut h);
+    answer(&mut h, 306_000, &done);
+    assert!(h.srv.cancel_risk);
+    assert_eq!(h.client_out(), "CZ");
+    // The next user (here the same client, on the same connection): absorbed first.
+    h.s.set_clock(400_000);
+    h.client(query("SELECT 4"));
+    let out = frames_of(&mut h);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(out[0].contains("SELECT 1") && out[1].contains("SELECT 4"), "{out:?}");
+    assert!(!h.srv.cancel_risk);
+    answer(&mut h, 400_100, &[err("57014"), rfq(b'I'), msg(b'C', b"SELECT 1\0"), rfq(b'I')]);
+    assert_eq!(h.client_out(), "CZ", "the cancel it absorbed is not the client's");
+    // A cancelled statement may leave a second signal.
+    h.client(query("SELECT 5"));
+    frames_of(&mut h);
+    answer(&mut h, 400_200, &[err("57014"), rfq(b'I')]);
+    assert!(h.srv.cancel_risk);
+}
