@@ -275,12 +275,12 @@ async fn hostile_streams_one_at_a_time_leave_nothing_behind() {
 
 /// Hostile and honest clients at once on a small pool (the module doc), for 60 seconds
 /// (`PARSNIP_HOSTILE_SECS`): two thirds with the statement cache only, one third with
-/// autoprepare too. Not in CI yet: about one 60-second run in four still finds a failure
-/// (docs/design.md "Known gaps": an honest query canceled "due to user request", and on
-/// PostgreSQL 18 acknowledged rows missing). Run it with
+/// autoprepare too. Not in CI yet: it passed 10 of 10 runs since the cancel-signal absorb
+/// (docs/design.md "Isolation"), but one earlier failure (on PostgreSQL 18, acknowledged
+/// rows missing) is unexplained (docs/design.md "Known gaps"). Run it with
 /// `cargo test --test e2e_hostile -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "about one run in four still finds an isolation failure (issue 23); run with --ignored"]
+#[ignore = "one earlier failure is unexplained (issue 23, docs/design.md Known gaps); run with --ignored"]
 async fn hostile_clients_do_not_disturb_honest_ones() {
     let set = settings();
     setup();
