@@ -72,6 +72,12 @@ async fn stats_count_what_clients_did_and_clients_show_their_links() {
         assert_eq!(me["link"], server["ptr"], "the client links to its server");
         assert_eq!(me["database"].as_deref(), Some(DB));
         assert_eq!(me["addr"].as_deref(), Some("127.0.0.1"));
+        // The console's own connection is listed too, as PgBouncer lists it (the Prometheus
+        // community's pgbouncer_exporter counts clients by database and state from it).
+        let own = row(&console, "SHOW CLIENTS", "database", "pgbouncer").await.expect("the console's own row");
+        assert_eq!(own["state"].as_deref(), Some("active"));
+        assert_eq!(own["user"].as_deref(), Some("postgres"));
+        assert_eq!(own["addr"].as_deref(), Some("127.0.0.1"));
         c.simple_query("COMMIT").await.unwrap();
         // Extended protocol: one Parse, three Binds.
         let st = c.prepare("select $1::int").await.unwrap();

@@ -300,7 +300,8 @@ fn show_lists(v: &dyn View) -> Table {
         ("pools", v.pools().len() + 1),
         ("peer_pools", 0),
         ("free_clients", 0),
-        ("used_clients", clients + v.console_clients()),
+        // Console connections are among the clients (`View::clients`), as in PgBouncer.
+        ("used_clients", clients),
         ("login_clients", 0),
         ("free_servers", 0),
         ("used_servers", servers),

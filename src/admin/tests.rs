@@ -63,7 +63,12 @@ impl View for One {
         vec![pool()]
     }
     fn clients(&self) -> Vec<ConnRow> {
-        vec![ConnRow { link: Some(ConnRow::ptr(true, 1)), ..conn(5, "active") }, conn(6, "waiting")]
+        // Two of the pool's clients, and the console's own connection.
+        vec![
+            ConnRow { link: Some(ConnRow::ptr(true, 1)), ..conn(5, "active") },
+            conn(6, "waiting"),
+            ConnRow { database: "pgbouncer".into(), id: 1 << 32, ..conn(7, "active") },
+        ]
     }
     fn servers(&self) -> Vec<ConnRow> {
         vec![ConnRow { remote_pid: 4242, ..conn(1, "active") }, conn(2, "idle")]

@@ -102,7 +102,7 @@ pub(crate) struct PeerRow {
 pub(crate) trait View {
     /// The client pools, sorted by key.
     fn pools(&self) -> Vec<PoolSnapshot>;
-    /// The logged-in clients, by id.
+    /// Every client connection, the console's included (database `pgbouncer` or `parsnip`).
     fn clients(&self) -> Vec<ConnRow>;
     /// The open server connections, by id.
     fn servers(&self) -> Vec<ConnRow>;

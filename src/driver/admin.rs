@@ -22,8 +22,18 @@ use std::time::Duration;
 const POLL: Duration = Duration::from_millis(10);
 
 /// Serves one console connection (after its login) to the end.
-pub(crate) async fn serve(mut stream: Stream, mut buf: BytesMut, shared: &Arc<Shared>, read_only: bool) {
+pub(crate) async fn serve(
+    mut stream: Stream,
+    mut buf: BytesMut,
+    shared: &Arc<Shared>,
+    read_only: bool,
+    mut who: super::census::ConsoleClient,
+) {
     shared.consoles.fetch_add(1, Ordering::Relaxed);
+    // Listed in SHOW CLIENTS while it is served (ids above every client pid).
+    who.id = (1 << 32) + NEXT_CONSOLE.fetch_add(1, Ordering::Relaxed);
+    let id = who.id;
+    shared.console_clients.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::new(who));
     let mut console = Console::new(read_only);
     loop {
         let step = console.handle_bytes(&mut buf, &Live(shared));
@@ -52,8 +62,12 @@ pub(crate) async fn serve(mut stream: Stream, mut buf: BytesMut, shared: &Arc<Sh
             Ok(_) => {}
         }
     }
+    shared.console_clients.lock().unwrap_or_else(|e| e.into_inner()).retain(|c| c.id != id);
     shared.consoles.fetch_sub(1, Ordering::Relaxed);
 }
+
+/// Console connections served so far (their `SHOW CLIENTS` ids).
+static NEXT_CONSOLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The pools serving clients (read pools of a read/write split included), optionally only
 /// those of database `db`.
@@ -249,6 +263,40 @@ impl Live<'_> {
     }
 }
 
+impl Live<'_> {
+    /// The console connections, as PgBouncer lists its own console's clients.
+    fn console_rows(&self) -> Vec<ConnRow> {
+        let consoles = self.0.console_clients.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        consoles
+            .iter()
+            .map(|c| {
+                let (addr, port, local_addr, local_port) = self.addresses(&c.ends);
+                ConnRow {
+                    id: c.id,
+                    database: c.db.clone(),
+                    user: c.user.clone(),
+                    state: "active",
+                    addr,
+                    port,
+                    local_addr,
+                    local_port,
+                    connect_us: c.connected_us,
+                    request_us: 0,
+                    wait_us: 0,
+                    link: None,
+                    remote_pid: c.ends.peer_pid().unwrap_or(0),
+                    tls: c.ends.tls.as_deref().unwrap_or("").into(),
+                    application_name: c.application_name.clone(),
+                    prepared: 0,
+                    client_pid: 0,
+                    close_needed: false,
+                    pinned: false,
+                }
+            })
+            .collect()
+    }
+}
+
 impl View for Live<'_> {
     fn pools(&self) -> Vec<PoolSnapshot> {
         // One row per (database, user), as PgBouncer: a read pool's figures are not in it.
@@ -294,6 +342,7 @@ impl View for Live<'_> {
                     pinned: s.live.pinned.load(Ordering::Relaxed),
                 })
             })
+            .chain(self.console_rows())
             .collect()
     }
 

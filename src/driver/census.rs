@@ -100,6 +100,22 @@ pub(crate) struct ClientInfo {
     pub(crate) settings: Arc<crate::state::Settings>,
 }
 
+/// A console connection, as `SHOW CLIENTS` lists it: PgBouncer lists its console's clients
+/// too (under the database they asked for, `pgbouncer`), so a monitoring tool that counts
+/// clients by database and state (the Prometheus community's pgbouncer_exporter) always
+/// finds at least itself.
+#[derive(Debug)]
+pub(crate) struct ConsoleClient {
+    /// Unique among console connections (shown as its `id`, above every client pid).
+    pub(crate) id: u64,
+    pub(crate) user: String,
+    /// The console database name it asked for (`pgbouncer` or `parsnip`).
+    pub(crate) db: String,
+    pub(crate) application_name: String,
+    pub(crate) ends: Endpoints,
+    pub(crate) connected_us: u64,
+}
+
 /// What a client's task reports about itself as it goes (all relaxed: a console reading it
 /// a moment late is fine).
 #[derive(Debug, Default)]

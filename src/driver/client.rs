@@ -53,8 +53,11 @@ async fn log_in(mut stream: Stream, shared: Arc<Shared>, refusal: Option<Refusal
     let client = match res {
         Ok(c) => c,
         Err(LoginEnd::Cancel) => return None,
-        Err(LoginEnd::Admin { read_only }) => {
-            Box::pin(super::admin::serve(stream, buf, &shared, read_only)).await;
+        Err(LoginEnd::Admin { read_only, who }) => {
+            let (user, db, application_name) = *who;
+            let ends = super::census::Endpoints::of(&stream);
+            let who = super::census::ConsoleClient { id: 0, user, db, application_name, ends, connected_us };
+            Box::pin(super::admin::serve(stream, buf, &shared, read_only, who)).await;
             return None;
         }
         Err(LoginEnd::Close(err)) => {

@@ -39,6 +39,8 @@ pub(crate) enum LoginEnd {
     Admin {
         /// A stats user: SHOW only.
         read_only: bool,
+        /// Who, for `SHOW CLIENTS`: user, console database name, application_name.
+        who: Box<(String, String, String)>,
     },
     /// The connection was a CancelRequest, now handled.
     Cancel,
@@ -110,7 +112,9 @@ pub(crate) async fn login(
             }
             Step::Console { read_only } => {
                 send(stream, &mut m.to_client).await?;
-                return Err(LoginEnd::Admin { read_only });
+                let app = m.params.iter().find(|(k, _)| k == "application_name").map(|(_, v)| v.clone());
+                let who = Box::new((m.user.clone(), m.db.clone(), app.unwrap_or_default()));
+                return Err(LoginEnd::Admin { read_only, who });
             }
             Step::StartTls { direct } => {
                 send(stream, &mut m.to_client).await?;

@@ -76,6 +76,8 @@ pub struct Shared {
     pub(crate) disabled: Mutex<HashSet<String>>,
     /// Console connections open.
     pub(crate) consoles: AtomicUsize,
+    /// Those connections, for `SHOW CLIENTS`.
+    pub(crate) console_clients: Mutex<Vec<Arc<census::ConsoleClient>>>,
     /// What the console's `SHUTDOWN` asked for (`Handle::stop_requests`).
     pub(crate) stop_requests: watch::Sender<Option<ShutdownMode>>,
     /// How to re-read the configuration (`Handle::set_reloader`); unset: RELOAD fails.
@@ -151,6 +153,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
         pauses: Arc::default(),
         disabled: Mutex::default(),
         consoles: AtomicUsize::new(0),
+        console_clients: Mutex::default(),
         stop_requests: watch::Sender::new(None),
         reloader: std::sync::OnceLock::new(),
         shards,
