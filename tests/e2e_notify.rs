@@ -192,3 +192,88 @@ async fn a_listener_that_never_reads_is_closed_not_grown() {
     })
     .await;
 }
+
+/// The rows of `SHOW LISTENERS` as (channel, listeners, listening).
+async fn channels(console: &Pg) -> Vec<(String, String, String)> {
+    console_rows(console, "SHOW LISTENERS")
+        .await
+        .into_iter()
+        .map(|r| {
+            let g = |k: &str| r.get(k).cloned().flatten().unwrap_or_default();
+            (g("channel"), g("listeners"), g("listening"))
+        })
+        .collect()
+}
+
+/// The listening connection broken under its listeners (its backend terminated, as at a
+/// server restart) is opened again and listens on their channels again: they keep their
+/// subscriptions. A listener leaving drops its channel once nobody else listens on it
+/// (SHOW LISTENERS, and the listening backend's last statement, say so).
+#[tokio::test]
+async fn the_listening_connection_comes_back_and_drops_channels_nobody_needs() {
+    let p = Parsnip::trust("pool_size = 1\npool_mode = \"transaction\"");
+    bounded(90, "listening_connection_comes_back", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let mut a = listener(&p).await;
+        let b = listener(&p).await;
+        a.run("LISTEN keep").await;
+        b.run("LISTEN \"Gone\"").await;
+        b.run("LISTEN keep").await;
+        assert_eq!(
+            channels(&console).await,
+            vec![("Gone".into(), "1".into(), "1".into()), ("keep".into(), "2".into(), "1".into())]
+        );
+        let s = p.connect("postgres", SUPER_PW, "postgres").await;
+        // The listening backend: the one whose last statement listened.
+        let listening = || async {
+            psql_async(
+                "postgres",
+                "select pid from pg_stat_activity where query like 'LISTEN %' or query like 'UNLISTEN %'",
+            )
+            .await
+            .trim()
+            .to_string()
+        };
+        let old = listening().await;
+        assert!(!old.is_empty(), "no listening backend");
+        psql_async("postgres", &format!("select pg_terminate_backend({old})")).await;
+        // Notifications sent while it is away are lost (see docs); once it is back, they
+        // arrive again. Each round waits for a notification or gives up after a bound.
+        let mut n = 0;
+        loop {
+            n += 1;
+            s.batch_execute(&format!("NOTIFY keep, 'r{n}'")).await.unwrap();
+            if let Ok(Some(got)) = within(Duration::from_millis(500), a.notes.recv()).await {
+                assert_eq!(got.channel(), "keep");
+                break;
+            }
+            assert!(n < 40, "no notification after the listening connection was terminated\n{}", p.log_tail());
+        }
+        let new = listening().await;
+        assert_ne!(new, old, "the same listening backend");
+        // b leaves: "Gone" has nobody left and is unlistened; "keep" stays for a.
+        drop(b.client);
+        let _ = b.task.await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let rows = channels(&console).await;
+            if rows == vec![("keep".to_string(), "1".to_string(), "1".to_string())] {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "channels left: {rows:?}");
+            tokio::task::yield_now().await;
+        }
+        let last = psql_async("postgres", &format!("select query from pg_stat_activity where pid = {new}")).await;
+        assert!(last.contains("UNLISTEN \"Gone\""), "the listening backend's last statement: {last}");
+        // a's subscription survived the reconnect, and it is the only one.
+        s.batch_execute("NOTIFY \"Gone\", 'x'; NOTIFY keep, 'last'").await.unwrap();
+        loop {
+            let (ch, payload) = a.next().await;
+            assert_eq!(ch, "keep");
+            if payload == "last" {
+                break;
+            }
+        }
+    })
+    .await;
+}
