@@ -29,6 +29,7 @@ impl Driver {
                     self.linked = true;
                 }
                 Action::ReleaseServer { .. } => self.linked = false,
+                Action::Subscribe => {}
                 Action::Close => panic!("the session closed"),
             }
         }

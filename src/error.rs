@@ -24,6 +24,10 @@ sqlstates! {
     CONNECTION_FAILURE = "08006";
     /// 53200: out of memory (the pooler's budget for buffered messages is spent).
     OUT_OF_MEMORY = "53200";
+    /// 53400: configuration limit exceeded (a listener's notification queue is full).
+    CONFIGURATION_LIMIT_EXCEEDED = "53400";
+    /// 25P02: in failed SQL transaction (commands ignored until its end).
+    IN_FAILED_SQL_TRANSACTION = "25P02";
     /// 53300: too many client connections.
     TOO_MANY_CONNECTIONS = "53300";
     /// 57P03: the pooler cannot accept connections now (shutting down).

@@ -30,6 +30,7 @@ pub(crate) const COMMANDS: &[(&str, Show)] = &[
     ("version", show_version),
     ("prepared_statements", show_prepared_statements),
     ("statements", show_statements),
+    ("listeners", show_listeners),
     ("help", show_help),
 ];
 
@@ -480,6 +481,22 @@ fn show_statements(v: &dyn View) -> Table {
                 n(as_sent_us),
             ]);
         }
+    }
+    table
+}
+
+/// parsnip's own: the LISTEN channels of each pool's listening connection.
+fn show_listeners(v: &dyn View) -> Table {
+    let mut table = Table::new(&[
+        ("database", S),
+        ("user", S),
+        ("channel", S),
+        ("listeners", I),
+        ("listening", I),
+        ("notifications", Q),
+    ]);
+    for r in v.listeners() {
+        table.push(vec![t(r.database), t(r.user), t(r.channel), n(r.listeners), yes(r.listened), n(r.received)]);
     }
     table
 }

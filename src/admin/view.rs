@@ -98,6 +98,21 @@ pub(crate) struct PeerRow {
     pub(crate) port: i32,
 }
 
+/// One LISTEN channel of a pool, as `SHOW LISTENERS` lists it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ListenerRow {
+    pub(crate) database: String,
+    pub(crate) user: String,
+    /// The channel name (as the server has it; not UTF-8: lossy).
+    pub(crate) channel: String,
+    /// Clients listening on it.
+    pub(crate) listeners: usize,
+    /// The pool's listening connection has run LISTEN on it.
+    pub(crate) listened: bool,
+    /// Notifications the listening connection received on it.
+    pub(crate) received: u64,
+}
+
 /// The running pooler, read by the console.
 pub(crate) trait View {
     /// The client pools, sorted by key.
@@ -122,6 +137,10 @@ pub(crate) trait View {
     }
     /// The other instances cancel requests are forwarded to (`[peers]`), by id.
     fn peers(&self) -> Vec<PeerRow> {
+        Vec::new()
+    }
+    /// The LISTEN channels of every pool (`driver::notify`), by pool and channel.
+    fn listeners(&self) -> Vec<ListenerRow> {
         Vec::new()
     }
 }

@@ -488,4 +488,23 @@ impl View for Live<'_> {
         rows.sort_by_key(|r| r.peer_id);
         rows
     }
+
+    fn listeners(&self) -> Vec<crate::admin::ListenerRow> {
+        let mut rows = Vec::new();
+        for p in pools_of(self.0, None) {
+            let Some(notifier) = p.connector().notifier_if_any() else { continue };
+            for c in notifier.rows() {
+                rows.push(crate::admin::ListenerRow {
+                    database: p.key.db.to_string(),
+                    user: p.key.user.to_string(),
+                    channel: c.channel,
+                    listeners: c.listeners,
+                    listened: c.listened,
+                    received: c.received,
+                });
+            }
+        }
+        rows.sort_by(|a, b| (&a.database, &a.user, &a.channel).cmp(&(&b.database, &b.user, &b.channel)));
+        rows
+    }
 }

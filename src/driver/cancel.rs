@@ -35,6 +35,9 @@ pub(crate) struct CancelSlot {
     queued_cancels: std::sync::atomic::AtomicU32,
     /// The client's pool: the way to cancel with a single signal (`send`).
     pool: OnceLock<Weak<ServerPool>>,
+    /// Notifications wait for the client in its pool's `notify::Notifier` (a flag, so that
+    /// the task's check costs no lock; set by the notifier, cleared when they are taken).
+    pub(crate) notes: AtomicBool,
 }
 
 /// Where a cancel request of one client goes.
@@ -80,6 +83,11 @@ impl CancelSlot {
             Target::Now(t) | Target::Later { target: t, .. } | Target::Armed(t) => Some(t.info.id),
             Target::None => None,
         }
+    }
+    /// Notifications wait for the client's task (`notify::Notifier::take`).
+    #[inline]
+    pub(crate) fn has_notes(&self) -> bool {
+        self.notes.load(Ordering::Acquire)
     }
     /// `KILL`: its task closes the client at its next turn.
     pub(crate) fn kill(&self) {

@@ -31,6 +31,7 @@ pub(crate) fn serve<T: Send + 'static>(
         let Some(mut p) = login.await else { return };
         p.run().await;
         p.meter_finish();
+        p.leave_channels();
         let pid = p.pid();
         p.shared().cancels.unregister(pid);
     }

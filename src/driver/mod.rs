@@ -13,6 +13,7 @@ mod hosts;
 pub(crate) mod listen;
 pub(crate) mod login;
 mod metrics;
+pub(crate) mod notify;
 pub(crate) mod peers;
 pub(crate) mod pipe;
 mod proxy;

@@ -38,6 +38,8 @@ pub struct ServerConnector {
     split: std::sync::OnceLock<Arc<super::split::Split>>,
     /// A read pool: the clients pool it belongs to.
     primary: std::sync::OnceLock<std::sync::Weak<ServerPool>>,
+    /// The pool's listening connection and its listeners (`notify`).
+    notifier: std::sync::OnceLock<Arc<super::notify::Notifier>>,
 }
 
 impl ServerConnector {
@@ -52,7 +54,18 @@ impl ServerConnector {
             hosts: Default::default(),
             split: Default::default(),
             primary: Default::default(),
+            notifier: Default::default(),
         }
+    }
+
+    /// The pool's LISTEN fan-out (`notify`), made on first use.
+    pub(crate) fn notifier(&self) -> &Arc<super::notify::Notifier> {
+        self.notifier.get_or_init(Default::default)
+    }
+
+    /// The pool's LISTEN fan-out, if a client ever listened.
+    pub(crate) fn notifier_if_any(&self) -> Option<&Arc<super::notify::Notifier>> {
+        self.notifier.get()
     }
 
     /// Makes this clients pool's plain reads go to `split`'s read pool.

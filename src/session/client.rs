@@ -75,6 +75,11 @@ impl Session {
             }
             return true;
         }
+        if tag == tags::QUERY
+            && let Some(consumed) = self.on_listen_query(frame)
+        {
+            return consumed;
+        }
         // The SQL is looked at once per frame: a frame that waits for a server is fed
         // again once linked and looked at then (a Parse the cache may answer without a
         // server is looked at now); the Parse an autoprepared Query becomes is not looked

@@ -13,7 +13,8 @@
 //! client's transaction and the settings made in it), `stmts` (the client's prepared
 //! statements), `retry` (replaying a batch after a stale plan), `pipeline` (lending the
 //! server to other clients' fast reads), `reply_queue` (what each reply in flight is for),
-//! `settings` (recognizing SQL that changes settings), `timeout` (which idle timeout
+//! `settings` (recognizing SQL that changes settings), `notify` (LISTEN/UNLISTEN answered
+//! here, notifications queued until the client is between transactions), `timeout` (which idle timeout
 //! applies, and its error), `park` (what an idle client keeps while its busy half serves
 //! others), `settle` (bringing a server back to idle when its client left it
 //! mid-conversation), `inflow` (large client frames passed on as they arrive), `timing` (server time of
@@ -26,6 +27,8 @@ mod client;
 mod flush;
 mod inflow;
 pub use inflow::{STREAM_FROM, Streamed, stream_from};
+mod notify;
+pub(crate) use notify::{MAX_QUEUED, MAX_QUEUED_BYTES};
 mod park;
 pub use park::Parked;
 mod pipeline;
@@ -71,6 +74,10 @@ pub enum Action {
     },
     /// Write out `to_client`, then close the client connection.
     Close,
+    /// The client's LISTEN channels changed (`notify`): apply `take_subscriptions` to the
+    /// pool's listening connection before writing `to_client` (a LISTEN is answered once
+    /// the channel is listened on).
+    Subscribe,
 }
 
 /// The session's server connection, and what is true of it only while it is linked: the
@@ -209,9 +216,9 @@ struct Kept {
     /// batch asking for a server looked at for being one (`is_read_batch`).
     read_split: bool,
     /// Under transaction pooling, the client ran something that leaves state in the server
-    /// session (`stmt::sql::holds_session_state`: LISTEN, temporary tables, WITH HOLD
-    /// cursors, session advisory locks): it keeps its server connection, as in session
-    /// mode, until it leaves.
+    /// session (`stmt::sql::holds_session_state`: temporary tables, WITH HOLD cursors,
+    /// session advisory locks, a LISTEN parsnip does not answer itself): it keeps its
+    /// server connection, as in session mode, until it leaves.
     pinned: bool,
 }
 

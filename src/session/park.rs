@@ -115,5 +115,6 @@ impl ClientStmts {
             && self.shape_mismatch.is_none()
             && self.fresh_in_tx.is_none()
             && self.fresh_sql.is_none()
+            && self.listen.is_none()
     }
 }

@@ -202,6 +202,7 @@ impl Session {
             self.on_row_shape(frame, param_desc.as_deref(), server);
         }
         if tag == tags::COMMAND_COMPLETE && forwarded {
+            self.listen_note_complete(frame);
             let cmd = body(frame);
             if cmd.starts_with(b"DEALLOCATE ALL") || cmd.starts_with(b"DISCARD ALL") {
                 // Run on the server itself (e.g. through Parse/Bind/Execute): every statement
@@ -412,6 +413,7 @@ impl Session {
         }
         self.busy.tx.status = status;
         server.tx_status = status;
+        self.listen_tx_end(status);
         if status != TxStatus::InBlock {
             self.stmts.end_guards();
         }

@@ -5,11 +5,13 @@
 //! idle. `relay` reads, feeds and writes frames; `link` gets, lends, gives back and settles
 //! server connections; `inflow` passes large client frames through or holds them under the
 //! process-wide budget; `parking` parks the session of an idle client; `meter` times its
-//! queries and transactions for its pool's figures.
+//! queries and transactions for its pool's figures; `notes` carries a listening client's
+//! LISTEN changes and notifications.
 
 mod inflow;
 mod link;
 mod meter;
+mod notes;
 mod parking;
 mod relay;
 
@@ -163,12 +165,16 @@ impl Proxy {
             if self.slot.is_killed() {
                 return Box::pin(self.killed()).await;
             }
+            if self.slot.has_notes() {
+                self.take_notes();
+            }
             // Act on everything the session asked for.
             while let Some(a) = self.session.get().poll_action() {
                 match a {
                     Action::AcquireServer => self.acquire().await,
                     // Never reused with part of a client frame on it.
                     Action::ReleaseServer { reusable } => self.release(reusable && !self.midway()),
+                    Action::Subscribe => Box::pin(self.subscribe()).await,
                     Action::Close => {
                         self.abandon_inflow();
                         return Box::pin(self.close()).await;
@@ -177,6 +183,9 @@ impl Proxy {
             }
             if self.feed_client() {
                 continue;
+            }
+            if !self.midway() {
+                self.session.deliver_notifications();
             }
             // Write what we have, without blocking.
             match self.flush() {
@@ -314,6 +323,9 @@ impl Proxy {
             if !*stop_registered {
                 *stop_registered = true;
                 slot.watch(cx.waker());
+            }
+            if slot.has_notes() {
+                return Poll::Ready(Event::Writable);
             }
             if idle && !graceful && stopping.load(Ordering::Acquire) || slot.is_killed() {
                 return Poll::Ready(Event::Shutdown);

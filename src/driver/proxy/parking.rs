@@ -32,6 +32,16 @@ impl Sess {
         }
     }
 
+    /// Writes the session's queued notifications if the client may get them now
+    /// (`Session::deliver_notifications`). A parked session has none queued (it is parked
+    /// only with nothing to write, and notifications for an idle client go out at once).
+    #[inline]
+    pub(super) fn deliver_notifications(&mut self) {
+        if let Sess::Active(s) = self {
+            s.deliver_notifications();
+        }
+    }
+
     /// Parks the session if it is at rest (see `Session::park`); otherwise it stays active.
     pub(super) fn park(&mut self) {
         let Sess::Active(s) = self else { return };

@@ -73,6 +73,11 @@ pub(in crate::session) struct ClientStmts {
     /// would have prepared them afresh. Boxed and None when empty, as above.
     #[allow(clippy::box_collection)]
     pub(in crate::session) fresh_sql: Option<Box<Vec<u64>>>,
+    /// The client's LISTEN channels and the notifications waiting for it
+    /// (`session::notify`); None for a client that never listened. Kept here, not in
+    /// `Kept`, so that it costs an idle client that never listens nothing: this box is
+    /// parked with the client only when it holds something (`holds_nothing`).
+    pub(in crate::session) listen: Option<Box<crate::session::notify::Listening>>,
 }
 
 impl ClientStmts {

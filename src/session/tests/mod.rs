@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 mod batches;
 mod link;
 mod model;
+mod notify;
 mod pipeline;
 mod plan_guard;
 mod routing_and_parking;
@@ -93,6 +94,8 @@ struct H {
     /// As a driver that links shared connections with another client's batch in flight
     /// first (`set_behind`).
     behind: bool,
+    /// Subscription changes taken at `Action::Subscribe`, in order.
+    subscribed: Vec<crate::stmt::sql::listen::ListenCmd>,
 }
 
 impl H {
@@ -106,6 +109,7 @@ impl H {
             reads: false,
             parks: 0,
             behind: false,
+            subscribed: vec![],
         }
     }
     fn cached() -> H {
@@ -146,6 +150,7 @@ impl H {
                         self.linked = true;
                     }
                     Action::ReleaseServer { .. } => self.linked = false,
+                    Action::Subscribe => self.subscribed.extend(self.s.take_subscriptions()),
                     Action::Close => {}
                 }
             }

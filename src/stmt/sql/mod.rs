@@ -285,6 +285,7 @@ fn first_word(s: &[u8]) -> Option<&[u8]> {
 }
 
 mod commands;
+pub(crate) mod listen;
 mod session_state;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,217 @@
+//! LISTEN/NOTIFY under transaction pooling, the client's side. A `LISTEN`, `UNLISTEN` or
+//! `UNLISTEN *` sent alone in a simple Query is answered here, as PostgreSQL answers it,
+//! without a server; the client's channels are kept across transactions (`ClientStmts::listen`,
+//! absent for a client that never listened). Outside a transaction block the change takes
+//! effect at once; inside one, at its COMMIT (dropped at a rollback), as PostgreSQL applies
+//! it. The driver applies each change to its pool's listening connection
+//! (`Action::Subscribe`, `take_subscriptions`) and hands over the NotificationResponse
+//! frames that connection receives (`queue_notifications`); they are queued here and
+//! written to the client only where PostgreSQL would send them: between transactions, with
+//! no request in flight (`deliver_notifications`). A client that does not read them is
+//! closed with FATAL 53400 once `MAX_QUEUED` (or `MAX_QUEUED_BYTES`) wait for it.
+
+use super::{Action, Phase, Session};
+use crate::config::PoolMode;
+use crate::error::{Error, SqlState};
+use crate::protocol::{backend, body, frontend, split_frame, tags};
+use crate::state::TxStatus;
+use crate::stmt::sql::listen::{ListenCmd, maybe_listen, parse_listen};
+use bytes::BytesMut;
+use std::collections::HashSet;
+
+/// Notifications one client may have waiting (queued here or on their way from the
+/// listening connection) before it is closed.
+pub(crate) const MAX_QUEUED: usize = 10_000;
+/// The same cap in bytes.
+pub(crate) const MAX_QUEUED_BYTES: usize = 16 << 20;
+/// Notifications are written to the client only while less than this waits in `to_client`
+/// (a client that does not read lets its queue fill, not the output buffer).
+const DELIVER_BELOW: usize = 256 * 1024;
+
+/// A listening client's channels and notifications (see the module doc).
+#[derive(Debug, Default)]
+pub(in crate::session) struct Listening {
+    /// The channels the client listens on (committed).
+    channels: HashSet<Box<[u8]>>,
+    /// LISTEN/UNLISTEN run in the open transaction block, applied at its COMMIT.
+    in_tx: Vec<ListenCmd>,
+    /// The COMMIT of the open transaction block was seen (its ReadyForQuery is next).
+    commit_seen: bool,
+    /// Changes of `channels` the driver has not applied yet.
+    changes: Vec<ListenCmd>,
+    /// NotificationResponse frames waiting for the client's next idle moment.
+    queue: BytesMut,
+    queued: usize,
+}
+
+impl Listening {
+    /// Applies a committed LISTEN/UNLISTEN; the driver is told of real changes.
+    fn apply(&mut self, cmd: ListenCmd) -> bool {
+        let changed = match &cmd {
+            ListenCmd::Listen(ch) => self.channels.insert(ch.clone()),
+            ListenCmd::Unlisten(ch) => self.channels.remove(ch),
+            ListenCmd::UnlistenAll => {
+                let any = !self.channels.is_empty();
+                self.channels.clear();
+                any
+            }
+        };
+        if changed {
+            self.changes.push(cmd);
+        }
+        changed
+    }
+}
+
+impl Session {
+    /// A simple Query that is one LISTEN/UNLISTEN (`stmt::sql::listen`), answered here.
+    /// None: not one (or not here: session mode, where the client has its own server);
+    /// Some(false): requests are in flight, feed it again after their replies.
+    pub(super) fn on_listen_query(&mut self, frame: &[u8]) -> Option<bool> {
+        if self.kept.mode == PoolMode::Session || self.busy.phase != Phase::Ready {
+            return None;
+        }
+        let text = frontend::query_text(body(frame))?;
+        if !maybe_listen(text) || self.autoprep_feeding() || self.busy.replies.is_unsynced() {
+            return None;
+        }
+        let cmd = parse_listen(text)?;
+        if !self.busy.replies.is_empty() {
+            // Answered in order, after what is in flight.
+            return Some(false);
+        }
+        // PostgreSQL drops the unnamed statement at every simple Query.
+        self.stmts.unnamed = super::stmts::Unnamed::None;
+        let status = self.busy.tx.status;
+        match status {
+            TxStatus::Failed => Error::new(
+                SqlState::IN_FAILED_SQL_TRANSACTION,
+                "current transaction is aborted, commands ignored until end of transaction block",
+            )
+            .write_to(&mut self.to_client),
+            _ => {
+                let tag = if matches!(cmd, ListenCmd::Listen(_)) { "LISTEN" } else { "UNLISTEN" };
+                backend::command_complete(&mut self.to_client, tag);
+                if status == TxStatus::InBlock {
+                    self.stmts.listen.get_or_insert_default().in_tx.push(cmd);
+                } else if self.stmts.listen.is_some() || matches!(cmd, ListenCmd::Listen(_)) {
+                    // (An UNLISTEN by a client that never listened changes nothing.)
+                    self.apply_listen(cmd);
+                }
+            }
+        }
+        backend::ready_for_query(&mut self.to_client, status.as_byte());
+        self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
+        self.kept.tally.xacts = self.kept.tally.xacts.wrapping_add(u32::from(status == TxStatus::Idle));
+        Some(true)
+    }
+
+    fn apply_listen(&mut self, cmd: ListenCmd) {
+        let l = self.stmts.listen.get_or_insert_default();
+        let first = l.changes.is_empty();
+        if l.apply(cmd) && first {
+            self.busy.actions.push_back(Action::Subscribe);
+        }
+    }
+
+    /// A CommandComplete the client gets: the COMMIT of a block with LISTEN/UNLISTEN in it
+    /// applies them at its ReadyForQuery.
+    #[inline]
+    pub(super) fn listen_note_complete(&mut self, frame: &[u8]) {
+        if let Some(l) = self.stmts.listen.as_mut()
+            && !l.in_tx.is_empty()
+            && body(frame) == b"COMMIT\0"
+        {
+            l.commit_seen = true;
+        }
+    }
+
+    /// The client's ReadyForQuery with transaction status `status`: a committed block's
+    /// LISTEN/UNLISTEN take effect, a rolled back one's are dropped.
+    #[inline]
+    pub(super) fn listen_tx_end(&mut self, status: TxStatus) {
+        let Some(l) = self.stmts.listen.as_mut() else { return };
+        if l.in_tx.is_empty() {
+            return;
+        }
+        if l.commit_seen {
+            l.commit_seen = false;
+            for cmd in std::mem::take(&mut l.in_tx) {
+                self.apply_listen(cmd);
+            }
+        } else if status == TxStatus::Idle {
+            l.in_tx.clear();
+        }
+    }
+
+    /// The subscription changes to apply to the pool's listening connection, in order
+    /// (asked for by `Action::Subscribe`).
+    pub(crate) fn take_subscriptions(&mut self) -> Vec<ListenCmd> {
+        self.stmts.listen.as_mut().map(|l| std::mem::take(&mut l.changes)).unwrap_or_default()
+    }
+
+    /// NotificationResponse frames from the pool's listening connection (whole frames, in
+    /// the order received), `overflowed` if some were dropped on their way because too many
+    /// waited: those for a channel the client listens on are queued and written when the
+    /// client is between transactions. A client with too many waiting is closed (FATAL
+    /// 53400): PostgreSQL's own queue, when full, fails the NOTIFY of the sender, which a
+    /// pooler cannot do after the fact; losing notifications silently would be worse.
+    pub(crate) fn queue_notifications(&mut self, frames: &[u8], overflowed: bool) {
+        if self.busy.phase == Phase::Closing {
+            return;
+        }
+        let Some(l) = self.stmts.listen.as_mut() else { return };
+        let mut at = 0;
+        while let Ok(Some(n)) = split_frame(&frames[at..], usize::MAX) {
+            let f = &frames[at..at + n];
+            at += n;
+            if f[0] != tags::NOTIFICATION_RESPONSE {
+                continue;
+            }
+            let b = body(f);
+            let Some(ch) = b.get(4..).and_then(|r| r.split(|&c| c == 0).next()) else { continue };
+            if l.channels.contains(ch) {
+                l.queue.extend_from_slice(f);
+                l.queued += 1;
+            }
+        }
+        if overflowed || l.queued > MAX_QUEUED || l.queue.len() > MAX_QUEUED_BYTES {
+            tracing::warn!(
+                session = self.kept.uid,
+                queued = l.queued,
+                "listener closed: too many notifications unread"
+            );
+            l.queue.clear();
+            l.queued = 0;
+            return self.fail(
+                Error::fatal(SqlState::CONFIGURATION_LIMIT_EXCEEDED, "too many notifications queued for this client")
+                    .with_detail(format!(
+                        "More than {MAX_QUEUED} notifications (or {} MB) were waiting for the client to read them.",
+                        MAX_QUEUED_BYTES >> 20
+                    )),
+            );
+        }
+        self.deliver_notifications();
+    }
+
+    /// Writes the queued notifications if the client is where PostgreSQL would send them:
+    /// outside a transaction block, no request in flight, nothing held for its next Sync,
+    /// and its output not backed up.
+    pub(crate) fn deliver_notifications(&mut self) {
+        let Some(l) = self.stmts.listen.as_mut() else { return };
+        if l.queued == 0
+            || !self.busy.replies.is_empty()
+            || self.busy.replies.is_unsynced()
+            || self.busy.tx.status != TxStatus::Idle
+            || self.busy.phase != Phase::Ready
+            || self.busy.held != 0
+            || self.link == super::Link::Acquiring
+            || self.to_client.len() >= DELIVER_BELOW
+        {
+            return;
+        }
+        self.to_client.extend_from_slice(&l.queue);
+        l.queue.clear();
+        l.queued = 0;
+    }
+}

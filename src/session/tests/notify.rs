@@ -1,0 +1,117 @@
+//! LISTEN/UNLISTEN answered by the session, applied at COMMIT, and notifications held
+//! until the client is between transactions (`session::notify`).
+
+use super::*;
+use crate::stmt::sql::listen::ListenCmd;
+
+fn notification(pid: i32, ch: &str, payload: &str) -> Vec<u8> {
+    let mut body = pid.to_be_bytes().to_vec();
+    body.extend_from_slice(format!("{ch}\0{payload}\0").as_bytes());
+    msg(b'A', &body)
+}
+
+fn listen(ch: &str) -> ListenCmd {
+    ListenCmd::Listen(ch.as_bytes().into())
+}
+
+#[test]
+fn listen_alone_is_answered_without_a_server() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("LISTEN Foo"));
+    assert_eq!(h.client_out(), "CZ");
+    assert!(!h.actions().contains(&Action::AcquireServer));
+    assert_eq!(h.subscribed, vec![listen("foo")]);
+    assert!(!h.s.is_pinned());
+    // Delivered at once to an idle client; another channel's is not.
+    h.s.queue_notifications(&[notification(9, "foo", "x"), notification(9, "bar", "y")].concat(), false);
+    assert_eq!(h.client_out(), "A");
+    // An UNLISTEN of a channel never listened on changes nothing; UNLISTEN * does.
+    h.client(query("unlisten nope"));
+    assert_eq!(h.client_out(), "CZ");
+    h.client(query("UNLISTEN *"));
+    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.subscribed, vec![listen("foo"), ListenCmd::UnlistenAll]);
+    h.s.queue_notifications(&notification(9, "foo", "z"), false);
+    assert_eq!(h.client_out(), "");
+}
+
+#[test]
+fn listen_in_a_block_applies_at_commit_and_notifications_wait_for_its_end() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("LISTEN a"));
+    h.client_out();
+    h.client(query("BEGIN"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.client_out(), "CZ");
+    h.server_out();
+    h.client(query("LISTEN b"));
+    assert_eq!(h.client_out(), "CZ");
+    assert!(h.s.to_server.is_empty(), "LISTEN reached the server");
+    assert_eq!(h.subscribed, vec![listen("a")], "applied before COMMIT");
+    // Inside the block: held.
+    h.s.queue_notifications(&notification(9, "a", "1"), false);
+    assert_eq!(h.client_out(), "");
+    h.client(query("COMMIT"));
+    h.server_out();
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.subscribed, vec![listen("a"), listen("b")]);
+    h.s.deliver_notifications();
+    assert_eq!(h.client_out(), "CZA", "the notification after ReadyForQuery 'I'");
+    // Rolled back: dropped.
+    h.client(query("BEGIN"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    h.client(query("UNLISTEN a"));
+    h.client(query("ROLLBACK"));
+    h.server(msg(b'C', b"ROLLBACK\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.subscribed.len(), 2, "a rolled back UNLISTEN was applied");
+}
+
+#[test]
+fn listen_in_a_failed_block_is_an_error() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("BEGIN"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    h.client(query("select 1/0"));
+    h.server(err("22012"));
+    h.server(rfq(b'E'));
+    h.client_out();
+    h.client(query("LISTEN a"));
+    let out = h.s.to_client.to_vec();
+    assert_eq!(h.client_out(), "EZ");
+    assert!(text(&out).contains("25P02"));
+    assert!(h.subscribed.is_empty());
+}
+
+#[test]
+fn too_many_waiting_closes_the_client() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("LISTEN a"));
+    h.client_out();
+    h.client(query("BEGIN"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    h.client_out();
+    let one = notification(9, "a", "x");
+    let many: Vec<u8> = one.iter().copied().cycle().take(one.len() * MAX_QUEUED).collect();
+    h.s.queue_notifications(&many, false);
+    assert!(!h.s.is_closing());
+    h.s.queue_notifications(&one, false);
+    assert!(h.s.is_closing());
+    assert!(text(&h.s.to_client).contains("53400"));
+}
+
+#[test]
+fn a_multi_statement_or_session_mode_listen_goes_to_the_server() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("LISTEN a; select 1"));
+    assert!(h.actions().contains(&Action::AcquireServer));
+    assert!(h.s.is_pinned());
+    let mut h = H::new(PoolMode::Session, None);
+    h.client(query("LISTEN a"));
+    assert!(h.actions().contains(&Action::AcquireServer));
+}
