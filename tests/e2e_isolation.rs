@@ -338,7 +338,10 @@ async fn a_timeout_that_fires_in_a_batch_left_open_does_not_reach_the_next_clien
 /// pool that next statement may be another client's. Here one client keeps its statements
 /// ending near its 1 ms timeout (a staircase on the series length: longer after one that
 /// finished, shorter after one that timed out); another client takes the only server
-/// connection after each, and must never be cancelled or refused.
+/// connection after each, and must never be cancelled or refused. (Without parsnip's care it
+/// is, within 5 to 40 rounds; the absorbing `SELECT 1` alone, run under the leaving client's
+/// timer, still let one through in a few thousand rounds on a busy machine: such a server is
+/// now closed.)
 #[tokio::test]
 async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client() {
     let p = Parsnip::with_config(&trust_config("pool_size = 1"));
@@ -348,7 +351,7 @@ async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client(
         a.batch_execute("SET statement_timeout = 1").await.unwrap();
         let mut n: i64 = 20_000;
         let (mut timeouts, mut finished) = (0, 0);
-        for round in 0..4000 {
+        for round in 0..600 {
             match a.simple_query(&format!("SELECT count(*) FROM generate_series(1, {n})")).await {
                 Ok(_) => {
                     finished += 1;
@@ -365,7 +368,7 @@ async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client(
             }
         }
         // The scenario's own check: the statements did end around the timeout.
-        assert!(timeouts > 100 && finished > 100, "{timeouts} timed out, {finished} finished");
+        assert!(timeouts > 30 && finished > 30, "{timeouts} timed out, {finished} finished");
     })
     .await;
 }

@@ -219,9 +219,13 @@ impl Pooled for ServerConn {
 /// Gives a client's connection back to `pool`. One with a cancel request on its way to its
 /// backend is handed on only once that has landed (the next client's query would take it).
 pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool) {
+    let mut reusable = reusable;
     if conn.cancel.signalled.swap(false, Ordering::AcqRel) {
-        // Its signal may still be pending there: the next user absorbs it first.
+        // Its signal may still be pending there: the next user absorbs it first, unless the
+        // session there still arms a statement or lock timer, under which that absorbing
+        // statement could leave a signal of its own: then it is closed.
         conn.state.cancel_risk = true;
+        reusable &= conn.state.settings.cancel_timer_us() == 0;
     }
     let info = &conn.cancel.info;
     info.released_us.store(super::census::unix_us(), Ordering::Relaxed);

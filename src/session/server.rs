@@ -303,8 +303,9 @@ impl Session {
         let code = statement_error_class(body(frame));
         if code == b"57014" && head.purpose == Purpose::Client {
             // Cancelled (a timeout, a cancel request): a second signal may still be pending.
-            server.cancel_risk = true;
+            self.note_cancel_signal(server);
         }
+        let Some(head) = self.busy.replies.head_mut() else { return };
         if backend::error_field(body(frame), b'C').is_some_and(|c| c.starts_with(b"XX")) {
             // An internal error: whatever state the backend is in, it is not handed to
             // another client (closed when this one gives it back).
@@ -461,7 +462,9 @@ impl Session {
         {
             let reusable = self.link.unlink().is_some_and(|l| !l.dirty);
             if !reusable {
-                tracing::debug!("server connection closed: set_config() may have changed its session settings");
+                tracing::debug!(
+                    "server connection closed: its session may hold what the next client must not meet (set_config(), a cancel signal under a timeout, an internal error)"
+                );
             }
             self.busy.actions.push_back(Action::ReleaseServer { reusable });
         }

@@ -199,7 +199,7 @@ pub(crate) fn maybe_tx_start(sql: &[u8]) -> bool {
 /// first one (pgbench and many drivers end every query with ';'). True may be wrong
 /// (a ';' in a literal): callers then split the text properly.
 #[inline]
-fn may_hold_several(sql: &[u8]) -> bool {
+pub(crate) fn may_hold_several(sql: &[u8]) -> bool {
     match sql.iter().position(|&b| b == b';') {
         Some(i) => !sql[i + 1..].iter().all(u8::is_ascii_whitespace),
         None => false,

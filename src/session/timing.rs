@@ -72,7 +72,21 @@ impl Session {
             && l.timer_us != 0
             && now.saturating_sub(l.busy_since_us).saturating_mul(2) >= l.timer_us
         {
-            server.cancel_risk = true;
+            self.note_cancel_signal(server);
+        }
+    }
+
+    /// A cancel signal may be pending on the linked server's backend. Its next user absorbs
+    /// it with a statement of the pooler's (`ServerState::cancel_risk`), unless the server's
+    /// session still arms a statement or lock timer: that statement, and the settings
+    /// replayed for the next client, would run under it and could leave a signal of their
+    /// own, so the connection is closed when given back instead.
+    pub(super) fn note_cancel_signal(&mut self, server: &mut ServerState) {
+        server.cancel_risk = true;
+        if server.settings.cancel_timer_us() != 0
+            && let Some(l) = self.link.state_mut()
+        {
+            l.dirty = true;
         }
     }
 

@@ -53,12 +53,15 @@ fn tally_counts_errors_by_class() {
     assert_eq!(v, vec![(*b"22", 2), (*b"42", 1), (*b"23", 3)]);
 }
 
-/// A batch that ran half as long as the client's statement timeout (or was cancelled) may
-/// have left the timer's signal on the backend: the server's next user runs a `SELECT 1`
-/// of the pooler's first, which takes the cancel, unseen by the client; a short batch, or
-/// one with no timer in effect, leaves nothing to absorb.
+/// A batch that ran half as long as a statement timeout in effect (or was cancelled) may
+/// have left the timer's signal on the backend. With the timer armed by the session's
+/// settings still in force there, the server is closed when given back (a statement of the
+/// pooler's would run under that timer too); with a timer that ended with its transaction
+/// (`SET LOCAL`), the server's next user runs a `SELECT 1` of the pooler's first, which
+/// takes the cancel, unseen by the client. A short batch, or one with no timer in effect,
+/// leaves nothing to absorb.
 #[test]
-fn a_cancel_a_timeout_may_have_left_is_absorbed_before_the_next_user() {
+fn a_cancel_a_timeout_may_have_left_is_absorbed_or_the_server_closed() {
     let frames_of = |h: &mut H| h.server_out().iter().map(|f| text(f)).collect::<Vec<_>>();
     let answer = |h: &mut H, clock: u64, replies: &[Vec<u8>]| {
         h.s.set_clock(clock);
@@ -73,36 +76,49 @@ fn a_cancel_a_timeout_may_have_left_is_absorbed_before_the_next_user() {
     frames_of(&mut h);
     answer(&mut h, 90_000, &done);
     assert!(!h.srv.cancel_risk, "no timer in effect: a long batch leaves nothing");
-    h.s.set_clock(99_900);
-    h.client(query("SET statement_timeout = 10"));
+    // A timer for one transaction: a 6 ms batch against a 10 ms timeout.
+    h.s.set_clock(99_000);
+    h.client(query("BEGIN; SET LOCAL statement_timeout = 10; SELECT 3; COMMIT"));
     frames_of(&mut h);
-    answer(&mut h, 100_000, &[msg(b'C', b"SET\0"), rfq(b'I')]);
-    // 3 ms against a 10 ms timeout: nothing to fear.
-    h.s.set_clock(200_000);
-    h.client(query("SELECT 2"));
-    frames_of(&mut h);
-    answer(&mut h, 203_000, &done);
-    assert!(!h.srv.cancel_risk, "a batch far shorter than the timeout");
-    h.client_out();
-    // 6 ms: the timer may have fired as the statement ended.
-    h.s.set_clock(300_000);
-    h.client(query("SELECT 3"));
-    frames_of(&mut h);
-    answer(&mut h, 306_000, &done);
+    answer(
+        &mut h,
+        105_000,
+        &[msg(b'C', b"BEGIN\0"), msg(b'C', b"SET\0"), done[0].clone(), msg(b'C', b"COMMIT\0"), rfq(b'I')],
+    );
     assert!(h.srv.cancel_risk);
-    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: true }));
+    h.client_out();
     // The next user (here the same client, on the same connection): absorbed first.
-    h.s.set_clock(400_000);
+    h.s.set_clock(200_000);
     h.client(query("SELECT 4"));
     let out = frames_of(&mut h);
     assert_eq!(out.len(), 2, "{out:?}");
     assert!(out[0].contains("SELECT 1") && out[1].contains("SELECT 4"), "{out:?}");
     assert!(!h.srv.cancel_risk);
-    answer(&mut h, 400_100, &[err("57014"), rfq(b'I'), msg(b'C', b"SELECT 1\0"), rfq(b'I')]);
+    answer(&mut h, 200_100, &[err("57014"), rfq(b'I'), msg(b'C', b"SELECT 1\0"), rfq(b'I')]);
     assert_eq!(h.client_out(), "CZ", "the cancel it absorbed is not the client's");
-    // A cancelled statement may leave a second signal.
+    // A session timer: 3 ms against 10 ms leaves nothing; 6 ms closes the server.
+    h.s.set_clock(299_900);
+    h.client(query("SET statement_timeout = 10"));
+    frames_of(&mut h);
+    answer(&mut h, 300_000, &[msg(b'C', b"SET\0"), rfq(b'I')]);
+    h.s.set_clock(400_000);
+    h.client(query("SELECT 2"));
+    frames_of(&mut h);
+    answer(&mut h, 403_000, &done);
+    assert!(!h.srv.cancel_risk, "a batch far shorter than the timeout");
+    assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: true }));
+    h.s.set_clock(500_000);
+    h.client(query("SELECT 3"));
+    frames_of(&mut h);
+    answer(&mut h, 506_000, &done);
+    assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: false }));
+    assert_eq!(h.client_out(), "CZCZCZ");
+    // A cancelled statement may leave a second signal: the same.
+    let mut h = H::new(PoolMode::Transaction, None);
     h.client(query("SELECT 5"));
     frames_of(&mut h);
-    answer(&mut h, 400_200, &[err("57014"), rfq(b'I')]);
+    answer(&mut h, 10, &[err("57014"), rfq(b'I')]);
     assert!(h.srv.cancel_risk);
+    assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: true }), "no timer left there: absorbed");
 }
