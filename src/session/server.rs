@@ -32,6 +32,9 @@ impl Session {
             // this instead of the client's first statement (`state::timers`).
             frontend::query(&mut self.to_server, "SELECT 1");
             self.busy.replies.push(Pending::internal(Req::Query, Purpose::Absorb));
+            // A simple Query drops the server's unnamed statement: a client's plain one is
+            // parsed again before its next Bind.
+            server.stmts.unnamed_owner = None;
         }
         if self.kept.settings.key() != server.settings.key() {
             let sql = self.kept.settings.diff_sql(&server.settings);
@@ -39,6 +42,7 @@ impl Session {
             if !sql.is_empty() {
                 frontend::query(&mut self.to_server, &sql);
                 self.busy.replies.push(Pending::internal(Req::Query, Purpose::SyncSettings));
+                server.stmts.unnamed_owner = None;
             }
         }
     }

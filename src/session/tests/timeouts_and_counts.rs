@@ -122,3 +122,26 @@ fn a_cancel_a_timeout_may_have_left_is_absorbed_or_the_server_closed() {
     assert!(h.srv.cancel_risk);
     assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: true }), "no timer left there: absorbed");
 }
+
+/// The absorbing `SELECT 1` is a simple Query, which drops the server's unnamed statement:
+/// a client whose plain unnamed statement was parsed on that server parses it again before
+/// its Bind, instead of binding a statement that is gone (sqlx's persistent(false) got
+/// 26000 "unnamed prepared statement does not exist" after a forwarded cancel).
+#[test]
+fn the_absorbing_query_makes_a_plain_unnamed_statement_parse_again() {
+    let mut h = H::cached();
+    for f in [parse("", "SELECT 7"), sync()] {
+        h.client(f);
+    }
+    h.server_out();
+    for f in [msg(b'1', b""), rfq(b'I')] {
+        h.server(f);
+    }
+    assert_eq!(h.client_out(), "1Z");
+    h.srv.cancel_risk = true;
+    for f in [bind(""), execute(), sync()] {
+        h.client(f);
+    }
+    let out: Vec<u8> = h.server_out().iter().map(|f| f[0]).collect();
+    assert_eq!(out, b"QPBES", "the absorb, then the Parse again before the Bind");
+}
