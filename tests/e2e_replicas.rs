@@ -70,7 +70,7 @@ async fn target_session_attrs_route_to_the_primary_or_the_standby() {
         db("ps", &[pp, sp], "prefer-standby"),
         db("ps_fallback", &[dead, pp], "prefer-standby"),
         db("anyhost", &[dead, sp, pp], "any"),
-        db("nowhere", &[dead, sp], "read-write"),
+        format!("{}failover_hold_ms = 500\n", db("nowhere", &[dead, sp], "read-write")),
     ]));
     bounded(120, "routing", async {
         let recovery = "select pg_is_in_recovery()";
@@ -95,7 +95,8 @@ async fn target_session_attrs_route_to_the_primary_or_the_standby() {
         // The standby database really is on a standby: a write there fails with 25006.
         expect_code(sb.simple_query("INSERT INTO t VALUES (2, 'no')").await, "25006", "write on sb");
 
-        // No host qualifies: a prompt error naming each host and why.
+        // No host qualifies: clients wait failover_hold_ms (500 here) for one, then get an
+        // error naming each host and why.
         let t0 = Instant::now();
         let e = p.try_connect("postgres", Some(SUPER_PW), "nowhere").await.err().expect("nowhere must fail");
         let elapsed = t0.elapsed();
@@ -104,7 +105,8 @@ async fn target_session_attrs_route_to_the_primary_or_the_standby() {
         assert!(d.message().contains("target_session_attrs=read-write"), "{}", d.message());
         assert!(d.message().contains(&format!("127.0.0.1:{dead}")), "{}", d.message());
         assert!(d.message().contains(&format!("127.0.0.1:{sp}: is a standby")), "{}", d.message());
-        assert!(elapsed < Duration::from_secs(2), "error took {elapsed:?}, over the connect timeout");
+        assert!(elapsed >= Duration::from_millis(500), "error after {elapsed:?}, before failover_hold_ms");
+        assert!(elapsed < Duration::from_millis(1500), "error after {elapsed:?}, long after failover_hold_ms");
 
         // SHOW DATABASES shows the host list.
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
@@ -177,7 +179,9 @@ async fn read_write_database_follows_a_promoted_standby() {
     }
     let (primary, standby) = primary_with_table_and_standby().await;
     let (pp, sp) = (primary.port(), standby.port());
-    let p = Parsnip::with_config(&config(&[db("rw", &[sp, pp], "read-write")]));
+    // Without the hold (failover_hold_ms = 0): clients get 08006 while no primary is up.
+    let rw = format!("{}failover_hold_ms = 0\n", db("rw", &[sp, pp], "read-write"));
+    let p = Parsnip::with_config(&config(&[rw]));
     bounded(120, "failover", async {
         let mut w = p.connect("postgres", SUPER_PW, "rw").await;
         assert_eq!(w.scalar("select pg_is_in_recovery()").await.unwrap(), "f");
@@ -328,6 +332,193 @@ async fn read_write_split_reads_from_a_fresh_standby_and_writes_on_the_primary()
             .filter(|m| matches!(m, SimpleQueryMessage::Row(x) if x.get("database") == Some("split")))
             .count();
         assert_eq!(rows, 1, "one SHOW POOLS row per (database, user)");
+    })
+    .await;
+}
+
+/// What one writer saw: the ids whose INSERT was acknowledged (when it was sent, when
+/// acknowledged), and its errors.
+#[derive(Default)]
+struct Writes {
+    acked: Vec<(i64, Instant, Instant)>,
+    errors: Vec<String>,
+}
+
+/// A client writing short transactions (one INSERT each) through `db` until `stop`,
+/// reconnecting when its connection is closed.
+fn writer(
+    p: std::sync::Arc<Parsnip>,
+    db: &'static str,
+    base: i64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    log: std::sync::Arc<std::sync::Mutex<Writes>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut c = p.connect("postgres", SUPER_PW, db).await;
+        let mut id = base;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            id += 1;
+            let sent = Instant::now();
+            let failed = match c.simple_query(&format!("INSERT INTO t VALUES ({id}, 'w')")).await {
+                Ok(_) => {
+                    log.lock().unwrap().acked.push((id, sent, Instant::now()));
+                    false
+                }
+                Err(e) => {
+                    log.lock().unwrap().errors.push(describe(&e));
+                    true
+                }
+            };
+            // After an error the client starts afresh, as an application would (a FATAL
+            // closes the connection, perhaps only after its reply was read).
+            if failed || c.is_closed() {
+                match p.try_connect("postgres", Some(SUPER_PW), db).await {
+                    Ok(n) => c = n,
+                    Err(e) => log.lock().unwrap().errors.push(format!("connect: {}", describe(&e))),
+                }
+            }
+        }
+    })
+}
+
+/// Waits (bounded, polling) until `cond` holds.
+async fn until_true(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
+    if direct_mode() {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let (primary, standby) = primary_with_table_and_standby().await;
+    let (pp, sp) = (primary.port(), standby.port());
+    // A synchronous standby: no acknowledged commit may be lost in the failover.
+    for sql in ["ALTER SYSTEM SET synchronous_standby_names = 'standby'", "SELECT pg_reload_conf()"] {
+        primary.psql("postgres", sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let sync = "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'";
+    {
+        let pr = primary.clone();
+        let t0 = Instant::now();
+        blocking(move || {
+            while pr.psql("postgres", sync).ok().as_deref() != Some("1") {
+                assert!(t0.elapsed() < Duration::from_secs(30), "the standby never became synchronous");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await;
+    }
+    let rw = format!("{}failover_hold_ms = 15000\npool_size = 16\n", db("rw", &[pp, sp], "read-write"));
+    let split = format!("{}read_write_split = true\n", db("split", &[pp, sp], "read-write"));
+    let p = Arc::new(Parsnip::with_config(&config(&[rw, split])));
+    bounded(150, "failover with a hold", async {
+        let stop = Arc::new(AtomicBool::new(false));
+        let logs: Vec<Arc<Mutex<Writes>>> = (0..8).map(|_| Arc::default()).collect();
+        let tasks: Vec<_> = logs
+            .iter()
+            .enumerate()
+            .map(|(i, log)| writer(p.clone(), "rw", (i as i64 + 1) * 1_000_000, stop.clone(), log.clone()))
+            .collect();
+        // Clients that are between transactions when the primary dies: one write each now.
+        let mut idle = Vec::new();
+        for i in 0..4 {
+            let c = p.connect("postgres", SUPER_PW, "rw").await;
+            c.simple_query(&format!("INSERT INTO t VALUES ({}, 'idle')", 100 + i)).await.expect("idle client's write");
+            idle.push(c);
+        }
+        let reader = p.connect("postgres", SUPER_PW, "split").await;
+        let on_standby = "select pg_is_in_recovery()::text";
+        until(&reader, on_standby, "true", Duration::from_secs(10), "a read on the standby").await;
+        until_true("writers under way", Duration::from_secs(30), || {
+            logs.iter().all(|l| l.lock().unwrap().acked.len() >= 5)
+        })
+        .await;
+
+        {
+            let pr = primary.clone();
+            blocking(move || kill_primary(&pr)).await;
+        }
+        let killed = Instant::now();
+        // The idle clients ask for a server while no primary is up: they wait, then write.
+        let idle_writes: Vec<_> = idle
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                tokio::spawn(async move {
+                    let r = c.simple_query(&format!("INSERT INTO t VALUES ({}, 'held')", 200 + i)).await;
+                    (r.map(|_| Instant::now()).map_err(|e| describe(&e)), c)
+                })
+            })
+            .collect();
+        // Reads go on on the standby while the primary is down.
+        assert_eq!(reader.scalar(on_standby).await.expect("a read with the primary down"), "true");
+        // The outage lasts about a second (the scenario, not synchronization).
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        {
+            let s = standby.clone();
+            blocking(move || s.promote()).await;
+        }
+        let promoted = Instant::now();
+        let mut idle_done = Vec::new();
+        for t in idle_writes {
+            let (r, c) = t.await.expect("idle client task");
+            let at = r.unwrap_or_else(|e| panic!("a client idle when the primary died got an error: {e}"));
+            idle_done.push(at);
+            drop(c);
+        }
+        let marks: Vec<usize> = logs.iter().map(|l| l.lock().unwrap().acked.len()).collect();
+        until_true("writes after the promotion", Duration::from_secs(20), || {
+            logs.iter().zip(&marks).all(|(l, m)| l.lock().unwrap().acked.len() >= m + 5)
+        })
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.expect("writer task");
+        }
+
+        let mut errors = Vec::new();
+        let mut first_after: Option<Instant> = None;
+        let mut acked = Vec::new();
+        for l in &logs {
+            let l = l.lock().unwrap();
+            // One error at most per writer: the transaction in flight when the primary died.
+            assert!(l.errors.len() <= 1, "a writer saw more than one error: {:?}", l.errors);
+            errors.extend(l.errors.iter().cloned());
+            for &(id, sent, at) in &l.acked {
+                acked.push(id);
+                if sent > killed {
+                    assert!(at > promoted, "a write sent with no primary up was acknowledged before the promotion");
+                    first_after = Some(first_after.map_or(at, |f| f.min(at)));
+                }
+            }
+        }
+        let first_after = first_after.expect("writes after the kill");
+        let after_promote = first_after - promoted;
+        eprintln!(
+            "failover with hold: writers' errors {errors:?}; first write {} ms after pg_ctl promote returned, \
+             {} ms after the kill; idle clients' writes {:?} ms after the promote",
+            after_promote.as_millis(),
+            (first_after - killed).as_millis(),
+            idle_done.iter().map(|t| t.saturating_duration_since(promoted).as_millis()).collect::<Vec<_>>()
+        );
+        assert!(!errors.iter().any(|c| c.contains("25006")), "a write reached a standby: {errors:?}");
+        assert!(after_promote < Duration::from_secs(1), "first write {after_promote:?} after the promote");
+        // No acknowledged commit lost: every one is on the promoted server.
+        let count: usize = standby
+            .psql(&format!(
+                "SELECT count(*) FROM t WHERE id IN ({})",
+                acked.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+            ))
+            .parse()
+            .expect("count");
+        assert_eq!(count, acked.len(), "acknowledged writes missing on the promoted server");
     })
     .await;
 }

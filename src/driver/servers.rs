@@ -127,40 +127,77 @@ impl ServerConnector {
         super::server_conn::connect(&target, &creds, timeout).await
     }
 
+    /// How long a client waits for a server of the role this pool needs while none can be
+    /// had: `failover_hold_ms` for a database with several hosts or a
+    /// `target_session_attrs` (a failover may be under way); none for other databases and
+    /// for a read pool (its reads go to the primary instead).
+    fn hold(&self, cfg: &crate::config::Config, target: &ServerTarget) -> Duration {
+        let failover_aware = target.hosts.len() > 1 || target.attrs != crate::config::TargetSessionAttrs::Any;
+        if !failover_aware || self.key.purpose == crate::pool::PoolPurpose::Reads {
+            return Duration::ZERO;
+        }
+        cfg.failover_hold(&self.key.db)
+    }
+
     async fn connect_with_retries(&self, stats: &PoolStats) -> Result<Box<ServerConn>, Error> {
         let cfg = self.cfg.load_full();
+        let hold = {
+            let target = self.target.lock().unwrap_or_else(|e| e.into_inner());
+            self.hold(&cfg, &target)
+        };
         let attempts = cfg.server_connect_attempts.max(1);
-        let mut last = None;
-        for attempt in 0..attempts {
+        let pause = Duration::from_millis(cfg.server_login_retry_ms);
+        let start = Instant::now();
+        let mut attempt = 0u32;
+        let last = loop {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(cfg.server_login_retry_ms)).await;
+                let wait = if hold.is_zero() { pause } else { pause.min(hold.saturating_sub(start.elapsed())) };
+                tokio::time::sleep(wait).await;
             }
-            let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            match super::hosts::connect(&target, &creds, cfg.server_connect_timeout(), &self.hosts).await {
-                Ok(c) => {
-                    stats.connects.fetch_add(1, Ordering::Relaxed);
-                    self.census.add_server(&self.key, &c.cancel);
-                    let (db, user) = (&self.key.db, &self.key.user);
-                    tracing::debug!(db = %db, user = %user, pid = c.cancel.pid, "server connection opened");
-                    return Ok(Box::new(c));
-                }
+            attempt += 1;
+            match self.connect_once(stats).await {
+                Ok(c) => return Ok(c),
                 Err(e) => {
-                    stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
                     // No host of the right role may be one being promoted: try again.
                     let retry = matches!(e, ConnectError::Io(_) | ConnectError::NoHost(_))
                         || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
-                    last = Some(e);
-                    if !retry {
-                        break;
+                    if hold.is_zero() || attempt == 1 {
+                        tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
+                    } else {
+                        tracing::debug!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
+                    }
+                    if retry && attempt == 1 && !hold.is_zero() {
+                        tracing::info!(db = %self.key.db, hold_ms = hold.as_millis() as u64,
+                            "no server to be had: the client waits while parsnip keeps looking");
+                    }
+                    let out_of_time = if hold.is_zero() { attempt >= attempts } else { start.elapsed() >= hold };
+                    if !retry || out_of_time {
+                        break e;
                     }
                 }
             }
+        };
+        Err(last.to_error())
+    }
+
+    /// One connect to a host that suits the target, counted in `stats`.
+    async fn connect_once(&self, stats: &PoolStats) -> Result<Box<ServerConn>, ConnectError> {
+        let timeout = self.cfg.load().server_connect_timeout();
+        let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match super::hosts::connect(&target, &creds, timeout, &self.hosts).await {
+            Ok(c) => {
+                stats.connects.fetch_add(1, Ordering::Relaxed);
+                self.census.add_server(&self.key, &c.cancel);
+                let (db, user) = (&self.key.db, &self.key.user);
+                tracing::debug!(db = %db, user = %user, pid = c.cancel.pid, "server connection opened");
+                Ok(Box::new(c))
+            }
+            Err(e) => {
+                stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
         }
-        Err(last
-            .map(|e| e.to_error())
-            .unwrap_or_else(|| Error::fatal(SqlState::CONNECTION_FAILURE, "could not connect to server")))
     }
 }
 
