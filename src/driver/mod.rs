@@ -10,6 +10,7 @@ pub(crate) mod cancel;
 pub(crate) mod census;
 pub mod client;
 mod hosts;
+pub(crate) mod hunt;
 pub(crate) mod listen;
 pub(crate) mod login;
 mod metrics;

@@ -38,6 +38,8 @@ pub struct ServerConnector {
     split: std::sync::OnceLock<Arc<super::split::Split>>,
     /// A read pool: the clients pool it belongs to.
     primary: std::sync::OnceLock<std::sync::Weak<ServerPool>>,
+    /// The search shared by the clients waiting for a server while none suits.
+    hunt: super::hunt::Hunt,
 }
 
 impl ServerConnector {
@@ -52,6 +54,7 @@ impl ServerConnector {
             hosts: Default::default(),
             split: Default::default(),
             primary: Default::default(),
+            hunt: Default::default(),
         }
     }
 
@@ -145,39 +148,60 @@ impl ServerConnector {
             let target = self.target.lock().unwrap_or_else(|e| e.into_inner());
             self.hold(&cfg, &target)
         };
+        if !hold.is_zero() {
+            return self.connect_holding(stats, hold).await.map_err(|e| e.to_error());
+        }
         let attempts = cfg.server_connect_attempts.max(1);
-        let pause = Duration::from_millis(cfg.server_login_retry_ms);
-        let start = Instant::now();
         let mut attempt = 0u32;
         let last = loop {
             if attempt > 0 {
-                let wait = if hold.is_zero() { pause } else { pause.min(hold.saturating_sub(start.elapsed())) };
-                tokio::time::sleep(wait).await;
+                tokio::time::sleep(Duration::from_millis(cfg.server_login_retry_ms)).await;
             }
             attempt += 1;
             match self.connect_once(stats).await {
                 Ok(c) => return Ok(c),
                 Err(e) => {
-                    // No host of the right role may be one being promoted: try again.
-                    let retry = matches!(e, ConnectError::Io(_) | ConnectError::NoHost(_))
-                        || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
-                    if hold.is_zero() || attempt == 1 {
-                        tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
-                    } else {
-                        tracing::debug!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
-                    }
-                    if retry && attempt == 1 && !hold.is_zero() {
-                        tracing::info!(db = %self.key.db, hold_ms = hold.as_millis() as u64,
-                            "no server to be had: the client waits while parsnip keeps looking");
-                    }
-                    let out_of_time = if hold.is_zero() { attempt >= attempts } else { start.elapsed() >= hold };
-                    if !retry || out_of_time {
+                    tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
+                    if !retryable(&e) || attempt >= attempts {
                         break e;
                     }
                 }
             }
         };
         Err(last.to_error())
+    }
+
+    /// Connects, and while no host suits keeps trying for `hold` (`hunt`: one try at a
+    /// time for the pool, backing off from milliseconds; the first success wakes every
+    /// waiting client). The last error when the hold runs out.
+    async fn connect_holding(&self, stats: &PoolStats, hold: Duration) -> Result<Box<ServerConn>, ConnectError> {
+        let end = Instant::now() + hold;
+        let mut found = self.hunt.watch();
+        let mut last = match self.connect_once(stats).await {
+            Ok(c) => return Ok(c),
+            Err(e) if !retryable(&e) => return Err(e),
+            Err(e) => e,
+        };
+        tracing::warn!(db = %self.key.db, user = %self.key.user, error = %last, hold_ms = hold.as_millis() as u64,
+            "no server to be had: the client waits while parsnip keeps trying");
+        loop {
+            let turn = match self.hunt.next(&mut found, end).await {
+                super::hunt::Next::Expired => break,
+                super::hunt::Next::Now => None,
+                super::hunt::Next::Try(g) => Some(g),
+            };
+            match self.connect_once(stats).await {
+                Ok(c) => return Ok(c),
+                Err(e) if !retryable(&e) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
+                    last = e;
+                }
+            }
+            drop(turn);
+        }
+        tracing::warn!(db = %self.key.db, user = %self.key.user, error = %last, "no server came within failover_hold_ms");
+        Err(last)
     }
 
     /// One connect to a host that suits the target, counted in `stats`.
@@ -191,6 +215,7 @@ impl ServerConnector {
                 self.census.add_server(&self.key, &c.cancel);
                 let (db, user) = (&self.key.db, &self.key.user);
                 tracing::debug!(db = %db, user = %user, pid = c.cancel.pid, "server connection opened");
+                self.hunt.found();
                 Ok(Box::new(c))
             }
             Err(e) => {
@@ -199,6 +224,13 @@ impl ServerConnector {
             }
         }
     }
+}
+
+/// Whether a failed connect may succeed if tried again: no host of the right role (one
+/// may be being promoted), a host down or starting up.
+fn retryable(e: &ConnectError) -> bool {
+    matches!(e, ConnectError::Io(_) | ConnectError::NoHost(_))
+        || matches!(e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW)
 }
 
 impl Connector for ServerConnector {
