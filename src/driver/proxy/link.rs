@@ -26,7 +26,9 @@ impl Proxy {
         // The waits are boxed: their futures would otherwise be part of every client's task
         // for its whole life (idle clients' memory), and a free connection needs none.
         if self.session.get().wants_reads()
-            && let Some(reads) = split::read_pool_for(&self.pool, self.slot.live.primary_at.load(Ordering::Relaxed))
+            && self.pool.connector().split().is_some()
+            && let Some(reads) =
+                Box::pin(split::read_pool_for(&self.pool, self.slot.live.primary_at.load(Ordering::Relaxed))).await
         {
             self.pool = reads;
         }
