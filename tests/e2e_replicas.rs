@@ -532,6 +532,52 @@ async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
             .parse()
             .expect("count");
         assert_eq!(count, acked.len(), "acknowledged writes missing on the promoted server");
+
+        // The old primary comes back as it was (read-write, on the old timeline) and is
+        // first in the host list: new connections must not go to it.
+        {
+            let pr = primary.clone();
+            blocking(move || start_again(&pr)).await;
+        }
+        assert_eq!(primary.psql("postgres", "SELECT pg_is_in_recovery()").expect("old primary up"), "f");
+        // New server connections (RECONNECT closes the open ones) try it again once the
+        // memory of it being down has passed (10 s): polled, every write checked.
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let t0 = Instant::now();
+        let mut id = 300;
+        while console_rows(&console, "SHOW FENCES").await.is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the old primary was never tried");
+            console.simple_query("RECONNECT rw").await.expect("RECONNECT");
+            let c = p.connect("postgres", SUPER_PW, "rw").await;
+            id += 1;
+            c.simple_query(&format!("INSERT INTO t VALUES ({id}, 'after the return')")).await.expect("write");
+            assert_eq!(c.scalar("select inet_server_port()").await.unwrap(), sp.to_string(), "on the old primary");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Once fenced, tried first and refused each time: writes still go to the new primary.
+        for _ in 0..3 {
+            console.simple_query("RECONNECT rw").await.expect("RECONNECT");
+            let c = p.connect("postgres", SUPER_PW, "rw").await;
+            id += 1;
+            c.simple_query(&format!("INSERT INTO t VALUES ({id}, 'after the return')")).await.expect("write");
+            assert_eq!(c.scalar("select inet_server_port()").await.unwrap(), sp.to_string(), "on the old primary");
+        }
+        let on_old = primary
+            .psql("postgres", "SELECT count(*) FROM t WHERE id BETWEEN 300 AND 399")
+            .expect("count on the old primary");
+        assert_eq!(on_old, "0", "writes reached the old primary");
+        // The console shows the fenced server; UNFENCE clears it.
+        let rows = console_rows(&console, "SHOW FENCES").await;
+        let fenced: Vec<(String, String, String)> = rows
+            .iter()
+            .map(|r| {
+                let get = |k: &str| r.get(k).cloned().flatten().unwrap_or_default();
+                (get("port"), get("timeline"), get("newer_timeline"))
+            })
+            .collect();
+        assert_eq!(fenced, [(pp.to_string(), "1".to_owned(), "2".to_owned())], "SHOW FENCES");
+        console.simple_query("UNFENCE rw").await.expect("UNFENCE");
+        assert!(console_rows(&console, "SHOW FENCES").await.is_empty(), "UNFENCE cleared it");
     })
     .await;
 }

@@ -98,6 +98,21 @@ pub(crate) struct PeerRow {
     pub(crate) port: i32,
 }
 
+/// A server refused as a primary (`pool::fence`), for `SHOW FENCES`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FenceRow {
+    pub(crate) host: String,
+    pub(crate) port: i32,
+    pub(crate) system_identifier: String,
+    /// The timeline it claimed read-write on.
+    pub(crate) timeline: i32,
+    /// The newer timeline seen, and the server it was seen on (`host:port`).
+    pub(crate) newer_timeline: i32,
+    pub(crate) newer_server: String,
+    /// Times it was refused.
+    pub(crate) refusals: i64,
+}
+
 /// The running pooler, read by the console.
 pub(crate) trait View {
     /// The client pools, sorted by key.
@@ -122,6 +137,10 @@ pub(crate) trait View {
     }
     /// The other instances cancel requests are forwarded to (`[peers]`), by id.
     fn peers(&self) -> Vec<PeerRow> {
+        Vec::new()
+    }
+    /// The servers refused as primaries, by host and port.
+    fn fences(&self) -> Vec<FenceRow> {
         Vec::new()
     }
 }

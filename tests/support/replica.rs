@@ -97,6 +97,21 @@ pub fn kill_primary(primary: &Cluster) {
     run(cmd, "pg_ctl stop -m immediate (primary)");
 }
 
+/// Starts `primary` again after `kill_primary`, as it was: an old primary back after a
+/// failover, read-write on its old timeline. Its synchronous_standby_names is cleared
+/// first (its standby follows another server now: its writes would wait forever).
+pub fn start_again(primary: &Cluster) {
+    let auto = primary.data_dir().join("postgresql.auto.conf");
+    let text = std::fs::read_to_string(&auto).expect("postgresql.auto.conf");
+    let kept: String =
+        text.lines().filter(|l| !l.starts_with("synchronous_standby_names")).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&auto, kept).expect("writing postgresql.auto.conf");
+    let root = primary.data_dir().parent().expect("root").to_path_buf();
+    let mut cmd = command_as(primary.bin_dir(), "pg_ctl", primary.data_dir(), &root);
+    cmd.arg("-D").arg(primary.data_dir()).arg("-l").arg(primary.log_file()).args(["-w", "-t", "60", "start"]);
+    run(cmd, "pg_ctl start (old primary)");
+}
+
 impl Standby {
     /// `pg_basebackup -R` from `primary`, then started on a port of its own; returns once
     /// it accepts connections.
