@@ -524,13 +524,10 @@ async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
         assert!(!errors.iter().any(|c| c.contains("25006")), "a write reached a standby: {errors:?}");
         assert!(ms_after(first_after) < 1000, "first write {} ms after the promote", ms_after(first_after));
         // No acknowledged commit lost: every one is on the promoted server.
-        let count: usize = standby
-            .psql(&format!(
-                "SELECT count(*) FROM t WHERE id IN ({})",
-                acked.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
-            ))
-            .parse()
-            .expect("count");
+        let direct = Pg::connect(sp, "postgres", Some(SUPER_PW), "postgres").await.expect("the promoted server");
+        let row =
+            direct.query_one("SELECT count(*) FROM t WHERE id = ANY($1::int8[])", &[&acked]).await.expect("count");
+        let count = row.get::<_, i64>(0) as usize;
         assert_eq!(count, acked.len(), "acknowledged writes missing on the promoted server");
 
         // The old primary comes back as it was (read-write, on the old timeline) and is

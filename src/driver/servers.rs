@@ -40,7 +40,15 @@ pub struct ServerConnector {
     primary: std::sync::OnceLock<std::sync::Weak<ServerPool>>,
     /// The search shared by the clients waiting for a server while none suits.
     hunt: super::hunt::Hunt,
+    /// When a server closed one of this pool's connections last (`split::now_ms`; 0:
+    /// not lately): for `SUSPECT_FOR` after, idle connections are checked before use.
+    lost_at: std::sync::atomic::AtomicU64,
 }
+
+/// How long after a server closed one of a pool's connections its idle connections are
+/// checked (one round trip) before a client gets one: a server going down closes them
+/// all, but not all at the same instant.
+const SUSPECT_FOR_MS: u64 = 1000;
 
 impl ServerConnector {
     /// Connects to `target` with `creds` (attempts, retry pause and timeout from `cfg`).
@@ -55,7 +63,20 @@ impl ServerConnector {
             split: Default::default(),
             primary: Default::default(),
             hunt: Default::default(),
+            lost_at: Default::default(),
         }
+    }
+
+    /// A server closed one of this pool's connections.
+    fn lost_one(&self) {
+        self.lost_at.store(super::split::now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether a server closed one of this pool's connections lately (its idle ones may be
+    /// dying too).
+    pub(crate) fn suspect(&self) -> bool {
+        let at = self.lost_at.load(Ordering::Relaxed);
+        at != 0 && super::split::now_ms().saturating_sub(at) < SUSPECT_FOR_MS
     }
 
     /// Makes this clients pool's plain reads go to `split`'s read pool.
@@ -275,6 +296,9 @@ impl Pooled for ServerConn {
 /// Gives a client's connection back to `pool`. One with a cancel request on its way to its
 /// backend is handed on only once that has landed (the next client's query would take it).
 pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool) {
+    if !reusable && conn.peer_closed() {
+        pool.connector().lost_one();
+    }
     if conn.cancel.signalled.swap(false, Ordering::AcqRel) {
         // Its signal may still be pending there: the next user absorbs it first.
         conn.state.cancel_risk = true;
@@ -294,6 +318,18 @@ pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool
         return;
     }
     pool.release(conn, reusable);
+}
+
+/// An idle connection of a pool whose server closed another one lately (`suspect`),
+/// checked with an empty query before a client gets it: None when it failed (it is
+/// closed).
+pub(crate) async fn checked(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
+    if conn.run_internal("", pool.connect_timeout()).await {
+        return Some(conn);
+    }
+    tracing::debug!(db = %pool.key.db, "an idle server connection failed its check: closed");
+    release(pool, conn, false);
+    None
 }
 
 /// Returns a connection no ticket holds any more: closed if its pipe broke or bytes are

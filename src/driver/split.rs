@@ -49,7 +49,7 @@ type Probe = ((String, u16), Box<ServerConn>);
 static START: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// Milliseconds since the process's first use of this clock (never 0).
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     START.elapsed().as_millis() as u64 + 1
 }
 

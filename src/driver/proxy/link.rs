@@ -34,6 +34,12 @@ impl Proxy {
         }
         loop {
             let got = match self.pool.checkout() {
+                Checkout::Ready(c) if self.pool.connector().suspect() => {
+                    match Box::pin(servers::checked(&self.pool, c)).await {
+                        Some(c) => Ok(Lease::Own(c)),
+                        None => continue,
+                    }
+                }
                 Checkout::Ready(c) => Ok(Lease::Own(c)),
                 Checkout::Queued(q) => {
                     let since = self.meter_waiting();
