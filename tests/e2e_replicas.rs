@@ -363,7 +363,8 @@ async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
     }
     let rw = format!("{}failover_hold_ms = 15000\npool_size = 16\n", db("rw", &[pp, sp], "read-write"));
     let split = format!("{}read_write_split = true\n", db("split", &[pp, sp], "read-write"));
-    let p = Arc::new(Parsnip::with_config(&config(&[rw, split])));
+    let sb = format!("{}failover_hold_ms = 0\n", db("sb", &[pp, sp], "standby"));
+    let p = Arc::new(Parsnip::with_config(&config(&[rw, split, sb])));
     bounded(150, "failover with a hold", async {
         let stop = Arc::new(AtomicBool::new(false));
         let logs: Vec<Arc<Mutex<Writes>>> = (0..8).map(|_| Arc::default()).collect();
@@ -382,6 +383,9 @@ async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
         let reader = p.connect("postgres", SUPER_PW, "split").await;
         let on_standby = "select pg_is_in_recovery()::text";
         until(&reader, on_standby, "true", Duration::from_secs(10), "a read on the standby").await;
+        // A standby database: its connection (to the standby) stays idle in its pool.
+        let sbc = p.connect("postgres", SUPER_PW, "sb").await;
+        assert_eq!(sbc.scalar(on_standby).await.expect("standby database"), "true");
         until_true("writers under way", Duration::from_secs(30), || {
             logs.iter().all(|l| l.lock().unwrap().acked.len() >= 5)
         })
@@ -432,6 +436,21 @@ async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
             logs.iter().zip(&marks).all(|(l, m)| l.lock().unwrap().acked.len() >= m + 5)
         })
         .await;
+        // The promotion was seen: the standby database's connection to the promoted server
+        // is closed, and with no standby left it gets 08006 (never a primary's answer
+        // beyond the janitor's next pass).
+        let t0 = Instant::now();
+        loop {
+            match sbc.scalar(on_standby).await {
+                Ok(v) => assert_eq!(v, "false", "the standby database's connection"),
+                Err(e) => {
+                    assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{}", describe(&e));
+                    break;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "a standby pool kept its connection to the promoted server");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             t.await.expect("writer task");

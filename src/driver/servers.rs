@@ -99,6 +99,12 @@ impl ServerConnector {
         self.primary.get().and_then(std::sync::Weak::upgrade)
     }
 
+    /// Whether its connections are chosen by role (`target_session_attrs` other than
+    /// `any`): a promotion may have changed the role of the servers they are to.
+    pub(crate) fn by_role(&self) -> bool {
+        self.target.lock().unwrap_or_else(|e| e.into_inner()).attrs != crate::config::TargetSessionAttrs::Any
+    }
+
     /// The database's hosts, in the order configured.
     pub(crate) fn hosts(&self) -> Arc<[(String, u16)]> {
         self.target.lock().unwrap_or_else(|e| e.into_inner()).hosts.clone()

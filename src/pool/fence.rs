@@ -48,11 +48,17 @@ struct Inner {
 
 /// The fencing memory of the process, shared by every pool.
 #[derive(Debug, Default)]
-pub(crate) struct Fences(Mutex<Inner>);
+pub(crate) struct Fences(Mutex<Inner>, std::sync::atomic::AtomicU64);
 
 impl Fences {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Promotions seen so far: a cluster's read-write server on a newer timeline than the
+    /// one seen before. Open connections may then be to a server whose role changed.
+    pub(crate) fn promotions(&self) -> u64 {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A server at `host`:`port` claims read-write, in cluster `system_id` on `timeline`.
@@ -77,7 +83,10 @@ impl Fences {
                 f.refusals += 1;
                 Err(newest)
             }
-            _ => {
+            before => {
+                if before.is_some_and(|n| n.timeline < timeline) {
+                    self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 let seen = Seen { host: host.to_owned(), port, timeline };
                 g.newest.insert(system_id.to_owned(), seen);
                 g.fenced.remove(&(host.to_owned(), port));
@@ -119,8 +128,10 @@ mod tests {
         let f = Fences::default();
         assert_eq!(f.check("a", 1, "42", 1), Ok(()), "the first primary seen");
         assert_eq!(f.check("a", 1, "42", 1), Ok(()));
+        assert_eq!(f.promotions(), 0);
         // A standby promoted: timeline 2. The old primary comes back on timeline 1.
         assert_eq!(f.check("b", 2, "42", 2), Ok(()));
+        assert_eq!(f.promotions(), 1, "a promotion seen");
         let newer = f.check("a", 1, "42", 1).expect_err("old primary");
         assert_eq!((newer.host.as_str(), newer.port, newer.timeline), ("b", 2, 2));
         assert!(f.check("a", 1, "42", 1).is_err());
