@@ -139,11 +139,6 @@ impl Split {
     /// by the one it starts, waited for at most `SAMPLE_WAIT` (the primary may be down:
     /// a read after a quiet spell must not go there because the sample aged).
     async fn standbys_serve(self: &Arc<Self>, primary_at: u16) -> bool {
-        match self.serve(primary_at) {
-            Serve::Standbys => return true,
-            Serve::Primary => return false,
-            Serve::Unknown => {}
-        }
         let deadline = tokio::time::Instant::now() + SAMPLE_WAIT;
         loop {
             let woken = self.sampled.notified();
@@ -226,9 +221,28 @@ impl Split {
     }
 }
 
+/// Where a read goes, as `read_pool_for` finds it.
+pub(crate) enum ReadPool {
+    /// Decided now: the read pool, or None (the client's own pool).
+    Now(Option<Arc<ServerPool>>),
+    /// The lag sample is missing or too old: `read_pool_after_sample` decides.
+    AfterSample,
+}
+
 /// For a batch the session says is a plain read: `pool`'s read pool when the standbys may
-/// serve it (see the module doc), else None (the client's own pool).
-pub(crate) async fn read_pool_for(pool: &Arc<ServerPool>, primary_at: u16) -> Option<Arc<ServerPool>> {
+/// serve it (see the module doc), else None (the client's own pool), without waiting when
+/// the last lag sample decides it (a read per transaction allocates nothing here).
+pub(crate) fn read_pool_for(pool: &Arc<ServerPool>, primary_at: u16) -> ReadPool {
+    let Some(split) = pool.connector().split() else { return ReadPool::Now(None) };
+    match split.serve(primary_at) {
+        Serve::Standbys => ReadPool::Now(Some(split.reads.clone())),
+        Serve::Primary => ReadPool::Now(None),
+        Serve::Unknown => ReadPool::AfterSample,
+    }
+}
+
+/// `read_pool_for` once a new lag sample is in (waited for at most `SAMPLE_WAIT`).
+pub(crate) async fn read_pool_after_sample(pool: &Arc<ServerPool>, primary_at: u16) -> Option<Arc<ServerPool>> {
     let split = pool.connector().split()?;
     split.standbys_serve(primary_at).await.then(|| split.reads.clone())
 }
