@@ -1,6 +1,6 @@
 //! Console command texts parsed into `Command`s: `SHOW x`, and PgBouncer's commands that
 //! change the pooler's state (PAUSE, RESUME, RECONNECT, KILL, KILL_CLIENT, DISABLE, ENABLE,
-//! RELOAD, SHUTDOWN, WAIT_CLOSE, SET, SUSPEND). Words are case-insensitive; a database
+//! RELOAD, SHUTDOWN, WAIT_CLOSE, SET, SUSPEND), and parsnip's UNFENCE. Words are case-insensitive; a database
 //! name may be double-quoted.
 
 use crate::error::{Error, SqlState};
@@ -44,6 +44,8 @@ pub(crate) enum StateChange {
     Set(String, String),
     /// PgBouncer's SUSPEND (for its online restart).
     Suspend,
+    /// Accept again as primaries the servers fenced among a database's hosts (or all).
+    Unfence(Option<String>),
 }
 
 /// One console command.
@@ -89,6 +91,7 @@ pub(crate) fn parse(sql: &str) -> Result<Command, Error> {
         "reconnect" => StateChange::Reconnect(one_name(false)?),
         "kill" => StateChange::Kill(one_name(false)?),
         "wait_close" => StateChange::WaitClose(one_name(false)?),
+        "unfence" => StateChange::Unfence(one_name(false)?),
         "disable" => StateChange::Disable(one_name(true)?.unwrap_or_default()),
         "enable" => StateChange::Enable(one_name(true)?.unwrap_or_default()),
         "kill_client" => StateChange::KillClient(rest.parse().map_err(|_| syntax())?),
@@ -155,6 +158,7 @@ mod tests {
         assert_eq!(act("SET pool_size = 20"), StateChange::Set("pool_size".into(), "20".into()));
         assert_eq!(act("set log_level to 'debug'"), StateChange::Set("log_level".into(), "debug".into()));
         assert_eq!(act("WAIT_CLOSE"), StateChange::WaitClose(None));
+        assert_eq!(act("unfence orders"), StateChange::Unfence(Some("orders".into())));
         for bad in ["DISABLE", "KILL_CLIENT x", "PAUSE a b", "SHUTDOWN later", "select 1", "SHOW", "SET x"] {
             let e = parse(bad).expect_err(bad);
             assert_eq!(e.code, SqlState::SYNTAX_ERROR, "{bad}");

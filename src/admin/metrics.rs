@@ -39,6 +39,7 @@ pub(crate) fn render(v: &dyn View) -> String {
         paused: v.paused(),
         console_clients: v.console_clients() as i64,
         top: v.top_statements(),
+        fenced: v.fences().len() as i64,
     };
     let mut registry = Registry::with_prefix("parsnip");
     registry.register_collector(Box::new(scrape));
@@ -68,6 +69,8 @@ struct Scrape {
     console_clients: i64,
     /// Statements per pool listed (the top ones by total server time).
     top: usize,
+    /// Servers refused as primaries now (`SHOW FENCES`).
+    fenced: i64,
 }
 
 type Labels<'a> = [(&'static str, &'a str); 2];
@@ -250,6 +253,13 @@ impl Collector for Scrape {
         }
         let m = e.encode_descriptor("console_connections", "Admin console connections.", None, MetricType::Gauge)?;
         ConstGauge::new(self.console_clients).encode(m)?;
+        let m = e.encode_descriptor(
+            "fenced_servers",
+            "Servers refused as primaries: read-write on an older timeline than one seen (SHOW FENCES).",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.fenced).encode(m)?;
         Ok(())
     }
 }

@@ -18,4 +18,4 @@ mod view;
 pub(crate) use command::{ShutdownMode, StateChange};
 pub(crate) use console::{Console, ConsoleStep};
 pub(crate) use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, render as render_metrics};
-pub(crate) use view::{ConfigRow, ConnRow, DatabaseRow, ListenerRow, PeerRow, UserRow, View};
+pub(crate) use view::{ConfigRow, ConnRow, DatabaseRow, FenceRow, ListenerRow, PeerRow, UserRow, View};

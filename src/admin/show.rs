@@ -24,6 +24,7 @@ pub(crate) const COMMANDS: &[(&str, Show)] = &[
     ("lists", show_lists),
     ("config", show_config),
     ("peers", show_peers),
+    ("fences", show_fences),
     ("state", show_state),
     ("mem", show_mem),
     ("fds", show_fds),
@@ -335,6 +336,30 @@ fn show_peers(v: &dyn View) -> Table {
     table
 }
 
+fn show_fences(v: &dyn View) -> Table {
+    let mut table = Table::new(&[
+        ("host", S),
+        ("port", I),
+        ("system_identifier", S),
+        ("timeline", I),
+        ("newer_timeline", I),
+        ("newer_server", S),
+        ("refusals", Q),
+    ]);
+    for f in v.fences() {
+        table.push(vec![
+            t(f.host),
+            n(f.port),
+            t(f.system_identifier),
+            n(f.timeline),
+            n(f.newer_timeline),
+            t(f.newer_server),
+            n(f.refusals),
+        ]);
+    }
+    table
+}
+
 fn show_state(v: &dyn View) -> Table {
     let mut table = Table::new(&[("key", S), ("value", S)]);
     let paused = v.paused();
@@ -515,6 +540,7 @@ fn show_help(_: &dyn View) -> Table {
         "DISABLE db",
         "ENABLE db",
         "WAIT_CLOSE [db]",
+        "UNFENCE [db]",
         "RELOAD",
         "SET key = value",
         "SHUTDOWN [WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS]",

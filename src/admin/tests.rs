@@ -62,6 +62,17 @@ impl View for One {
     fn pools(&self) -> Vec<PoolSnapshot> {
         vec![pool()]
     }
+    fn fences(&self) -> Vec<super::FenceRow> {
+        vec![super::FenceRow {
+            host: "db1".into(),
+            port: 5432,
+            system_identifier: "7300000000000000001".into(),
+            timeline: 1,
+            newer_timeline: 2,
+            newer_server: "db2:5432".into(),
+            refusals: 3,
+        }]
+    }
     fn clients(&self) -> Vec<ConnRow> {
         // Two of the pool's clients, and the console's own connection.
         vec![
@@ -240,4 +251,7 @@ fn metrics_are_the_consoles_figures() {
     assert!(line("parsnip_wait_seconds_bucket{database=\"app\",user=\"alice\",le=\"0.5\"}").ends_with(" 10"));
     assert!(line("parsnip_wait_seconds_count{").ends_with(" 10"));
     assert!(text.contains("# TYPE parsnip_wait_seconds histogram"));
+    assert_eq!(line("parsnip_fenced_servers"), "parsnip_fenced_servers 1");
+    let fences = show("fences", &One).expect("fences");
+    assert_eq!((fences.get(0, "port"), fences.get(0, "newer_server")), (Some("5432"), Some("db2:5432")));
 }

@@ -113,6 +113,21 @@ pub(crate) struct ListenerRow {
     pub(crate) received: u64,
 }
 
+/// A server refused as a primary (`pool::fence`), for `SHOW FENCES`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FenceRow {
+    pub(crate) host: String,
+    pub(crate) port: i32,
+    pub(crate) system_identifier: String,
+    /// The timeline it claimed read-write on.
+    pub(crate) timeline: i32,
+    /// The newer timeline seen, and the server it was seen on (`host:port`).
+    pub(crate) newer_timeline: i32,
+    pub(crate) newer_server: String,
+    /// Times it was refused.
+    pub(crate) refusals: i64,
+}
+
 /// The running pooler, read by the console.
 pub(crate) trait View {
     /// The client pools, sorted by key.
@@ -141,6 +156,10 @@ pub(crate) trait View {
     }
     /// The LISTEN channels of every pool (`driver::notify`), by pool and channel.
     fn listeners(&self) -> Vec<ListenerRow> {
+        Vec::new()
+    }
+    /// The servers refused as primaries, by host and port.
+    fn fences(&self) -> Vec<FenceRow> {
         Vec::new()
     }
 }

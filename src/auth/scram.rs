@@ -58,6 +58,37 @@ pub(crate) fn salted_password(password: &[u8], salt: &[u8], iterations: u32) -> 
     pbkdf2::pbkdf2_hmac_array::<Sha256, 32>(password, salt, iterations.max(1))
 }
 
+/// `salted_password`, remembered per (password, salt, iterations) for the process: a
+/// server's salt and iteration count for a user do not change between logins, and the
+/// PBKDF2 is nearly all the cost of one, which a burst of server logins (a pool filling,
+/// the clients waiting out a failover woken at once) would pay on the runtime's threads
+/// for each. Keyed by a hash of the three, never by the password itself; at most
+/// `SALTED_KEPT` entries.
+pub(crate) fn salted_password_cached(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+    const SALTED_KEPT: usize = 256;
+    static SALTED: LazyLock<Mutex<HashMap<[u8; 32], [u8; 32]>>> = LazyLock::new(Default::default);
+    let key: [u8; 32] = Sha256::new()
+        .chain_update((password.len() as u64).to_be_bytes())
+        .chain_update(password)
+        .chain_update((salt.len() as u64).to_be_bytes())
+        .chain_update(salt)
+        .chain_update(iterations.to_be_bytes())
+        .finalize()
+        .into();
+    if let Some(v) = SALTED.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return *v;
+    }
+    let v = salted_password(password, salt, iterations);
+    let mut m = SALTED.lock().unwrap_or_else(|e| e.into_inner());
+    if m.len() >= SALTED_KEPT {
+        m.clear();
+    }
+    m.insert(key, v);
+    v
+}
+
 /// SASLprep (RFC 4013) of a password, applied as PostgreSQL applies it.
 ///
 /// PostgreSQL runs the password through SASLprep and, when the password is not valid for it

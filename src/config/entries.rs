@@ -97,6 +97,7 @@ pub(crate) static KEYS: &[Key] = &[
     key!(server_connect_timeout_ms, AtOnce, |c| c.server_connect_timeout_ms.to_string(), set parse),
     key!(server_login_retry_ms, AtOnce, |c| c.server_login_retry_ms.to_string(), set parse),
     key!(server_connect_attempts, AtOnce, |c| c.server_connect_attempts.to_string(), set parse),
+    key!(failover_hold_ms, AtOnce, |c| c.failover_hold_ms.to_string(), set parse),
     key!(query_wait_timeout_ms, AtOnce, |c| c.query_wait_timeout_ms.to_string(), set parse),
     key!(server_lifetime_ms, AtOnce, |c| c.server_lifetime_ms.to_string(), set parse),
     key!(server_idle_timeout_ms, AtOnce, |c| c.server_idle_timeout_ms.to_string(), set parse),

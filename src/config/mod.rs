@@ -114,6 +114,10 @@ pub struct Config {
     pub server_login_retry_ms: u64,
     /// Connect attempts before the waiting client gets an error.
     pub server_connect_attempts: u32,
+    /// A database with several hosts or a `target_session_attrs`: while no host suits, a
+    /// client asking for a server waits this long while parsnip keeps looking, before it
+    /// gets 08006 (0: `server_connect_attempts` as for any other database).
+    pub failover_hold_ms: u64,
     /// A client waits at most this long for a free server connection (0 = forever).
     pub query_wait_timeout_ms: u64,
     /// Close server connections older than this when they come back to the pool (0 = never).
@@ -252,6 +256,8 @@ pub struct DatabaseConfig {
     pub(crate) user: Option<String>,
     /// Password for `user` (or for the client's user when `user` is unset).
     pub(crate) password: Option<String>,
+    /// `failover_hold_ms` for this database (overrides the global one).
+    pub(crate) failover_hold_ms: Option<u64>,
     /// Pool size for this database (overrides the global one).
     pub(crate) pool_size: Option<usize>,
     /// Pool mode for this database (overrides the global one).
@@ -294,6 +300,7 @@ impl Default for Config {
             server_connect_timeout_ms: 5_000,
             server_login_retry_ms: 500,
             server_connect_attempts: 3,
+            failover_hold_ms: 30_000,
             query_wait_timeout_ms: 120_000,
             server_lifetime_ms: 3_600_000,
             server_idle_timeout_ms: 600_000,
@@ -520,6 +527,13 @@ impl Config {
     /// Pool size for a (database, user) pair: user, then database, then global.
     pub(crate) fn pool_size_for(&self, db: &DatabaseConfig, user: &str) -> usize {
         self.users.get(user).and_then(|u| u.pool_size).or(db.pool_size).unwrap_or(self.pool_size)
+    }
+
+    /// How long clients of database `db` (the name clients use) wait for a server of
+    /// the role it needs (`failover_hold_ms`: the database's, else the global one).
+    pub(crate) fn failover_hold(&self, db: &str) -> Duration {
+        let per_db = self.database(db).and_then(|(d, _)| d.failover_hold_ms);
+        Duration::from_millis(per_db.unwrap_or(self.failover_hold_ms))
     }
 
     /// Duration getters; `None` means disabled.

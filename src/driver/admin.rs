@@ -8,7 +8,9 @@ use super::Shared;
 use super::census::unix_us;
 use super::servers::ServerPool;
 use super::stream::Stream;
-use crate::admin::{ConfigRow, ConnRow, Console, ConsoleStep, DatabaseRow, PeerRow, StateChange, UserRow, View};
+use crate::admin::{
+    ConfigRow, ConnRow, Console, ConsoleStep, DatabaseRow, FenceRow, PeerRow, StateChange, UserRow, View,
+};
 use crate::config::Config;
 use crate::error::{Error, SqlState};
 use crate::pool::{PoolPurpose, PoolSnapshot};
@@ -161,6 +163,20 @@ async fn run(change: &StateChange, shared: &Arc<Shared>) -> Result<&'static str,
             shared.stop_requests.send_replace(Some(*mode));
             // SHUTDOWN without WAIT_*: the process exits before a reply could matter.
             Ok("SHUTDOWN")
+        }
+        StateChange::Unfence(db) => {
+            known_if_named(shared, db)?;
+            let hosts = db.as_deref().map(|d| {
+                let cfg = shared.cfg.load();
+                let mut hosts = cfg.database(d).map(|(c, _)| c.host.endpoints_or_skip(c.port)).unwrap_or_default();
+                for p in pools_of(shared, Some(d)) {
+                    hosts.extend(p.connector().hosts().iter().cloned());
+                }
+                hosts
+            });
+            let n = shared.hosts.fences.unfence(hosts.as_deref());
+            tracing::info!(db = db.as_deref().unwrap_or("(all)"), hosts = n, "UNFENCE: fenced servers accepted again");
+            Ok("UNFENCE")
         }
         StateChange::Reload => {
             shared.reload()?;
@@ -476,6 +492,22 @@ impl View for Live<'_> {
 
     fn top_statements(&self) -> usize {
         self.0.cfg.load().stats_top_statements
+    }
+
+    fn fences(&self) -> Vec<FenceRow> {
+        let fenced = self.0.hosts.fences.list();
+        fenced
+            .into_iter()
+            .map(|f| FenceRow {
+                host: f.host,
+                port: i32::from(f.port),
+                system_identifier: f.system_identifier,
+                timeline: f.timeline as i32,
+                newer_timeline: f.newest.timeline as i32,
+                newer_server: format!("{}:{}", f.newest.host, f.newest.port),
+                refusals: f.refusals as i64,
+            })
+            .collect()
     }
 
     fn peers(&self) -> Vec<PeerRow> {

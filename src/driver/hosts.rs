@@ -10,6 +10,7 @@
 use super::server_conn::{self, ConnectError, ServerConn, ServerTarget};
 use crate::auth::Credentials;
 use crate::config::TargetSessionAttrs;
+use crate::pool::fence::FENCE_QUERY;
 use crate::pool::hosts::{HostMemory, ROLE_QUERY, Role};
 use std::time::Duration;
 
@@ -78,6 +79,14 @@ pub(crate) async fn connect(
             },
         };
         memory.role(&one.host, one.port, role);
+        if role.fits(attrs)
+            && matches!(attrs, TargetSessionAttrs::ReadWrite | TargetSessionAttrs::Primary)
+            && let Err(why) = fence(&mut conn, &one.host, one.port, &place, timeout, memory).await
+        {
+            tried.push(format!("{place}: {why}"));
+            tokio::spawn(Box::new(conn).terminate());
+            continue;
+        }
         if role.fits(attrs) {
             tracing::debug!(host = %place, ?role, attrs = attrs.as_str(), "server host chosen");
             if let Some(f) = fallback {
@@ -108,6 +117,45 @@ pub(crate) async fn connect(
         attrs.as_str(),
         if tried.is_empty() { "no host configured".to_owned() } else { tried.join("; ") }
     )))
+}
+
+/// Asks a server that would be taken as a primary for its cluster and timeline, and
+/// refuses it (Err: why) when a newer timeline of its cluster was seen (`pool::fence`).
+/// A server that cannot tell (the query failed, e.g. not allowed) is taken: parsnip then
+/// knows nothing newer of it.
+async fn fence(
+    conn: &mut ServerConn,
+    host: &str,
+    port: u16,
+    place: &str,
+    timeout: Duration,
+    memory: &HostMemory,
+) -> Result<(), String> {
+    let rows = match conn.query_rows(FENCE_QUERY, timeout).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::debug!(host = %place, error = %e, "timeline query failed: the server is not fenced");
+            return Ok(());
+        }
+    };
+    let row = rows.first();
+    let field = |i: usize| row.and_then(|r| r.get(i)).and_then(|v| v.as_deref());
+    let (Some(system_id), Some(timeline)) = (field(0), field(1).and_then(|t| t.parse::<u32>().ok())) else {
+        return Ok(());
+    };
+    match memory.fences.check(host, port, system_id, timeline) {
+        Ok(()) => Ok(()),
+        Err(newest) => {
+            tracing::warn!(host = %place, timeline, newer_timeline = newest.timeline, newer_host = %newest.host,
+                newer_port = newest.port, "a read-write server on an older timeline than one seen: refused as a primary \
+                 (an old primary back after a failover?); UNFENCE on the console takes it again");
+            memory.fenced(host, port);
+            Err(format!(
+                "fenced: read-write on timeline {timeline}, older than timeline {} seen on {}:{} (UNFENCE to accept it)",
+                newest.timeline, newest.host, newest.port
+            ))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ pub(crate) mod cancel;
 pub(crate) mod census;
 pub mod client;
 mod hosts;
+pub(crate) mod hunt;
 pub(crate) mod listen;
 pub(crate) mod login;
 mod metrics;
@@ -378,6 +379,7 @@ async fn janitor(shared: Arc<Shared>) {
     let stats_period = Duration::from_secs(shared.cfg.load().stats_period);
     let mut period_start = std::time::Instant::now();
     let mut heap = HeapTrim::default();
+    let mut promotions = shared.hosts.fences.promotions();
     loop {
         tick.tick().await;
         if heap.burst_over(shared.client_slots.available_permits()) {
@@ -389,6 +391,18 @@ async fn janitor(shared: Arc<Shared>) {
         let roll = now.duration_since(period_start) >= stats_period;
         if roll {
             period_start = now;
+        }
+        // A promotion seen (`pool::fence`): the connections of pools that choose servers
+        // by role are opened again as they come back, so that none stays on a server whose
+        // role changed (a promoted standby's sessions in a standby pool, an old primary's
+        // still open in a read-write one).
+        let seen = shared.hosts.fences.promotions();
+        if seen != promotions {
+            promotions = seen;
+            for p in pools.iter().filter(|p| p.connector().by_role()) {
+                tracing::info!(db = %p.key.db, user = %p.key.user, "a promotion was seen: the pool's connections are opened again");
+                p.reconnect();
+            }
         }
         for p in pools {
             p.expire_waiters();

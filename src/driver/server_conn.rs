@@ -388,6 +388,21 @@ impl ServerConn {
         matches!(self.stream.try_read_buf(&mut self.rbuf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
+    /// Whether the server closed the connection (end of stream, or a reset), as far as can
+    /// be told without blocking; what it sent before is read and dropped with it.
+    pub(crate) fn peer_closed(&mut self) -> bool {
+        for _ in 0..4 {
+            self.rbuf.clear();
+            self.rbuf.reserve(4096);
+            match self.stream.try_read_buf(&mut self.rbuf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
+            }
+        }
+        false
+    }
+
     /// Says goodbye (Terminate) and closes the connection, without waiting long.
     pub(crate) async fn terminate(mut self: Box<Self>) {
         let mut out = BytesMut::with_capacity(5);

@@ -40,7 +40,17 @@ pub struct ServerConnector {
     primary: std::sync::OnceLock<std::sync::Weak<ServerPool>>,
     /// The pool's listening connection and its listeners (`notify`).
     notifier: std::sync::OnceLock<Arc<super::notify::Notifier>>,
+    /// The search shared by the clients waiting for a server while none suits.
+    hunt: super::hunt::Hunt,
+    /// When a server closed one of this pool's connections last (`split::now_ms`; 0:
+    /// not lately): for `SUSPECT_FOR` after, idle connections are checked before use.
+    lost_at: std::sync::atomic::AtomicU64,
 }
+
+/// How long after a server closed one of a pool's connections its idle connections are
+/// checked (one round trip) before a client gets one: a server going down closes them
+/// all, but not all at the same instant.
+const SUSPECT_FOR_MS: u64 = 1000;
 
 impl ServerConnector {
     /// Connects to `target` with `creds` (attempts, retry pause and timeout from `cfg`).
@@ -55,6 +65,8 @@ impl ServerConnector {
             split: Default::default(),
             primary: Default::default(),
             notifier: Default::default(),
+            hunt: Default::default(),
+            lost_at: Default::default(),
         }
     }
 
@@ -66,6 +78,18 @@ impl ServerConnector {
     /// The pool's LISTEN fan-out, if a client ever listened.
     pub(crate) fn notifier_if_any(&self) -> Option<&Arc<super::notify::Notifier>> {
         self.notifier.get()
+    }
+
+    /// A server closed one of this pool's connections.
+    fn lost_one(&self) {
+        self.lost_at.store(super::split::now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether a server closed one of this pool's connections lately (its idle ones may be
+    /// dying too).
+    pub(crate) fn suspect(&self) -> bool {
+        let at = self.lost_at.load(Ordering::Relaxed);
+        at != 0 && super::split::now_ms().saturating_sub(at) < SUSPECT_FOR_MS
     }
 
     /// Makes this clients pool's plain reads go to `split`'s read pool.
@@ -86,6 +110,12 @@ impl ServerConnector {
     /// The clients pool of this read pool.
     pub(crate) fn primary(&self) -> Option<Arc<ServerPool>> {
         self.primary.get().and_then(std::sync::Weak::upgrade)
+    }
+
+    /// Whether its connections are chosen by role (`target_session_attrs` other than
+    /// `any`): a promotion may have changed the role of the servers they are to.
+    pub(crate) fn by_role(&self) -> bool {
+        self.target.lock().unwrap_or_else(|e| e.into_inner()).attrs != crate::config::TargetSessionAttrs::Any
     }
 
     /// The database's hosts, in the order configured.
@@ -140,41 +170,107 @@ impl ServerConnector {
         super::server_conn::connect(&target, &creds, timeout).await
     }
 
+    /// How long a client waits for a server of the role this pool needs while none can be
+    /// had: `failover_hold_ms` for a database with several hosts or a
+    /// `target_session_attrs` (a failover may be under way); none for other databases and
+    /// for a read pool (its reads go to the primary instead).
+    fn hold(&self, cfg: &crate::config::Config, target: &ServerTarget) -> Duration {
+        let failover_aware = target.hosts.len() > 1 || target.attrs != crate::config::TargetSessionAttrs::Any;
+        if !failover_aware || self.key.purpose == crate::pool::PoolPurpose::Reads {
+            return Duration::ZERO;
+        }
+        cfg.failover_hold(&self.key.db)
+    }
+
     async fn connect_with_retries(&self, stats: &PoolStats) -> Result<Box<ServerConn>, Error> {
         let cfg = self.cfg.load_full();
+        let hold = {
+            let target = self.target.lock().unwrap_or_else(|e| e.into_inner());
+            self.hold(&cfg, &target)
+        };
+        if !hold.is_zero() {
+            return self.connect_holding(stats, hold).await.map_err(|e| e.to_error());
+        }
         let attempts = cfg.server_connect_attempts.max(1);
-        let mut last = None;
-        for attempt in 0..attempts {
+        let mut attempt = 0u32;
+        let last = loop {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(cfg.server_login_retry_ms)).await;
             }
-            let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            match super::hosts::connect(&target, &creds, cfg.server_connect_timeout(), &self.hosts).await {
-                Ok(c) => {
-                    stats.connects.fetch_add(1, Ordering::Relaxed);
-                    self.census.add_server(&self.key, &c.cancel);
-                    let (db, user) = (&self.key.db, &self.key.user);
-                    tracing::debug!(db = %db, user = %user, pid = c.cancel.pid, "server connection opened");
-                    return Ok(Box::new(c));
-                }
+            attempt += 1;
+            match self.connect_once(stats).await {
+                Ok(c) => return Ok(c),
                 Err(e) => {
-                    stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
-                    // No host of the right role may be one being promoted: try again.
-                    let retry = matches!(e, ConnectError::Io(_) | ConnectError::NoHost(_))
-                        || matches!(&e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW);
-                    last = Some(e);
-                    if !retry {
-                        break;
+                    if !retryable(&e) || attempt >= attempts {
+                        break e;
                     }
                 }
             }
-        }
-        Err(last
-            .map(|e| e.to_error())
-            .unwrap_or_else(|| Error::fatal(SqlState::CONNECTION_FAILURE, "could not connect to server")))
+        };
+        Err(last.to_error())
     }
+
+    /// Connects, and while no host suits keeps trying for `hold` (`hunt`: one try at a
+    /// time for the pool, backing off from milliseconds; the first success wakes every
+    /// waiting client). The last error when the hold runs out.
+    async fn connect_holding(&self, stats: &PoolStats, hold: Duration) -> Result<Box<ServerConn>, ConnectError> {
+        let end = Instant::now() + hold;
+        let mut found = self.hunt.watch();
+        let mut last = match self.connect_once(stats).await {
+            Ok(c) => return Ok(c),
+            Err(e) if !retryable(&e) => return Err(e),
+            Err(e) => e,
+        };
+        tracing::warn!(db = %self.key.db, user = %self.key.user, error = %last, hold_ms = hold.as_millis() as u64,
+            "no server to be had: the client waits while parsnip keeps trying");
+        loop {
+            let turn = match self.hunt.next(&mut found, end).await {
+                super::hunt::Next::Expired => break,
+                super::hunt::Next::Now => None,
+                super::hunt::Next::Try(g) => Some(g),
+            };
+            match self.connect_once(stats).await {
+                Ok(c) => return Ok(c),
+                Err(e) if !retryable(&e) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(db = %self.key.db, user = %self.key.user, error = %e, "server connect failed");
+                    last = e;
+                }
+            }
+            drop(turn);
+        }
+        tracing::warn!(db = %self.key.db, user = %self.key.user, error = %last, "no server came within failover_hold_ms");
+        Err(last)
+    }
+
+    /// One connect to a host that suits the target, counted in `stats`.
+    async fn connect_once(&self, stats: &PoolStats) -> Result<Box<ServerConn>, ConnectError> {
+        let timeout = self.cfg.load().server_connect_timeout();
+        let creds = self.creds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let target = self.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match super::hosts::connect(&target, &creds, timeout, &self.hosts).await {
+            Ok(c) => {
+                stats.connects.fetch_add(1, Ordering::Relaxed);
+                self.census.add_server(&self.key, &c.cancel);
+                let (db, user) = (&self.key.db, &self.key.user);
+                tracing::debug!(db = %db, user = %user, pid = c.cancel.pid, "server connection opened");
+                self.hunt.found();
+                Ok(Box::new(c))
+            }
+            Err(e) => {
+                stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Whether a failed connect may succeed if tried again: no host of the right role (one
+/// may be being promoted), a host down or starting up.
+fn retryable(e: &ConnectError) -> bool {
+    matches!(e, ConnectError::Io(_) | ConnectError::NoHost(_))
+        || matches!(e, ConnectError::Server(_) if e.to_error().code == SqlState::CANNOT_CONNECT_NOW)
 }
 
 impl Connector for ServerConnector {
@@ -220,6 +316,9 @@ impl Pooled for ServerConn {
 /// backend is handed on only once that has landed (the next client's query would take it).
 pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool) {
     let mut reusable = reusable;
+    if !reusable && conn.peer_closed() {
+        pool.connector().lost_one();
+    }
     if conn.cancel.signalled.swap(false, Ordering::AcqRel) {
         // Its signal may still be pending there: the next user absorbs it first, unless the
         // session there still arms a statement or lock timer, under which that absorbing
@@ -242,6 +341,18 @@ pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool
         return;
     }
     pool.release(conn, reusable);
+}
+
+/// An idle connection of a pool whose server closed another one lately (`suspect`),
+/// checked with an empty query before a client gets it: None when it failed (it is
+/// closed).
+pub(crate) async fn checked(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
+    if conn.run_internal("", pool.connect_timeout()).await {
+        return Some(conn);
+    }
+    tracing::debug!(db = %pool.key.db, "an idle server connection failed its check: closed");
+    release(pool, conn, false);
+    None
 }
 
 /// Returns a connection no ticket holds any more: closed if its pipe broke or bytes are

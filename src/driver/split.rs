@@ -4,10 +4,11 @@
 //! whether the batch that needs a server is a plain autocommit read
 //! (`Session::is_read_batch`); this module picks the pool that serves it: the standbys'
 //! when the split is on, the client has not used the primary within `read_your_writes_ms`,
-//! and the replay lag of every standby that answered the last sample is fresh and within
-//! `max_replica_lag_ms`; else the primary. The lag is sampled at most every `PROBE_EVERY`
-//! while reads come, by a task of its own over one connection per standby host, outside
-//! the pools' counts.
+//! and the replay lag of every standby that answered the last sample is within
+//! `max_replica_lag_ms`; else the primary. A read that finds the last sample missing or too
+//! old waits for a new one (briefly), rather than going to a primary that may be down. The
+//! lag is sampled at most every `PROBE_EVERY` while reads come, by a task of its own over
+//! one connection per standby host, outside the pools' counts.
 
 use super::server_conn::ServerConn;
 use super::servers::ServerPool;
@@ -18,8 +19,23 @@ use std::time::{Duration, Instant};
 /// How often the standbys' lag is sampled while reads come.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 
-/// A sample older than this is not trusted: reads go to the primary until the next.
+/// A sample older than this is not trusted: a read waits for the next one.
 const FRESH_FOR: Duration = Duration::from_millis(2000);
+
+/// How long a read waits for a lag sample when the last one is missing or too old; past
+/// it, the read goes to the primary.
+const SAMPLE_WAIT: Duration = Duration::from_millis(1000);
+
+/// Where a read may go, by the last lag sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Serve {
+    /// The standbys.
+    Standbys,
+    /// The primary.
+    Primary,
+    /// No sample recent enough: one was started, the read waits for it.
+    Unknown,
+}
 
 /// A standby's replay lag in ms: 0 when it has replayed all it received, else the age of
 /// the last transaction it replayed; -1 from a server that is no standby (promoted).
@@ -33,7 +49,7 @@ type Probe = ((String, u16), Box<ServerConn>);
 static START: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// Milliseconds since the process's first use of this clock (never 0).
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     START.elapsed().as_millis() as u64 + 1
 }
 
@@ -67,6 +83,8 @@ pub(crate) struct Split {
     /// The largest lag it found, in ms.
     lag_ms: AtomicU64,
     probing: AtomicBool,
+    /// Told when a sample is taken.
+    sampled: tokio::sync::Notify,
     /// A sampling connection per standby host, kept between samples.
     probes: Mutex<Vec<Probe>>,
 }
@@ -82,6 +100,7 @@ impl Split {
             sampled_at: AtomicU64::new(0),
             lag_ms: AtomicU64::new(u64::MAX),
             probing: AtomicBool::new(false),
+            sampled: tokio::sync::Notify::new(),
             probes: Mutex::new(Vec::new()),
         };
         s.configure(db);
@@ -95,22 +114,46 @@ impl Split {
         self.ryw_ms.store(db.read_your_writes_ms(), Ordering::Relaxed);
     }
 
-    /// Whether a read may go to the standbys now, for a client that last used the primary
-    /// at `primary_at` (`tick`, 0: never). Starts a lag sample when one is due.
-    fn standbys_serve(self: &Arc<Self>, primary_at: u16) -> bool {
-        if !self.enabled.load(Ordering::Relaxed) {
-            return false;
+    /// Where a read may go now, for a client that last used the primary at `primary_at`
+    /// (`tick`, 0: never). Starts a lag sample when one is due.
+    fn serve(self: &Arc<Self>, primary_at: u16) -> Serve {
+        if !self.enabled.load(Ordering::Relaxed) || recently(primary_at, self.ryw_ms.load(Ordering::Relaxed)) {
+            return Serve::Primary;
         }
         let now = now_ms();
         let sampled = self.sampled_at.load(Ordering::Relaxed);
         if now.saturating_sub(sampled) >= PROBE_EVERY.as_millis() as u64 {
             self.sample();
         }
-        let ryw = self.ryw_ms.load(Ordering::Relaxed);
-        sampled != 0
-            && now.saturating_sub(sampled) < FRESH_FOR.as_millis() as u64
-            && self.lag_ms.load(Ordering::Relaxed) <= self.max_lag_ms.load(Ordering::Relaxed)
-            && !recently(primary_at, ryw)
+        if sampled == 0 || now.saturating_sub(sampled) >= FRESH_FOR.as_millis() as u64 {
+            return Serve::Unknown;
+        }
+        if self.lag_ms.load(Ordering::Relaxed) <= self.max_lag_ms.load(Ordering::Relaxed) {
+            Serve::Standbys
+        } else {
+            Serve::Primary
+        }
+    }
+
+    /// Whether a read may go to the standbys: by the last sample when it is recent, else
+    /// by the one it starts, waited for at most `SAMPLE_WAIT` (the primary may be down:
+    /// a read after a quiet spell must not go there because the sample aged).
+    async fn standbys_serve(self: &Arc<Self>, primary_at: u16) -> bool {
+        let deadline = tokio::time::Instant::now() + SAMPLE_WAIT;
+        loop {
+            let woken = self.sampled.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            // A sample taken since the last look counts (it may have ended before `enable`).
+            match self.serve(primary_at) {
+                Serve::Standbys => return true,
+                Serve::Primary => return false,
+                Serve::Unknown => {}
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// Samples every standby host's lag in a task of its own (one at a time).
@@ -129,6 +172,7 @@ impl Split {
             s.lag_ms.store(lag, Ordering::Relaxed);
             s.sampled_at.store(now_ms(), Ordering::Relaxed);
             s.probing.store(false, Ordering::Release);
+            s.sampled.notify_waiters();
         });
     }
 
@@ -177,11 +221,30 @@ impl Split {
     }
 }
 
+/// Where a read goes, as `read_pool_for` finds it.
+pub(crate) enum ReadPool {
+    /// Decided now: the read pool, or None (the client's own pool).
+    Now(Option<Arc<ServerPool>>),
+    /// The lag sample is missing or too old: `read_pool_after_sample` decides.
+    AfterSample,
+}
+
 /// For a batch the session says is a plain read: `pool`'s read pool when the standbys may
-/// serve it (see the module doc), else None (the client's own pool).
-pub(crate) fn read_pool_for(pool: &Arc<ServerPool>, primary_at: u16) -> Option<Arc<ServerPool>> {
+/// serve it (see the module doc), else None (the client's own pool), without waiting when
+/// the last lag sample decides it (a read per transaction allocates nothing here).
+pub(crate) fn read_pool_for(pool: &Arc<ServerPool>, primary_at: u16) -> ReadPool {
+    let Some(split) = pool.connector().split() else { return ReadPool::Now(None) };
+    match split.serve(primary_at) {
+        Serve::Standbys => ReadPool::Now(Some(split.reads.clone())),
+        Serve::Primary => ReadPool::Now(None),
+        Serve::Unknown => ReadPool::AfterSample,
+    }
+}
+
+/// `read_pool_for` once a new lag sample is in (waited for at most `SAMPLE_WAIT`).
+pub(crate) async fn read_pool_after_sample(pool: &Arc<ServerPool>, primary_at: u16) -> Option<Arc<ServerPool>> {
     let split = pool.connector().split()?;
-    split.standbys_serve(primary_at).then(|| split.reads.clone())
+    split.standbys_serve(primary_at).await.then(|| split.reads.clone())
 }
 
 /// The clients pool a read pool belongs to (None for any other pool).

@@ -80,15 +80,21 @@ enum Known {
     Down,
     /// A connection to it logged in and it had this role.
     Up(Role),
+    /// It claimed read-write and was refused as a primary (`fence`).
+    Fenced,
 }
 
-/// What was last learnt about each host, by (host, port), for `HOST_MEMORY`.
+/// What was last learnt about each host, by (host, port), for `HOST_MEMORY`; and the
+/// fencing memory (which servers are refused as primaries, kept until `UNFENCE`).
 #[derive(Debug, Default)]
-pub(crate) struct HostMemory(Mutex<HashMap<(String, u16), (Instant, Known)>>);
+pub(crate) struct HostMemory {
+    hosts: Mutex<HashMap<(String, u16), (Instant, Known)>>,
+    pub(crate) fences: super::fence::Fences,
+}
 
 impl HostMemory {
     fn note(&self, host: &str, port: u16, k: Known) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         if m.len() > 1024 {
             m.retain(|_, (at, _)| now.duration_since(*at) < HOST_MEMORY);
@@ -106,13 +112,19 @@ impl HostMemory {
         self.note(host, port, Known::Up(role));
     }
 
+    /// The host claimed read-write and was refused as a primary.
+    pub(crate) fn fenced(&self, host: &str, port: u16) {
+        self.note(host, port, Known::Fenced);
+    }
+
     /// Whether the host was recently down or of a role not serving `attrs`.
     fn unpromising(&self, host: &str, port: u16, attrs: TargetSessionAttrs, now: Instant) -> bool {
-        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
         match m.get(&(host.to_owned(), port)) {
             Some((at, k)) if now.duration_since(*at) < HOST_MEMORY => match k {
                 Known::Down => true,
                 Known::Up(role) => !role.fits(attrs),
+                Known::Fenced => matches!(attrs, TargetSessionAttrs::ReadWrite | TargetSessionAttrs::Primary),
             },
             _ => false,
         }

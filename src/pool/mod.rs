@@ -13,6 +13,7 @@
 
 mod conn;
 mod defaults;
+pub(crate) mod fence;
 pub mod home;
 pub(crate) mod hosts;
 mod key;

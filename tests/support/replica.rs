@@ -91,10 +91,45 @@ fn run(mut cmd: Command, what: &str) -> String {
 
 /// `pg_ctl stop -m immediate` on `primary`: its server is gone at once, as in a crash.
 pub fn kill_primary(primary: &Cluster) {
+    stop_primary(primary, "immediate");
+}
+
+/// `pg_ctl stop -m MODE` on `primary` (`fast`: a planned switchover's clean shutdown).
+pub fn stop_primary(primary: &Cluster, mode: &str) {
     let root = primary.data_dir().parent().expect("root").to_path_buf();
     let mut cmd = command_as(primary.bin_dir(), "pg_ctl", primary.data_dir(), &root);
-    cmd.arg("-D").arg(primary.data_dir()).args(["-w", "-t", "30", "-m", "immediate", "stop"]);
-    run(cmd, "pg_ctl stop -m immediate (primary)");
+    cmd.arg("-D").arg(primary.data_dir()).args(["-w", "-t", "30", "-m", mode, "stop"]);
+    run(cmd, &format!("pg_ctl stop -m {mode} (primary)"));
+}
+
+/// SIGKILL to `primary`'s postmaster (its backends notice its death by themselves);
+/// returns once it is gone.
+pub fn sigkill_postmaster(primary: &Cluster) {
+    let pidfile = std::fs::read_to_string(primary.data_dir().join("postmaster.pid")).expect("postmaster.pid");
+    let pid: i32 = pidfile.lines().next().and_then(|l| l.trim().parse().ok()).expect("postmaster pid");
+    // SAFETY: kill has no memory preconditions; the pid is the postmaster's.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill -9 {pid}");
+    let t0 = Instant::now();
+    // SAFETY: signal 0 only checks that the process exists.
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the postmaster outlived SIGKILL");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Starts `primary` again after `kill_primary`, as it was: an old primary back after a
+/// failover, read-write on its old timeline. Its synchronous_standby_names is cleared
+/// first (its standby follows another server now: its writes would wait forever).
+pub fn start_again(primary: &Cluster) {
+    let auto = primary.data_dir().join("postgresql.auto.conf");
+    let text = std::fs::read_to_string(&auto).expect("postgresql.auto.conf");
+    let kept: String =
+        text.lines().filter(|l| !l.starts_with("synchronous_standby_names")).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&auto, kept).expect("writing postgresql.auto.conf");
+    let root = primary.data_dir().parent().expect("root").to_path_buf();
+    let mut cmd = command_as(primary.bin_dir(), "pg_ctl", primary.data_dir(), &root);
+    cmd.arg("-D").arg(primary.data_dir()).arg("-l").arg(primary.log_file()).args(["-w", "-t", "60", "start"]);
+    run(cmd, "pg_ctl start (old primary)");
 }
 
 impl Standby {
@@ -238,5 +273,59 @@ impl Drop for Standby {
         cmd.args(["-w", "-t", "30", "-m", "immediate", "stop"]).stdout(Stdio::null()).stderr(Stdio::null());
         let _ = cmd.status();
         let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// What one writer saw: the ids whose INSERT was acknowledged (when it was sent, when
+/// acknowledged), and its errors.
+#[derive(Default)]
+pub struct Writes {
+    pub acked: Vec<(i64, Instant, Instant)>,
+    pub errors: Vec<String>,
+}
+
+/// A client writing short transactions (one INSERT each) through `db` until `stop`,
+/// reconnecting when its connection is closed.
+pub fn writer(
+    p: std::sync::Arc<Parsnip>,
+    db: &'static str,
+    base: i64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    log: std::sync::Arc<std::sync::Mutex<Writes>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut c = p.connect("postgres", SUPER_PW, db).await;
+        let mut id = base;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            id += 1;
+            let sent = Instant::now();
+            let failed = match c.simple_query(&format!("INSERT INTO t VALUES ({id}, 'w')")).await {
+                Ok(_) => {
+                    log.lock().unwrap().acked.push((id, sent, Instant::now()));
+                    false
+                }
+                Err(e) => {
+                    log.lock().unwrap().errors.push(describe(&e));
+                    true
+                }
+            };
+            // After an error the client starts afresh, as an application would (a FATAL
+            // closes the connection, perhaps only after its reply was read).
+            if failed || c.is_closed() {
+                match p.try_connect("postgres", Some(SUPER_PW), db).await {
+                    Ok(n) => c = n,
+                    Err(e) => log.lock().unwrap().errors.push(format!("connect: {}", describe(&e))),
+                }
+            }
+        }
+    })
+}
+
+/// Waits (bounded, polling) until `cond` holds.
+pub async fn until_true(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

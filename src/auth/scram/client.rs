@@ -7,7 +7,8 @@ use base64::engine::general_purpose::STANDARD;
 
 use super::{
     SCRAM_SHA_256, SCRAM_SHA_256_PLUS, TLS_SERVER_END_POINT, as_str, auth_message, check_extensions, decode_base64,
-    decode_key, expect_attribute, hmac_sha256, is_valid_nonce, random_nonce, salted_password, saslprep, sha256, xor,
+    decode_key, expect_attribute, hmac_sha256, is_valid_nonce, random_nonce, salted_password_cached, saslprep, sha256,
+    xor,
 };
 use crate::auth::{AuthError, ct_eq};
 
@@ -179,7 +180,7 @@ impl ScramClient {
 
         let (client_key, server_key) = match &self.credential {
             Credential::Password(password) => {
-                let salted = salted_password(password, &salt, iterations);
+                let salted = salted_password_cached(password, &salt, iterations);
                 (hmac_sha256(&salted, &[b"Client Key"]), Some(hmac_sha256(&salted, &[b"Server Key"])))
             }
             Credential::ClientKey { client_key, server_key } => (*client_key, *server_key),
@@ -261,6 +262,7 @@ impl fmt::Debug for ScramClient {
 mod tests {
     use super::*;
     use crate::auth::ScramSecret;
+    use crate::auth::scram::salted_password;
 
     // RFC 7677, section 3.
     const CLIENT_FIRST: &[u8] = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO";
@@ -294,6 +296,9 @@ mod tests {
         // ClientKey = HMAC(SaltedPassword, "Client Key"), computed independently here.
         let salt = STANDARD.decode("W22ZaJ0SNY7soEsUEjb6gQ==").expect("valid base64");
         let salted = salted_password(b"pencil", &salt, 4096);
+        assert_eq!(salted_password_cached(b"pencil", &salt, 4096), salted, "cached as derived");
+        assert_eq!(salted_password_cached(b"pencil", &salt, 4096), salted, "from the cache");
+        assert_ne!(salted_password_cached(b"pencil", &salt, 4097), salted, "keyed by the iterations too");
         let client_key = hmac_sha256(&salted, &[b"Client Key"]);
         assert_eq!(sha256(&client_key), rfc_secret().stored_key);
 

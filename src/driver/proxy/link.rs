@@ -25,13 +25,24 @@ impl Proxy {
         // only while used, not in every idle client's task.
         // The waits are boxed: their futures would otherwise be part of every client's task
         // for its whole life (idle clients' memory), and a free connection needs none.
-        if self.session.get().wants_reads()
-            && let Some(reads) = split::read_pool_for(&self.pool, self.slot.live.primary_at.load(Ordering::Relaxed))
-        {
-            self.pool = reads;
+        if self.session.get().wants_reads() {
+            let primary_at = self.slot.live.primary_at.load(Ordering::Relaxed);
+            let reads = match split::read_pool_for(&self.pool, primary_at) {
+                split::ReadPool::Now(r) => r,
+                split::ReadPool::AfterSample => Box::pin(split::read_pool_after_sample(&self.pool, primary_at)).await,
+            };
+            if let Some(reads) = reads {
+                self.pool = reads;
+            }
         }
         loop {
             let got = match self.pool.checkout() {
+                Checkout::Ready(c) if self.pool.connector().suspect() => {
+                    match Box::pin(servers::checked(&self.pool, c)).await {
+                        Some(c) => Ok(Lease::Own(c)),
+                        None => continue,
+                    }
+                }
                 Checkout::Ready(c) => Ok(Lease::Own(c)),
                 Checkout::Queued(q) => {
                     let since = self.meter_waiting();
