@@ -19,6 +19,10 @@ use crate::stmt::guard::Verdict;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+/// A session-level statement or lock timeout this short (µs) keeps its server from other
+/// clients: the pooler's own statements there would run under it (`note_cancel_risk`).
+const TINY_TIMER_US: u64 = 100_000;
+
 impl Session {
     /// The driver's clock, µs on a monotonic scale: what the next frames fed happen at.
     #[inline]
@@ -68,11 +72,18 @@ impl Session {
     /// something there next (`state::timers`): the server's next user absorbs it first.
     pub(super) fn note_cancel_risk(&mut self, server: &mut ServerState) {
         let now = self.busy.clock_us;
-        if let Some(l) = self.link.state()
-            && l.timer_us != 0
-            && now.saturating_sub(l.busy_since_us).saturating_mul(2) >= l.timer_us
-        {
+        let Some(l) = self.link.state() else { return };
+        if l.timer_us == 0 {
+            return;
+        }
+        if now.saturating_sub(l.busy_since_us).saturating_mul(2) >= l.timer_us {
             self.note_cancel_signal(server);
+        } else if l.timer_us <= TINY_TIMER_US && server.settings.cancel_timer_us() != 0 {
+            // The settings replayed for the next client (and an absorbing statement) would
+            // run under this timer: so short, even they may overrun it or end as it fires.
+            if let Some(l) = self.link.state_mut() {
+                l.dirty = true;
+            }
         }
     }
 

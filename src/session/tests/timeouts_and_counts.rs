@@ -97,23 +97,35 @@ fn a_cancel_a_timeout_may_have_left_is_absorbed_or_the_server_closed() {
     assert!(!h.srv.cancel_risk);
     answer(&mut h, 200_100, &[err("57014"), rfq(b'I'), msg(b'C', b"SELECT 1\0"), rfq(b'I')]);
     assert_eq!(h.client_out(), "CZ", "the cancel it absorbed is not the client's");
-    // A session timer: 3 ms against 10 ms leaves nothing; 6 ms closes the server.
+    // A session timer: 30 ms against 200 ms leaves nothing; 120 ms closes the server.
     h.s.set_clock(299_900);
-    h.client(query("SET statement_timeout = 10"));
+    h.client(query("SET statement_timeout = 200"));
     frames_of(&mut h);
     answer(&mut h, 300_000, &[msg(b'C', b"SET\0"), rfq(b'I')]);
     h.s.set_clock(400_000);
     h.client(query("SELECT 2"));
     frames_of(&mut h);
-    answer(&mut h, 403_000, &done);
+    answer(&mut h, 430_000, &done);
     assert!(!h.srv.cancel_risk, "a batch far shorter than the timeout");
     assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: true }));
     h.s.set_clock(500_000);
     h.client(query("SELECT 3"));
     frames_of(&mut h);
-    answer(&mut h, 506_000, &done);
+    answer(&mut h, 620_000, &done);
     assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: false }));
     assert_eq!(h.client_out(), "CZCZCZ");
+    // A session timer of 100 ms or less: the server never serves another client (the
+    // pooler's own statements would run under it), however short the batch.
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("SET statement_timeout = '50ms'"));
+    frames_of(&mut h);
+    answer(&mut h, 10, &[msg(b'C', b"SET\0"), rfq(b'I')]);
+    h.s.set_clock(1_000);
+    h.client(query("SELECT 6"));
+    frames_of(&mut h);
+    answer(&mut h, 1_100, &done);
+    assert!(!h.srv.cancel_risk);
+    assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: false }));
     // A cancelled statement may leave a second signal: the same.
     let mut h = H::new(PoolMode::Transaction, None);
     h.client(query("SELECT 5"));
