@@ -24,6 +24,10 @@ use std::collections::HashSet;
 pub(crate) const MAX_QUEUED: usize = 10_000;
 /// The same cap in bytes.
 pub(crate) const MAX_QUEUED_BYTES: usize = 16 << 20;
+/// Channels one client may listen on (committed and pending in its transaction block): the
+/// pool's one listening connection holds the union of every client's, so one client must
+/// not be able to make it listen on an unbounded number.
+pub(crate) const MAX_CHANNELS: usize = 10_000;
 /// Notifications are written to the client only while less than this waits in `to_client`
 /// (a client that does not read lets its queue fill, not the output buffer).
 const DELIVER_BELOW: usize = 256 * 1024;
@@ -79,6 +83,16 @@ impl Session {
         if !self.busy.replies.is_empty() {
             // Answered in order, after what is in flight.
             return Some(false);
+        }
+        if let (ListenCmd::Listen(ch), Some(l)) = (&cmd, self.stmts.listen.as_ref())
+            && l.channels.len() + l.in_tx.len() >= MAX_CHANNELS
+            && !l.channels.contains(ch)
+        {
+            self.fail(Error::fatal(
+                SqlState::PROGRAM_LIMIT_EXCEEDED,
+                format!("too many LISTEN channels for one client (limit {MAX_CHANNELS})"),
+            ));
+            return Some(true);
         }
         // PostgreSQL drops the unnamed statement at every simple Query.
         self.stmts.unnamed = super::stmts::Unnamed::None;

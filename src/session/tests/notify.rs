@@ -115,3 +115,21 @@ fn a_multi_statement_or_session_mode_listen_goes_to_the_server() {
     h.client(query("LISTEN a"));
     assert!(h.actions().contains(&Action::AcquireServer));
 }
+
+/// One client cannot make the pool's listening connection listen on an unbounded number of
+/// channels: past `MAX_CHANNELS` it is closed with FATAL 54000. A channel it already
+/// listens on is still answered.
+#[test]
+fn a_client_listening_on_too_many_channels_is_closed() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    for i in 0..crate::session::notify::MAX_CHANNELS {
+        h.client(query(&format!("LISTEN c{i}")));
+    }
+    h.client_out();
+    h.client(query("LISTEN c0"));
+    assert_eq!(h.client_out(), "CZ", "already listened on");
+    assert!(!h.s.is_closing());
+    h.client(query("LISTEN one_too_many"));
+    assert!(h.s.is_closing());
+    assert!(text(&h.s.to_client).contains("C54000"), "{}", text(&h.s.to_client));
+}
