@@ -317,11 +317,18 @@ async fn a_timeout_that_fires_in_a_batch_left_open_does_not_reach_the_next_clien
             let mut seen = Vec::new();
             while let Some(f) = within(Duration::from_secs(10), l.read_frame()).await.unwrap() {
                 seen.push(f.tag);
-                if f.tag == b's' {
+                if f.tag == b's' || f.tag == b'E' {
                     break;
                 }
             }
-            assert_eq!(seen, b"12Ds", "round {round}: the suspended portal's replies");
+            // On a busy machine the 1 ms timeout may fire while the row is fetched (a new
+            // backend's first statements are slower): then the batch is left open in the
+            // skip-to-Sync state instead, which the next client must not meet either.
+            assert!(
+                seen == b"12Ds" || seen.last() == Some(&b'E'),
+                "round {round}: the suspended portal's replies, or the timeout: {:?}",
+                String::from_utf8_lossy(&seen)
+            );
             // The scenario itself, not a synchronization: let the 1 ms timeout fire.
             tokio::time::sleep(Duration::from_millis(20)).await;
             drop(l);
