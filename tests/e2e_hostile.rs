@@ -275,7 +275,7 @@ async fn hostile_streams_one_at_a_time_leave_nothing_behind() {
 
 /// Hostile and honest clients at once on a small pool (the module doc), for 60 seconds
 /// (`PARSNIP_HOSTILE_SECS`): two thirds with the statement cache only, one third with
-/// autoprepare too. Not in CI yet: it passed 10 of 10 runs since the cancel-signal absorb
+/// autoprepare too. Not in CI yet: it passed 14 of 14 runs since the cancel-signal absorb
 /// (docs/design.md "Isolation"), but one earlier failure (on PostgreSQL 18, acknowledged
 /// rows missing) is unexplained (docs/design.md "Known gaps"). Run it with
 /// `cargo test --test e2e_hostile -- --ignored`.
