@@ -59,10 +59,8 @@ impl Session {
 
     /// A statement or lock timeout of `us` µs (0: none) is in effect on this link from now.
     pub(super) fn shorten_timer(&mut self, us: u64) {
-        if let Some(l) = self.link.state_mut()
-            && us != 0
-        {
-            l.timer_us = if l.timer_us == 0 { us } else { l.timer_us.min(us) };
+        if let Some(l) = self.link.state_mut() {
+            l.timer_us = crate::state::timers::shorter(l.timer_us, us);
         }
     }
 

@@ -53,7 +53,7 @@ fn statement_value(stmt: &str) -> Option<&str> {
 }
 
 /// The smaller of two timers (0: none).
-fn shorter(a: u64, b: u64) -> u64 {
+pub(crate) fn shorter(a: u64, b: u64) -> u64 {
     match (a, b) {
         (0, x) | (x, 0) => x,
         (x, y) => x.min(y),
