@@ -35,14 +35,21 @@ fn listen_alone_is_answered_without_a_server() {
     assert_eq!(h.client_out(), "");
 }
 
-#[test]
-fn listen_in_a_block_applies_at_commit_and_notifications_wait_for_its_end() {
+/// A client listening on `a` that has just begun a transaction block (BEGIN's replies not
+/// read yet).
+fn listening_in_a_block() -> H {
     let mut h = H::new(PoolMode::Transaction, None);
     h.client(query("LISTEN a"));
     h.client_out();
     h.client(query("BEGIN"));
     h.server(msg(b'C', b"BEGIN\0"));
     h.server(rfq(b'T'));
+    h
+}
+
+#[test]
+fn listen_in_a_block_applies_at_commit_and_notifications_wait_for_its_end() {
+    let mut h = listening_in_a_block();
     assert_eq!(h.client_out(), "CZ");
     h.server_out();
     h.client(query("LISTEN b"));
@@ -89,12 +96,7 @@ fn listen_in_a_failed_block_is_an_error() {
 
 #[test]
 fn too_many_waiting_closes_the_client() {
-    let mut h = H::new(PoolMode::Transaction, None);
-    h.client(query("LISTEN a"));
-    h.client_out();
-    h.client(query("BEGIN"));
-    h.server(msg(b'C', b"BEGIN\0"));
-    h.server(rfq(b'T'));
+    let mut h = listening_in_a_block();
     h.client_out();
     let one = notification(9, "a", "x");
     let many: Vec<u8> = one.iter().copied().cycle().take(one.len() * MAX_QUEUED).collect();
