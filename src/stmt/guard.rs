@@ -27,12 +27,16 @@
 //!   chance finding rarely repeats); only that one demotes.
 //! * Sampling is cheap in the steady state (1 in `sample_one_in`, reached after
 //!   8 × `sample_one_in` executions: one in executions/8 before, so a young text's first
-//!   change of parameters is seen soon) and denser (1 in 2)
+//!   change of parameters is seen soon; both spaced further by the cache's *gain*, how
+//!   many times faster than as sent it ran at the last test that found nothing, up to
+//!   `MAX_GAIN`: an as-sent sample costs about that many cached executions, and a cache
+//!   that wins by that much needs a larger change to lose) and denser (1 in 2)
 //!   during a *probe*, until `PROBE` as-sent samples are in: when the statement is new,
 //!   every `PERIOD` executions, after a first finding or a retry, while the figures lean
 //!   towards the cache being slower, and when the cached times shift (`SHIFT_RUN`
 //!   executions in a row far from the recent ones: a new parameter mix, or a new plan; at
-//!   most once in `SHIFT_EVERY` executions), which also forgets the window before the shift.
+//!   most once in `SHIFT_EVERY` × gain executions), which also forgets the window before
+//!   the shift.
 //! * A demoted text is tried from the cache again after `RETRY` executions, doubling with
 //!   each demotion in a row (up to 64 times): PostgreSQL keeps a generic-plan choice for the
 //!   server statement, so a retry that meets it again is demoted again at the first finding.
@@ -170,6 +174,16 @@ impl Window {
         self.head = (self.head + 1) % WINDOW;
     }
 
+    /// How many times faster cached executions ran than as-sent ones over the window (the
+    /// ratio of their geometric means, within 1..=`MAX_GAIN`), if it holds enough of each.
+    fn gain(&self) -> Option<f64> {
+        let (logs, _) = self.moments(WINDOW);
+        if logs.n[0] < MIN_SAMPLES || logs.n[1] < MIN_SAMPLES {
+            return None;
+        }
+        Some((logs.of(0).0 - logs.of(1).0).exp().clamp(1.0, MAX_GAIN))
+    }
+
     /// Keeps only the newest `keep` entries.
     fn keep_last(&mut self, keep: usize) {
         let keep = keep.min(self.len);
@@ -225,7 +239,14 @@ pub(crate) struct Guard {
     /// Cached executions since the tests last ran (they run at each as-sent sample, and
     /// every `EVAL_EVERY` cached ones: a cached sample moves the figures little).
     since_eval: u32,
+    /// How many times faster the cache ran than the as-sent samples, per execution, at the
+    /// last test that found nothing (1 while unknown, leaning or suspect; at most
+    /// `MAX_GAIN`): sampling and shift probes are spaced by it (module doc).
+    gain: f64,
 }
+
+/// The most the spacing of samples and shift probes grows by for a cache that wins.
+const MAX_GAIN: f64 = 16.0;
 
 /// Cached executions between two runs of the tests, when nothing else prompts one.
 const EVAL_EVERY: u32 = 8;
@@ -247,6 +268,7 @@ impl Guard {
             streak: 0,
             retried_at: None,
             since_eval: 0,
+            gain: 1.0,
         }
     }
 
@@ -262,8 +284,11 @@ impl Guard {
             // after it was promoted, which the cached times may not show (a generic plan
             // as slow for the new values as a custom one was for the old), is seen within
             // a few dozen executions; then 1 in `sample_one_in`.
+            // A cache that wins by `gain` spaces them by it too: each as-sent sample costs
+            // about `gain` cached executions.
             let young = u32::try_from(self.execs / 8).unwrap_or(u32::MAX);
-            young.clamp(2, self.cfg.sample_one_in.max(2))
+            let steady = (f64::from(self.cfg.sample_one_in) * self.gain) as u32;
+            young.clamp(2, steady.max(2))
         }
     }
 
@@ -340,7 +365,8 @@ impl Guard {
             self.w.keep_last(SHIFT_RUN);
             self.deviated = (0, 0);
             self.recent = Some((x, 0.0));
-            if self.shifted_at.is_none_or(|at| self.execs >= at + SHIFT_EVERY) {
+            let every = (SHIFT_EVERY as f64 * self.gain) as u64;
+            if self.shifted_at.is_none_or(|at| self.execs >= at + every) {
                 self.shifted_at = Some(self.execs);
                 self.probe_left = self.probe_left.max(PROBE);
             }
@@ -382,6 +408,10 @@ impl Guard {
             }
             leaning |= per_execution > 0.0 || in_total > 0.0;
         }
+        self.gain = match (slower, leaning) {
+            (None, false) => self.w.gain().unwrap_or(self.gain),
+            _ => 1.0,
+        };
         match slower {
             Some((c, p)) if self.suspect.is_some() => Some(self.demote(c, p)),
             Some(_) => {
@@ -413,6 +443,7 @@ impl Guard {
         self.retried_at = None;
         self.suspect = None;
         self.demoted = Some((self.execs + lasts, cached_us, as_sent_us));
+        self.gain = 1.0;
         self.probe_left = 0;
         Verdict::Demoted { cached_us, as_sent_us }
     }
