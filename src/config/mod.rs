@@ -318,7 +318,7 @@ impl Default for Config {
             autoprepare: false,
             autoprepare_after: 3,
             plan_guard: true,
-            plan_guard_sample: 64,
+            plan_guard_sample: 256,
             plan_guard_ratio: 1.5,
             stats_top_statements: 20,
             pipeline_depth: 8,

@@ -79,7 +79,7 @@ pub struct GuardConfig {
 
 impl Default for GuardConfig {
     fn default() -> Self {
-        GuardConfig { sample_one_in: 64, ratio: 1.5 }
+        GuardConfig { sample_one_in: 256, ratio: 1.5 }
     }
 }
 

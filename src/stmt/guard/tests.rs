@@ -15,17 +15,26 @@ struct Model {
     /// Lognormal noise (σ of the logarithm), and stalls: how often, and how much longer.
     noise: f64,
     stalls: (f64, f64),
+    /// Mean of an exponential wait added to every execution, µs (a saturated machine's run
+    /// queue: as long for a cheap execution as for a dear one).
+    wait_us: f64,
 }
 
 impl Model {
     fn new(seed: u64) -> Model {
-        Model { rng: seed | 1, cached_runs: 0, noise: 0.15, stalls: (0.002, 30.0) }
+        Model { rng: seed | 1, cached_runs: 0, noise: 0.15, stalls: (0.002, 30.0), wait_us: 0.0 }
     }
 
     /// A busy machine: wide noise, and one execution in five stalled 2 to 8 times longer
     /// (descheduled, queued behind others).
     fn loaded(seed: u64) -> Model {
         Model { noise: 0.5, stalls: (0.2, 0.0), ..Model::new(seed) }
+    }
+
+    /// A saturated machine: every execution also waits its turn for a CPU, on average
+    /// `wait_us`, which hides most of what the cache saves from the times.
+    fn saturated(seed: u64, wait_us: f64) -> Model {
+        Model { noise: 0.3, wait_us, ..Model::new(seed) }
     }
 
     fn next(&mut self) -> f64 {
@@ -50,7 +59,8 @@ impl Model {
             true if x > 0.0 => x,
             true => 2.0 + 6.0 * self.next(),
         };
-        (base * (self.noise * z).exp() * stall).max(1.0) as u64
+        let wait = -self.wait_us * (1.0 - self.next()).ln();
+        (base * (self.noise * z).exp() * stall + wait).max(1.0) as u64
     }
 }
 
@@ -202,6 +212,18 @@ fn on_a_loaded_machine_sampling_stays_cheap() {
     // what the cache saves.
     for seed in 1..=10 {
         let run = simulate_on(Model::loaded(seed), seed, 20_000, |_, _| Class(1_000.0, 250.0));
+        assert!(run.demoted_at.is_empty(), "seed {seed}: demoted at {:?}", run.demoted_at);
+        let share = run.as_sent as f64 / 20_000.0;
+        assert!(share < 0.012, "seed {seed}: {:.1} % of executions ran as sent", share * 100.0);
+    }
+}
+
+#[test]
+fn on_a_saturated_machine_sampling_stays_cheap() {
+    // The same query where every execution also waits for a CPU (1.5 ms on average): the
+    // times barely show the cache's gain, and the waits come in every length.
+    for seed in 1..=10 {
+        let run = simulate_on(Model::saturated(seed, 1_500.0), seed, 20_000, |_, _| Class(1_000.0, 250.0));
         assert!(run.demoted_at.is_empty(), "seed {seed}: demoted at {:?}", run.demoted_at);
         let share = run.as_sent as f64 / 20_000.0;
         assert!(share < 0.012, "seed {seed}: {:.1} % of executions ran as sent", share * 100.0);
