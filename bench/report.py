@@ -11,7 +11,7 @@ import re
 import statistics
 from pathlib import Path
 
-from systems import NOT_RUN
+from systems import DIRECT_MAX_CLIENTS, NOT_RUN
 
 # pgbench's scripts: --workload name -> (pgbench argument, label in the tables' headings).
 WORKLOADS = {
@@ -68,6 +68,15 @@ class Run:
     parses_per_1k: float | None = None
     wall_s: float | None = None
     other_load: float | None = None  # CPUs used by processes outside the benchmark during the run
+    # From examples/loadgen.rs only (--client loadgen): the slowest transaction, the longest
+    # interval between two transaction starts of one client (fairness), the fewest transactions
+    # a client completed, loadgen's own CPU, and the pooler's RSS growth per idle client.
+    client: str = "pgbench"
+    max_ms: float | None = None
+    max_gap_ms: float | None = None
+    min_client_txns: int | None = None
+    client_cpu_s: float | None = None
+    idle_kib_per_client: float | None = None
 
 
 def md(s: str) -> str:
@@ -116,9 +125,17 @@ def render_table(pool: int, workload: str, cases: list[Case], runs: list[Run], a
     cols = ["case", "clients", "system", "TPS", "× direct", "pooler µs CPU/txn", "p50 ms", "p95 ms", "p99 ms"]
     if args.count_parses:
         cols.append("server parses per 1000 txn")
+    mine = [r for r in runs if r.pool == pool and r.workload == workload]
+    # Without direct (more clients than its max_connections), pooler against PgBouncer.
+    vs_pgb = "pgbouncer" in systems and any(
+        not any(r.system == "direct" and r.clients == c.clients and r.mode == c.mode for r in mine) for c in cases)
+    if vs_pgb:
+        cols.insert(5, "× pgbouncer")
+    fair = any(r.max_gap_ms is not None for r in mine)
+    if fair:
+        cols += ["max ms", "longest wait ms", "fewest txns of a client", "pooler KiB per idle client"]
     lines = [f"#### Pool of {pool} server connections (transaction mode), {WORKLOADS[workload][1]}", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    mine = [r for r in runs if r.pool == pool and r.workload == workload]
     for case in cases:
         sel = [r for r in mine if r.mode == case.mode and r.clients == case.clients and r.latency_case == case.latency]
         by: dict[str, dict[int, Run]] = {s: {} for s in systems}
@@ -126,10 +143,10 @@ def render_table(pool: int, workload: str, cases: list[Case], runs: list[Run], a
             by.setdefault(r.system, {})[r.round] = r
         rounds = sorted({r.round for r in sel})
 
-        def ratio_cell(system):
+        def ratio_cell(system, base="direct"):
             cells, nums = [], []
             for i in rounds:
-                d, s = by["direct"].get(i), by[system].get(i)
+                d, s = by.get(base, {}).get(i), by[system].get(i)
                 if s is None or d is None:
                     cells.append("—")
                 elif not s.ok:
@@ -171,6 +188,10 @@ def render_table(pool: int, workload: str, cases: list[Case], runs: list[Run], a
             return fmt_ms(v)
 
         for system in systems:
+            if system == "direct" and case.clients > DIRECT_MAX_CLIENTS:
+                lines.append(f"| {case.label} | {case.clients} | {system} | not run (max_connections) |"
+                             + " |" * (len(cols) - 4))
+                continue
             if (system, case.mode) in NOT_RUN:
                 lines.append(f"| {case.label} | {case.clients} | {system} | not run (see below) |" + " |" * (len(cols) - 4))
                 continue
@@ -179,23 +200,42 @@ def render_table(pool: int, workload: str, cases: list[Case], runs: list[Run], a
                    "" if system == "direct" else ratio_cell(system),
                    "" if system == "direct" else cpu_cell(system),
                    pct_cell(system, "p50_ms"), pct_cell(system, "p95_ms"), pct_cell(system, "p99_ms")]
+            if vs_pgb:
+                row.insert(5, "" if system in ("direct", "pgbouncer") else ratio_cell(system, "pgbouncer"))
             if args.count_parses:
                 v = med(system, "parses_per_1k")
                 row.append("—" if v is None else (f"{v:.1f}" if v < 100 else f"{v:.0f}"))
+            if fair:
+                for attr, f in (("max_ms", fmt_ms), ("max_gap_ms", fmt_ms), ("min_client_txns", lambda v: f"{v:.0f}"),
+                                ("idle_kib_per_client", lambda v: f"{v:.2f}")):
+                    v = med(system, attr)
+                    row.append("—" if v is None else f(v))
             lines.append("| " + " | ".join(md(c) for c in row) + " |")
     notes = []
     if len({r.round for r in mine}) > 1:
         notes.append("Comma-separated values are rounds 1, 2, …; each ratio divides a pooler's TPS by direct's "
-                     "TPS of the same round. Latency percentiles (from pgbench's per-transaction log)"
+                     "TPS of the same round. Latency percentiles"
+                     + ("" if fair else " (from pgbench's per-transaction log)")
                      + (" and parses" if args.count_parses else "") + " are medians over rounds.")
-    else:
+    elif not fair:
         notes.append("Latency percentiles come from pgbench's per-transaction log.")
+    if fair:
+        notes.append("Client: examples/loadgen.rs (its percentiles cover every transaction of the run). 'longest "
+                     "wait': the longest interval between the starts of two transactions of one client (or a "
+                     "window edge), over all clients; 'pooler KiB per idle client': the pooler's RSS growth from "
+                     "before the clients' logins to when all of them had run one transaction and sat idle 2 s, "
+                     "divided by the clients, in round 1 (a fresh pooler; bench/idle_memory.py measures it "
+                     "with care).")
+    if vs_pgb:
+        notes.append("× pgbouncer: a parsnip system's TPS over PgBouncer's of the same round.")
     if any(c.clients == 1 for c in cases):
         notes.append("One client: a pooler's latency cells add in brackets the difference to direct's.")
     loads = [r.other_load for r in mine if r.other_load is not None]
     if loads:
         notes.append(f"Other processes on the machine used {statistics.mean(loads):.2f} CPUs on average during "
                      f"these runs (max {max(loads):.2f}, of {len(os.sched_getaffinity(0))}).")
+    if "direct" in systems and any(c.clients > DIRECT_MAX_CLIENTS for c in cases):
+        notes.append(f"direct not run above {DIRECT_MAX_CLIENTS} clients: the cluster's max_connections is 400.")
     for s, why in skipped.items():
         notes.append(f"{s} not measured: {why}.")
     for (s, mode), why in NOT_RUN.items():

@@ -27,12 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import throwaway  # noqa: E402  (scripts/throwaway.py: clusters, processes, binaries)
-from throwaway import REPO, log, service_user, stop_process  # noqa: E402
+from throwaway import REPO, log, service_user  # noqa: E402
 from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 from report import LABELS, WORKLOADS, Case, Run, machine_info, render_table  # noqa: E402
+from loadgen import loadgen_binary, run_loadgen  # noqa: E402
+from pgbench import percentiles, run_pgbench  # noqa: E402
 from systems import (  # noqa: E402
-    ALL_MODES, ALL_SYSTEMS, CLK_TCK, DEFAULT_SYSTEMS, NOT_RUN, DB, DB_USER, TRANSPORT, Parsnip, PgBouncer, Pooler, Postgres, Relay,
+    ALL_MODES, ALL_SYSTEMS, CLK_TCK, DEFAULT_SYSTEMS, DIRECT_MAX_CLIENTS, NOT_RUN, DB, DB_USER, TRANSPORT, Parsnip, PgBouncer, Pooler, Postgres, Relay,
     cpu_ticks,
     git_describe, machine_busy_s, own_children_s, parsnip_binary, pgbouncer_binary, process_tree_s,
 )
@@ -50,78 +52,15 @@ TABLES = {
     "issue24": [(8, "planheavy", ("simple", "extended"), (64,)),
                 (8, "select", ("simple", "extended", "prepared"), (64,))],
 }
+# Issue 26: where poolers are deployed, many clients on a small pool; examples/loadgen.rs
+# is the client (pgbench's one poll loop per thread and its report do not serve 10,000 clients
+# well), and direct PostgreSQL runs only where its max_connections allows (64).
+TABLES["many"] = [(8, "select", ("simple", "extended", "prepared"), (64, 1000, 10000)),
+                  (8, "tpcb", ("simple", "extended", "prepared"), (64, 1000, 10000)),
+                  (8, "planheavy", ("simple", "extended"), (64, 1000, 10000))]
+TABLE_CLIENT = {"many": "loadgen"}
 TABLE_SYSTEMS = {"issue13": ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer"),
                  "issue24": ("direct", "parsnip", "parsnip-noguard", "parsnip-autoprepare", "pgbouncer")}
-
-# --------------------------------------------------------------------------- pgbench runs
-
-
-def first_error(text: str) -> str:
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    pick = next((l for l in lines if re.search(r"error|fatal|abort", l, re.I)), lines[0] if lines else "unknown error")
-    pick = re.sub(r"^pgbench: (error: )?", "", pick)
-    pick = re.sub(r"\s+", " ", pick)
-    return pick[:160]
-
-
-def percentiles(prefix: Path) -> dict:
-    """p50/p95/p99 (ms) of the latencies in pgbench's per-transaction logs PREFIX.PID[.THREAD]
-    (3rd field, µs; 'failed' or 'skipped' there for transactions that have none); deletes them."""
-    lat = []
-    for f in prefix.parent.glob(prefix.name + ".*"):
-        with open(f) as fh:
-            for line in fh:
-                fields = line.split(maxsplit=3)
-                if len(fields) > 2 and fields[2].isdigit():
-                    lat.append(int(fields[2]))
-        f.unlink()
-    if not lat:
-        return {}
-    lat.sort()
-    pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] / 1000  # noqa: E731
-    return {"p50_ms": pick(0.50), "p95_ms": pick(0.95), "p99_ms": pick(0.99), "log_samples": len(lat)}
-
-
-def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int, host: str = "127.0.0.1",
-                log_prefix: Path | None = None, sampling: float = 1.0) -> dict:
-    """One pgbench run; with log_prefix, pgbench logs (a sample of) its transactions there
-    (read them with percentiles())."""
-    clients = case.clients
-    j = 1 if case.latency else max(1, min(jobs, clients))
-    argv = [pg.bin("pgbench"), "-n", *WORKLOADS[case.workload][0], "-M", case.mode, "-c", str(clients),
-            "-j", str(j), "-T", str(duration), "-h", host, "-p", str(port), "-U", DB_USER, DB]
-    if log_prefix is not None:
-        argv[1:1] = ["--log", f"--log-prefix={log_prefix}"] + ([f"--sampling-rate={sampling:g}"] if sampling < 1 else [])
-    if TRANSPORT["connect"]:
-        argv.insert(1, "-C")
-    env = dict(os.environ, PGSSLMODE="require") if TRANSPORT["tls"] else None
-    timeout = duration + 15 + clients * 0.05
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, env=env)
-    kill = lambda: stop_process(p, signal.SIGTERM, grace=2)  # noqa: E731
-    PROCS.push(kill)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_process(p, signal.SIGTERM, grace=2)
-        out, err = p.communicate()
-        return {"ok": False, "error": f"pgbench hung: no result {timeout:.0f}s after start (killed)"}
-    finally:
-        PROCS.remove(kill)
-    res: dict = {"rc": p.returncode}
-    if m := re.search(r"tps = ([\d.]+) \((?:without initial connection time|including reconnection times)\)", out):
-        res["tps"] = float(m.group(1))
-    if m := re.search(r"latency average = ([\d.]+) ms", out):
-        res["latency_ms"] = float(m.group(1))
-    if m := re.search(r"number of transactions actually processed: (\d+)", out):
-        res["processed"] = int(m.group(1))
-    if m := re.search(r"number of failed transactions: (\d+)", out):
-        res["failed_txns"] = int(m.group(1))
-    res["aborted"] = "aborted" in (out + err).lower()
-    res["errors_logged"] = sum(1 for l in err.splitlines() if "error" in l.lower())
-    res["ok"] = p.returncode == 0 and not res["aborted"] and "tps" in res and res.get("processed", 0) > 0
-    if not res["ok"]:
-        res["error"] = first_error(err if err.strip() else out)
-    return res
 
 
 class Bench:
@@ -137,15 +76,18 @@ class Bench:
         self.skipped: dict[str, str] = {}
         self.runs: list[Run] = []
 
-    def make_pooler(self, system: str, pool: int) -> Pooler:
+    def make_pooler(self, system: str, pool: int, clients: int = 0) -> Pooler:
         if system.startswith("parsnip"):
-            return Parsnip(self.pg, self.tmp, pool, self.parsnip_bin, self.args.parsnip_config, system)
-        if system == "relay":
-            return Relay(self.pg, self.tmp, pool, self.relay_bin)
-        return PgBouncer(self.pg, self.tmp, pool, self.pgb_bin, self.user, self.pgb_version)
+            p = Parsnip(self.pg, self.tmp, pool, self.parsnip_bin, self.args.parsnip_config, system)
+        elif system == "relay":
+            p = Relay(self.pg, self.tmp, pool, self.relay_bin)
+        else:
+            p = PgBouncer(self.pg, self.tmp, pool, self.pgb_bin, self.user, self.pgb_version)
+        p.max_clients = max(p.max_clients, clients + 100)
+        return p
 
-    def start_pooler(self, system: str, pool: int) -> Pooler | None:
-        pooler = self.make_pooler(system, pool)
+    def start_pooler(self, system: str, pool: int, clients: int = 0) -> Pooler | None:
+        pooler = self.make_pooler(system, pool, clients)
         try:
             pooler.start()
         except (BenchError, OSError) as e:
@@ -161,11 +103,12 @@ class Bench:
 
     def run_case(self, case: Case) -> None:
         poolers: dict[str, Pooler | None] = {}
-        systems = [s for s in self.systems if s not in self.skipped and (s, case.mode) not in NOT_RUN]
+        systems = [s for s in self.systems if s not in self.skipped and (s, case.mode) not in NOT_RUN
+                   and not (s == "direct" and case.clients > DIRECT_MAX_CLIENTS)]
         try:
             for system in systems:
                 if system != "direct":
-                    poolers[system] = self.start_pooler(system, case.pool)
+                    poolers[system] = self.start_pooler(system, case.pool, case.clients)
             for rnd in range(1, self.args.rounds + 1):
                 for system in systems:
                     run = Run(system, case.pool, case.mode, case.clients, case.latency, rnd, case.workload)
@@ -187,7 +130,7 @@ class Bench:
             if pooler is None or not pooler.alive():
                 if pooler is not None and pooler.proc is not None:
                     log(f"{pooler.death_note()}; restarting it")
-                pooler = poolers[system] = self.start_pooler(system, case.pool)
+                pooler = poolers[system] = self.start_pooler(system, case.pool, case.clients)
             if pooler is None:
                 run.error = f"{system} could not be started"
                 return
@@ -203,8 +146,13 @@ class Bench:
         before = cpu_ticks(pooler.pid()) if pooler else None
         load0 = self.load_snapshot(ours)
         t0 = time.monotonic()
-        res = run_pgbench(self.pg, port, case, self.args.duration, self.args.jobs, host,
-                          self.tmp / "pgbench-log", self.args.sampling_rate)
+        run.client = self.args.client
+        if run.client == "loadgen":
+            res = run_loadgen(self.loadgen_bin, port, case, self.args.duration, self.args.jobs, host, DB, DB_USER,
+                              self.args.scale, pooler.pid() if pooler else None, self.args.warmup)
+        else:
+            res = run_pgbench(self.pg, port, case, self.args.duration, self.args.jobs, host,
+                              self.tmp / "pgbench-log", self.args.sampling_rate)
         run.wall_s = round(time.monotonic() - t0, 2)
         after = cpu_ticks(pooler.pid()) if pooler else None
         load1 = self.load_snapshot(ours)
@@ -217,9 +165,14 @@ class Bench:
             run.server_parses = self.pg.count_parses(log_start, log_end)
             self.pg.trim_log()
         for k in ("tps", "latency_ms", "p50_ms", "p95_ms", "p99_ms", "log_samples", "processed", "failed_txns",
-                  "aborted", "ok", "errors_logged"):
+                  "aborted", "ok", "errors_logged", "max_ms", "max_gap_ms", "min_client_txns", "client_cpu_s",
+                  "idle_kib_per_client"):
             if k in res:
                 setattr(run, k, res[k])
+        if run.round > 1:
+            # The pooler's RSS growth per idle client means something only on a fresh pooler:
+            # after a run it holds (and trims, in its own time) what the busy clients needed.
+            run.idle_kib_per_client = None
         run.error = res.get("error", "")
         if pooler is not None and not pooler.alive():
             run.ok = False
@@ -270,6 +223,12 @@ class Bench:
             parts.append(f"p50 {r.p50_ms:.3f} p95 {r.p95_ms:.3f} p99 {r.p99_ms:.3f} ms")
         if r.cpu_us_per_txn is not None:
             parts.append(f"cpu {r.cpu_us_per_txn:.1f} us/txn ({r.pooler_cpu_s:.2f} s)")
+        if r.max_gap_ms is not None:
+            parts.append(f"max {r.max_ms:.1f} ms, longest wait {r.max_gap_ms:.1f} ms, fewest txns {r.min_client_txns}")
+        if r.client_cpu_s is not None and r.processed:
+            parts.append(f"loadgen cpu {r.client_cpu_s / r.processed * 1e6:.1f} us/txn")
+        if r.idle_kib_per_client is not None:
+            parts.append(f"{r.idle_kib_per_client:.2f} KiB/idle client")
         if r.failed_txns:
             parts.append(f"{r.failed_txns} failed txns")
         if r.errors_logged:
@@ -289,6 +248,7 @@ def parse_list(text: str, conv=str) -> list:
 def build_cases(args) -> dict[tuple[int, str], list[Case]]:
     """The cases, grouped by (pool size, workload): one table each."""
     tables = ["issue2", "issue3"] if args.table == "all" else [args.table]
+    args.client = args.client or TABLE_CLIENT.get(args.table, "pgbench")
     grid: dict[tuple[int, str], list[Case]] = {}
     last_pool = None
     for t in tables:
@@ -315,13 +275,21 @@ def main(argv: list[str]) -> int:
         description="pgbench (-S or TPC-B) directly against PostgreSQL vs through parsnip (cache on/off) vs "
         "through PgBouncer, alternated in one run; prints Markdown tables of ratios, pooler CPU and latency.",
     )
-    ap.add_argument("--table", choices=["issue2", "issue3", "issue13", "issue24", "all"], default="all",
+    ap.add_argument("--table", choices=["issue2", "issue3", "issue13", "issue24", "many", "all"], default="all",
                     help="preset grid: issue2 = simple,extended x 16,256 clients, pool 16; issue3 = "
                          "simple,extended,prepared x 64 clients, pool 8; issue13 = pool 8, simple,extended,prepared "
                          "x 1,64,256 clients with -S plus x 64 clients with TPC-B, systems "
                          "direct,parsnip,parsnip-nocache,pgbouncer; issue24 = pool 8, 64 clients, the plan-heavy read "
                          "(simple, extended) and -S (every mode), systems direct,parsnip,parsnip-noguard,"
-                         "parsnip-autoprepare,pgbouncer; all = issue2 + issue3 (default)")
+                         "parsnip-autoprepare,pgbouncer; many = pool 8, 64, 1000 and 10000 clients, -S and TPC-B "
+                         "in every mode, the plan-heavy read simple and extended, with examples/loadgen.rs as the "
+                         "client; all = issue2 + issue3 (default)")
+    ap.add_argument("--client", choices=["pgbench", "loadgen"], help="the client program: pgbench (default), "
+                    "or examples/loadgen.rs (default for --table many; built with cargo build --release --example "
+                    "loadgen): holds 10,000 clients, reports the longest wait of any client and the pooler's "
+                    "memory per idle client; not with --tls or --connect")
+    ap.add_argument("--warmup", type=float, default=0, help="with --client loadgen: seconds of transactions "
+                    "before each measured run (default 0)")
     ap.add_argument("--workload", type=parse_list, help="pgbench scripts, comma-separated: select (-S) and/or "
                     "tpcb (pgbench's default TPC-B-like script) and/or planheavy (bench/planheavy.sql); replaces the preset's")
     ap.add_argument("--pool-size", type=lambda s: parse_list(s, int), help="pool sizes, e.g. 16 or 16,8 "
@@ -408,6 +376,8 @@ def main(argv: list[str]) -> int:
             Path("/proc/self/autogroup").write_text(f"{args.nice}\n")
         except OSError:
             pass
+    if args.client == "loadgen" and (args.tls or args.connect):
+        ap.error("--client loadgen speaks neither TLS nor a connection per transaction (--tls, --connect)")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGHUP, on_sigterm)
@@ -477,6 +447,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         else:
             pgb_version = why
     bindir = throwaway.find_pg_bindir(args.pg_bindir, need=("psql", "pg_isready", "pgbench"), install=install)
+    loadgen_bin = loadgen_binary(build=not args.no_build) if args.client == "loadgen" else None
 
     tmp = Path(tempfile.mkdtemp(prefix="parsnip-bench-", dir=args.tmpdir))
     PROCS.push(lambda: shutil.rmtree(tmp, ignore_errors=True))
@@ -490,6 +461,9 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         digest = hashlib.sha256(copy.read_bytes()).hexdigest()[:12]
         parsnip_version += f" (binary sha256 {digest}, built {datetime.datetime.fromtimestamp(copy.stat().st_mtime):%Y-%m-%d %H:%M})"
 
+    if loadgen_bin is not None:
+        shutil.copy2(loadgen_bin, tmp / "loadgen-bin")
+        loadgen_bin = tmp / "loadgen-bin"
     pg = Postgres(bindir, tmp, user)
     if args.tls:
         TRANSPORT["tls"] = make_certificate(tmp, user)
@@ -501,6 +475,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
     bench = Bench(args, pg, tmp, systems, parsnip_bin, pgb_bin, user)
     bench.pgb_version = pgb_version
     bench.relay_bin = relay_bin
+    bench.loadgen_bin = loadgen_bin
     bench.skipped = skipped
     # A pooler that cannot start at all is skipped for the whole run.
     for s in ALL_SYSTEMS[1:]:
@@ -531,7 +506,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         f"- machine: {machine_info()}",
         f"- {pg.version}: fsync, synchronous_commit and full_page_writes off, shared_buffers 256MB, "
         f"max_connections 400; pgbench scale {args.scale}",
-        f"- pgbench {' and '.join(sorted({LABELS[w] for _, w in grid}))} -j {args.jobs} "
+        f"- {'loadgen' if args.client == 'loadgen' else 'pgbench'} {' and '.join(sorted({LABELS[w] for _, w in grid}))} -j {args.jobs} "
         f"-T {args.duration}, {args.rounds} round(s), systems alternated "
         f"({', '.join(s for s in systems if s not in skipped)}) within each case"
         + (f", niceness {args.nice}" if args.nice else "")
@@ -540,8 +515,11 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
            else ", TCP on 127.0.0.1 on every hop")
         + (", TLS (sslmode=require, a P-256 certificate) on every TCP hop" if args.tls else "")
         + (", a new connection per transaction (pgbench -C)" if args.connect else "")
-        + f"; latency percentiles from pgbench --log"
-        + (f" --sampling-rate {args.sampling_rate:g}" if args.sampling_rate < 1 else " (every transaction)"),
+        + (f"; client examples/loadgen.rs (-j {args.jobs} event loops"
+           + (f", {args.warmup:g} s warm-up" if args.warmup else "") + "), latency percentiles over every transaction"
+           if args.client == "loadgen" else
+           "; latency percentiles from pgbench --log"
+           + (f" --sampling-rate {args.sampling_rate:g}" if args.sampling_rate < 1 else " (every transaction)")),
     ]
     if parsnip_version and "parsnip" not in skipped:
         extra = "".join(f", `{l}`" for l in args.parsnip_config)
@@ -557,7 +535,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
                       + ("; parsnip-stealing: the same on tokio's work-stealing runtime (`PARSNIP_SCHEDULER=stealing`)"
                          if "parsnip-stealing" in systems else ""))
     if pgb_version and "pgbouncer" not in skipped:
-        header.append(f"- {pgb_version}, transaction mode, max_client_conn 2000")
+        header.append(f"- {pgb_version}, transaction mode, max_client_conn 2000 (clients + 100 above 1,900 clients)")
     if "relay" in systems and "relay" not in skipped:
         header.append("- relay: examples/relay.rs, one thread, one upstream connection per client (no pooling), "
                       "bytes copied with no protocol work: what the extra hop costs any proxy (the floor)")

@@ -44,6 +44,9 @@ NOCACHE = "prepared_statements = false"
 # statement names collide on shared server connections ("prepared statement P_0 already exists").
 NOT_RUN = {("parsnip-nocache", "prepared"): "-M prepared needs the statement cache (pgbench's statement "
            "names collide on shared server connections without it)"}
+# Direct PostgreSQL runs only cases with at most this many clients: the cluster's max_connections
+# is 400 (scripts/throwaway.py), less superuser_reserved_connections and the harness's own.
+DIRECT_MAX_CLIENTS = 390
 ALL_MODES = ("simple", "extended", "prepared")
 DB = "bench"
 DB_USER = "postgres"
