@@ -19,17 +19,18 @@ pub(crate) fn looks_like_ini(path: &Path, text: &str) -> bool {
 }
 
 /// A file an ini names, as PgBouncer finds it (an absolute path, or relative to the
-/// working directory), else relative to the directory of the file naming it.
-fn locate(path: &str, from: &str) -> PathBuf {
+/// working directory), else relative to the directory of the main ini (as if PgBouncer had
+/// been started there): the same directory for every file, included ones too.
+fn locate(path: &str, main: &Path) -> PathBuf {
     let p = Path::new(path);
     if p.is_absolute() || p.exists() {
         return p.to_path_buf();
     }
-    Path::new(from).parent().map_or_else(|| p.to_path_buf(), |dir| dir.join(p))
+    main.parent().map_or_else(|| p.to_path_buf(), |dir| dir.join(p))
 }
 
-fn read_named(path: &str, from: &str) -> Result<Included, String> {
-    let p = locate(path, from);
+fn read_named(path: &str, main: &Path) -> Result<Included, String> {
+    let p = locate(path, main);
     let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
     let name = std::fs::canonicalize(&p).unwrap_or(p).display().to_string();
     Ok(Included { name, text })
@@ -50,8 +51,9 @@ impl Config {
     fn from_pgbouncer_ini(path: &Path, text: &str, lenient: bool) -> Result<Config, ConfigError> {
         let name = path.display().to_string();
         let fail = |e: String| ConfigError(format!("{name}: {e}"));
-        let lines = ini::parse(&name, text, &mut read_named).map_err(fail)?;
-        let tr = pgbouncer::translate(&lines, &mut read_named).map_err(fail)?;
+        let mut read = |p: &str, _from: &str| read_named(p, path);
+        let lines = ini::parse(&name, text, &mut read).map_err(fail)?;
+        let tr = pgbouncer::translate(&lines, &mut read).map_err(fail)?;
         let refused: Vec<String> = tr.notes.iter().filter(|n| n.refused).map(|n| format!("  {n}")).collect();
         if !refused.is_empty() && !lenient {
             return Err(ConfigError(format!(
@@ -97,9 +99,10 @@ mod tests {
     }
 
     #[test]
-    fn relative_names_from_the_working_directory_else_the_naming_file() {
-        assert_eq!(locate("/abs/x", "/etc/p.ini"), PathBuf::from("/abs/x"));
-        assert_eq!(locate("Cargo.toml", "/etc/p.ini"), PathBuf::from("Cargo.toml"), "the working directory");
-        assert_eq!(locate("nope/users.txt", "/etc/pgb/p.ini"), PathBuf::from("/etc/pgb/nope/users.txt"));
+    fn relative_names_from_the_working_directory_else_the_main_file() {
+        let main = Path::new("/etc/pgb/p.ini");
+        assert_eq!(locate("/abs/x", main), PathBuf::from("/abs/x"));
+        assert_eq!(locate("Cargo.toml", main), PathBuf::from("Cargo.toml"), "the working directory");
+        assert_eq!(locate("nope/users.txt", main), PathBuf::from("/etc/pgb/nope/users.txt"));
     }
 }
