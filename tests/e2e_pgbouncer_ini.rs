@@ -101,6 +101,15 @@ async fn an_ini_split_with_include() {
     let wrong = p.try_connect("postgres", Some("wrong"), "postgres").await.map(|_| ());
     expect_code(wrong, "28P01", "a wrong password");
     assert!(p.logs().contains("logfile ignored"), "ignored settings are named:\n{}", p.log_tail());
+    // RELOAD reads the included files again.
+    let pool_ini = ini.with_file_name("conf.d").join("pool.ini");
+    let text = std::fs::read_to_string(&pool_ini).expect("pool.ini");
+    std::fs::write(&pool_ini, text.replace("default_pool_size = 10", "default_pool_size = 12")).expect("rewriting");
+    console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}\n{}", describe(&e), p.log_tail()));
+    let rows = console_rows(&console, "SHOW CONFIG").await;
+    let pool_size =
+        rows.iter().find(|r| field(r, "key").as_deref() == Some("pool_size")).and_then(|r| field(r, "value"));
+    assert_eq!(pool_size.as_deref(), Some("12"));
 }
 
 #[tokio::test]
