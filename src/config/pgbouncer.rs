@@ -16,6 +16,7 @@ use super::entries::key as parsnip_key;
 use super::ini::{self, Included, Line, Resolver};
 use super::{Config, DatabaseConfig, UserConfig};
 use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
 use toml::{Table, Value};
 
 /// A setting of the ini that parsnip does not carry over.
@@ -209,14 +210,28 @@ const EMPTY_MEANS_SOMETHING: &[&str] = &["server_reset_query", "unix_socket_dir"
 
 /// The translation of `lines`; `read` gives the `auth_file` (path as written, ini naming it).
 pub(crate) fn translate(lines: &[Line], read: &mut Resolver) -> Result<Translation, String> {
-    let mut t = Tr { table: Table::new(), notes: Vec::new(), listen_addr: None, listen_port: 6432, socket_dir: None };
+    let mut t = Tr {
+        table: Table::new(),
+        databases: Table::new(),
+        users: BTreeMap::new(),
+        peers: Table::new(),
+        notes: Vec::new(),
+        listen_addr: None,
+        listen_port: 6432,
+        socket_dir: None,
+    };
     let defaults = PGBOUNCER_DEFAULTS.iter().map(|(k, v)| Line {
         section: "pgbouncer".into(),
         key: (*k).into(),
         value: (*v).into(),
         at: "PgBouncer's default".into(),
     });
-    let global: Vec<Line> = defaults.chain(lines.iter().filter(|l| l.section == "pgbouncer").cloned()).collect();
+    // PgBouncer's setting names are case-insensitive.
+    let given = lines
+        .iter()
+        .filter(|l| l.section == "pgbouncer")
+        .map(|l| Line { key: l.key.to_ascii_lowercase(), ..l.clone() });
+    let global: Vec<Line> = defaults.chain(given).collect();
     for l in &global {
         t.global(l, read)?;
     }
@@ -234,11 +249,22 @@ pub(crate) fn translate(lines: &[Line], read: &mut Resolver) -> Result<Translati
             other => return Err(format!("{}: unknown section [{other}]", l.at)),
         }
     }
+    let users = t.users.into_iter().map(|(name, u)| (name, Value::Table(u))).collect::<Table>();
+    for (name, sub) in [("databases", t.databases), ("users", users), ("peers", t.peers)] {
+        if !sub.is_empty() {
+            t.table.insert(name.into(), Value::Table(sub));
+        }
+    }
     Ok(Translation { table: t.table, notes: t.notes })
 }
 
 struct Tr {
+    /// The top-level keys.
     table: Table,
+    /// `[databases.NAME]`, `[users.NAME]` and `[peers.N]` tables, put into `table` last.
+    databases: Table,
+    users: BTreeMap<String, Table>,
+    peers: Table,
     notes: Vec<Note>,
     listen_addr: Option<String>,
     listen_port: u16,
@@ -271,7 +297,7 @@ impl Tr {
                 let file = l.at.rsplit_once(':').map_or(l.at.as_str(), |(f, _)| f);
                 let Included { name, text } = read(v, file).map_err(|e| format!("{}: auth_file {v}: {e}", l.at))?;
                 for (user, secret) in ini::userlist(&name, &text)? {
-                    entry(&mut self.table, "users", &user).insert("password".into(), Value::String(secret));
+                    self.users.entry(user).or_default().insert("password".into(), Value::String(secret));
                 }
             }
             "auth_type" if v == "plain" => self.set(Scope::Global, l, "auth_type", "password", None)?,
@@ -342,21 +368,18 @@ impl Tr {
         if several && !pairs.iter().any(|(k, _)| k == "load_balance_hosts") {
             db.insert("load_balance_hosts".into(), Value::String("random".into()));
         }
-        let dbs = self.table.entry("databases").or_insert_with(|| Value::Table(Table::new()));
-        if let Value::Table(dbs) = dbs {
-            dbs.insert(l.key.clone(), Value::Table(db));
-        }
+        self.databases.insert(l.key.clone(), Value::Table(db));
         Ok(())
     }
 
     fn user(&mut self, l: &Line) -> Result<(), String> {
         let pairs = ini::connstr(&l.value).map_err(|e| format!("{}: user {}: {e}", l.at, l.key))?;
-        let mut user = std::mem::take(entry(&mut self.table, "users", &l.key));
+        let mut user = self.users.remove(&l.key).unwrap_or_default();
         let mut r = Ok(());
         for (k, v) in &pairs {
             r = r.and_then(|_| self.setting(Scope::User, l, k, v, &mut user));
         }
-        *entry(&mut self.table, "users", &l.key) = user;
+        self.users.insert(l.key.clone(), user);
         r
     }
 
@@ -374,9 +397,10 @@ impl Tr {
                 other => self.note(l, format!("peers.{}.{other}", l.key), "unknown peer setting", true),
             }
         }
-        let p = entry(&mut self.table, "peers", &l.key);
+        let mut p = Table::new();
         p.insert("host".into(), Value::String(host));
         p.insert("port".into(), Value::Integer(port));
+        self.peers.insert(l.key.clone(), Value::Table(p));
         Ok(())
     }
 
@@ -500,21 +524,6 @@ fn at_default(key: &str, value: &str) -> bool {
             && (value.trim() == *d
                 || value.trim().parse::<f64>().ok().zip(d.parse::<f64>().ok()).is_some_and(|(a, b)| a == b))
     })
-}
-
-/// The table `top.name`, made if missing.
-fn entry<'a>(table: &'a mut Table, top: &str, name: &str) -> &'a mut Table {
-    let top = table.entry(top).or_insert_with(|| Value::Table(Table::new()));
-    if !top.is_table() {
-        *top = Value::Table(Table::new());
-    }
-    let Value::Table(top) = top else { unreachable!("made a table above") };
-    let e = top.entry(name).or_insert_with(|| Value::Table(Table::new()));
-    if !e.is_table() {
-        *e = Value::Table(Table::new());
-    }
-    let Value::Table(e) = e else { unreachable!("made a table above") };
-    e
 }
 
 #[cfg(test)]

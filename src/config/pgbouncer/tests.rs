@@ -72,6 +72,8 @@ fn global_keys_with_units_booleans_and_lists() {
     assert_eq!(c.unix_socket_mode, "0770");
     assert_eq!(c.server_tls_sslmode, crate::config::ServerTlsMode::Require);
     assert_eq!(c.auth_type, AuthType::Password, "PgBouncer's plain");
+    let c = config(&format!("{DB}[pgbouncer]\nPool_Mode = statement\n"), &[]);
+    assert_eq!(c.pool_mode, PoolMode::Statement, "setting names are case-insensitive");
     let c = config(&format!("{DB}[pgbouncer]\nmax_prepared_statements = 0\n"), &[]);
     assert!(!c.prepared_statements, "0 turns PgBouncer's prepared statement support off");
 }
