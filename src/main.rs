@@ -48,6 +48,7 @@ fn reloader(cli: Cli, embedded_url: Option<DbUrl>, log: Option<LogFilter>) -> Re
             }
             None => cli.to_config().map_err(|e| e.to_string()),
         }
+        .inspect(log_load_notes)
     };
     let applied = move |cfg: &Config| {
         if let Some(h) = &log {
@@ -80,8 +81,34 @@ fn runtime() -> std::io::Result<(tokio::runtime::Runtime, Threads)> {
     Ok((rt, if n > 1 { Threads::PerCore(n) } else { Threads::One }))
 }
 
+/// `--print-config`: the configuration as parsnip's TOML (databases from the file or the
+/// URL; without either, none: no embedded PostgreSQL is started for it).
+fn print_config(cli: &Cli) -> ExitCode {
+    let printed = if cli.wants_embedded() { cli.to_config_without_databases() } else { cli.to_config() };
+    match printed.and_then(|c| c.to_toml()) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("parsnip: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Names what reading the configuration file left out.
+fn log_load_notes(cfg: &Config) {
+    for n in &cfg.load_notes {
+        tracing::warn!("configuration: {n}");
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.print_config {
+        return print_config(&cli);
+    }
     let mut embedded = None;
     let mut embedded_url = None;
     let cfg = if cli.wants_embedded() {
@@ -132,6 +159,7 @@ fn main() -> ExitCode {
         }
     };
     let log = init_logging(&cfg);
+    log_load_notes(&cfg);
     let reload = reloader(cli, embedded_url, log);
     let (rt, threads) = match runtime() {
         Ok(rt) => rt,

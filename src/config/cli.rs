@@ -16,9 +16,21 @@ use std::path::PathBuf;
 pub struct Cli {
     /// postgres://USER[:PASSWORD]@HOST[:PORT]/DBNAME of the server to pool.
     pub(crate) url: Option<String>,
-    /// TOML configuration file.
-    #[arg(short = 'c', long = "config")]
+    /// Configuration file: parsnip's TOML, or a pgbouncer.ini (recognised by its .ini
+    /// extension or a [pgbouncer] section).
+    #[arg(short = 'c', long = "config", conflicts_with = "pgbouncer_ini")]
     pub(crate) config: Option<PathBuf>,
+    /// A pgbouncer.ini, read as PgBouncer reads it (with its %include and auth_file).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) pgbouncer_ini: Option<PathBuf>,
+    /// Start even when the pgbouncer.ini has settings parsnip cannot honour (they are
+    /// named in the log and left out).
+    #[arg(long)]
+    pub(crate) lenient: bool,
+    /// Print the configuration as parsnip's TOML and exit (with a pgbouncer.ini: what it
+    /// amounts to).
+    #[arg(long)]
+    pub print_config: bool,
     /// Address to listen on (host:port or unix socket path); repeatable.
     #[arg(long)]
     pub(crate) listen: Vec<String>,
@@ -60,7 +72,12 @@ pub struct Cli {
 impl Cli {
     /// True when parsnip should start its own PostgreSQL.
     pub fn wants_embedded(&self) -> bool {
-        self.embedded || (self.url.is_none() && self.config.is_none())
+        self.embedded || (self.url.is_none() && self.config_file().is_none())
+    }
+
+    /// The configuration file given, if any, and whether it was given as a pgbouncer.ini.
+    fn config_file(&self) -> Option<(&PathBuf, bool)> {
+        self.pgbouncer_ini.as_ref().map(|p| (p, true)).or(self.config.as_ref().map(|p| (p, false)))
     }
 
     /// Builds the configuration: the file (if any), then the URL's database, then flags.
@@ -72,12 +89,12 @@ impl Cli {
 
     /// Like `to_config`, without validating (the caller adds databases, e.g. embedded).
     pub fn to_config_without_databases(&self) -> Result<Config, ConfigError> {
-        let mut cfg = match &self.config {
-            Some(path) => Config::read_file(path)?,
+        let mut cfg = match self.config_file() {
+            Some((path, ini)) => Config::read_file(path, ini, self.lenient)?,
             None => Config::default(),
         };
         if let Some(url) = &self.url {
-            apply_url(&mut cfg, &DbUrl::parse(url)?, self.config.is_none());
+            apply_url(&mut cfg, &DbUrl::parse(url)?, self.config_file().is_none());
         }
         if !self.listen.is_empty() {
             cfg.listen = self.listen.clone();

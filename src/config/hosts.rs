@@ -5,7 +5,7 @@
 //! `crate::driver::hosts`.
 
 use super::ConfigError;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The `host` of a `[databases]` entry: one or several entries, in the order given.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +23,16 @@ impl<'de> Deserialize<'de> for HostList {
             OneOrMany::One(s) => HostList::from(s.as_str()),
             OneOrMany::Many(v) => HostList(v.into_iter().map(|h| h.trim().to_owned()).collect()),
         })
+    }
+}
+
+impl Serialize for HostList {
+    /// One entry as a string, several as a list (what `Deserialize` reads back).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [one] => s.serialize_str(one),
+            many => many.serialize(s),
+        }
     }
 }
 
@@ -98,7 +108,7 @@ fn parse_port(p: &str) -> Option<u16> {
 }
 
 /// Which servers a new connection may go to, as libpq's `target_session_attrs`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TargetSessionAttrs {
     /// Any server that accepts the login.
@@ -146,7 +156,7 @@ impl TargetSessionAttrs {
 }
 
 /// In which order a database's hosts are tried, as libpq's `load_balance_hosts`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LoadBalanceHosts {
     /// In the order configured.

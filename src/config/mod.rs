@@ -9,7 +9,10 @@ pub(crate) use entries::{KEYS, Reload, key};
 mod peers;
 pub use peers::{MAX_PEER_ID, PeerConfig};
 mod hosts;
+mod ini;
 mod live;
+mod load;
+mod pgbouncer;
 pub use hosts::{HostList, LoadBalanceHosts, TargetSessionAttrs};
 pub use live::LiveConfig;
 mod tls;
@@ -19,13 +22,12 @@ pub use cli::Cli;
 pub use tls::{ChannelBinding, ClientTlsMode, ServerTlsMode};
 pub use url::DbUrl;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 /// How long a client keeps a server connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolMode {
     /// Until the client disconnects.
@@ -48,7 +50,7 @@ impl PoolMode {
 }
 
 /// How clients prove who they are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AuthType {
     /// No password asked.
@@ -63,7 +65,7 @@ pub enum AuthType {
 }
 
 /// Output format of the logs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -73,7 +75,7 @@ pub enum LogFormat {
 }
 
 /// The whole configuration. Durations are in milliseconds in the file (`*_ms` keys).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Addresses to listen on: "host:port" for TCP, or an absolute path for a unix socket
@@ -226,10 +228,14 @@ pub struct Config {
     /// The other parsnip instances cancel requests are forwarded to, by peer id (the
     /// table's key, "1".."1023"); an entry for this instance's own id is ignored.
     pub peers: BTreeMap<String, PeerConfig>,
+    /// What reading the file left out (a pgbouncer.ini's settings parsnip ignores or, with
+    /// `--lenient`, cannot honour), each "FILE:LINE: setting ...: why"; logged at start.
+    #[serde(skip)]
+    pub load_notes: Vec<String>,
 }
 
 /// One `[databases.NAME]` entry.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// Server host name or IP, or a directory holding the server's unix socket; or several
@@ -267,7 +273,7 @@ pub struct DatabaseConfig {
 }
 
 /// One `[users.NAME]` entry.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UserConfig {
     /// Secret: plain text, "md5…" or PostgreSQL's "SCRAM-SHA-256$…"; also used to log in
@@ -343,6 +349,7 @@ impl Default for Config {
             databases: BTreeMap::new(),
             users: BTreeMap::new(),
             peers: BTreeMap::new(),
+            load_notes: Vec::new(),
         }
     }
 }
@@ -377,12 +384,6 @@ impl DatabaseConfig {
 }
 
 impl Config {
-    /// Reads a TOML file (not validated: flags may still change it).
-    pub(crate) fn read_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
-    }
-
     /// Parses and validates TOML text.
     #[cfg(test)]
     pub(crate) fn from_toml(text: &str) -> Result<Config, ConfigError> {

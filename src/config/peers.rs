@@ -2,7 +2,7 @@
 //! to (docs/scaling.md), checked with the rest of the configuration.
 
 use super::{Config, ConfigError};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The highest `peer_id`: the id takes the top 10 bits of a 32-bit cancel key, leaving
 /// 22 random bits (docs/scaling.md).
@@ -10,7 +10,7 @@ pub const MAX_PEER_ID: u16 = 1023;
 
 /// One `[peers.N]` entry: where peer N listens, given as a `[databases.NAME]` entry gives
 /// its server.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
 pub struct PeerConfig {
     /// Host name or IP, or a directory holding the peer's unix socket `.s.PGSQL.<port>`.

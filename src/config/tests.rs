@@ -58,3 +58,15 @@ fn wildcard_database_and_overrides() {
     assert_eq!(cfg.pool_size_for(db, "v"), 2);
     assert_eq!(cfg.pool_mode_for(db, "u"), PoolMode::Session);
 }
+
+#[test]
+fn printed_toml_reads_back_the_same() {
+    let text = include_str!("../../docs/parsnip.example.toml");
+    let cfg = Config::from_toml(text).expect("example config is valid");
+    let printed = cfg.to_toml().expect("prints");
+    let back = Config::from_toml(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+    assert_eq!(back.to_toml().expect("prints"), printed);
+    assert_eq!(back.entries(), cfg.entries());
+    assert_eq!(format!("{:?}", back.databases), format!("{:?}", cfg.databases));
+    assert_eq!(format!("{:?}", back.users), format!("{:?}", cfg.users));
+}

@@ -3,10 +3,10 @@
 //! `server_channel_binding` (a URL's `channel_binding`).
 
 use super::ConfigError;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// What parsnip asks of its clients (PgBouncer's `client_tls_sslmode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ClientTlsMode {
     /// SSLRequest answered 'N': plaintext only.
@@ -20,7 +20,7 @@ pub enum ClientTlsMode {
 }
 
 /// What parsnip asks of its servers (libpq's `sslmode`, PgBouncer's `server_tls_sslmode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ServerTlsMode {
     /// Plaintext.
@@ -40,7 +40,7 @@ pub enum ServerTlsMode {
 }
 
 /// SCRAM channel binding towards servers (libpq's `channel_binding`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChannelBinding {
     /// Never: SCRAM-SHA-256 even where SCRAM-SHA-256-PLUS is offered.
