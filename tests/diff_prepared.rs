@@ -107,6 +107,8 @@ scenarios! {
         copy_from_stdin_extended,
         copy_from_stdin_extended_one_write,
         copy_from_stdin_extended_sync_inside,
+        copy_from_stdin_extended_other_message_inside,
+        copy_from_stdin_extended_parse_after_copy_in_response,
         copy_to_stdout_extended,
     ],
     invalidation => [

@@ -66,6 +66,20 @@ impl Session {
             // Waiting for a shape check on the server: feed this frame again later.
             return false;
         }
+        if self.busy.phase == Phase::CopyIn
+            && !matches!(
+                tag,
+                tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL | tags::FLUSH | tags::SYNC | tags::TERMINATE
+            )
+        {
+            // PostgreSQL refuses it (an ERROR, then a FATAL, and the backend ends): it goes
+            // to the server as it is, with no reply to wait for, never to the cache.
+            self.to_server.extend_from_slice(frame);
+            if let Some(l) = self.link.state_mut() {
+                l.dirty = true;
+            }
+            return true;
+        }
         if self.busy.phase == Phase::ClientSkipping {
             if tag == tags::SYNC {
                 self.busy.phase = Phase::Ready;

@@ -33,6 +33,20 @@ pub(crate) enum Req {
 }
 
 impl Req {
+    /// The type byte of the client message this request is.
+    pub(crate) fn tag(self) -> u8 {
+        match self {
+            Req::Parse => tags::PARSE,
+            Req::Bind => tags::BIND,
+            Req::Describe => tags::DESCRIBE,
+            Req::Execute => tags::EXECUTE,
+            Req::Close => tags::CLOSE,
+            Req::Sync => tags::SYNC,
+            Req::Query => tags::QUERY,
+            Req::FunctionCall => tags::FUNCTION_CALL,
+        }
+    }
+
     /// True for requests whose error makes the server skip to the next Sync.
     pub(crate) fn is_extended(self) -> bool {
         !matches!(self, Req::Sync | Req::Query | Req::FunctionCall)
@@ -455,15 +469,38 @@ impl ReplyQueue {
     /// client has already ended the copy (a CopyDone or CopyFail followed the head or one
     /// of those Syncs): the session is then not in COPY any more as far as the client's
     /// next messages go.
-    pub(crate) fn copy_in_started(&mut self) -> bool {
+    ///
+    /// `Err((req, sent))`: a client request other than Sync was queued before the copy's
+    /// end — a message the server reads during the copy and refuses (PostgreSQL:
+    /// "unexpected message type during COPY from stdin", then FATAL), or, not `sent`, one
+    /// the session answered itself, which PostgreSQL would have refused so. Nothing is
+    /// dropped then.
+    pub(crate) fn copy_in_started(&mut self) -> Result<bool, (Req, bool)> {
         if self.q.front().is_some_and(|h| h.copy_end_after) {
-            return true;
+            return Ok(true);
+        }
+        // Until the copy's end: client Syncs (ignored), nothing else of the client's.
+        let mut end = self.q.len();
+        for (i, p) in self.q.iter().enumerate().skip(1) {
+            if p.purpose == Purpose::Client && p.req != Req::Sync {
+                return Err((p.req, !p.is_synth()));
+            }
+            if p.copy_end_after {
+                end = i + 1;
+                break;
+            }
         }
         let mut ended = false;
         let mut dropped = false;
-        while !ended && self.q.len() > 1 && self.q[1].req == Req::Sync && self.q[1].purpose == Purpose::Client {
+        while !ended
+            && self.q.len() > 1
+            && end > 1
+            && self.q[1].req == Req::Sync
+            && self.q[1].purpose == Purpose::Client
+        {
             ended = self.q[1].copy_end_after;
             self.q.remove(1);
+            end -= 1;
             dropped = true;
         }
         if dropped {
@@ -471,7 +508,11 @@ impl ReplyQueue {
             // waits for a Sync after the copy) unless a later Sync is queued.
             self.mark_synced();
         }
-        ended
+        Ok(ended)
+    }
+    /// Drops every request but the head.
+    pub(crate) fn keep_head(&mut self) {
+        self.q.truncate(1);
     }
     /// The client sent CopyDone or CopyFail: noted on the request queued last (see
     /// `copy_in_started`).

@@ -220,8 +220,10 @@ impl Session {
         if tag == tags::COPY_IN_RESPONSE {
             // Unless the client's CopyDone or CopyFail is already on its way, what it sends
             // next is COPY data, and its Syncs get no reply until the copy ends.
-            if !self.busy.replies.copy_in_started() {
-                self.enter(Phase::CopyIn);
+            match self.busy.replies.copy_in_started() {
+                Ok(true) => {}
+                Ok(false) => self.enter(Phase::CopyIn),
+                Err((req, sent)) => self.copy_violation(req.tag(), !sent),
             }
         } else if req.completed_by(tag) {
             self.complete_head(frame);
@@ -529,6 +531,25 @@ impl Session {
         }
         self.script_catch_up();
         self.maybe_release();
+    }
+
+    /// A client message of type `tag` was queued behind the Execute that turned out to
+    /// start a COPY FROM STDIN, where PostgreSQL takes only copy messages, Flush and Sync:
+    /// the server answers the first such message it reads with an ERROR ("unexpected
+    /// message type … during COPY from stdin", its COPY context attached) and a FATAL, and
+    /// ends; the client gets both, as directly. When the session answered that message
+    /// itself (`tell_server`: a Parse the cache knew), an empty message of its type is sent
+    /// in its place, for the server to refuse. Only the Execute's entry is kept: the
+    /// server answers nothing else.
+    pub(super) fn copy_violation(&mut self, tag: u8, tell_server: bool) {
+        self.busy.replies.keep_head();
+        if tell_server {
+            self.to_server.extend_from_slice(&[tag, 0, 0, 0, 4]);
+        }
+        if let Some(l) = self.link.state_mut() {
+            l.dirty = true;
+        }
+        self.enter(Phase::CopyIn);
     }
 
     pub(super) fn desync(&mut self, tag: u8) {
