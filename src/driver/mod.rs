@@ -88,6 +88,8 @@ pub struct Shared {
     pub(crate) shards: Option<shards::Shards>,
     /// Bytes of large messages held whole, all connections together (`max_buffered_bytes`).
     pub(crate) budget: Arc<budget::Budget>,
+    /// The connection limits per database and per user (`pool::limit`).
+    pub(crate) caps: crate::pool::limit::Caps,
 }
 
 /// How the process should stop, as the console's `SHUTDOWN` asked.
@@ -143,6 +145,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
     let shared = Arc::new(Shared {
         cfg: LiveConfig::new(cfg.clone()),
         pools: Mutex::new(HashMap::new()),
+        caps: Default::default(),
         cancels: CancelRegistry::new(cfg.peer_id),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
         refusal_slots: Arc::new(Semaphore::new(REFUSALS_AT_ONCE)),
@@ -412,6 +415,7 @@ async fn janitor(shared: Arc<Shared>) {
             }
         }
         reap_pools(&shared, &mut unused_since, std::time::Instant::now());
+        shared.caps.prune();
     }
 }
 
@@ -479,7 +483,17 @@ fn reap_pools(shared: &Shared, unused_since: &mut HashMap<PoolKey, std::time::In
 /// a server is failed at most a quarter of `query_wait_timeout` late.
 fn janitor_period(cfg: &Config) -> Duration {
     let second = Duration::from_secs(1);
-    cfg.query_wait_timeout().map_or(second, |t| (t / 4).clamp(Duration::from_millis(10), second))
+    let reserve = cfg.reserve_pool_timeout().filter(|_| cfg.reserve_pool_size > 0 || reserve_anywhere(cfg));
+    [cfg.query_wait_timeout(), reserve]
+        .into_iter()
+        .flatten()
+        .fold(second, |p, t| p.min((t / 4).max(Duration::from_millis(10))))
+}
+
+/// Whether a database or user entry has a reserve of its own.
+fn reserve_anywhere(cfg: &Config) -> bool {
+    cfg.databases.values().any(|d| d.reserve_pool_size.is_some_and(|n| n > 0))
+        || cfg.users.values().any(|u| u.reserve_pool_size.is_some_and(|n| n > 0))
 }
 
 #[cfg(test)]

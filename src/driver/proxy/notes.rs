@@ -45,6 +45,12 @@ impl Proxy {
         self.session.get().queue_notifications(&frames, overflowed);
     }
 
+    /// The client left: it no longer counts in its database's and user's client counts
+    /// (`login::Seat`; counted on the pool it logged in to, whose caps a read pool shares).
+    pub(in crate::driver) fn leave_limits(&self) {
+        self.pool.unseat_client();
+    }
+
     /// The client left: it listens on nothing any more.
     pub(in crate::driver) fn leave_channels(&self) {
         // (A pool whose clients never listened has no notifier.)
