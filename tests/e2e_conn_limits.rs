@@ -212,3 +212,47 @@ async fn connect_n(p: &Parsnip, user: &str, pw: &str, db: &str, n: usize) -> Vec
     }
     v
 }
+
+/// `reserve_pool_size = 1`, `reserve_pool_timeout_ms = 1500` on a pool of one: while a
+/// client holds the one server in a transaction, a second client waits, with still one
+/// server connection open, until it has waited the timeout; then it gets a connection
+/// from the reserve (PgBouncer's "taking connection from reserve_pool") while the first
+/// still holds its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserve_is_used_only_after_reserve_pool_timeout() {
+    const DB: &str = "cap_reserve";
+    create_db(DB);
+    let p = Parsnip::trust("pool_size = 1\nreserve_pool_size = 1\nreserve_pool_timeout_ms = 1500\n");
+    if direct_mode() {
+        return;
+    }
+    bounded(60, "the_reserve_is_used_only_after_reserve_pool_timeout", async {
+        let sampler = Pg::connect(cluster().port(), "postgres", Some(SUPER_PW), "postgres").await.expect("sampler");
+        let filter = format!("datname = '{DB}'");
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        a.simple_query("begin; select 1").await.unwrap();
+        assert_eq!(server_count(&sampler, &filter).await.0, 1);
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let t0 = Instant::now();
+        let waiting = tokio::spawn(async move { b.scalar("select 'b'").await.map(|v| (v, t0.elapsed())) });
+        // Until b is answered: one server connection while b has waited less than the
+        // timeout (sampled, minus the sample's own time), at most two after.
+        let mut early_max = 0;
+        while !waiting.is_finished() {
+            let sampled_at = t0.elapsed();
+            let (n, _) = server_count(&sampler, &filter).await;
+            if t0.elapsed() < Duration::from_millis(1500) {
+                early_max = early_max.max(n);
+            }
+            assert!(n <= 2, "{n} server connections for a pool of 1 + 1 at {sampled_at:?}");
+        }
+        let (v, waited) = waiting.await.expect("task").expect("b is served from the reserve");
+        assert_eq!(v, "b");
+        assert_eq!(early_max, 1, "the reserve was not used before the timeout");
+        assert!(waited >= Duration::from_millis(1500), "b was served after {waited:?}, before the timeout");
+        assert_eq!(server_count(&sampler, &filter).await.0, 2, "a still holds its server: b's came from the reserve");
+        assert!(p.logs().contains("taking connection from reserve_pool"), "{}", p.log_tail());
+        a.simple_query("commit").await.unwrap();
+    })
+    .await;
+}
