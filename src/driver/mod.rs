@@ -29,8 +29,8 @@ pub(crate) mod tls;
 pub(crate) mod tls_config;
 
 use crate::admin::ShutdownMode;
-use crate::config::Config;
 use crate::config::LiveConfig;
+use crate::config::{Config, PoolMode};
 use crate::error::{Error, SqlState};
 use crate::login::Refusal;
 use crate::pool::PoolKey;
@@ -383,6 +383,7 @@ async fn janitor(shared: Arc<Shared>) {
     let mut period_start = std::time::Instant::now();
     let mut heap = HeapTrim::default();
     let mut promotions = shared.hosts.fences.promotions();
+    let mut epochs: HashMap<PoolKey, u64> = HashMap::new();
     loop {
         tick.tick().await;
         if heap.burst_over(shared.client_slots.available_permits()) {
@@ -416,6 +417,36 @@ async fn janitor(shared: Arc<Shared>) {
         }
         reap_pools(&shared, &mut unused_since, std::time::Instant::now());
         shared.caps.prune();
+        fast_close_check(&shared, &mut epochs);
+    }
+}
+
+/// `server_fast_close`: the clients of session-mode pools whose connections were marked to
+/// close since the last tick (`RECONNECT`, a reload) look at their server now, as
+/// PgBouncer's janitor closes such servers between transactions (`Proxy::fast_close`).
+fn fast_close_check(shared: &Shared, epochs: &mut HashMap<PoolKey, u64>) {
+    let pools: Vec<Arc<ServerPool>> = shared
+        .pools
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .filter(|p| p.mode == PoolMode::Session)
+        .cloned()
+        .collect();
+    epochs.retain(|k, _| pools.iter().any(|p| &p.key == k));
+    // A pool first seen already reconnected counts as changed (its clients' servers may
+    // predate that): a client whose server is current is left alone anyway.
+    let changed: Vec<&Arc<ServerPool>> = pools
+        .iter()
+        .filter(|p| epochs.insert(p.key.clone(), p.epoch()).map_or(p.epoch() > 0, |e| e != p.epoch()))
+        .collect();
+    if changed.is_empty() || !shared.cfg.load().server_fast_close {
+        return;
+    }
+    for slot in shared.cancels.clients() {
+        if slot.pool().is_some_and(|p| changed.iter().any(|c| Arc::ptr_eq(c, &p))) {
+            slot.recheck();
+        }
     }
 }
 
