@@ -256,3 +256,124 @@ async fn the_reserve_is_used_only_after_reserve_pool_timeout() {
     })
     .await;
 }
+
+/// The console shows the limits in PgBouncer's columns (`SHOW DATABASES`'s
+/// max_connections, reserve_pool_size, max_client_connections; `SHOW USERS`'s
+/// max_user_connections, max_user_client_connections and the counts; `SHOW CONFIG`'s keys,
+/// which the Prometheus exporter turns into pgbouncer_config_* gauges), and a reload
+/// changes them at once, as in PgBouncer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_show_on_the_console_and_change_on_reload() {
+    const DB: &str = "cap_show";
+    create_db(DB);
+    let config = |user_clients: u32| {
+        trust_config("max_db_connections = 4\nmax_user_connections = 6\nreserve_pool_size = 1")
+            .replace("[users.app]\n", &format!("[users.app]\nmax_user_client_connections = {user_clients}\n"))
+            + &format!(
+                "\n[databases.{DB}]\nhost = \"127.0.0.1\"\nport = {}\nmax_db_client_connections = 5\n\
+                 reserve_pool_size = 2\n",
+                cluster().port()
+            )
+    };
+    let p = Parsnip::with_config(&config(2));
+    if direct_mode() {
+        return;
+    }
+    bounded(60, "limits_show_on_the_console_and_change_on_reload", async {
+        let a = p.connect("app", APP_PW, DB).await;
+        let b = p.connect("app", APP_PW, DB).await;
+        assert_eq!(a.scalar("select 1").await.unwrap(), "1");
+        let console = p.connect("postgres", SUPER_PW, "pgbouncer").await;
+        let get = |r: &Row, k: &str| r.get(k).cloned().flatten().unwrap_or_else(|| panic!("no {k} in {r:?}"));
+        let dbs = console_rows(&console, "SHOW DATABASES").await;
+        let d = dbs.iter().find(|r| get(r, "name") == DB).expect("the database's row");
+        for (k, v) in [
+            ("max_connections", "4"),
+            ("current_connections", "1"),
+            ("reserve_pool_size", "2"),
+            ("max_client_connections", "5"),
+            ("current_client_connections", "2"),
+        ] {
+            assert_eq!(get(d, k), v, "SHOW DATABASES {k}: {d:?}");
+        }
+        let users = console_rows(&console, "SHOW USERS").await;
+        let u = users.iter().find(|r| get(r, "name") == "app").expect("app's row");
+        for (k, v) in [
+            ("max_user_connections", "6"),
+            ("current_connections", "1"),
+            ("max_user_client_connections", "2"),
+            ("current_client_connections", "2"),
+        ] {
+            assert_eq!(get(u, k), v, "SHOW USERS {k}: {u:?}");
+        }
+        let config_rows = console_rows(&console, "SHOW CONFIG").await;
+        let key = |k: &str| config_rows.iter().find(|r| get(r, "key") == k).map(|r| get(r, "value"));
+        assert_eq!(key("max_user_connections").as_deref(), Some("6"));
+        assert_eq!(key("max_db_connections").as_deref(), Some("4"));
+        assert_eq!(key("reserve_pool_size").as_deref(), Some("1"));
+        assert_eq!(key("max_user_client_connections").as_deref(), Some("0"));
+        // Full for app; a reload raises its limit and a third client gets in.
+        let e = expect_code(p.try_connect("app", Some(APP_PW), DB).await.map(|_| ()), "08P01", "third app client");
+        assert!(e.message().contains("max_user_client_connections"), "{e}");
+        p.rewrite_config(&config(3));
+        console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}", describe(&e)));
+        let c = p.connect("app", APP_PW, DB).await;
+        assert_eq!(c.scalar("select 3").await.unwrap(), "3");
+        let users = console_rows(&console, "SHOW USERS").await;
+        let u = users.iter().find(|r| get(r, "name") == "app").expect("app's row");
+        assert_eq!(
+            (get(u, "max_user_client_connections"), get(u, "current_client_connections")),
+            ("3".into(), "3".into())
+        );
+        drop((a, b));
+    })
+    .await;
+}
+
+/// A reload lowering `max_db_connections` applies to the next server connections: with
+/// one held in a transaction at the new limit of 1, another client waits rather than
+/// opening a second, and gets the server once the first commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_max_db_connections() {
+    const DB: &str = "cap_reload";
+    create_db(DB);
+    let p = Parsnip::trust("max_db_connections = 5");
+    if direct_mode() {
+        return;
+    }
+    bounded(60, "a_reload_changes_max_db_connections", async {
+        let console = p.connect("postgres", SUPER_PW, "pgbouncer").await;
+        p.rewrite_config(&trust_config("max_db_connections = 1"));
+        console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}", describe(&e)));
+        // Both log in first (a pool's first login takes a server connection to learn the
+        // server's parameters, as in PgBouncer).
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("app", APP_PW, DB).await;
+        a.simple_query("begin; select 1").await.unwrap();
+        let waiting = tokio::spawn(async move { b.scalar("select current_user").await });
+        // b waits: it is queued in its pool (SHOW POOLS' cl_waiting) and PostgreSQL still
+        // has one backend for the database.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pools = console_rows(&console, "SHOW POOLS").await;
+            let waiting_app = pools.iter().any(|r| {
+                r.get("database").cloned().flatten().as_deref() == Some(DB)
+                    && r.get("user").cloned().flatten().as_deref() == Some("app")
+                    && r.get("cl_waiting").cloned().flatten().as_deref() == Some("1")
+            });
+            if waiting_app {
+                break;
+            }
+            assert!(Instant::now() < deadline, "app's client never queued: {pools:?}");
+            tokio::task::yield_now().await;
+        }
+        // (An evicted connection's backend may take a moment to leave pg_stat_activity.)
+        let one = wait_backends(DB, Duration::from_secs(10), |v| v.len() == 1).await;
+        one.unwrap_or_else(|v| panic!("still one server connection: {v:?}"));
+        assert!(!waiting.is_finished());
+        a.simple_query("commit").await.unwrap();
+        let who = waiting.await.expect("task").expect("b gets the database's one server once a commits");
+        assert_eq!(who, "app");
+    })
+    .await;
+}

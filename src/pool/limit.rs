@@ -209,6 +209,15 @@ impl Caps {
     pub(crate) fn user(&self, name: &str, limits: (usize, usize)) -> Arc<Cap> {
         get(&self.users, name, limits)
     }
+    /// The cap of database `name`, if one was made.
+    pub(crate) fn db_if_any(&self, name: &str) -> Option<Arc<Cap>> {
+        self.dbs.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    }
+    /// The cap of user `name`, if one was made.
+    pub(crate) fn user_if_any(&self, name: &str) -> Option<Arc<Cap>> {
+        self.users.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    }
+
     /// Puts `member` under `caps` (its server connections count in each).
     pub(crate) fn enroll(member: Weak<dyn Member>, caps: &[Arc<Cap>]) {
         for c in caps {
