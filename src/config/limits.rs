@@ -1,8 +1,9 @@
 //! The connection limits as they apply to one database, user or pool: PgBouncer's
 //! `max_db_connections`, `max_user_connections`, `max_db_client_connections`,
 //! `max_user_client_connections` and `reserve_pool_size`, each a global key that a
-//! `[databases]` or `[users]` entry may override (as in PgBouncer, an override of 0 leaves
-//! the global value in force), and `reserve_pool_timeout_ms`.
+//! `[databases]` or `[users]` entry may override (as in PgBouncer, a limit's override of 0
+//! leaves the global value in force, while a reserve of 0 is a reserve of 0), and
+//! `reserve_pool_timeout_ms`.
 
 use super::{Config, DatabaseConfig, ms};
 use std::time::Duration;
@@ -33,10 +34,10 @@ impl Config {
     }
 
     /// `reserve_pool_size` of a (database, user) pool: the user's, then the database's,
-    /// then the global one.
+    /// then the global one (PgBouncer's order; 0 set on an entry is 0).
     pub(crate) fn reserve_pool_size_for(&self, db: &DatabaseConfig, user: &str) -> usize {
-        let per_user = self.users.get(user).and_then(|u| u.reserve_pool_size).filter(|v| *v > 0);
-        or_global(per_user.or(db.reserve_pool_size), self.reserve_pool_size)
+        let per_user = self.users.get(user).and_then(|u| u.reserve_pool_size);
+        per_user.or(db.reserve_pool_size).unwrap_or(self.reserve_pool_size)
     }
 
     /// See `reserve_pool_timeout_ms`; None: the reserve is never used.
@@ -66,6 +67,10 @@ mod tests {
             port = 1
             max_db_connections = 0
             max_db_client_connections = 5
+            [databases.c]
+            host = "h"
+            port = 1
+            reserve_pool = 0
             [users.u]
             max_user_connections = 2
             reserve_pool_size = 1
@@ -81,6 +86,7 @@ mod tests {
         assert_eq!(cfg.reserve_pool_size_for(a, "u"), 1, "the user's first");
         assert_eq!(cfg.reserve_pool_size_for(a, "v"), 4, "then the database's");
         assert_eq!(cfg.reserve_pool_size_for(b, "v"), 2, "then the global one");
+        assert_eq!(cfg.reserve_pool_size_for(&cfg.databases["c"], "v"), 0, "0 on an entry, by its old name");
         assert_eq!(cfg.reserve_pool_timeout(), Some(Duration::from_secs(5)));
     }
 }

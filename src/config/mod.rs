@@ -281,7 +281,9 @@ pub struct DatabaseConfig {
     pub(crate) pool_mode: Option<PoolMode>,
     /// `autoprepare` for this database (overrides the global one).
     pub(crate) autoprepare: Option<bool>,
-    /// `reserve_pool_size` for this database (overrides the global one).
+    /// `reserve_pool_size` for this database (overrides the global one; `reserve_pool`,
+    /// PgBouncer's old name, is accepted).
+    #[serde(alias = "reserve_pool")]
     pub(crate) reserve_pool_size: Option<usize>,
     /// `max_db_connections` for this database (overrides the global one).
     pub(crate) max_db_connections: Option<usize>,

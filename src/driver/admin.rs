@@ -436,7 +436,7 @@ impl View for Live<'_> {
                     min_pool_size: cfg.min_pool_size as i32,
                     server_lifetime_s: (cfg.server_lifetime_ms / 1000) as i32,
                     pool_mode: db.pool_mode.unwrap_or(cfg.pool_mode).as_str().into(),
-                    reserve_pool_size: db.reserve_pool_size.filter(|n| *n > 0).unwrap_or(cfg.reserve_pool_size) as i32,
+                    reserve_pool_size: db.reserve_pool_size.unwrap_or(cfg.reserve_pool_size) as i32,
                     max_connections: max_connections as i32,
                     current_connections: current as i32,
                     max_client_connections: max_client_connections as i32,
