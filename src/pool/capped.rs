@@ -38,6 +38,9 @@ impl<K: Connector> Drop for Locked<'_, K> {
         let freed = std::mem::take(&mut g.freed);
         let rewake = std::mem::take(&mut g.rewake);
         drop(g);
+        if freed == 0 && !rewake {
+            return;
+        }
         for c in &self.pool.caps {
             if freed > 0 {
                 c.give_back(freed);
