@@ -61,7 +61,7 @@ cargo_pass() {
     start=$(date +%s)
     echo "== cargo test $* (PostgreSQL $label)"
     set +e
-    cargo test "$@" --no-fail-fast >"$log" 2>&1
+    cargo test --no-fail-fast "$@" >"$log" 2>&1
     status=$?
     set -e
     grep -E "^(test result|     Running|failures:|---- |thread .* panicked)|FAILED" "$log" || true
@@ -86,6 +86,14 @@ if [ -n "$pg2_bin" ]; then
     # The library's and the end-to-end tests again, every cluster from the other version
     # (the embedded module honours PARSNIP_PG_BIN).
     PARSNIP_PG_BIN="$pg2_bin" cargo_pass "$(pg_major "$pg2_bin")" --lib --test '*'
+fi
+# The concurrent hostile-client test (issue 23): a minute of hostile and honest clients at
+# once against each major version, alone, since it loads both cores (tests/e2e_hostile.rs).
+cargo_pass "$(pg_major "$(default_pg_bin)"), hostile clients" --test e2e_hostile \
+    hostile_clients_do_not_disturb_honest_ones -- --ignored
+if [ -n "$pg2_bin" ]; then
+    PARSNIP_PG_BIN="$pg2_bin" cargo_pass "$(pg_major "$pg2_bin"), hostile clients" --test e2e_hostile \
+        hostile_clients_do_not_disturb_honest_ones -- --ignored
 fi
 echo "cargo: $total_passed passed, $total_failed failed"
 

@@ -166,6 +166,8 @@ def main() -> None:
             metric(after, "pgbouncer_databases_database_pool_size", database=DB, backend_database=DB)
             checks += check_parsnip_metrics(mbefore, parsnip_metrics(), want_x, want_q)
             metric(after, "pgbouncer_config_max_client_conn")
+            # From SHOW CONFIG's max_user_connections (issue 29).
+            metric(after, "pgbouncer_config_max_user_connections")
             # A client in a transaction holds a server: the exporter sees it active.
             with psycopg.connect(TARGET_URL) as conn:
                 conn.execute("SELECT 1").fetchone()  # BEGIN is implicit: in a transaction now

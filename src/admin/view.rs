@@ -65,7 +65,13 @@ pub(crate) struct DatabaseRow {
     pub(crate) pool_mode: String,
     /// The order its hosts are tried in (disable, random).
     pub(crate) load_balance_hosts: String,
+    /// Its `reserve_pool_size`.
+    pub(crate) reserve_pool_size: i32,
+    /// `max_db_connections` (0: no limit) and the server connections it has.
+    pub(crate) max_connections: i32,
     pub(crate) current_connections: i32,
+    /// `max_db_client_connections` (0: no limit) and the clients it has.
+    pub(crate) max_client_connections: i32,
     pub(crate) current_client_connections: i32,
     pub(crate) paused: bool,
     pub(crate) disabled: bool,
@@ -76,8 +82,14 @@ pub(crate) struct DatabaseRow {
 pub(crate) struct UserRow {
     pub(crate) name: String,
     pub(crate) pool_size: Option<i32>,
+    /// Its own `reserve_pool_size`, if its entry sets one.
+    pub(crate) reserve_pool_size: Option<i32>,
     pub(crate) pool_mode: Option<String>,
+    /// `max_user_connections` (0: no limit) and the server connections logged in as it.
+    pub(crate) max_user_connections: i32,
     pub(crate) current_connections: i32,
+    /// `max_user_client_connections` (0: no limit) and the clients logged in as it.
+    pub(crate) max_user_client_connections: i32,
     pub(crate) current_client_connections: i32,
 }
 

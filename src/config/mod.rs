@@ -10,6 +10,7 @@ mod peers;
 pub use peers::{MAX_PEER_ID, PeerConfig};
 mod hosts;
 mod ini;
+mod limits;
 mod live;
 mod load;
 mod pgbouncer;
@@ -102,6 +103,19 @@ pub struct Config {
     pub min_pool_size: usize,
     /// Client connections accepted at once; beyond, 53300.
     pub max_client_conn: usize,
+    /// Connections a pool may open beyond its size once a client has waited
+    /// `reserve_pool_timeout_ms` (0: none).
+    pub reserve_pool_size: usize,
+    /// How long the first queued client waits before the reserve is used (0: never).
+    pub reserve_pool_timeout_ms: u64,
+    /// Server connections per database across its users (0: no limit).
+    pub max_db_connections: usize,
+    /// Server connections per user across databases (0: no limit).
+    pub max_user_connections: usize,
+    /// Client connections per database (0: no limit); beyond, 08P01.
+    pub max_db_client_connections: usize,
+    /// Client connections per user (0: no limit); beyond, 08P01.
+    pub max_user_client_connections: usize,
     /// How clients authenticate.
     pub auth_type: AuthType,
     /// Query looking up (name, secret) for users not in `[users]`; `$1` is the user name.
@@ -179,6 +193,9 @@ pub struct Config {
     pub pipeline_max_statement_ms: f64,
     /// Query run on a server connection before it is reused after a session-mode client.
     pub server_reset_query: String,
+    /// Session mode: a server connection to be closed (`RECONNECT`, a reload that changed
+    /// its database) is closed at the end of its client's transaction, with the client.
+    pub server_fast_close: bool,
     /// On SIGTERM, wait at most this long for transactions to finish.
     pub shutdown_timeout_ms: u64,
     /// A pool for a database reached through `[databases."*"]` is dropped once no client
@@ -270,6 +287,17 @@ pub struct DatabaseConfig {
     pub(crate) pool_mode: Option<PoolMode>,
     /// `autoprepare` for this database (overrides the global one).
     pub(crate) autoprepare: Option<bool>,
+    /// `reserve_pool_size` for this database (overrides the global one; `reserve_pool`,
+    /// PgBouncer's old name, is accepted).
+    #[serde(alias = "reserve_pool")]
+    pub(crate) reserve_pool_size: Option<usize>,
+    /// `max_db_connections` for this database (overrides the global one).
+    pub(crate) max_db_connections: Option<usize>,
+    /// `max_db_client_connections` for this database (overrides the global one).
+    pub(crate) max_db_client_connections: Option<usize>,
+    /// Query run on each new server connection before any client uses it (errors are
+    /// logged and otherwise ignored).
+    pub(crate) connect_query: Option<String>,
 }
 
 /// One `[users.NAME]` entry.
@@ -285,6 +313,12 @@ pub struct UserConfig {
     pub(crate) pool_size: Option<usize>,
     /// `autoprepare` for this user (overrides database and global).
     pub(crate) autoprepare: Option<bool>,
+    /// `reserve_pool_size` for this user (overrides database and global).
+    pub(crate) reserve_pool_size: Option<usize>,
+    /// `max_user_connections` for this user (overrides the global one).
+    pub(crate) max_user_connections: Option<usize>,
+    /// `max_user_client_connections` for this user (overrides the global one).
+    pub(crate) max_user_client_connections: Option<usize>,
 }
 
 impl Default for Config {
@@ -299,6 +333,12 @@ impl Default for Config {
             pool_size: 20,
             min_pool_size: 0,
             max_client_conn: 10_000,
+            reserve_pool_size: 0,
+            reserve_pool_timeout_ms: 5_000,
+            max_db_connections: 0,
+            max_user_connections: 0,
+            max_db_client_connections: 0,
+            max_user_client_connections: 0,
             auth_type: AuthType::ScramSha256,
             auth_query: None,
             auth_user: None,
@@ -330,6 +370,7 @@ impl Default for Config {
             pipeline_depth: 8,
             pipeline_max_statement_ms: 2.0,
             server_reset_query: "DISCARD ALL".into(),
+            server_fast_close: false,
             shutdown_timeout_ms: 30_000,
             autodb_idle_timeout_ms: 3_600_000,
             client_tls_cert_file: None,

@@ -419,8 +419,13 @@ impl View for Live<'_> {
             .into_keys()
             .filter_map(|name| {
                 let (db, server_db) = cfg.database(&name)?;
-                let current: usize = pools.iter().filter(|p| p.key.db == name).map(|p| p.counts().1).sum();
+                // Its cap counts every pool's connections (read pools' too), as the limit does.
+                let current = match self.0.caps.db_if_any(&name) {
+                    Some(cap) => cap.open(),
+                    None => pools.iter().filter(|p| p.key.db == name).map(|p| p.counts().1).sum(),
+                };
                 let client_count = clients.iter().filter(|s| s.pool().is_some_and(|p| p.key.db == name)).count();
+                let (max_connections, max_client_connections) = cfg.db_limits(&name);
                 Some(DatabaseRow {
                     host: db.host.joined(),
                     port: i32::from(db.port),
@@ -431,7 +436,10 @@ impl View for Live<'_> {
                     min_pool_size: cfg.min_pool_size as i32,
                     server_lifetime_s: (cfg.server_lifetime_ms / 1000) as i32,
                     pool_mode: db.pool_mode.unwrap_or(cfg.pool_mode).as_str().into(),
+                    reserve_pool_size: db.reserve_pool_size.unwrap_or(cfg.reserve_pool_size) as i32,
+                    max_connections: max_connections as i32,
                     current_connections: current as i32,
+                    max_client_connections: max_client_connections as i32,
                     current_client_connections: client_count as i32,
                     paused: self.0.is_paused(&name),
                     disabled: self.0.is_disabled(&name),
@@ -453,12 +461,21 @@ impl View for Live<'_> {
             .into_keys()
             .map(|name| {
                 let u = cfg.users.get(&name);
-                let current: usize = pools.iter().filter(|p| p.key.user == name).map(|p| p.counts().1).sum();
+                // As PgBouncer: server connections logged in as the user (a database's
+                // forced user's included), clients that logged in as it.
+                let current = match self.0.caps.user_if_any(&name) {
+                    Some(cap) => cap.open(),
+                    None => pools.iter().filter(|p| p.key.user == name).map(|p| p.counts().1).sum(),
+                };
                 let client_count = clients.iter().filter(|s| s.pool().is_some_and(|p| p.key.user == name)).count();
+                let (max_user_connections, max_user_client_connections) = cfg.user_limits(&name);
                 UserRow {
                     pool_size: u.and_then(|u| u.pool_size).map(|s| s as i32),
+                    reserve_pool_size: u.and_then(|u| u.reserve_pool_size).map(|s| s as i32),
                     pool_mode: u.and_then(|u| u.pool_mode).map(|m| m.as_str().to_owned()),
+                    max_user_connections: max_user_connections as i32,
                     current_connections: current as i32,
+                    max_user_client_connections: max_user_client_connections as i32,
                     current_client_connections: client_count as i32,
                     name,
                 }

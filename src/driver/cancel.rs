@@ -38,6 +38,9 @@ pub(crate) struct CancelSlot {
     /// Notifications wait for the client in its pool's `notify::Notifier` (a flag, so that
     /// the task's check costs no lock; set by the notifier, cleared when they are taken).
     pub(crate) notes: AtomicBool,
+    /// Its pool's connections were marked to close (`RECONNECT`, a reload) under
+    /// `server_fast_close`: its task looks at its session-mode server (`Proxy::fast_close`).
+    recheck: AtomicBool,
 }
 
 /// Where a cancel request of one client goes.
@@ -88,6 +91,20 @@ impl CancelSlot {
     #[inline]
     pub(crate) fn has_notes(&self) -> bool {
         self.notes.load(Ordering::Acquire)
+    }
+    /// `server_fast_close`: its task checks its server at its next turn.
+    pub(crate) fn recheck(&self) {
+        self.recheck.store(true, Ordering::Release);
+        self.kick();
+    }
+    /// Whether `recheck` asked for a look (a flag, so that the task's check costs no lock).
+    #[inline]
+    pub(crate) fn has_recheck(&self) -> bool {
+        self.recheck.load(Ordering::Acquire)
+    }
+    /// Takes `recheck`'s request.
+    pub(crate) fn take_recheck(&self) -> bool {
+        self.recheck.swap(false, Ordering::AcqRel)
     }
     /// `KILL`: its task closes the client at its next turn.
     pub(crate) fn kill(&self) {

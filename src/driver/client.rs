@@ -32,6 +32,7 @@ pub(crate) fn serve<T: Send + 'static>(
         p.run().await;
         p.meter_finish();
         p.leave_channels();
+        p.leave_limits();
         let pid = p.pid();
         p.shared().cancels.unregister(pid);
     }

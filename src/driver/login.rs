@@ -146,6 +146,7 @@ pub(crate) async fn login(
         ))));
     }
     let pool = shared.pool(&m.db, &m.user, &target.db_cfg, &target.server_db, creds, PoolPurpose::Clients);
+    let seat = Seat::take(&pool)?;
     let defaults = match pool.defaults().await {
         Ok(d) => d,
         Err(mut e) => {
@@ -168,7 +169,37 @@ pub(crate) async fn login(
         return Err(e);
     }
     let settings = pool.intern_settings(settings);
+    seat.keep();
     Ok(LoggedIn { pool, settings, pid, user: std::mem::take(&mut m.user), db: std::mem::take(&mut m.db), server })
+}
+
+/// A client counted in its database's and its user's client counts (`Pool::seat_client`)
+/// while it logs in: counted out again if the login fails, kept once it succeeds (the
+/// client's task counts it out when it leaves: `Proxy::leave_limits`).
+struct Seat<'a>(&'a ServerPool);
+
+impl<'a> Seat<'a> {
+    /// Counts the client in, or refuses it as PgBouncer does beyond
+    /// `max_db_client_connections` or `max_user_client_connections` (FATAL, 08P01, its
+    /// message). Unlike PgBouncer, only once the client has authenticated: a client that
+    /// cannot log in neither counts nor learns of the limit.
+    fn take(pool: &'a ServerPool) -> Result<Seat<'a>, Error> {
+        pool.seat_client().map(|()| Seat(pool)).map_err(|key| {
+            tracing::debug!(db = %pool.key.db, user = %pool.key.user, "client refused: {key}");
+            Error::fatal(SqlState::PROTOCOL_VIOLATION, format!("client connections exceeded ({key})"))
+        })
+    }
+
+    /// The login succeeded: the client stays counted.
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        self.0.unseat_client();
+    }
 }
 
 /// Session mode: a server connection for the client's whole session, taken at login when
@@ -283,6 +314,16 @@ impl Shared {
         }
         let (target, forced) = server_side(&cfg, db_cfg, server_db, user, self.tls_servers.load_full());
         let creds = forced.unwrap_or(creds);
+        // Its server connections count against its database's and its server user's
+        // limits (an auth_query pool's do not: logins must not wait behind clients).
+        let caps = match purpose {
+            PoolPurpose::AuthQuery => Vec::new(),
+            _ => vec![self.caps.db(db, cfg.db_limits(db)), self.caps.user(&target.user, cfg.user_limits(&target.user))],
+        };
+        let client_caps = match purpose {
+            PoolPurpose::AuthQuery => Vec::new(),
+            _ => vec![self.caps.db(db, cfg.db_limits(db)), self.caps.user(user, cfg.user_limits(user))],
+        };
         let (target_reads, creds_reads) = (target.clone(), creds.clone());
         let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone())
             .with_census(self.census.clone())
@@ -295,8 +336,12 @@ impl Shared {
                 connector,
                 self.cfg.clone(),
             )
-            .with_pauses(self.pauses.clone()),
+            .with_pauses(self.pauses.clone())
+            .with_caps(caps)
+            .with_client_caps(client_caps),
         );
+        pool.set_reserve(cfg.reserve_pool_size_for(db_cfg, user));
+        crate::pool::limit::Caps::enroll(member(&pool), pool.caps());
         if purpose == PoolPurpose::Clients && db_cfg.read_write_split && pool.mode != crate::config::PoolMode::Session {
             let reads = self.read_pool(&pool, db_cfg, target_reads, creds_reads);
             pools.insert(reads.key.clone(), reads);
@@ -319,10 +364,14 @@ impl Shared {
         let connector = ServerConnector::new(key.clone(), target, creds, self.cfg.clone())
             .with_census(self.census.clone())
             .with_host_memory(self.hosts.clone());
-        let mut reads =
-            Pool::new(key, primary.mode, primary.size(), connector, self.cfg.clone()).with_pauses(self.pauses.clone());
+        let mut reads = Pool::new(key, primary.mode, primary.size(), connector, self.cfg.clone())
+            .with_pauses(self.pauses.clone())
+            .with_caps(primary.caps().to_vec())
+            .with_client_caps(primary.client_caps().to_vec());
         reads.stmts = primary.stmts.clone();
         let reads = Arc::new(reads);
+        reads.set_reserve(primary.reserve());
+        crate::pool::limit::Caps::enroll(member(&reads), reads.caps());
         reads.connector().set_primary(primary);
         primary.connector().set_split(Arc::new(super::split::Split::new(reads.clone(), db_cfg)));
         reads
@@ -358,4 +407,10 @@ impl Shared {
         })?;
         Ok(rows.into_iter().next().and_then(|r| r.into_iter().nth(1).flatten()).map(|s| Secret::parse(&s)))
     }
+}
+
+/// A pool as a member of the caps it counts in.
+fn member(pool: &Arc<ServerPool>) -> std::sync::Weak<dyn crate::pool::limit::Member> {
+    let weak: std::sync::Weak<dyn crate::pool::limit::Member> = Arc::downgrade(pool) as _;
+    weak
 }

@@ -29,8 +29,8 @@ pub(crate) mod tls;
 pub(crate) mod tls_config;
 
 use crate::admin::ShutdownMode;
-use crate::config::Config;
 use crate::config::LiveConfig;
+use crate::config::{Config, PoolMode};
 use crate::error::{Error, SqlState};
 use crate::login::Refusal;
 use crate::pool::PoolKey;
@@ -88,6 +88,8 @@ pub struct Shared {
     pub(crate) shards: Option<shards::Shards>,
     /// Bytes of large messages held whole, all connections together (`max_buffered_bytes`).
     pub(crate) budget: Arc<budget::Budget>,
+    /// The connection limits per database and per user (`pool::limit`).
+    pub(crate) caps: crate::pool::limit::Caps,
 }
 
 /// How the process should stop, as the console's `SHUTDOWN` asked.
@@ -143,6 +145,7 @@ pub async fn start(cfg: Arc<Config>, threads: shards::Threads) -> std::io::Resul
     let shared = Arc::new(Shared {
         cfg: LiveConfig::new(cfg.clone()),
         pools: Mutex::new(HashMap::new()),
+        caps: Default::default(),
         cancels: CancelRegistry::new(cfg.peer_id),
         client_slots: Arc::new(Semaphore::new(cfg.max_client_conn)),
         refusal_slots: Arc::new(Semaphore::new(REFUSALS_AT_ONCE)),
@@ -380,6 +383,7 @@ async fn janitor(shared: Arc<Shared>) {
     let mut period_start = std::time::Instant::now();
     let mut heap = HeapTrim::default();
     let mut promotions = shared.hosts.fences.promotions();
+    let mut epochs: HashMap<PoolKey, u64> = HashMap::new();
     loop {
         tick.tick().await;
         if heap.burst_over(shared.client_slots.available_permits()) {
@@ -412,6 +416,37 @@ async fn janitor(shared: Arc<Shared>) {
             }
         }
         reap_pools(&shared, &mut unused_since, std::time::Instant::now());
+        shared.caps.prune();
+        fast_close_check(&shared, &mut epochs);
+    }
+}
+
+/// `server_fast_close`: the clients of session-mode pools whose connections were marked to
+/// close since the last tick (`RECONNECT`, a reload) look at their server now, as
+/// PgBouncer's janitor closes such servers between transactions (`Proxy::fast_close`).
+fn fast_close_check(shared: &Shared, epochs: &mut HashMap<PoolKey, u64>) {
+    let pools: Vec<Arc<ServerPool>> = shared
+        .pools
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .filter(|p| p.mode == PoolMode::Session)
+        .cloned()
+        .collect();
+    epochs.retain(|k, _| pools.iter().any(|p| &p.key == k));
+    // A pool first seen already reconnected counts as changed (its clients' servers may
+    // predate that): a client whose server is current is left alone anyway.
+    let changed: Vec<&Arc<ServerPool>> = pools
+        .iter()
+        .filter(|p| epochs.insert(p.key.clone(), p.epoch()).map_or(p.epoch() > 0, |e| e != p.epoch()))
+        .collect();
+    if changed.is_empty() || !shared.cfg.load().server_fast_close {
+        return;
+    }
+    for slot in shared.cancels.clients() {
+        if slot.pool().is_some_and(|p| changed.iter().any(|c| Arc::ptr_eq(c, &p))) {
+            slot.recheck();
+        }
     }
 }
 
@@ -479,7 +514,17 @@ fn reap_pools(shared: &Shared, unused_since: &mut HashMap<PoolKey, std::time::In
 /// a server is failed at most a quarter of `query_wait_timeout` late.
 fn janitor_period(cfg: &Config) -> Duration {
     let second = Duration::from_secs(1);
-    cfg.query_wait_timeout().map_or(second, |t| (t / 4).clamp(Duration::from_millis(10), second))
+    let reserve = cfg.reserve_pool_timeout().filter(|_| cfg.reserve_pool_size > 0 || reserve_anywhere(cfg));
+    [cfg.query_wait_timeout(), reserve]
+        .into_iter()
+        .flatten()
+        .fold(second, |p, t| p.min((t / 4).max(Duration::from_millis(10))))
+}
+
+/// Whether a database or user entry has a reserve of its own.
+fn reserve_anywhere(cfg: &Config) -> bool {
+    cfg.databases.values().any(|d| d.reserve_pool_size.is_some_and(|n| n > 0))
+        || cfg.users.values().any(|u| u.reserve_pool_size.is_some_and(|n| n > 0))
 }
 
 #[cfg(test)]

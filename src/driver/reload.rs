@@ -74,6 +74,7 @@ impl Shared {
         self.tls_servers.store(tls_servers.clone());
         self.cfg.store(new.clone());
         self.resize_client_slots(old.max_client_conn, new.max_client_conn);
+        self.caps.set_limits(|db| new.db_limits(db), |user| new.user_limits(user));
         let pools: Vec<Arc<ServerPool>> =
             self.pools.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         for p in pools {
@@ -97,6 +98,7 @@ impl Shared {
             let creds = forced.or_else(|| (password(&old) != password(&new)).then_some(Credentials::None));
             let changed = p.connector().retarget(target, creds);
             p.resize(new.pool_size_for(db_cfg, user));
+            p.set_reserve(new.reserve_pool_size_for(db_cfg, user));
             if changed {
                 let db = &p.key.db;
                 tracing::info!(db = %db, user = %user, "database changed: server connections close as they come back");

@@ -8,7 +8,7 @@ use super::server_conn::{ConnectError, ServerConn, ServerTarget};
 use crate::auth::Credentials;
 use crate::config::LiveConfig;
 use crate::error::{Error, SqlState};
-use crate::pool::{Connecting, Connector, Pool, PoolKey, PoolStats, Pooled};
+use crate::pool::{Connecting, Connector, Pool, PoolKey, PoolPurpose, PoolStats, Pooled};
 use crate::state::Settings;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -211,6 +211,32 @@ impl ServerConnector {
         Err(last.to_error())
     }
 
+    /// The database's `connect_query`, on a connection just opened, before any client
+    /// uses it: its errors are logged and otherwise ignored, as PgBouncer does (a
+    /// transaction it leaves open is rolled back); a connection lost meanwhile is an error.
+    async fn run_connect_query(&self, c: &mut ServerConn) -> Result<(), Error> {
+        if self.key.purpose == PoolPurpose::AuthQuery {
+            return Ok(());
+        }
+        let cfg = self.cfg.load_full();
+        let Some(sql) = cfg.database(&self.key.db).and_then(|(d, _)| d.connect_query.clone()) else {
+            return Ok(());
+        };
+        let lost = || Error::fatal(SqlState::CONNECTION_FAILURE, "server connection lost while running connect_query");
+        match c.run_checked(&sql, cfg.server_connect_timeout()).await {
+            Ok(()) => {}
+            Err(None) => return Err(lost()),
+            Err(Some(frame)) => {
+                let e = ConnectError::Server(frame).to_error();
+                tracing::warn!(db = %self.key.db, user = %self.key.user, error = %e.message, "connect_query failed");
+            }
+        }
+        if c.state.tx_status != crate::state::TxStatus::Idle {
+            c.run_checked("ROLLBACK", cfg.server_connect_timeout()).await.map_err(|_| lost())?;
+        }
+        Ok(())
+    }
+
     /// Connects, and while no host suits keeps trying for `hold` (`hunt`: one try at a
     /// time for the pool, backing off from milliseconds; the first success wakes every
     /// waiting client). The last error when the hold runs out.
@@ -278,7 +304,11 @@ impl Connector for ServerConnector {
     type Ticket = Ticket;
 
     fn connect<'a>(&'a self, stats: &'a PoolStats) -> Connecting<'a, ServerConn> {
-        Box::pin(self.connect_with_retries(stats))
+        Box::pin(async move {
+            let mut c = self.connect_with_retries(stats).await?;
+            self.run_connect_query(&mut c).await?;
+            Ok(c)
+        })
     }
 }
 

@@ -11,12 +11,14 @@
 //!
 //! Must not know about sockets, client sessions or protocol state beyond "reusable or not".
 
+mod capped;
 mod conn;
 mod defaults;
 pub(crate) mod fence;
 pub mod home;
 pub(crate) mod hosts;
 mod key;
+pub(crate) mod limit;
 mod pause;
 mod queue;
 mod stats;
@@ -33,6 +35,7 @@ pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKET
 use crate::config::{LiveConfig, PoolMode};
 use crate::error::{Error, SqlState};
 use crate::state::settings::Settings;
+use capped::Locked;
 use queue::{Handoff, Waiter};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -47,6 +50,22 @@ struct Inner<K: Connector> {
     /// Connections open or being opened (idle + in use + connecting).
     open: usize,
     waiters: VecDeque<Waiter<K>>,
+    /// Slots closed under the lock whose cap slots (`limit`) go back once it is released.
+    freed: usize,
+    /// A cap slot was taken and given back under the lock: the caps wake a waiter once it
+    /// is released (someone refused meanwhile may now fit).
+    rewake: bool,
+    /// The first queued client has waited `reserve_pool_timeout`: the pool may open up to
+    /// `reserve_pool_size` connections beyond its size (set by the janitor).
+    reserve_open: bool,
+}
+
+impl<K: Connector> Inner<K> {
+    /// `n` connections closed.
+    fn close_slots(&mut self, n: usize) {
+        self.open -= n;
+        self.freed += n;
+    }
 }
 
 /// One pool.
@@ -74,6 +93,13 @@ pub struct Pool<K: Connector> {
     pauses: Arc<Pauses>,
     /// Bumped by `reconnect`: connections of an older epoch are closed, not reused.
     epoch: AtomicU64,
+    /// The limits across pools its connections count in (its database's and its user's).
+    caps: Vec<Arc<limit::Cap>>,
+    /// The limits its clients count in (its database's and its clients' user's).
+    client_caps: Vec<Arc<limit::Cap>>,
+    /// Connections it may open beyond its size once a client waited
+    /// `reserve_pool_timeout` (a reload may change it).
+    reserve: AtomicUsize,
 }
 
 impl<K: Connector> std::fmt::Debug for Pool<K> {
@@ -92,7 +118,14 @@ impl<K: Connector> Pool<K> {
             mode,
             size: AtomicUsize::new(size),
             connector,
-            inner: Mutex::new(Inner { idle: Vec::new(), open: 0, waiters: VecDeque::new() }),
+            inner: Mutex::new(Inner {
+                idle: Vec::new(),
+                open: 0,
+                waiters: VecDeque::new(),
+                freed: 0,
+                rewake: false,
+                reserve_open: false,
+            }),
             defaults: OnceLock::new(),
             stmts: Arc::new(crate::stmt::Registry::new(stmt_config)),
             settings: Mutex::new(std::collections::HashMap::new()),
@@ -100,6 +133,9 @@ impl<K: Connector> Pool<K> {
             stats: PoolStats::default(),
             pauses: Arc::default(),
             epoch: AtomicU64::new(0),
+            caps: Vec::new(),
+            client_caps: Vec::new(),
+            reserve: AtomicUsize::new(0),
         }
     }
 
@@ -123,14 +159,14 @@ impl<K: Connector> Pool<K> {
             self.wake_for_free_slots();
         } else if size < old {
             let mut g = self.lock();
-            while g.open > size && g.idle.pop().is_some() {
-                g.open -= 1;
+            while g.open > size + self.reserve() && g.idle.pop().is_some() {
+                g.close_slots(1);
             }
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Locked<'_, K> {
+        Locked { pool: self, g: Some(self.inner.lock().unwrap_or_else(|e| e.into_inner())) }
     }
 
     /// Who opens this pool's connections.
@@ -155,7 +191,7 @@ impl<K: Connector> Pool<K> {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 return Some(c);
             }
-            g.open -= 1;
+            g.close_slots(1);
         }
         None
     }
@@ -268,20 +304,28 @@ impl<K: Connector> Pool<K> {
         let deadline = self.cfg.load().query_wait_timeout().map(|t| Instant::now() + t);
         let mut waited = false;
         loop {
+            let mut evict = false;
             let rx = {
                 let mut g = self.lock();
                 if let Some(c) = self.take_idle(&mut g) {
                     return Ok(c);
                 }
-                if g.open < self.size() && g.waiters.is_empty() && !self.is_paused() {
+                let room = g.open < self.size() && g.waiters.is_empty() && !self.is_paused();
+                if room && self.take_caps(&mut g) {
                     g.open += 1;
                     None
                 } else {
+                    // Full, or room of its own but its database or user is at its limit:
+                    // wait like for a full pool (a cap's slot given back wakes it).
+                    evict = room;
                     let (tx, rx) = oneshot::channel();
                     g.waiters.push_back(Waiter { tx, deadline, since: Instant::now(), takes_ticket: false });
                     Some(rx)
                 }
             };
+            if evict {
+                self.evict_for_room();
+            }
             let Some(rx) = rx else {
                 return match self.connector.connect(&self.stats).await {
                     Ok(mut c) => {
@@ -330,7 +374,7 @@ impl<K: Connector> Pool<K> {
 
     fn reserve_freed_slot(&self) -> bool {
         let mut g = self.lock();
-        let ok = g.open < self.size() && !self.is_paused();
+        let ok = self.has_room(&g) && !self.is_paused() && self.take_caps(&mut g);
         if ok {
             g.open += 1;
         }
@@ -364,7 +408,7 @@ impl<K: Connector> Pool<K> {
     /// A connection slot was given up: let one waiter open a new connection.
     fn slot_freed(&self) {
         let mut g = self.lock();
-        g.open -= 1;
+        g.close_slots(1);
         if self.is_paused() {
             return;
         }
@@ -393,9 +437,9 @@ impl<K: Connector> Pool<K> {
         }
         conn.touch(Instant::now());
         let mut g = self.lock();
-        if g.open > self.size() {
+        if g.open > self.size() + self.reserve() {
             // A reload made the pool smaller: this one goes.
-            g.open -= 1;
+            g.close_slots(1);
             drop(g);
             drop(conn);
             return;
@@ -410,6 +454,8 @@ impl<K: Connector> Pool<K> {
             }
         }
         g.idle.push(conn);
+        drop(g);
+        self.offer_idle();
     }
 
     /// Closes idle connections past server_idle_timeout or lifetime. Called periodically.
@@ -422,7 +468,7 @@ impl<K: Connector> Pool<K> {
                 || self.cfg.load().server_lifetime().is_some_and(|l| c.created().elapsed() >= l))
         });
         let closed = before - g.idle.len();
-        g.open -= closed;
+        g.close_slots(closed);
         for _ in 0..closed {
             match g.waiters.pop_front() {
                 Some(w) => {
@@ -434,12 +480,15 @@ impl<K: Connector> Pool<K> {
     }
 
     /// Fails the queued checkouts whose `query_wait_timeout` has passed, and forgets the
-    /// ones whose client went away. Called by the janitor, often enough for the timeout's
-    /// precision (see `janitor_period`).
+    /// ones whose client went away; opens the reserve (`reserve_pool_size`) while the
+    /// first queued client has waited `reserve_pool_timeout`, and tells the clients that
+    /// waited that long to open a connection in it. Called by the janitor, often enough
+    /// for the timeouts' precision (see `janitor_period`).
     pub(crate) fn expire_waiters(&self) {
         let now = Instant::now();
         let mut g = self.lock();
         if g.waiters.is_empty() {
+            g.reserve_open = false;
             return;
         }
         let mut kept = VecDeque::with_capacity(g.waiters.len());
@@ -454,47 +503,19 @@ impl<K: Connector> Pool<K> {
             }
         }
         g.waiters = kept;
+        self.open_reserve(&mut g, now);
+        let stuck = !g.waiters.is_empty() && self.has_room(&g) && !self.is_paused();
+        drop(g);
+        if stuck {
+            // Waiting on a full database or user: make room as PgBouncer's janitor does.
+            self.evict_for_room();
+        }
     }
 
     /// (idle, open, waiting) counts.
     pub(crate) fn counts(&self) -> (usize, usize, usize) {
         let g = self.lock();
         (g.idle.len(), g.open, g.waiters.len())
-    }
-
-    /// The pool as the console shows it, now.
-    pub(crate) fn snapshot(&self) -> PoolSnapshot {
-        let (idle, open, waiting, max_wait_us) = {
-            let g = self.lock();
-            let first = g.waiters.iter().find(|w| !w.tx.is_closed());
-            let max_wait = first.map_or(0, |w| w.since.elapsed().as_micros() as u64);
-            (g.idle.len(), g.open, g.waiters.iter().filter(|w| !w.tx.is_closed()).count(), max_wait)
-        };
-        let mut s = PoolSnapshot {
-            key: self.key.clone(),
-            mode: self.mode,
-            size: self.size(),
-            idle,
-            open,
-            waiting,
-            max_wait_us,
-            logins: 0,
-            totals: Default::default(),
-            period: Default::default(),
-            connects: 0,
-            connect_failures: 0,
-            checkouts: 0,
-            waits: 0,
-            wait_timeouts: 0,
-            pipelined: 0,
-            pipelined_cancels: 0,
-            stmts: self.stmts.clone(),
-            paused: self.is_paused(),
-            waited: Default::default(),
-            errors: Vec::new(),
-        };
-        self.stats.fill(&mut s);
-        s
     }
 
     /// The server connect timeout, also used for the pooler's own short queries.
@@ -507,7 +528,7 @@ impl<K: Connector> Pool<K> {
         let mut g = self.lock();
         let n = g.idle.len();
         g.idle.clear();
-        g.open -= n;
+        g.close_slots(n);
     }
 
     /// Whether `PAUSE`d: checkouts queue; connections coming back stay idle (the pauser

@@ -271,6 +271,43 @@ impl PoolStats {
     }
 }
 
+impl<K: super::Connector> super::Pool<K> {
+    /// The pool as the console shows it, now.
+    pub(crate) fn snapshot(&self) -> PoolSnapshot {
+        let (idle, open, waiting, max_wait_us) = {
+            let g = self.lock();
+            let first = g.waiters.iter().find(|w| !w.tx.is_closed());
+            let max_wait = first.map_or(0, |w| w.since.elapsed().as_micros() as u64);
+            (g.idle.len(), g.open, g.waiters.iter().filter(|w| !w.tx.is_closed()).count(), max_wait)
+        };
+        let mut s = PoolSnapshot {
+            key: self.key.clone(),
+            mode: self.mode,
+            size: self.size(),
+            idle,
+            open,
+            waiting,
+            max_wait_us,
+            logins: 0,
+            totals: Default::default(),
+            period: Default::default(),
+            connects: 0,
+            connect_failures: 0,
+            checkouts: 0,
+            waits: 0,
+            wait_timeouts: 0,
+            pipelined: 0,
+            pipelined_cancels: 0,
+            stmts: self.stmts.clone(),
+            paused: self.is_paused(),
+            waited: Default::default(),
+            errors: Vec::new(),
+        };
+        self.stats.fill(&mut s);
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -241,3 +241,68 @@ fn autoprepare_is_chosen_per_database_and_user() {
     assert!(!on("db", "u"), "the user's key wins over the database's");
     assert!(!on("other", "someone"), "the global key");
 }
+
+/// Two pools of one database under `max_db_connections = 1` (`limit`).
+fn capped_pair() -> (Arc<Pool<Opener>>, Arc<Pool<Opener>>, Arc<limit::Cap>) {
+    let caps = limit::Caps::default();
+    let cap = caps.db("db", (1, 0));
+    let make = |user: &str| {
+        let p = Pool::new(
+            PoolKey::clients("db", user),
+            PoolMode::Transaction,
+            5,
+            Opener::default(),
+            Arc::new(Config::default()),
+        )
+        .with_caps(vec![cap.clone()]);
+        let p = Arc::new(p);
+        let member: std::sync::Weak<dyn limit::Member> = Arc::downgrade(&p) as _;
+        limit::Caps::enroll(member, p.caps());
+        p
+    };
+    (make("a"), make("b"), cap)
+}
+
+/// Spawns `p.acquire()` and yields until it is queued.
+async fn queued_acquire(p: &Arc<Pool<Opener>>) -> tokio::task::JoinHandle<Result<Box<Dummy>, Error>> {
+    let q = p.clone();
+    let h = tokio::spawn(async move { q.acquire().await });
+    for _ in 0..1000 {
+        if p.counts().2 == 1 {
+            return h;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the acquire never queued: {:?}", p.counts());
+}
+
+#[tokio::test]
+async fn a_full_database_queues_a_pool_with_room_until_another_pool_closes_one() {
+    let (a, b, cap) = capped_pair();
+    let held = a.acquire().await.expect("a's connection");
+    assert_eq!(cap.open(), 1);
+    let waiting = queued_acquire(&b).await;
+    assert_eq!(b.counts(), (0, 0, 1), "room of its own, but the database is full");
+    a.release(held, false);
+    let c = waiting.await.expect("task").expect("b connects once a's connection closed");
+    assert_eq!((a.counts(), b.counts(), cap.open()), ((0, 0, 0), (0, 1, 0), 1));
+    b.release(c, false);
+    assert_eq!(cap.open(), 0);
+}
+
+#[tokio::test]
+async fn an_idle_connection_of_another_pool_is_evicted_to_make_room() {
+    let (a, b, cap) = capped_pair();
+    // Idle in a's pool before b asks.
+    let c = a.acquire().await.expect("a's connection");
+    a.release(c, true);
+    assert_eq!(a.counts(), (1, 1, 0));
+    let c = b.acquire().await.expect("a's idle connection is closed for b");
+    assert_eq!((a.counts(), cap.open()), ((0, 0, 0), 1));
+    // Given back while a waits: not kept idle in b's pool, but closed for a at once.
+    let waiting = queued_acquire(&a).await;
+    b.release(c, true);
+    let theirs = waiting.await.expect("task").expect("a connects once b's connection went idle");
+    assert_eq!((a.counts(), b.counts(), cap.open()), ((0, 1, 0), (0, 0, 0), 1));
+    a.release(theirs, true);
+}

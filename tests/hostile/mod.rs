@@ -488,5 +488,7 @@ impl Ledger {
     }
 }
 
-/// Bound on one honest request (a hang beyond it is a failure).
-pub const HONEST_TIMEOUT: Duration = Duration::from_secs(6);
+/// Bound on one honest request (a hang beyond it is a failure). Generous: on a machine
+/// busy with other work, a debug build behind hostile clients' 20 MB replies once took 6 s
+/// to answer an honest request that came right; the hangs this test is for never end.
+pub const HONEST_TIMEOUT: Duration = Duration::from_secs(20);

@@ -223,7 +223,13 @@ pub async fn survey(
             .map(|v| (Failure { what: format!("hostile client saw: {v}"), ..blank(&rec) }.class(), v.clone()))
             .collect();
         if let Err((_, f)) = honest.probe(&kinds).await {
-            classes.push((format!("probe after it: {}", f.class()), f.transcript));
+            let mut detail = format!("  the hostile stream before it ({:#x}), ended: {}\n", plan.seed, rec.outcome);
+            for d in &rec.desc {
+                detail.push_str(&format!("      {d}\n"));
+            }
+            detail.push_str(&format!("    sent ({} bytes): {}\n", rec.sent_total, hex_cut(&rec.sent, 4096)));
+            detail.push_str(&f.transcript);
+            classes.push((format!("probe after it: {}", f.class()), detail));
         }
         classes.dedup_by(|a, b| a.0 == b.0);
         for (c, detail) in &classes {

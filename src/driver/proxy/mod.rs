@@ -168,6 +168,9 @@ impl Proxy {
             if self.slot.has_notes() {
                 self.take_notes();
             }
+            if self.pool.mode == crate::config::PoolMode::Session && self.fast_close() {
+                continue;
+            }
             // Act on everything the session asked for.
             while let Some(a) = self.session.get().poll_action() {
                 match a {
@@ -324,7 +327,7 @@ impl Proxy {
                 *stop_registered = true;
                 slot.watch(cx.waker());
             }
-            if slot.has_notes() {
+            if slot.has_notes() || slot.has_recheck() {
                 return Poll::Ready(Event::Writable);
             }
             if idle && !graceful && stopping.load(Ordering::Acquire) || slot.is_killed() {

@@ -45,6 +45,37 @@ impl Proxy {
         self.session.get().queue_notifications(&frames, overflowed);
     }
 
+    /// Session mode with `server_fast_close`: a server connection marked to close
+    /// (`RECONNECT`, a reload that changed its database) is closed once its client is
+    /// between transactions, with the client, as PgBouncer does ("database configuration
+    /// changed", FATAL 08P01), rather than at the end of the session. True when it was.
+    pub(super) fn fast_close(&mut self) -> bool {
+        self.slot.take_recheck();
+        let Some(super::Linked::Own(s)) = &self.server else { return false };
+        if crate::pool::Pooled::epoch(&**s) == self.pool.epoch() || !self.shared.cfg.load().server_fast_close {
+            return false;
+        }
+        if self.midway() || !self.cbuf.is_empty() {
+            return false;
+        }
+        let session = self.session.get();
+        if session.in_transaction() || session.outstanding() > 0 || session.is_closing() {
+            return false;
+        }
+        tracing::info!(pid = self.slot.pid, "server_fast_close: closing the client and its server");
+        session.fail(crate::error::Error::fatal(
+            crate::error::SqlState::PROTOCOL_VIOLATION,
+            "database configuration changed",
+        ));
+        true
+    }
+
+    /// The client left: it no longer counts in its database's and user's client counts
+    /// (`login::Seat`; counted on the pool it logged in to, whose caps a read pool shares).
+    pub(in crate::driver) fn leave_limits(&self) {
+        self.pool.unseat_client();
+    }
+
     /// The client left: it listens on nothing any more.
     pub(in crate::driver) fn leave_channels(&self) {
         // (A pool whose clients never listened has no notifier.)
