@@ -29,6 +29,8 @@ fn pool() -> PoolSnapshot {
         pipelined: 0,
         pipelined_cancels: 0,
         logins: 2,
+        pins_begun: [1, 0, 2, 0, 0, 0],
+        pinned_clients: 1,
         totals: Figures { xacts: 7, queries: 9, query_us: 900, client_parses: 2, binds: 5, ..Default::default() },
         period: LastPeriod {
             start: Figures::default(),

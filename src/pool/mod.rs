@@ -479,6 +479,8 @@ impl<K: Connector> Pool<K> {
             waiting,
             max_wait_us,
             logins: 0,
+            pins_begun: Default::default(),
+            pinned_clients: 0,
             totals: Default::default(),
             period: Default::default(),
             connects: 0,

@@ -42,6 +42,9 @@ impl Session {
                 text.filter(|_| watch.session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
             self.dirty_server_if(watch.sets_config);
+            if bound && (watch.pins_begin || (watch.pins_end && self.kept.pins.reasons != 0)) {
+                self.note_pins(crate::stmt::sql::Seen { reasons: 0, check: true });
+            }
             if standin && bound {
                 self.stmts.dealloc_portal = Some(portal.into());
             } else if self.stmts.dealloc_portal.as_deref() == Some(portal) {

@@ -1,11 +1,11 @@
 //! What the pooler reads of a Query's SQL, through the one lexer (`stmt::lex`): the
 //! statement splitter (`split`), the statement reader of the session's settings recognizer
 //! (`words`), the classifiers (`is_plain_dml`, `is_plain_read`, `may_change_schema`,
-//! `holds_session_state` in `session_state`), and the SQL-level prepared-statement commands
+//! `session_state`, what a text may do to state that outlives its transaction), and the SQL-level prepared-statement commands
 //! in a simple Query (`classify`: `PREPARE`, `EXECUTE` (also inside `EXPLAIN … EXECUTE` and
 //! `CREATE TABLE … AS EXECUTE`), `DEALLOCATE [PREPARE] name|ALL`, `DISCARD ALL`, read in
 //! `commands`), found even inside multi-statement strings. The per-Query prefilters
-//! (`contains_keyword`, the word scans of `is_plain_read` and `holds_session_state`) are
+//! (`contains_keyword`, the word scans of `is_plain_read` and `session_state`) are
 //! byte scans that err on the careful side (a word in a literal counts); the lexer reads
 //! the text only where they cannot decide.
 
@@ -290,4 +290,6 @@ mod session_state;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
 pub(crate) use session_state::holds_session_state;
+pub(crate) use session_state::{Seen, scan as session_state};
