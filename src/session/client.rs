@@ -160,6 +160,9 @@ impl Session {
             srv.stmts.unnamed_owner = None;
             self.stmts.unnamed = Unnamed::None;
         }
+        if tag == tags::EXECUTE && self.on_listen_execute(frame) {
+            return true;
+        }
         if self.stmts.registry.is_some()
             && let Some(consumed) = self.on_client_cached(frame, srv, unnamed_owner)
         {
@@ -193,7 +196,13 @@ impl Session {
             },
         };
         let Some(text) = text else { return };
-        if pin {
+        // A lone LISTEN/UNLISTEN parsed with the cache on is answered at its Execute
+        // (`notify`): it never runs on the server.
+        let answered_listen = frame[0] == tags::PARSE
+            && watch
+            && crate::stmt::sql::listen::maybe_listen(text)
+            && crate::stmt::sql::listen::parse_listen(text).is_some();
+        if pin && !answered_listen {
             self.look_for_pins(text, named && !watch);
             if (frame[0] == tags::PARSE || !watch) && names_a_prepared_statement(text) {
                 self.pin_for_prepared();
