@@ -176,6 +176,17 @@ impl Session {
         true
     }
 
+    /// A LISTEN/UNLISTEN of a multi-statement Query ran in its place (`stmts::script`): kept
+    /// for the Query's ReadyForQuery, as one of the extended protocol. False: the client is
+    /// closed (too many channels).
+    pub(super) fn listen_script_ran(&mut self, cmd: ListenCmd) -> bool {
+        if self.too_many_channels(&cmd) {
+            return false;
+        }
+        self.stmts.listen.get_or_insert_default().batch.push(cmd);
+        true
+    }
+
     /// The ReadyForQuery ending a batch (transaction status `before` it, `status` now,
     /// `failed`: an error in it): LISTEN/UNLISTEN executed in it (`on_listen_execute`) take
     /// effect now if it was an implicit transaction that committed, join the block's

@@ -428,7 +428,7 @@ impl Session {
         }
         self.busy.tx.status = status;
         server.tx_status = status;
-        self.listen_batch_end(before, status, self.busy.tx.ext_failed);
+        self.listen_batch_end(before, status, self.busy.tx.ext_failed || p.failed);
         self.listen_tx_end(status);
         if status != TxStatus::InBlock {
             self.stmts.end_guards();

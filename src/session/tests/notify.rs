@@ -177,3 +177,41 @@ fn an_extended_protocol_listen_is_answered_at_its_execute() {
     }
     assert_eq!(h.subscribed, vec![listen("foo"), listen("baz")]);
 }
+
+/// LISTEN among other statements of one Query (cache on) is taken out of the text sent to
+/// the server and answered in its place; it takes effect when the Query succeeded.
+#[test]
+fn a_listen_among_other_statements_is_answered_in_its_place() {
+    let mut h = H::cached();
+    h.client(query("LISTEN a; SELECT 1"));
+    let out = h.server_out();
+    let sent = String::from_utf8_lossy(frontend::query_text(&out[0][5..]).unwrap_or_default()).into_owned();
+    assert!(!sent.to_ascii_lowercase().contains("listen"), "{sent}");
+    h.server(rowdesc(&["x"], 0));
+    h.server(msg(b'D', b"\0\x01\0\0\0\x011"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CTDCZ");
+    assert_eq!(h.subscribed, vec![listen("a")]);
+    // A Query that fails after its LISTEN: not applied.
+    if !h.s.to_server.is_empty() {
+        // The pin check of the first Query (its text named LISTEN): nothing remains.
+        h.server_out();
+        h.server(msg(b'T', b"\0\x04"));
+        let mut row = 4u16.to_be_bytes().to_vec();
+        for _ in 0..4 {
+            row.extend_from_slice(&1i32.to_be_bytes());
+            row.push(b'f');
+        }
+        h.server(msg(b'D', &row));
+        h.server(msg(b'C', b"SELECT 1\0"));
+        h.server(rfq(b'I'));
+    }
+    assert!(!h.s.is_pinned());
+    h.client(query("LISTEN b; SELECT 1/0"));
+    h.server_out();
+    h.server(err("22012"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CEZ");
+    assert_eq!(h.subscribed, vec![listen("a")], "a failed Query's LISTEN was applied");
+}

@@ -34,6 +34,9 @@ pub(crate) enum SqlStmt {
     Deallocate(Option<Vec<u8>>),
     /// `DISCARD ALL`.
     DiscardAll,
+    /// `LISTEN`/`UNLISTEN` as the session answers them (`listen::parse_listen`): taken out
+    /// of a multi-statement Query and answered in its place (`session::stmts::script`).
+    Listen(listen::ListenCmd),
 }
 
 /// What a Query text holds, as far as the statement cache is concerned.
@@ -67,6 +70,10 @@ const CLASS: [u8; 256] = {
     t[b'E' as usize] = 2;
     t[b'd' as usize] = 2;
     t[b'D' as usize] = 2;
+    t[b'l' as usize] = 2;
+    t[b'L' as usize] = 2;
+    t[b'u' as usize] = 2;
+    t[b'U' as usize] = 2;
     t
 };
 
@@ -79,7 +86,13 @@ fn contains_keyword(sql: &[u8]) -> bool {
         if class == 2 && prev == 0 {
             let rest = &sql[i..];
             let hit = |kw: &[u8]| rest.len() >= kw.len() && rest[..kw.len()].eq_ignore_ascii_case(kw);
-            if hit(b"prepare") || hit(b"execute") || hit(b"deallocate") || hit(b"discard") {
+            if hit(b"prepare")
+                || hit(b"execute")
+                || hit(b"deallocate")
+                || hit(b"discard")
+                || hit(b"listen")
+                || hit(b"unlisten")
+            {
                 return true;
             }
         }
