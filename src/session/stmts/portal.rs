@@ -38,10 +38,13 @@ impl Session {
                 _ => self.bind_text(stmt_name),
             };
             let standin = text == Some(DEALLOCATE_ALL_STANDIN);
-            // A lone LISTEN/UNLISTEN: its Execute is answered by the session (`notify`).
+            // A lone LISTEN/UNLISTEN: its Execute is answered by the session (`notify`); not
+            // the stand-in of a DEALLOCATE ALL, an UNLISTEN the server runs.
             let listen = text
                 .filter(|t| {
-                    self.kept.mode != crate::config::PoolMode::Session && crate::stmt::sql::listen::maybe_listen(t)
+                    !standin
+                        && self.kept.mode != crate::config::PoolMode::Session
+                        && crate::stmt::sql::listen::maybe_listen(t)
                 })
                 .and_then(crate::stmt::sql::listen::parse_listen);
             let tracked =
