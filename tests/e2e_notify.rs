@@ -277,3 +277,43 @@ async fn the_listening_connection_comes_back_and_drops_channels_nobody_needs() {
     })
     .await;
 }
+
+/// A LISTEN through the extended protocol (tokio-postgres prepares and executes it), or
+/// among other statements of one simple Query, is answered by parsnip as the lone
+/// simple-Query one is: the listener holds no server connection (a pool of one still
+/// serves the notifier), gets its notifications, and UNLISTEN through the extended
+/// protocol ends them.
+#[tokio::test]
+async fn an_extended_protocol_listen_is_answered_without_pinning() {
+    let p = Parsnip::trust("pool_size = 1\npool_mode = \"transaction\"");
+    bounded(60, "an_extended_protocol_listen_is_answered_without_pinning", async {
+        let mut l = listener(&p).await;
+        l.client.execute("LISTEN ext_ch", &[]).await.expect("extended LISTEN");
+        let n = p.connect("postgres", SUPER_PW, "postgres").await;
+        n.batch_execute("NOTIFY ext_ch, 'one'").await.expect("notify");
+        assert_eq!(l.next().await, ("ext_ch".into(), "one".into()));
+        // In a transaction block that commits, through the extended protocol too.
+        l.run("BEGIN").await;
+        l.client.execute("LISTEN ext_two", &[]).await.expect("LISTEN in a block");
+        l.run("COMMIT").await;
+        n.batch_execute("NOTIFY ext_two, 'two'").await.expect("notify");
+        assert_eq!(l.next().await, ("ext_two".into(), "two".into()));
+        l.client.execute("UNLISTEN ext_ch", &[]).await.expect("extended UNLISTEN");
+        n.batch_execute("NOTIFY ext_ch, 'gone'; NOTIFY ext_two, 'three'").await.expect("notify");
+        assert_eq!(l.next().await, ("ext_two".into(), "three".into()), "ext_ch's came after UNLISTEN");
+        // Among other statements of one simple Query: answered in its place too.
+        l.run("SELECT 1; LISTEN multi_ch; SELECT 2").await;
+        n.batch_execute("NOTIFY multi_ch, 'four'").await.expect("notify");
+        assert_eq!(l.next().await, ("multi_ch".into(), "four".into()));
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let pinned: Vec<_> = console_rows(&console, "SHOW CLIENTS")
+            .await
+            .into_iter()
+            .filter_map(|r| r.get("pinned").cloned().flatten().filter(|p| !p.is_empty()))
+            .collect();
+        assert!(pinned.is_empty(), "pinned: {pinned:?}");
+        drop(l.client);
+        let _ = l.task.await;
+    })
+    .await;
+}

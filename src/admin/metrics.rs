@@ -236,6 +236,31 @@ impl Collector for Scrape {
         counters(e, "pipelined_cancels", "Cancels sent with pg_cancel_backend for pipelined batches.", pools, |p| {
             p.pipelined_cancels
         })?;
+        {
+            let mut m = e.encode_descriptor(
+                "pins",
+                "Clients pinned to their server connection under transaction pooling, by reason, counted when the server confirmed the reason.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (p, _) in pools {
+                for (i, (_, reason)) in crate::state::pins::PinReasons::NAMES.iter().enumerate() {
+                    let l = [("database", p.key.db.as_str()), ("user", p.key.user.as_str()), ("reason", reason)];
+                    ConstCounter::new(p.pins_begun[i]).encode(m.encode_family(&l)?)?;
+                }
+            }
+        }
+        {
+            let mut m = e.encode_descriptor(
+                "pinned_clients",
+                "Clients pinned to their server connection now (SHOW CLIENTS' pinned column not empty).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (p, _) in pools {
+                ConstGauge::new(p.pinned_clients).encode(m.encode_family(&labels(p))?)?;
+            }
+        }
         counters(e, "server_connects", "Server connections opened.", pools, |p| p.connects)?;
         counters(e, "server_connect_failures", "Failed server connection attempts.", pools, |p| p.connect_failures)?;
         counters(e, "wait_timeouts", "Checkouts that timed out (query_wait_timeout_ms).", pools, |p| p.wait_timeouts)?;

@@ -153,11 +153,12 @@ const CONN_COLUMNS: [(&str, Ty); 23] = [
     ("application_name", S),
     ("prepared_statements", I),
     ("id", Q),
-    // parsnip's own: the pid a client was given (its cancel key); whether session state
-    // (LISTEN, a temporary table, a WITH HOLD cursor, a session advisory lock) pins it to
-    // its server connection under transaction pooling.
+    // parsnip's own: the pid a client was given (its cancel key); the session state that
+    // pins it to its server connection under transaction pooling, by reason
+    // (`PinReasons::names`: advisory_lock, cursor_with_hold, temp_table, listen,
+    // prepared_statement, unverified; empty: not pinned).
     ("pid", I),
-    ("pinned", I),
+    ("pinned", S),
 ];
 
 fn conn_table(rows: Vec<ConnRow>, server: bool) -> Table {
@@ -186,7 +187,7 @@ fn conn_table(rows: Vec<ConnRow>, server: bool) -> Table {
             n(r.prepared),
             n(r.id),
             n(r.client_pid),
-            yes(r.pinned),
+            t(r.pinned),
         ]);
     }
     table

@@ -29,6 +29,8 @@ fn pool() -> PoolSnapshot {
         pipelined: 0,
         pipelined_cancels: 0,
         logins: 2,
+        pins_begun: [1, 0, 2, 0, 0, 0],
+        pinned_clients: 1,
         totals: Figures { xacts: 7, queries: 9, query_us: 900, client_parses: 2, binds: 5, ..Default::default() },
         period: LastPeriod {
             start: Figures::default(),
@@ -252,6 +254,9 @@ fn metrics_are_the_consoles_figures() {
     assert!(line("parsnip_wait_seconds_count{").ends_with(" 10"));
     assert!(text.contains("# TYPE parsnip_wait_seconds histogram"));
     assert_eq!(line("parsnip_fenced_servers"), "parsnip_fenced_servers 1");
+    assert!(line("parsnip_pins_total{database=\"app\",user=\"alice\",reason=\"temp_table\"}").ends_with(" 2"));
+    assert!(line("parsnip_pins_total{database=\"app\",user=\"alice\",reason=\"advisory_lock\"}").ends_with(" 1"));
+    assert!(line("parsnip_pinned_clients{").ends_with(" 1"));
     let fences = show("fences", &One).expect("fences");
     assert_eq!((fences.get(0, "port"), fences.get(0, "newer_server")), (Some("5432"), Some("db2:5432")));
 }

@@ -39,8 +39,9 @@ pub(crate) struct ConnRow {
     pub(crate) client_pid: i32,
     /// A server's RECONNECT generation is older than its pool's: it closes when released.
     pub(crate) close_needed: bool,
-    /// A client pinned to its server connection by session state (transaction pooling).
-    pub(crate) pinned: bool,
+    /// Why a client is pinned to its server connection by session state (transaction
+    /// pooling): `PinReasons::names`, empty when it is not.
+    pub(crate) pinned: String,
 }
 
 impl ConnRow {

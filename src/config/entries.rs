@@ -109,6 +109,7 @@ pub(crate) static KEYS: &[Key] = &[
     key!(server_idle_timeout_ms, AtOnce, |c| c.server_idle_timeout_ms.to_string(), set parse),
     key!(client_idle_timeout_ms, AtOnce, |c| c.client_idle_timeout_ms.to_string(), set parse),
     key!(idle_transaction_timeout_ms, AtOnce, |c| c.idle_transaction_timeout_ms.to_string(), set parse),
+    key!(pinned_timeout_ms, AtOnce, |c| c.pinned_timeout_ms.to_string(), set parse),
     key!(client_login_timeout_ms, AtOnce, |c| c.client_login_timeout_ms.to_string(), set parse),
     key!(max_message_size, AtOnce, |c| c.max_message_size.to_string(), set parse),
     key!(max_buffered_bytes, AtOnce, |c| c.max_buffered_bytes.to_string(), set parse),

@@ -144,6 +144,9 @@ pub struct Config {
     pub client_idle_timeout_ms: u64,
     /// Close clients idle inside a transaction longer than this (0 = never).
     pub idle_transaction_timeout_ms: u64,
+    /// A client pinned to its server connection by session state (transaction pooling),
+    /// idle outside a transaction this long, is closed with FATAL 57P05; 0: never.
+    pub pinned_timeout_ms: u64,
     /// A client must finish logging in within this long.
     pub client_login_timeout_ms: u64,
     /// Largest message a client may send, in bytes.
@@ -298,6 +301,8 @@ pub struct DatabaseConfig {
     /// Query run on each new server connection before any client uses it (errors are
     /// logged and otherwise ignored).
     pub(crate) connect_query: Option<String>,
+    /// `pinned_timeout_ms` for this database (overrides the global one).
+    pub(crate) pinned_timeout_ms: Option<u64>,
 }
 
 /// One `[users.NAME]` entry.
@@ -352,6 +357,7 @@ impl Default for Config {
             server_idle_timeout_ms: 600_000,
             client_idle_timeout_ms: 0,
             idle_transaction_timeout_ms: 0,
+            pinned_timeout_ms: 0,
             client_login_timeout_ms: 60_000,
             max_message_size: 256 * 1024 * 1024,
             max_buffered_bytes: 256 * 1024 * 1024,
@@ -602,6 +608,12 @@ impl Config {
     /// See `client_idle_timeout_ms`.
     pub(crate) fn client_idle_timeout(&self) -> Option<Duration> {
         ms(self.client_idle_timeout_ms)
+    }
+    /// `pinned_timeout_ms` for clients of database `db`: the database's, else the global
+    /// one (None: off).
+    pub(crate) fn pinned_timeout(&self, db: &str) -> Option<Duration> {
+        let per_db = self.databases.get(db).or_else(|| self.databases.get("*")).and_then(|d| d.pinned_timeout_ms);
+        ms(per_db.unwrap_or(self.pinned_timeout_ms))
     }
     /// See `idle_transaction_timeout_ms`.
     pub(crate) fn idle_transaction_timeout(&self) -> Option<Duration> {

@@ -306,7 +306,7 @@ impl Live<'_> {
                     prepared: 0,
                     client_pid: 0,
                     close_needed: false,
-                    pinned: false,
+                    pinned: String::new(),
                 }
             })
             .collect()
@@ -355,7 +355,7 @@ impl View for Live<'_> {
                     prepared: s.live.prepared.load(Ordering::Relaxed),
                     client_pid: s.pid,
                     close_needed: false,
-                    pinned: s.live.pinned.load(Ordering::Relaxed),
+                    pinned: crate::state::pins::PinReasons(s.live.pinned.load(Ordering::Relaxed)).names(),
                 })
             })
             .chain(self.console_rows())
@@ -397,7 +397,7 @@ impl View for Live<'_> {
                     application_name: String::new(),
                     prepared: i.prepared.load(Ordering::Relaxed),
                     client_pid: 0,
-                    pinned: false,
+                    pinned: String::new(),
                     close_needed: epochs.get(k).is_some_and(|e| i.epoch.load(Ordering::Relaxed) < *e),
                 }
             })

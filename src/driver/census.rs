@@ -126,8 +126,9 @@ pub(crate) struct ClientLive {
     pub(crate) waiting_since_us: AtomicU64,
     /// Prepared statements it holds.
     pub(crate) prepared: AtomicU32,
-    /// Pinned to its server connection by session state (`Session::is_pinned`).
-    pub(crate) pinned: std::sync::atomic::AtomicBool,
+    /// Why it is pinned to its server connection (`PinReasons` bits, as the server last
+    /// confirmed them: `Session::settled_pin_reasons`); 0: not pinned.
+    pub(crate) pinned: std::sync::atomic::AtomicU8,
     /// When it last gave back a connection of a pool with a read/write split, in
     /// `split::tick`s (0: never): its reads stay on the primary for a while after. 16 bits
     /// fit where the struct had padding; a wrapped value can only keep a read on the

@@ -4,8 +4,9 @@
 
 use super::key::PoolKey;
 use crate::config::PoolMode;
+use crate::state::pins::PinReasons;
 use crate::stmt::Registry;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -30,6 +31,11 @@ pub struct PoolStats {
     pub(crate) traffic: Traffic,
     /// Client logins to this pool.
     pub(crate) logins: AtomicU64,
+    /// Pins begun, by reason (`PinReasons::NAMES` order): a reason the server confirmed
+    /// for a client that did not have it.
+    pub(crate) pins_begun: [AtomicU64; PinReasons::NAMES.len()],
+    /// Clients pinned now (a reason confirmed).
+    pub(crate) pinned_clients: AtomicI64,
     /// The totals at the start of the current period, and the averages of the last one.
     period: Mutex<Period>,
 }
@@ -207,6 +213,10 @@ pub(crate) struct PoolSnapshot {
     pub(crate) pipelined_cancels: u64,
     /// See [`PoolStats::logins`].
     pub(crate) logins: u64,
+    /// See [`PoolStats::pins_begun`].
+    pub(crate) pins_begun: [u64; PinReasons::NAMES.len()],
+    /// See [`PoolStats::pinned_clients`].
+    pub(crate) pinned_clients: i64,
     /// Totals since start.
     pub(crate) totals: Figures,
     /// The last complete averaging period (`stats_period`).
@@ -241,6 +251,20 @@ impl PoolStats {
         }
     }
 
+    /// A client's confirmed pin reasons went from `was` to `now` (`PinReasons` bits).
+    pub(crate) fn pins_changed(&self, was: u8, now: u8) {
+        for (i, (bit, _)) in PinReasons::NAMES.iter().enumerate() {
+            if now & bit != 0 && was & bit == 0 {
+                self.pins_begun[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        match (was != 0, now != 0) {
+            (false, true) => self.pinned_clients.fetch_add(1, Ordering::Relaxed),
+            (true, false) => self.pinned_clients.fetch_sub(1, Ordering::Relaxed),
+            _ => 0,
+        };
+    }
+
     /// Ends the current averaging period at `now` (the janitor's, every `stats_period`).
     pub(crate) fn roll_period(&self, stmts: &Registry, now: Instant) {
         let totals = self.totals(stmts);
@@ -262,6 +286,8 @@ impl PoolStats {
         s.pipelined = n(&self.pipelined);
         s.pipelined_cancels = n(&self.pipelined_cancels);
         s.logins = n(&self.logins);
+        s.pins_begun = std::array::from_fn(|i| n(&self.pins_begun[i]));
+        s.pinned_clients = self.pinned_clients.load(Ordering::Relaxed).max(0);
         s.totals = self.totals(&s.stmts);
         s.period = self.period.lock().unwrap_or_else(|e| e.into_inner()).last;
         s.waited = std::array::from_fn(|i| n(&self.traffic.waited[i]));
@@ -289,6 +315,8 @@ impl<K: super::Connector> super::Pool<K> {
             waiting,
             max_wait_us,
             logins: 0,
+            pins_begun: Default::default(),
+            pinned_clients: 0,
             totals: Default::default(),
             period: Default::default(),
             connects: 0,

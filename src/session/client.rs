@@ -156,6 +156,10 @@ impl Session {
             self.pass_while_server_skips(frame);
             return true;
         }
+        self.pins_server_seen(srv);
+        if tag == tags::BIND && self.stmts.registry.is_none() {
+            self.bind_for_pins();
+        }
         let unnamed_owner = srv.stmts.unnamed_owner;
         if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) && self.busy.replies.is_unsynced() {
             // A simple Query (or a FunctionCall, which PostgreSQL runs the same way) inside
@@ -170,6 +174,9 @@ impl Session {
             srv.stmts.unnamed_owner = None;
             self.stmts.unnamed = Unnamed::None;
         }
+        if tag == tags::EXECUTE && self.on_listen_execute(frame) {
+            return true;
+        }
         if self.stmts.registry.is_some()
             && let Some(consumed) = self.on_client_cached(frame, srv, unnamed_owner)
         {
@@ -182,30 +189,38 @@ impl Session {
         true
     }
 
-    /// A Query or Parse whose SQL leaves session state pins the client to its server.
     /// The SQL of a Query or Parse, read once for what it tells before it is handled: SQL
-    /// that leaves session state pins the client to its server (transaction pooling), and
-    /// SQL that may change the schema moves the shape epoch now and when its transaction
-    /// ends (`stmt::epoch`: no description confirmed before is answered locally after;
-    /// watched whether or not this pool answers Describe from the cache, as the epoch is
-    /// the whole process's and another pool's may, after a reload turned it on).
+    /// that may begin or end session state makes the server be asked what remains before it
+    /// is given back (`pins`, transaction pooling), and SQL that may change the schema moves
+    /// the shape epoch now and when its transaction ends (`stmt::epoch`: no description
+    /// confirmed before is answered locally after; watched whether or not this pool answers
+    /// Describe from the cache, as the epoch is the whole process's and another pool's may,
+    /// after a reload turned it on).
     fn look_at_sql(&mut self, frame: &[u8]) {
-        let pin = !self.kept.pinned && self.kept.mode != PoolMode::Session;
+        let pin = self.kept.mode != PoolMode::Session;
         let watch = self.stmts.registry.is_some();
         if !pin && !watch {
             return;
         }
-        let text = match frame[0] {
-            tags::QUERY => frontend::query_text(body(frame)),
-            _ => frontend::parse_fields(body(frame)).map(|p| p.query),
+        let (text, named) = match frame[0] {
+            tags::QUERY => (frontend::query_text(body(frame)), false),
+            _ => match frontend::parse_fields(body(frame)) {
+                Some(p) => (Some(p.query), !p.name.is_empty()),
+                None => (None, false),
+            },
         };
         let Some(text) = text else { return };
-        if pin
-            && (crate::stmt::sql::holds_session_state(text)
-                || (frame[0] == tags::PARSE || !watch) && names_a_prepared_statement(text))
-        {
-            tracing::debug!(session = self.kept.uid, "pinned to its server connection: session state");
-            self.kept.pinned = true;
+        // A lone LISTEN/UNLISTEN parsed with the cache on is answered at its Execute
+        // (`notify`): it never runs on the server.
+        let answered_listen = frame[0] == tags::PARSE
+            && watch
+            && crate::stmt::sql::listen::maybe_listen(text)
+            && crate::stmt::sql::listen::parse_listen(text).is_some();
+        if pin && !answered_listen {
+            self.look_for_pins(text, named && !watch);
+            if (frame[0] == tags::PARSE || !watch) && names_a_prepared_statement(text) {
+                self.pin_for_prepared();
+            }
         }
         if watch && crate::stmt::sql::may_change_schema(text) {
             crate::stmt::epoch::advance();

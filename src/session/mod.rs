@@ -13,7 +13,8 @@
 //! client's transaction and the settings made in it), `stmts` (the client's prepared
 //! statements), `retry` (replaying a batch after a stale plan), `pipeline` (lending the
 //! server to other clients' fast reads), `reply_queue` (what each reply in flight is for),
-//! `settings` (recognizing SQL that changes settings), `notify` (LISTEN/UNLISTEN answered
+//! `settings` (recognizing SQL that changes settings), `pins` (pinning to the server
+//! connection under transaction pooling, and when it ends), `notify` (LISTEN/UNLISTEN answered
 //! here, notifications queued until the client is between transactions), `timeout` (which idle timeout
 //! applies, and its error), `park` (what an idle client keeps while its busy half serves
 //! others), `settle` (bringing a server back to idle when its client left it
@@ -30,6 +31,7 @@ pub use inflow::{STREAM_FROM, Streamed, stream_from};
 mod notify;
 pub(crate) use notify::{MAX_QUEUED, MAX_QUEUED_BYTES};
 mod park;
+mod pins;
 pub use park::Parked;
 mod pipeline;
 pub(crate) use pipeline::Timed;
@@ -215,18 +217,18 @@ struct Kept {
     /// The client's pool splits plain reads to standbys (`set_read_split`): only then is a
     /// batch asking for a server looked at for being one (`is_read_batch`).
     read_split: bool,
-    /// Under transaction pooling, the client ran something that leaves state in the server
-    /// session (`stmt::sql::holds_session_state`: temporary tables, WITH HOLD cursors,
-    /// session advisory locks, a LISTEN parsnip does not answer itself): it keeps its
-    /// server connection, as in session mode, until it leaves.
-    pinned: bool,
+    /// Under transaction pooling, why the client keeps its server connection (session
+    /// advisory locks, WITH HOLD cursors, temporary tables, a LISTEN parsnip does not
+    /// answer itself), and when that is asked again (`pins`).
+    pins: pins::Pins,
 }
 
 impl Kept {
     /// Moves the kept part out, leaving this session's a blank one (that still refers to the
     /// client's settings until the next `unpark` replaces it).
     fn take(&mut self) -> Kept {
-        let blank = Kept { settings: self.settings.clone(), tally: Tally::default(), pinned: false, ..*self };
+        let blank =
+            Kept { settings: self.settings.clone(), tally: Tally::default(), pins: pins::Pins::default(), ..*self };
         std::mem::replace(self, blank)
     }
 }
@@ -349,7 +351,7 @@ impl Session {
             to_client: BytesMut::new(),
             to_server: BytesMut::new(),
             link: Link::Unlinked,
-            kept: Kept { mode, settings, uid, tally: Tally::default(), read_split: false, pinned: false },
+            kept: Kept { mode, settings, uid, tally: Tally::default(), read_split: false, pins: pins::Pins::default() },
             stmts: Box::new(ClientStmts::new(registry)),
             busy: Busy::default(),
         }
@@ -395,7 +397,7 @@ impl Session {
     }
     /// Pinned to its server connection (see the field).
     pub(crate) fn is_pinned(&self) -> bool {
-        self.kept.pinned
+        self.kept.pins.holds()
     }
     /// Prepared statements the client holds.
     pub(crate) fn prepared_count(&self) -> usize {

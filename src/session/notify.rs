@@ -1,6 +1,7 @@
 //! LISTEN/NOTIFY under transaction pooling, the client's side. A `LISTEN`, `UNLISTEN` or
 //! `UNLISTEN *` sent alone in a simple Query is answered here, as PostgreSQL answers it,
-//! without a server; the client's channels are kept across transactions (`ClientStmts::listen`,
+//! without a server; one sent alone through the extended protocol (statement cache on) is
+//! parsed and bound on the server as any statement, and its Execute answered here; the client's channels are kept across transactions (`ClientStmts::listen`,
 //! absent for a client that never listened). Outside a transaction block the change takes
 //! effect at once; inside one, at its COMMIT (dropped at a rollback), as PostgreSQL applies
 //! it. The driver applies each change to its pool's listening connection
@@ -43,6 +44,12 @@ pub(in crate::session) struct Listening {
     commit_seen: bool,
     /// Changes of `channels` the driver has not applied yet.
     changes: Vec<ListenCmd>,
+    /// Portals bound to a lone LISTEN/UNLISTEN (extended protocol, cache on): their Execute
+    /// is answered here. Portals end with their transaction: cleared at ReadyForQuery `I`.
+    portals: Vec<(Box<[u8]>, ListenCmd)>,
+    /// LISTEN/UNLISTEN executed that way in the batch in flight, settled at its
+    /// ReadyForQuery (`listen_batch_end`).
+    batch: Vec<ListenCmd>,
     /// NotificationResponse frames waiting for the client's next idle moment.
     queue: BytesMut,
     queued: usize,
@@ -84,14 +91,7 @@ impl Session {
             // Answered in order, after what is in flight.
             return Some(false);
         }
-        if let (ListenCmd::Listen(ch), Some(l)) = (&cmd, self.stmts.listen.as_ref())
-            && l.channels.len() + l.in_tx.len() >= MAX_CHANNELS
-            && !l.channels.contains(ch)
-        {
-            self.fail(Error::fatal(
-                SqlState::PROGRAM_LIMIT_EXCEEDED,
-                format!("too many LISTEN channels for one client (limit {MAX_CHANNELS})"),
-            ));
+        if self.too_many_channels(&cmd) {
             return Some(true);
         }
         // PostgreSQL drops the unnamed statement at every simple Query.
@@ -120,6 +120,99 @@ impl Session {
         Some(true)
     }
 
+    /// A LISTEN of one channel more than `MAX_CHANNELS`: the client is closed (true).
+    fn too_many_channels(&mut self, cmd: &ListenCmd) -> bool {
+        if let (ListenCmd::Listen(ch), Some(l)) = (cmd, self.stmts.listen.as_ref())
+            && l.channels.len() + l.in_tx.len() + l.batch.len() >= MAX_CHANNELS
+            && !l.channels.contains(ch)
+        {
+            self.fail(Error::fatal(
+                SqlState::PROGRAM_LIMIT_EXCEEDED,
+                format!("too many LISTEN channels for one client (limit {MAX_CHANNELS})"),
+            ));
+            return true;
+        }
+        false
+    }
+
+    /// A Bind of `portal` (cache on, transaction pooling) to a statement whose text is
+    /// `listen` when it is a lone LISTEN/UNLISTEN: its Execute will be answered here.
+    pub(super) fn listen_note_bind(&mut self, portal: &[u8], listen: Option<ListenCmd>) {
+        match listen {
+            Some(cmd) if self.kept.mode != PoolMode::Session => {
+                let l = self.stmts.listen.get_or_insert_default();
+                l.portals.retain(|(p, _)| **p != *portal);
+                l.portals.push((portal.into(), cmd));
+            }
+            _ => {
+                if let Some(l) = self.stmts.listen.as_mut()
+                    && !l.portals.is_empty()
+                {
+                    l.portals.retain(|(p, _)| **p != *portal);
+                }
+            }
+        }
+    }
+
+    /// An Execute of a portal bound to a lone LISTEN/UNLISTEN (`listen_note_bind`): answered
+    /// here in its place in the batch (the server never runs it, so the client is not
+    /// pinned), and settled when the batch's ReadyForQuery tells how its transaction ended.
+    /// False: not such a portal.
+    pub(super) fn on_listen_execute(&mut self, frame: &[u8]) -> bool {
+        let Some(l) = self.stmts.listen.as_ref() else { return false };
+        if l.portals.is_empty() {
+            return false;
+        }
+        let Some((portal, _)) = crate::protocol::read_cstr(body(frame)) else { return false };
+        let Some(cmd) = l.portals.iter().find(|(p, _)| **p == *portal).map(|(_, c)| c.clone()) else {
+            return false;
+        };
+        if self.too_many_channels(&cmd) {
+            return true;
+        }
+        let tag = if matches!(cmd, ListenCmd::Listen(_)) { "LISTEN" } else { "UNLISTEN" };
+        self.stmts.listen.get_or_insert_default().batch.push(cmd);
+        self.push_synth(super::reply_queue::Synth::Tag(tag), Default::default());
+        true
+    }
+
+    /// A LISTEN/UNLISTEN of a multi-statement Query ran in its place (`stmts::script`): kept
+    /// for the Query's ReadyForQuery, as one of the extended protocol. False: the client is
+    /// closed (too many channels).
+    pub(super) fn listen_script_ran(&mut self, cmd: ListenCmd) -> bool {
+        if self.too_many_channels(&cmd) {
+            return false;
+        }
+        self.stmts.listen.get_or_insert_default().batch.push(cmd);
+        true
+    }
+
+    /// The ReadyForQuery ending a batch (transaction status `before` it, `status` now,
+    /// `failed`: an error in it): LISTEN/UNLISTEN executed in it (`on_listen_execute`) take
+    /// effect now if it was an implicit transaction that committed, join the block's
+    /// (applied at its COMMIT, which may be in this batch) if one is or was open, and are
+    /// dropped with a failed batch. Portals end with the transaction.
+    pub(super) fn listen_batch_end(&mut self, before: TxStatus, status: TxStatus, failed: bool) {
+        let Some(l) = self.stmts.listen.as_mut() else { return };
+        if status == TxStatus::Idle {
+            l.portals.clear();
+        }
+        if l.batch.is_empty() {
+            return;
+        }
+        let cmds = std::mem::take(&mut l.batch);
+        if failed || status == TxStatus::Failed {
+            return;
+        }
+        if before == TxStatus::Idle && status == TxStatus::Idle && !l.commit_seen {
+            for cmd in cmds {
+                self.apply_listen(cmd);
+            }
+        } else {
+            l.in_tx.extend(cmds);
+        }
+    }
+
     fn apply_listen(&mut self, cmd: ListenCmd) {
         let l = self.stmts.listen.get_or_insert_default();
         let first = l.changes.is_empty();
@@ -133,7 +226,7 @@ impl Session {
     #[inline]
     pub(super) fn listen_note_complete(&mut self, frame: &[u8]) {
         if let Some(l) = self.stmts.listen.as_mut()
-            && !l.in_tx.is_empty()
+            && (!l.in_tx.is_empty() || !l.batch.is_empty())
             && body(frame) == b"COMMIT\0"
         {
             l.commit_seen = true;

@@ -35,7 +35,7 @@ impl Session {
         self.link == Link::Unlinked
             && self.to_client.is_empty()
             && self.to_server.is_empty()
-            && !self.kept.pinned
+            && !self.kept.pins.holds()
             && self.busy.is_blank()
     }
 

@@ -60,7 +60,7 @@ impl Session {
     pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
         let link = self.link.state()?;
         if self.kept.mode == PoolMode::Session
-            || self.kept.pinned
+            || self.kept.pins.holds()
             || self.busy.tx.status != TxStatus::Idle
             || self.busy.tx.opening
             || matches!(self.busy.phase, Phase::CopyIn | Phase::Held | Phase::ServerSkipping)
@@ -124,7 +124,7 @@ impl Session {
     pub(crate) fn is_read_batch(&self, frame: &[u8]) -> bool {
         frame.first() == Some(&crate::protocol::tags::QUERY)
             && self.kept.mode != PoolMode::Session
-            && !self.kept.pinned
+            && !self.kept.pins.holds()
             && self.busy.tx.status == TxStatus::Idle
             && !self.busy.tx.opening
             && crate::protocol::frontend::query_text(crate::protocol::body(frame)).is_some_and(|text| {

@@ -137,6 +137,9 @@ pub(crate) enum Purpose {
     /// hold a cancel signal from its last user (`ServerState::cancel_risk`): the signal
     /// cancels this instead of the client's statement.
     Absorb,
+    /// parsnip's question of what session state remains on a pinned client's server
+    /// (`session::pins`): its row is the answer, nothing of it reaches the client.
+    PinCheck,
 }
 
 /// A change to the client's statement names made when the request was sent, undone if the

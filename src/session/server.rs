@@ -111,6 +111,7 @@ impl Session {
 
     pub(super) fn on_server_frame(&mut self, frame: &[u8], server: &mut ServerState) {
         let tag = frame[0];
+        self.pins_server_seen(server);
         match tag {
             tags::PARAMETER_STATUS => return self.on_parameter_status(frame, server),
             tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE => return self.on_notice(frame),
@@ -172,6 +173,12 @@ impl Session {
     fn on_reply(&mut self, frame: &[u8], server: &mut ServerState) {
         let tag = frame[0];
         let Some(head) = self.busy.replies.head() else { return };
+        if head.purpose == Purpose::PinCheck {
+            if tag == tags::DATA_ROW {
+                self.pins_answer(body(frame));
+            }
+            return;
+        }
         let req = head.req;
         let forwarded = matches!(head.on_reply, OnReply::Forward);
         if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
@@ -399,6 +406,9 @@ impl Session {
             // The PREPARE run ahead of the script failed: none of it ran.
             sc.undo_from(0, server, self.registry());
         }
+        if p.purpose == Purpose::PinCheck {
+            self.pins_checked(p.failed);
+        }
         if p.purpose == Purpose::Retried {
             // The hidden end of a failed batch being retried: the client's transaction
             // status is the retried batch's.
@@ -420,6 +430,7 @@ impl Session {
         }
         self.busy.tx.status = status;
         server.tx_status = status;
+        self.listen_batch_end(before, status, self.busy.tx.ext_failed || p.failed);
         self.listen_tx_end(status);
         if status != TxStatus::InBlock {
             self.stmts.end_guards();
@@ -464,7 +475,7 @@ impl Session {
             && !matches!(self.busy.phase, Phase::CopyIn | Phase::ServerSkipping)
             && !self.busy.replies.is_unsynced()
             && self.kept.mode != PoolMode::Session
-            && !self.kept.pinned
+            && !self.pins_keep_server()
         {
             let reusable = self.link.unlink().is_some_and(|l| !l.dirty);
             if !reusable {

@@ -16,12 +16,15 @@ pub(crate) struct Timeouts {
     /// `idle_transaction_timeout_ms`: a client idle inside a transaction (its server held)
     /// is closed once it has been silent this long.
     pub(crate) idle_in_transaction: Option<Duration>,
+    /// `pinned_timeout_ms`: a client pinned to its server connection (`pins`), idle outside
+    /// a transaction, is closed once it has been silent this long.
+    pub(crate) pinned: Option<Duration>,
 }
 
 impl Timeouts {
     /// Whether any timeout is set (else the driver need not read the clock at all).
     pub(crate) fn any(&self) -> bool {
-        self.client_idle.is_some() || self.idle_in_transaction.is_some()
+        self.client_idle.is_some() || self.idle_in_transaction.is_some() || self.pinned.is_some()
     }
 }
 
@@ -32,6 +35,8 @@ enum Idle {
     Session,
     /// Inside a transaction with nothing outstanding.
     InTransaction,
+    /// Pinned to its server connection, outside a transaction, nothing outstanding.
+    Pinned,
 }
 
 impl Session {
@@ -42,6 +47,15 @@ impl Session {
             Some(Idle::Session)
         } else if self.is_idle_in_transaction() && self.to_server.is_empty() {
             Some(Idle::InTransaction)
+        } else if self.kept.pins.reasons != 0
+            && self.is_linked()
+            && self.busy.replies.is_empty()
+            && !self.busy.replies.is_unsynced()
+            && !self.in_transaction()
+            && self.to_server.is_empty()
+            && !client_buffered
+        {
+            Some(Idle::Pinned)
         } else {
             None
         }
@@ -54,13 +68,15 @@ impl Session {
         let limit = match self.idle_kind(client_buffered)? {
             Idle::Session => t.client_idle?,
             Idle::InTransaction => t.idle_in_transaction?,
+            Idle::Pinned => t.pinned?,
         };
         Some(idle_since + limit)
     }
 
     /// The time is `now`: if the timeout that applies has expired, the session ends with
     /// PostgreSQL's error for it (57P05 idle session, 25P03 idle in transaction). Does
-    /// nothing otherwise.
+    /// nothing otherwise. A pinned client's is 57P05 too, its message naming
+    /// `pinned_timeout` and the reasons.
     pub(crate) fn handle_timeout(&mut self, t: &Timeouts, idle_since: Instant, client_buffered: bool, now: Instant) {
         if self.poll_timeout(t, idle_since, client_buffered).is_none_or(|due| now < due) {
             return;
@@ -74,6 +90,18 @@ impl Session {
                 SqlState::IDLE_SESSION_TIMEOUT,
                 "terminating connection due to idle-session timeout",
             )),
+            Some(Idle::Pinned) => {
+                let why = crate::state::pins::PinReasons(self.kept.pins.reasons).names();
+                self.fail(
+                    Error::fatal(
+                        SqlState::IDLE_SESSION_TIMEOUT,
+                        format!("terminating connection due to pinned_timeout (pinned by {why})"),
+                    )
+                    .with_detail(format!(
+                        "The client held its server connection ({why}) while idle outside a transaction for longer than pinned_timeout_ms; its session state is gone with the connection."
+                    )),
+                );
+            }
             None => {}
         }
     }

@@ -59,23 +59,39 @@ pub(crate) struct BindWatch {
     /// It may be a SET/RESET/DISCARD or a transaction statement the session tracks
     /// (`session::settings::maybe_session_stmt`).
     pub(crate) session_stmt: bool,
+    /// It may begin session state that outlives its transaction
+    /// (`stmt::sql::session_state`): the server is asked what remains (`session::pins`).
+    pub(crate) pins_begin: bool,
+    /// It may end such state (asked about while the client is pinned).
+    pub(crate) pins_end: bool,
 }
 
 /// The bits of a `OnceBindWatch`'s byte: `KNOWN` once worked out.
 const KNOWN: u8 = 1;
 const SETS_CONFIG: u8 = 2;
 const SESSION_STMT: u8 = 4;
+const PINS_BEGIN: u8 = 8;
+const PINS_END: u8 = 16;
 
 impl From<BindWatch> for u8 {
     fn from(w: BindWatch) -> u8 {
-        KNOWN | if w.sets_config { SETS_CONFIG } else { 0 } | if w.session_stmt { SESSION_STMT } else { 0 }
+        KNOWN
+            | if w.sets_config { SETS_CONFIG } else { 0 }
+            | if w.session_stmt { SESSION_STMT } else { 0 }
+            | if w.pins_begin { PINS_BEGIN } else { 0 }
+            | if w.pins_end { PINS_END } else { 0 }
     }
 }
 
 impl BindWatch {
     /// The watch a byte of `OnceBindWatch` holds; None: not worked out yet.
     fn from_byte(b: u8) -> Option<BindWatch> {
-        (b & KNOWN != 0).then_some(BindWatch { sets_config: b & SETS_CONFIG != 0, session_stmt: b & SESSION_STMT != 0 })
+        (b & KNOWN != 0).then_some(BindWatch {
+            sets_config: b & SETS_CONFIG != 0,
+            session_stmt: b & SESSION_STMT != 0,
+            pins_begin: b & PINS_BEGIN != 0,
+            pins_end: b & PINS_END != 0,
+        })
     }
 }
 
@@ -107,11 +123,15 @@ mod tests {
         let w = OnceBindWatch::default();
         for sets_config in [false, true] {
             for session_stmt in [false, true] {
-                let want = BindWatch { sets_config, session_stmt };
-                assert_eq!(BindWatch::from_byte(u8::from(want)), Some(want));
+                for pins_begin in [false, true] {
+                    for pins_end in [false, true] {
+                        let want = BindWatch { sets_config, session_stmt, pins_begin, pins_end };
+                        assert_eq!(BindWatch::from_byte(u8::from(want)), Some(want));
+                    }
+                }
             }
         }
-        let first = BindWatch { sets_config: false, session_stmt: true };
+        let first = BindWatch { session_stmt: true, ..BindWatch::default() };
         assert_eq!(w.get_or_init(|| first), first);
         assert_eq!(w.get_or_init(BindWatch::default), first);
     }

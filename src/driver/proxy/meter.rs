@@ -63,6 +63,7 @@ impl Proxy {
     /// figures go to the pool.
     /// `now`: when the server frames were read (`meter_server_read`; 0: not read).
     pub(super) fn meter_replies(&mut self, now: u64) {
+        self.meter_pins();
         let Some(tally) = self.session.get().take_tally() else { return };
         let now = if now != 0 { now } else { census::mono_us(Instant::now()) };
         let more = self.session.get().outstanding() > 0;
@@ -77,9 +78,6 @@ impl Proxy {
             add(&t.xact_us, since(m.xact_start));
             m.xact_start = if more || self.session.get().in_transaction() { now } else { 0 };
             self.slot.live.prepared.store(self.session.get().prepared_count() as u32, Ordering::Relaxed);
-            if self.session.get().is_pinned() {
-                self.slot.live.pinned.store(true, Ordering::Relaxed);
-            }
         }
         add(&t.queries, u64::from(tally.queries));
         add(&t.xacts, u64::from(tally.xacts));
@@ -97,10 +95,23 @@ impl Proxy {
         add(&t.sent, u64::from(std::mem::take(&mut self.meter.sent)));
     }
 
+    /// The client's pin reasons, once the server confirmed them, go to its console entry
+    /// and its pool's figures when they changed (one relaxed load otherwise).
+    fn meter_pins(&mut self) {
+        let Some(now) = self.session.get().settled_pin_reasons() else { return };
+        let was = self.slot.live.pinned.load(Ordering::Relaxed);
+        if now.0 != was {
+            self.slot.live.pinned.store(now.0, Ordering::Relaxed);
+            self.pool.stats.pins_changed(was, now.0);
+        }
+    }
+
     /// The client is leaving: what is not added yet is added now.
     pub(in crate::driver) fn meter_finish(&mut self) {
         self.meter_replies(census::mono_us(Instant::now()));
         self.meter_bytes();
+        let was = self.slot.live.pinned.swap(0, Ordering::Relaxed);
+        self.pool.stats.pins_changed(was, 0);
     }
 
     /// The client starts waiting for a server.

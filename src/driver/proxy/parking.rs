@@ -32,6 +32,13 @@ impl Sess {
         }
     }
 
+    /// Whether the session is pinned to its server connection (`Session::is_pinned`); a
+    /// parked one never is.
+    #[inline]
+    pub(super) fn is_pinned(&self) -> bool {
+        matches!(self, Sess::Active(s) if s.is_pinned())
+    }
+
     /// Writes the session's queued notifications if the client may get them now
     /// (`Session::deliver_notifications`). A parked session has none queued (it is parked
     /// only with nothing to write, and notifications for an idle client go out at once).

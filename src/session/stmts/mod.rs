@@ -125,7 +125,12 @@ pub(in crate::session) struct BindText<'a> {
 
 /// What a Bind of `text` must watch for.
 fn bind_watch(text: &[u8]) -> BindWatch {
-    BindWatch { sets_config: settings::may_set_session_config(text), session_stmt: settings::maybe_session_stmt(text) }
+    BindWatch {
+        sets_config: settings::may_set_session_config(text),
+        session_stmt: settings::maybe_session_stmt(text),
+        pins_begin: crate::stmt::sql::session_state(text, false).check,
+        pins_end: crate::stmt::sql::session_state(text, true).check,
+    }
 }
 
 /// `Session::bind_text` of a cached statement: what to watch for is worked out once.

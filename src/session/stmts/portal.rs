@@ -38,10 +38,25 @@ impl Session {
                 _ => self.bind_text(stmt_name),
             };
             let standin = text == Some(DEALLOCATE_ALL_STANDIN);
+            // A lone LISTEN/UNLISTEN: its Execute is answered by the session (`notify`); not
+            // the stand-in of a DEALLOCATE ALL, an UNLISTEN the server runs.
+            let listen = text
+                .filter(|t| {
+                    !standin
+                        && self.kept.mode != crate::config::PoolMode::Session
+                        && crate::stmt::sql::listen::maybe_listen(t)
+                })
+                .and_then(crate::stmt::sql::listen::parse_listen);
             let tracked =
                 text.filter(|_| watch.session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
             self.dirty_server_if(watch.sets_config);
+            if bound && listen.is_none() && (watch.pins_begin || (watch.pins_end && self.kept.pins.reasons != 0)) {
+                self.note_pins(crate::stmt::sql::Seen { reasons: 0, check: true });
+            }
+            if bound {
+                self.listen_note_bind(portal, listen);
+            }
             if standin && bound {
                 self.stmts.dealloc_portal = Some(portal.into());
             } else if self.stmts.dealloc_portal.as_deref() == Some(portal) {

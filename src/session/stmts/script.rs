@@ -1,11 +1,13 @@
 //! A simple Query of several statements, some of them SQL-level `PREPARE`, `EXECUTE` or
-//! `DEALLOCATE`, with the cache on: a "script". PostgreSQL runs the statements in order, in
+//! `DEALLOCATE` (or `LISTEN`/`UNLISTEN`), with the cache on: a "script". PostgreSQL runs the statements in order, in
 //! one implicit transaction, and stops at the first error. The server gets one Query too,
 //! rewritten statement by statement:
 //!
 //! * a `PREPARE` the cache answers (the statement is valid, or already on this server) and
 //!   a `DEALLOCATE` are taken out of the text; their CommandComplete is made here, at their
 //!   place among the server's replies;
+//! * a `LISTEN`/`UNLISTEN` is taken out too, answered in its place, and applied with the
+//!   Query's ReadyForQuery (`notify`);
 //! * a `PREPARE` the server must run is sent under the statement's server name;
 //! * an `EXECUTE` (also `EXPLAIN … EXECUTE`, `CREATE TABLE … AS EXECUTE`) names the server's
 //!   statement, which is prepared ahead of the Query if this server lacks it (as for a lone
@@ -29,6 +31,7 @@ use crate::state::ServerState;
 use crate::stmt::Statement;
 use crate::stmt::lift::Rewrite;
 use crate::stmt::registry::{StmtKind, make_key};
+use crate::stmt::sql::listen::ListenCmd;
 use crate::stmt::sql::{SqlStmt, skip_space, words};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -70,6 +73,8 @@ enum Event {
     UnbindAll,
     /// A server completed a PREPARE of this statement.
     Prepared(Arc<Statement>),
+    /// A LISTEN/UNLISTEN answered here ran (`notify::listen_script_ran`).
+    Listen(ListenCmd),
 }
 
 /// A change to one of the client's names: the statement it holds now, if any.
@@ -115,11 +120,18 @@ impl Session {
     /// statements). False: wait for a PREPARE or Close still in flight (nothing was sent).
     pub(in crate::session) fn on_sql_script(
         &mut self,
+        frame: &[u8],
         text: &[u8],
         stmts: Vec<(Range<usize>, Option<SqlStmt>)>,
         srv: &mut ServerState,
     ) -> bool {
         if let Some(why) = self.script_unsupported(text) {
+            if stmts.iter().all(|(_, s)| matches!(s, None | Some(SqlStmt::Listen(_)))) {
+                // Only LISTEN/UNLISTEN of ours: the server runs the text as it is.
+                self.busy.tx.note_start(text);
+                self.forward_query(frame);
+                return true;
+            }
             let e = Error::new(SqlState::FEATURE_NOT_SUPPORTED, format!("parsnip: {why}"));
             self.statement_error(e, Some(srv), true);
             return true;
@@ -221,6 +233,15 @@ impl Session {
                     names.clear();
                     None
                 }
+                // Answered here in its place, and settled with the Query's ReadyForQuery
+                // (`notify::listen_batch_end`): the server never runs it.
+                SqlStmt::Listen(cmd) => {
+                    t.replace(start..r.end, b"");
+                    let tag = if matches!(cmd, ListenCmd::Listen(_)) { "LISTEN" } else { "UNLISTEN" };
+                    sc.events.push((ordinal, Event::Tag(tag)));
+                    sc.events.push((ordinal, Event::Listen(cmd)));
+                    None
+                }
                 // PostgreSQL refuses it inside the implicit transaction of a multi-statement
                 // Query (25001), as the server will.
                 SqlStmt::DiscardAll => {
@@ -303,6 +324,12 @@ impl Session {
                     self.stmts.named.remove(name);
                 }
                 Event::UnbindAll => self.stmts.named.clear(),
+                Event::Listen(cmd) => {
+                    let cmd = cmd.clone();
+                    if !self.listen_script_ran(cmd) {
+                        return;
+                    }
+                }
                 Event::Prepared(s) => {
                     s.validated.store(true, Ordering::Relaxed);
                     self.registry().stats.server_parses.fetch_add(1, Ordering::Relaxed);

@@ -37,7 +37,12 @@ impl Session {
                 self.busy.tx.note_start(text);
                 self.forward_query(frame)
             }
-            Classified::Multi(stmts) => return self.on_sql_script(text, stmts, srv),
+            // A lone LISTEN the session did not answer (`notify`): the server runs it.
+            Classified::Single(SqlStmt::Listen(_)) => {
+                self.busy.tx.note_start(text);
+                self.forward_query(frame)
+            }
+            Classified::Multi(stmts) => return self.on_sql_script(frame, text, stmts, srv),
             Classified::Single(SqlStmt::Deallocate(name)) => self.on_sql_deallocate(name, srv),
             Classified::Single(SqlStmt::DiscardAll) => self.on_sql_discard_all(frame, srv),
             Classified::Single(SqlStmt::Prepare { name, rest }) => self.on_sql_prepare(text, &name, rest, srv),

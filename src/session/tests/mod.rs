@@ -14,6 +14,7 @@ mod batches;
 mod link;
 mod model;
 mod notify;
+mod pins;
 mod pipeline;
 mod plan_guard;
 mod routing_and_parking;

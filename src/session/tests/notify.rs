@@ -135,3 +135,83 @@ fn a_client_listening_on_too_many_channels_is_closed() {
     assert!(h.s.is_closing());
     assert!(text(&h.s.to_client).contains("C54000"), "{}", text(&h.s.to_client));
 }
+
+/// A lone LISTEN through the extended protocol (cache on) is parsed and bound on the server
+/// as any statement; its Execute is answered by the session, in its place, and applied at
+/// the batch's ReadyForQuery: the client is not pinned. In a block that rolls back, it is
+/// dropped.
+#[test]
+fn an_extended_protocol_listen_is_answered_at_its_execute() {
+    let mut h = H::cached();
+    for f in [parse("", "LISTEN foo"), bind(""), execute(), sync()] {
+        h.client(f);
+    }
+    let sent: Vec<u8> = h.server_out().iter().map(|f| f[0]).collect();
+    assert!(!sent.contains(&b'E'), "the Execute reached the server: {:?}", String::from_utf8_lossy(&sent));
+    assert!(h.subscribed.is_empty(), "applied before the batch ended");
+    h.server(msg(b'1', b""));
+    h.server(msg(b'2', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "12CZ");
+    assert_eq!(h.subscribed, vec![listen("foo")]);
+    assert!(!h.s.is_pinned());
+    assert!(!h.linked, "the server was given back");
+    // In a block: applied at its COMMIT, dropped at its ROLLBACK.
+    for (ch, end) in [("bar", "ROLLBACK"), ("baz", "COMMIT")] {
+        h.client(query("BEGIN"));
+        h.server(msg(b'C', b"BEGIN\0"));
+        h.server(rfq(b'T'));
+        for f in [parse("", &format!("LISTEN {ch}")), bind(""), execute(), sync()] {
+            h.client(f);
+        }
+        h.server_out();
+        h.server(msg(b'1', b""));
+        h.server(msg(b'2', b""));
+        h.server(rfq(b'T'));
+        assert_eq!(h.client_out(), "CZ12CZ");
+        assert_eq!(h.subscribed, vec![listen("foo")], "applied inside the block");
+        h.client(query(end));
+        h.server(msg(b'C', format!("{end}\0").as_bytes()));
+        h.server(rfq(b'I'));
+        h.client_out();
+    }
+    assert_eq!(h.subscribed, vec![listen("foo"), listen("baz")]);
+}
+
+/// LISTEN among other statements of one Query (cache on) is taken out of the text sent to
+/// the server and answered in its place; it takes effect when the Query succeeded.
+#[test]
+fn a_listen_among_other_statements_is_answered_in_its_place() {
+    let mut h = H::cached();
+    h.client(query("LISTEN a; SELECT 1"));
+    let out = h.server_out();
+    let sent = String::from_utf8_lossy(frontend::query_text(&out[0][5..]).unwrap_or_default()).into_owned();
+    assert!(!sent.to_ascii_lowercase().contains("listen"), "{sent}");
+    h.server(rowdesc(&["x"], 0));
+    h.server(msg(b'D', b"\0\x01\0\0\0\x011"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CTDCZ");
+    assert_eq!(h.subscribed, vec![listen("a")]);
+    // A Query that fails after its LISTEN: not applied.
+    if !h.s.to_server.is_empty() {
+        // The pin check of the first Query (its text named LISTEN): nothing remains.
+        h.server_out();
+        h.server(msg(b'T', b"\0\x04"));
+        let mut row = 4u16.to_be_bytes().to_vec();
+        for _ in 0..4 {
+            row.extend_from_slice(&1i32.to_be_bytes());
+            row.push(b'f');
+        }
+        h.server(msg(b'D', &row));
+        h.server(msg(b'C', b"SELECT 1\0"));
+        h.server(rfq(b'I'));
+    }
+    assert!(!h.s.is_pinned());
+    h.client(query("LISTEN b; SELECT 1/0"));
+    h.server_out();
+    h.server(err("22012"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CEZ");
+    assert_eq!(h.subscribed, vec![listen("a")], "a failed Query's LISTEN was applied");
+}

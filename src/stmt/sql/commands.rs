@@ -50,6 +50,9 @@ fn keyword_at(sql: &[u8], i: usize, end: usize, kw: &[u8]) -> Option<usize> {
 pub(super) fn parse_one(sql: &[u8], r: Range<usize>) -> Option<SqlStmt> {
     let end = r.end;
     let i = skip_ws(sql, r.start, end);
+    if matches!(sql.get(i), Some(b'l' | b'L' | b'u' | b'U')) {
+        return super::listen::parse_listen(&sql[i..end]).map(SqlStmt::Listen);
+    }
     if let Some(j) = keyword_at(sql, i, end, b"deallocate") {
         let mut k = skip_ws(sql, j, end);
         if let Some(j2) = keyword_at(sql, k, end, b"prepare") {

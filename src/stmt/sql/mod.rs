@@ -1,11 +1,11 @@
 //! What the pooler reads of a Query's SQL, through the one lexer (`stmt::lex`): the
 //! statement splitter (`split`), the statement reader of the session's settings recognizer
 //! (`words`), the classifiers (`is_plain_dml`, `is_plain_read`, `may_change_schema`,
-//! `holds_session_state` in `session_state`), and the SQL-level prepared-statement commands
+//! `session_state`, what a text may do to state that outlives its transaction), and the SQL-level prepared-statement commands
 //! in a simple Query (`classify`: `PREPARE`, `EXECUTE` (also inside `EXPLAIN … EXECUTE` and
 //! `CREATE TABLE … AS EXECUTE`), `DEALLOCATE [PREPARE] name|ALL`, `DISCARD ALL`, read in
 //! `commands`), found even inside multi-statement strings. The per-Query prefilters
-//! (`contains_keyword`, the word scans of `is_plain_read` and `holds_session_state`) are
+//! (`contains_keyword`, the word scans of `is_plain_read` and `session_state`) are
 //! byte scans that err on the careful side (a word in a literal counts); the lexer reads
 //! the text only where they cannot decide.
 
@@ -34,6 +34,9 @@ pub(crate) enum SqlStmt {
     Deallocate(Option<Vec<u8>>),
     /// `DISCARD ALL`.
     DiscardAll,
+    /// `LISTEN`/`UNLISTEN` as the session answers them (`listen::parse_listen`): taken out
+    /// of a multi-statement Query and answered in its place (`session::stmts::script`).
+    Listen(listen::ListenCmd),
 }
 
 /// What a Query text holds, as far as the statement cache is concerned.
@@ -67,6 +70,10 @@ const CLASS: [u8; 256] = {
     t[b'E' as usize] = 2;
     t[b'd' as usize] = 2;
     t[b'D' as usize] = 2;
+    t[b'l' as usize] = 2;
+    t[b'L' as usize] = 2;
+    t[b'u' as usize] = 2;
+    t[b'U' as usize] = 2;
     t
 };
 
@@ -79,7 +86,13 @@ fn contains_keyword(sql: &[u8]) -> bool {
         if class == 2 && prev == 0 {
             let rest = &sql[i..];
             let hit = |kw: &[u8]| rest.len() >= kw.len() && rest[..kw.len()].eq_ignore_ascii_case(kw);
-            if hit(b"prepare") || hit(b"execute") || hit(b"deallocate") || hit(b"discard") {
+            if hit(b"prepare")
+                || hit(b"execute")
+                || hit(b"deallocate")
+                || hit(b"discard")
+                || hit(b"listen")
+                || hit(b"unlisten")
+            {
                 return true;
             }
         }
@@ -290,4 +303,6 @@ mod session_state;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
 pub(crate) use session_state::holds_session_state;
+pub(crate) use session_state::{Seen, scan as session_state};

@@ -1,60 +1,109 @@
-//! Whether a Query text leaves state in the server session that outlives its
-//! transaction (LISTEN, temporary tables, cursors WITH HOLD, session advisory locks):
-//! such a client is pinned to its server connection under transaction pooling.
+//! What a Query or Parse text may do to state in the server session that outlives its
+//! transaction (LISTEN, temporary tables, cursors WITH HOLD, session advisory locks): under
+//! transaction pooling the session asks the server what remains when such a transaction
+//! ends (`session::pins`), and keeps the client on its server connection while any does.
 
 use super::{split, words};
+use crate::state::pins::PinReasons;
 
-/// Whether `sql` may leave state in the server session that outlives its transaction and
-/// that parsnip does not carry from one server connection to the next: `LISTEN`, a
-/// temporary table (view, sequence), a cursor `WITH HOLD`, a session-level advisory lock
-/// (`pg_advisory_lock`, `pg_try_advisory_lock` and their `_shared` forms). Under
-/// transaction pooling such a client is pinned to its server connection. A cheap scan of
-/// word starts first: most texts name none of these words.
-pub(crate) fn holds_session_state(sql: &[u8]) -> bool {
-    // Per byte: is it a word character (bit 0), and can a word starting with it be one of
-    // the keywords below (bit 1: l, t, h, p in either case). Runs on every Query and Parse.
-    const CLASS: [u8; 256] = {
-        let mut t = [0u8; 256];
-        let mut c = 0;
-        while c < 256 {
-            let b = c as u8;
-            if b.is_ascii_alphanumeric() || b == b'_' {
-                t[c] = 1;
-                if matches!(b | 0x20, b'l' | b't' | b'h' | b'p') {
-                    t[c] |= 2;
-                }
+/// What `scan` found in a text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// The reasons the text may begin (`PinReasons` bits), as far as its words tell.
+    pub(crate) reasons: u8,
+    /// Whether the server must be asked what remains when the transaction ends: the text
+    /// may begin a reason, or (`pinned`) end one.
+    pub(crate) check: bool,
+}
+
+/// Per byte: is it a word character (bit 0); can a word starting with it begin session
+/// state (bit 1: l, t, h, p in either case); can one end it (bit 2: u, c, d, p).
+const CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        if b.is_ascii_alphanumeric() || b == b'_' {
+            t[c] = 1;
+            if matches!(b | 0x20, b'l' | b't' | b'h' | b'p') {
+                t[c] |= 2;
             }
-            c += 1;
+            if matches!(b | 0x20, b'u' | b'c' | b'd' | b'p') {
+                t[c] |= 4;
+            }
         }
-        t
-    };
+        c += 1;
+    }
+    t
+};
+
+/// What `sql` may do to session state that outlives its transaction and that parsnip does
+/// not carry from one server connection to the next: `LISTEN`, a temporary table (view,
+/// sequence, anything in `pg_temp`), a cursor `WITH HOLD`, a session-level advisory lock
+/// (`pg_advisory_lock`, `pg_try_advisory_lock` and their `_shared` forms, found anywhere in
+/// the text, so also in a `DO` block or a function body); with `pinned`, also what may end
+/// one (`UNLISTEN`, `CLOSE`, `DROP`, `DISCARD`, `pg_advisory_unlock*`, anywhere). A cheap
+/// scan of word starts first: most texts name none of these words. It errs on the careful
+/// side (a word in a literal counts): a needless check costs one round trip, a missed one
+/// a server handed on with a client's state.
+pub(crate) fn scan(sql: &[u8], pinned: bool) -> Seen {
+    let mut seen = Seen::default();
     let mut prev_word = false;
     let mut maybe = false;
     for (i, &b) in sql.iter().enumerate() {
         let class = CLASS[b as usize];
-        if class == 3 && !prev_word {
+        if class > 1 && !prev_word {
             let rest = &sql[i..];
             let hit = |kw: &[u8]| rest.len() >= kw.len() && rest[..kw.len()].eq_ignore_ascii_case(kw);
-            if hit(b"listen")
-                || hit(b"temp")
-                || hit(b"hold")
-                || hit(b"pg_advisory_lock")
-                || hit(b"pg_try_advisory_lock")
+            // The keyword as a whole word.
+            let word = |kw: &[u8]| hit(kw) && rest.get(kw.len()).is_none_or(|&c| CLASS[c as usize] & 1 == 0);
+            if class & 2 != 0 {
+                if hit(b"pg_advisory_lock") || hit(b"pg_try_advisory_lock") {
+                    seen.reasons |= PinReasons::ADVISORY_LOCK;
+                    seen.check = true;
+                } else if hit(b"listen") || hit(b"temp") || hit(b"hold") || hit(b"pg_temp") {
+                    maybe = true;
+                }
+            }
+            if pinned
+                && class & 4 != 0
+                && (word(b"unlisten")
+                    || word(b"close")
+                    || word(b"drop")
+                    || word(b"discard")
+                    || hit(b"pg_advisory_unlock"))
             {
-                maybe = true;
-                break;
+                seen.check = true;
             }
         }
         prev_word = class & 1 != 0;
     }
-    maybe && split(sql).into_iter().any(|r| statement_holds_state(&sql[r]))
+    if maybe {
+        for r in split(sql) {
+            let (reasons, check) = statement_reasons(&sql[r]);
+            seen.reasons |= reasons;
+            seen.check |= check || reasons != 0;
+        }
+    }
+    seen
 }
 
-fn statement_holds_state(stmt: &[u8]) -> bool {
+/// Whether `sql` may begin session state (`scan` of an unpinned client's text).
+#[cfg(test)]
+pub(crate) fn holds_session_state(sql: &[u8]) -> bool {
+    scan(sql, false).check
+}
+
+/// The reasons one statement may begin, and whether it needs a check without naming one
+/// (a `DO` block that names them: its body is a literal).
+fn statement_reasons(stmt: &[u8]) -> (u8, bool) {
     let w: Vec<&[u8]> = words(stmt).take(64).collect();
     let is = |i: usize, kw: &str| w.get(i).is_some_and(|x| x.eq_ignore_ascii_case(kw.as_bytes()));
     if is(0, "listen") {
-        return true;
+        return (PinReasons::LISTEN, false);
+    }
+    if is(0, "do") {
+        return (0, true);
     }
     if is(0, "create") {
         let mut i = 1;
@@ -65,43 +114,48 @@ fn statement_holds_state(stmt: &[u8]) -> bool {
             i += 1;
         }
         if is(i, "temp") || is(i, "temporary") {
-            return true;
+            return (PinReasons::TEMP_TABLE, false);
         }
     }
     if is(0, "declare") {
         // DECLARE name [BINARY] [ASENSITIVE|INSENSITIVE] [[NO] SCROLL] CURSOR WITH HOLD FOR
         let for_at = w.iter().position(|x| x.eq_ignore_ascii_case(b"for")).unwrap_or(w.len());
         if (1..for_at).any(|i| is(i, "with") && is(i + 1, "hold")) {
-            return true;
+            return (PinReasons::HOLD_CURSOR, false);
         }
     }
-    // SELECT ... INTO TEMP, and session advisory locks anywhere in the statement.
-    w.iter().enumerate().any(|(i, x)| {
-        let lower = x.to_ascii_lowercase();
-        (lower.starts_with(b"pg_advisory_lock") || lower.starts_with(b"pg_try_advisory_lock"))
+    // SELECT ... INTO TEMP, and anything written into pg_temp.
+    let temp = w.iter().enumerate().any(|(i, x)| {
+        (x.len() >= 7 && x[..7].eq_ignore_ascii_case(b"pg_temp"))
             || (x.eq_ignore_ascii_case(b"into") && (is(i + 1, "temp") || is(i + 1, "temporary")))
-    })
+    });
+    (if temp { PinReasons::TEMP_TABLE } else { 0 }, false)
 }
 
 #[cfg(test)]
 mod session_state_tests {
-    use super::holds_session_state as h;
+    use super::{PinReasons as R, scan};
 
     #[test]
     fn statements_that_leave_session_state() {
-        for s in [
-            "LISTEN chan",
-            "listen \"Chan\"; select 1",
-            "create temp table t (x int)",
-            "CREATE GLOBAL TEMPORARY TABLE t (x int)",
-            "create or replace temp view v as select 1",
-            "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
-            "declare c no scroll cursor with hold for select 1",
-            "select pg_advisory_lock(1)",
-            "SELECT pg_try_advisory_lock_shared(1, 2)",
-            "select * into temp t from x",
+        for (s, want) in [
+            ("LISTEN chan", R::LISTEN),
+            ("listen \"Chan\"; select 1", R::LISTEN),
+            ("create temp table t (x int)", R::TEMP_TABLE),
+            ("CREATE GLOBAL TEMPORARY TABLE t (x int)", R::TEMP_TABLE),
+            ("create or replace temp view v as select 1", R::TEMP_TABLE),
+            ("create table pg_temp.t (x int)", R::TEMP_TABLE),
+            ("DECLARE c CURSOR WITH HOLD FOR SELECT 1", R::HOLD_CURSOR),
+            ("declare c no scroll cursor with hold for select 1", R::HOLD_CURSOR),
+            ("select pg_advisory_lock(1)", R::ADVISORY_LOCK),
+            ("SELECT pg_try_advisory_lock_shared(1, 2)", R::ADVISORY_LOCK),
+            ("select * into temp t from x", R::TEMP_TABLE),
+            ("do $$ begin perform pg_advisory_lock(1); end $$", R::ADVISORY_LOCK),
+            ("do $$ begin create temp table t (x int); end $$", 0),
         ] {
-            assert!(h(s.as_bytes()), "{s}");
+            let seen = scan(s.as_bytes(), false);
+            assert!(seen.check, "{s}");
+            assert_eq!(seen.reasons, want, "{s}");
         }
         for s in [
             "select 1",
@@ -113,8 +167,31 @@ mod session_state_tests {
             "-- listen\nselect 1",
             "notify chan",
             "unlisten *",
+            "select pg_advisory_unlock(1)",
+            "close c",
         ] {
-            assert!(!h(s.as_bytes()), "{s}");
+            assert_eq!(scan(s.as_bytes(), false), Default::default(), "{s}");
         }
+    }
+
+    #[test]
+    fn statements_that_may_end_it_while_pinned() {
+        for s in [
+            "select pg_advisory_unlock(1)",
+            "SELECT pg_advisory_unlock_all()",
+            "select pg_advisory_unlock_shared(1)",
+            "close c",
+            "CLOSE ALL",
+            "drop table t",
+            "discard temp",
+            "DISCARD ALL",
+            "unlisten *",
+        ] {
+            let seen = scan(s.as_bytes(), true);
+            assert!(seen.check, "{s}");
+            assert_eq!(seen.reasons, 0, "{s}");
+        }
+        assert!(!scan(b"select closed from t", true).check);
+        assert!(!scan(b"select 1", true).check);
     }
 }

@@ -1,0 +1,123 @@
+//! Pinning that ends (`session::pins`): SQL that may begin or end session state makes the
+//! session ask the server what remains before giving it back, and the answer decides.
+
+use super::*;
+use crate::state::pins::PinReasons;
+
+/// The DataRow answering the session's question: advisory lock, held cursor, temp, listen.
+fn answer(cols: [bool; 4]) -> Vec<u8> {
+    let mut b = 4u16.to_be_bytes().to_vec();
+    for c in cols {
+        b.extend_from_slice(&1i32.to_be_bytes());
+        b.push(if c { b't' } else { b'f' });
+    }
+    msg(b'D', &b)
+}
+
+/// The server answers a simple Query `sql` the session sent.
+fn run(h: &mut H, tag: &str) {
+    h.server(msg(b'C', format!("{tag}\0").as_bytes()));
+    h.server(rfq(b'I'));
+}
+
+/// The question is the one frame the session wrote; the server answers it with `cols`.
+fn asked(h: &mut H, cols: [bool; 4]) {
+    let out = h.server_out();
+    assert_eq!(out.len(), 1, "one question");
+    assert_eq!(frontend::query_text(&out[0][5..]), Some(crate::session::pins::CHECK_SQL.as_bytes()));
+    h.server(msg(b'T', b"\0\x04"));
+    h.server(answer(cols));
+    run(h, "SELECT 1");
+}
+
+#[test]
+fn an_advisory_lock_pins_until_the_server_says_it_is_released() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("select pg_advisory_lock(1)"));
+    assert_eq!(h.server_out().len(), 1);
+    run(&mut h, "SELECT 1");
+    assert_eq!(h.client_out(), "CZ", "the client's answer, nothing of the question");
+    assert!(!h.actions().iter().any(|a| matches!(a, Action::ReleaseServer { .. })));
+    asked(&mut h, [true, false, false, false]);
+    assert_eq!(h.client_out(), "");
+    assert!(h.linked && h.s.is_pinned());
+    assert_eq!(h.s.pin_reasons(), PinReasons(PinReasons::ADVISORY_LOCK));
+    // A statement that ends nothing: no question.
+    h.client(query("select 2"));
+    assert_eq!(h.server_out().len(), 1);
+    run(&mut h, "SELECT 1");
+    assert!(h.s.to_server.is_empty());
+    assert!(h.linked);
+    assert_eq!(h.client_out(), "CZ");
+    // An unlock: asked again; none left, the server is given back, reusable.
+    h.client(query("select pg_advisory_unlock(1)"));
+    h.server_out();
+    run(&mut h, "SELECT 1");
+    asked(&mut h, [false; 4]);
+    assert!(!h.linked && !h.s.is_pinned());
+    assert!(h.actions().contains(&Action::ReleaseServer { reusable: true }));
+    assert_eq!(h.client_out(), "CZ");
+}
+
+#[test]
+fn a_try_lock_that_took_nothing_does_not_pin() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("select pg_try_advisory_lock(1)"));
+    h.server_out();
+    run(&mut h, "SELECT 1");
+    asked(&mut h, [false; 4]);
+    assert!(!h.linked && !h.s.is_pinned());
+}
+
+#[test]
+fn a_failed_question_keeps_the_client_pinned_and_asks_again() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("create temp table t (x int)"));
+    h.server_out();
+    run(&mut h, "CREATE TABLE");
+    h.server_out();
+    h.server(err("57014"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZ", "the question's error is not the client's");
+    assert!(h.linked);
+    assert_eq!(h.s.pin_reasons(), PinReasons(PinReasons::TEMP_TABLE | PinReasons::UNVERIFIED));
+    h.client(query("select 1"));
+    h.server_out();
+    run(&mut h, "SELECT 1");
+    asked(&mut h, [false; 4]);
+    assert!(!h.linked);
+}
+
+#[test]
+fn session_mode_never_asks() {
+    let mut h = H::new(PoolMode::Session, None);
+    h.client(query("select pg_advisory_lock(1)"));
+    h.server_out();
+    run(&mut h, "SELECT 1");
+    assert!(h.s.to_server.is_empty());
+    assert!(h.s.pin_reasons().is_empty());
+}
+
+#[test]
+fn a_pinned_client_idle_past_pinned_timeout_is_told_why() {
+    use std::time::{Duration, Instant};
+    let t = Timeouts { client_idle: None, idle_in_transaction: None, pinned: Some(Duration::from_secs(5)) };
+    let mut h = H::new(PoolMode::Transaction, None);
+    let t0 = Instant::now();
+    assert_eq!(h.s.poll_timeout(&t, t0, false), None, "not pinned: no pinned timeout");
+    h.client(query("select pg_advisory_lock(1)"));
+    h.server_out();
+    assert_eq!(h.s.poll_timeout(&t, t0, false), None, "busy");
+    run(&mut h, "SELECT 1");
+    asked(&mut h, [true, false, false, false]);
+    h.client_out();
+    assert_eq!(h.s.poll_timeout(&t, t0, false), Some(t0 + Duration::from_secs(5)));
+    assert_eq!(h.s.poll_timeout(&t, t0, true), None, "the client sent something");
+    h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(4));
+    assert!(!h.s.is_closing());
+    h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(5));
+    assert!(h.s.is_closing());
+    let out = text(&h.s.to_client);
+    assert!(out.contains("FATAL") && out.contains("57P05"), "{out}");
+    assert!(out.contains("pinned_timeout (pinned by advisory_lock)"), "{out}");
+}
