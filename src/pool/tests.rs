@@ -189,6 +189,36 @@ async fn tickets_go_to_client_waiters_and_come_back_when_they_left() {
     p.release(c, true);
 }
 
+/// Issue 26 (the longest wait of any client): returned connections and pipelining tickets
+/// both go to the longest-waiting client, so they are served in arrival order whichever
+/// comes first; the janitor's sweep (`expire_waiters`) keeps that order, and a checkout
+/// made while others wait queues behind them instead of taking what comes back.
+#[tokio::test]
+async fn connections_and_tickets_serve_waiters_in_arrival_order() {
+    let p = pool(1);
+    let c = p.acquire().await.expect("one");
+    let mut q: Vec<_> = (0..4)
+        .map(|_| match p.checkout() {
+            Checkout::Queued(q) => q,
+            _ => panic!("a full pool queues"),
+        })
+        .collect();
+    p.expire_waiters();
+    assert_eq!(p.lend(|| Some(1)), Ok(true));
+    p.release(c, true);
+    assert_eq!(p.lend(|| Some(3)), Ok(true));
+    let Checkout::Queued(mut late) = p.checkout() else { panic!("queues behind the others") };
+    assert!(matches!(p.wait_queued(&mut q[0]).await, Ok(Some(Lease::Ticket(1)))), "first: the first ticket");
+    let Ok(Some(Lease::Own(c))) = p.wait_queued(&mut q[1]).await else { panic!("second: the connection") };
+    assert!(matches!(p.wait_queued(&mut q[2]).await, Ok(Some(Lease::Ticket(3)))), "third: the next ticket");
+    assert_eq!(p.counts(), (0, 1, 2));
+    p.release(c, true);
+    let Ok(Some(Lease::Own(c))) = p.wait_queued(&mut q[3]).await else { panic!("fourth: the connection again") };
+    p.release(c, true);
+    assert!(matches!(p.wait_queued(&mut late).await, Ok(Some(Lease::Own(_)))), "the late one last");
+    assert_eq!(p.counts(), (0, 1, 0));
+}
+
 #[test]
 fn a_waiter_whose_client_left_is_forgotten() {
     let p = pool(0);
