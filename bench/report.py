@@ -174,7 +174,7 @@ def render_table(pool: int, workload: str, cases: list[Case], runs: list[Run], a
             return with_median(cells, nums, ".1f")
 
         def med(system, attr):
-            vals = [getattr(r, attr) for r in by[system].values() if r.ok and getattr(r, attr) is not None]
+            vals = [getattr(r, attr) for r in by.get(system, {}).values() if r.ok and getattr(r, attr) is not None]
             return statistics.median(vals) if vals else None
 
         def pct_cell(system, attr):
