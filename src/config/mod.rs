@@ -63,6 +63,8 @@ pub enum AuthType {
     /// SCRAM-SHA-256.
     #[serde(rename = "scram-sha-256")]
     ScramSha256,
+    /// Per connection, by the first matching line of `auth_hba_file` (pg_hba.conf).
+    Hba,
 }
 
 /// Output format of the logs.
@@ -118,6 +120,11 @@ pub struct Config {
     pub max_user_client_connections: usize,
     /// How clients authenticate.
     pub auth_type: AuthType,
+    /// The pg_hba.conf file `auth_type = "hba"` decides by (re-read on reload).
+    pub auth_hba_file: Option<String>,
+    /// `auth_hba_file` as read (by `Config::read_hba`).
+    #[serde(skip)]
+    pub(crate) hba: Option<std::sync::Arc<crate::login::hba::Hba>>,
     /// Query looking up (name, secret) for users not in `[users]`; `$1` is the user name.
     pub auth_query: Option<String>,
     /// User that runs `auth_query` (its password comes from `[users]` or the database entry).
@@ -340,6 +347,8 @@ impl Default for Config {
             max_db_client_connections: 0,
             max_user_client_connections: 0,
             auth_type: AuthType::ScramSha256,
+            auth_hba_file: None,
+            hba: None,
             auth_query: None,
             auth_user: None,
             auth_dbname: None,
@@ -501,6 +510,9 @@ impl Config {
             return Err(ConfigError(
                 "max_prepared_statements and max_client_prepared_statements must be at least 1".into(),
             ));
+        }
+        if self.auth_type == AuthType::Hba && self.auth_hba_file.is_none() {
+            return Err(ConfigError("auth_type \"hba\" needs auth_hba_file".into()));
         }
         if self.auth_user.is_some() && self.auth_query.is_none() {
             return Err(ConfigError("auth_user is set but auth_query is not".into()));
