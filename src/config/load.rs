@@ -65,6 +65,10 @@ impl Config {
             .try_into()
             .map_err(|e: toml::de::Error| fail(format!("as parsnip's configuration: {e}")))?;
         cfg.load_notes = tr.notes.iter().map(ToString::to_string).collect();
+        // Found as the ini's other files are (the TOML then names it where it is).
+        if let Some(hba) = &cfg.auth_hba_file {
+            cfg.auth_hba_file = Some(locate(hba, path).display().to_string());
+        }
         Ok(cfg)
     }
 
