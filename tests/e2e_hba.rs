@@ -6,6 +6,7 @@
 mod support;
 
 use parsnip::embedded::Cluster;
+use std::sync::Arc;
 use support::*;
 
 /// The lines clients reach parsnip (and, for the host lines, PostgreSQL) through.
@@ -146,6 +147,88 @@ async fn refusals_are_worded_as_postgresql_words_them_for_the_same_lines() {
             let theirs = login(pg.port(), source, user, None, db).await.expect_err("refused by PostgreSQL");
             assert_eq!((ours.code(), ours.message()), (theirs.code(), theirs.message()), "{source} {user} {db}");
         }
+    })
+    .await;
+}
+
+/// A TLS client trusting `server`'s CA, showing `client`'s certificate when given.
+fn tls_connector(server: &Certs, client: Option<&Certs>) -> tokio_postgres_rustls::MakeRustlsConnect {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&server.ca_file).expect("CA file") {
+        roots.add(c.expect("CA certificate")).expect("a root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_root_certificates(roots);
+    let config = match client {
+        Some(c) => {
+            let chain = CertificateDer::pem_file_iter(&c.cert_file).expect("cert").map(|c| c.expect("cert")).collect();
+            let key = PrivateKeyDer::from_pem_file(&c.key_file).expect("key");
+            builder.with_client_auth_cert(chain, key).expect("client certificate")
+        }
+        None => builder.with_no_client_auth(),
+    };
+    tokio_postgres_rustls::MakeRustlsConnect::new(config)
+}
+
+/// Logs in over TLS: the user parsnip's server connection runs as, or the error's text.
+async fn tls_login(
+    port: u16,
+    tls: &tokio_postgres_rustls::MakeRustlsConnect,
+    user: &str,
+    db: &str,
+) -> Result<String, String> {
+    let mut cfg = pg_config(port, user, None, db);
+    cfg.ssl_mode(tokio_postgres::config::SslMode::Require);
+    let (client, conn) = cfg.connect(tls.clone()).await.map_err(|e| match e.as_db_error() {
+        Some(d) => format!("{} {}", d.code().code(), d.message()),
+        None => e.to_string(),
+    })?;
+    tokio::spawn(conn);
+    Ok(client.query_one("select current_user", &[]).await.expect("a query").get(0))
+}
+
+#[tokio::test]
+async fn cert_lines_take_the_verified_certificates_common_name() {
+    let port = cluster().port();
+    let server = Certs::new(&["127.0.0.1"]);
+    let app = Certs::new(&["app"]);
+    let hba = temp_path("pg_hba-cert.conf");
+    std::fs::write(&hba, "hostssl all app,md5user 127.0.0.1/32 cert\nhostnossl all all all reject\n")
+        .expect("hba file");
+    let p = Parsnip::with_config(&format!(
+        "auth_type = \"hba\"\nauth_hba_file = \"{}\"\nclient_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\n\
+         client_tls_ca_file = \"{}\"\n\n\
+         [databases.postgres]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [databases.forced]\nhost = \"127.0.0.1\"\nport = {port}\ndbname = \"postgres\"\n\
+         user = \"postgres\"\npassword = \"{SUPER_PW}\"\n\n[users.app]\npassword = \"{APP_PW}\"\n",
+        hba.display(),
+        server.cert(),
+        server.key(),
+        app.ca()
+    ));
+    bounded(60, "cert", async {
+        let with_cert = tls_connector(&server, Some(&app));
+        assert_eq!(tls_login(p.port(), &with_cert, "app", "postgres").await, Ok("app".to_owned()), "{}", p.log_tail());
+        assert_eq!(
+            tls_login(p.port(), &with_cert, "md5user", "forced").await,
+            Err("28000 certificate authentication failed for user \"md5user\"".to_owned())
+        );
+        let without = tls_connector(&server, None);
+        assert_eq!(
+            tls_login(p.port(), &without, "app", "postgres").await,
+            Err("28000 connection requires a valid client certificate".to_owned())
+        );
+        // A certificate from a CA parsnip does not trust ends the handshake.
+        let stranger = Certs::new(&["app"]);
+        let e = tls_login(p.port(), &tls_connector(&server, Some(&stranger)), "app", "postgres").await;
+        assert!(e.as_ref().is_err_and(|e| !e.starts_with("28000")), "{e:?}");
+        let e = login(p.port(), "127.0.0.1", "app", Some(APP_PW), "postgres").await.expect_err("plaintext");
+        assert!(e.message().starts_with("pg_hba.conf rejects connection"), "{e:?}");
     })
     .await;
 }

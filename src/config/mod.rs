@@ -218,6 +218,9 @@ pub struct Config {
     /// TLS for clients: disable, allow, prefer, require. Default: prefer when a certificate
     /// is configured, else disable.
     pub client_tls_sslmode: Option<ClientTlsMode>,
+    /// CA certificates (PEM) client certificates are checked against: asked for, and
+    /// verified when shown (required under verify-ca / verify-full); hba's `cert`.
+    pub client_tls_ca_file: Option<String>,
     /// TLS to servers, as libpq's sslmode: disable, allow, prefer (the default), require,
     /// verify-ca, verify-full.
     pub server_tls_sslmode: ServerTlsMode,
@@ -385,6 +388,7 @@ impl Default for Config {
             client_tls_cert_file: None,
             client_tls_key_file: None,
             client_tls_sslmode: None,
+            client_tls_ca_file: None,
             server_tls_sslmode: ServerTlsMode::Prefer,
             server_tls_ca_file: None,
             server_tls_cert_file: None,
@@ -529,6 +533,9 @@ impl Config {
             return Err(ConfigError(
                 "client_tls_sslmode other than disable needs client_tls_cert_file and client_tls_key_file".into(),
             ));
+        }
+        if self.client_tls_mode().verifies() && self.client_tls_ca_file.is_none() {
+            return Err(ConfigError("client_tls_sslmode verify-ca and verify-full need client_tls_ca_file".into()));
         }
         if self.server_tls_cert_file.is_some() != self.server_tls_key_file.is_some() {
             return Err(ConfigError("server_tls_cert_file and server_tls_key_file go together".into()));

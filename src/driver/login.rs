@@ -7,7 +7,7 @@ use super::Shared;
 use super::servers::{self, ServerConnector, ServerPool};
 use super::stream::Stream;
 use crate::auth::{Credentials, Secret};
-use crate::config::{ClientTlsMode, DatabaseConfig};
+use crate::config::DatabaseConfig;
 use crate::driver::server_conn::{self, ServerTarget};
 use crate::error::{Error, SqlState};
 use crate::login::{Entropy, Login, Refusal, Step, Transport};
@@ -90,7 +90,7 @@ pub(crate) async fn login(
         mode,
         unix: stream.is_unix(),
         // Only a refusal under `require` names it: no getpeername per login otherwise.
-        peer: if mode == ClientTlsMode::Require { stream.peer_host() } else { String::new() },
+        peer: if mode.required() { stream.peer_host() } else { String::new() },
         // Only hba's lines look at them.
         addr: if hba { stream.peer_ip() } else { None },
         os_user: if hba && stream.is_unix() { stream.peer_os_user() } else { None },
@@ -137,8 +137,11 @@ pub(crate) async fn login(
                     }
                 };
                 let alpn = tls.alpn();
+                let cert_name = tls.peer_common_name();
                 *stream = Stream::Tls(Box::new(tls));
-                m.handle_tls_started(direct, alpn.as_deref(), tls_cfg.end_point.clone())
+                let step = m.handle_tls_started(direct, alpn.as_deref(), tls_cfg.end_point.clone());
+                m.set_cert_name(cert_name);
+                step
             }
             Step::Close(err) => return Err(LoginEnd::Close(err)),
             Step::Authenticated(creds) => break creds,

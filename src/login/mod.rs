@@ -228,7 +228,6 @@ impl Login {
 
     /// The common name of the verified certificate the client showed in its handshake
     /// (after `handle_tls_started`), for hba's `cert`.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the driver verifies no client certificate yet"))]
     pub(crate) fn set_cert_name(&mut self, name: Option<String>) {
         self.cert_name = name;
     }
@@ -336,7 +335,7 @@ impl Login {
             }
             None => {}
         }
-        if self.transport.mode == crate::config::ClientTlsMode::Require && !self.encrypted && !self.transport.unix {
+        if self.transport.mode.required() && !self.encrypted && !self.transport.unix {
             // PostgreSQL's wording for a client that no hostssl line lets in.
             return self.close(Error::fatal(
                 SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
