@@ -116,21 +116,15 @@ async fn an_ini_split_with_include() {
 async fn an_ini_with_overrides_and_an_hba_file() {
     let ini = judge("overrides");
     let path = ini.to_str().expect("utf-8 path");
-    let strict = run_to_exit(&["--pgbouncer-ini", path, "--print-config"]);
-    let lenient = !strict.status.success();
-    if lenient {
-        // parsnip has no hba authentication: both settings are named, and it will not
-        // start without --lenient.
-        let err = stderr(&strict);
-        assert!(err.contains("auth_type = hba") && err.contains("auth_hba_file"), "{err}");
-        let started = run_to_exit(&["--pgbouncer-ini", path, "--listen", &format!("127.0.0.1:{}", free_port())]);
-        assert!(!started.status.success() && stderr(&started).contains("--lenient"), "{}", stderr(&started));
-    }
-    let p = if lenient {
-        Parsnip::start(&["--pgbouncer-ini", path, "--lenient"])
-    } else {
-        Parsnip::start(&["--pgbouncer-ini", path])
-    };
+    // auth_type = hba with its auth_hba_file: carried over, so parsnip starts without
+    // --lenient, the file found beside the ini.
+    let printed = run_to_exit(&["--pgbouncer-ini", path, "--print-config"]);
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    let toml = String::from_utf8_lossy(&printed.stdout).into_owned();
+    let hba = ini.with_file_name("pg_hba.conf");
+    assert!(toml.contains("auth_type = \"hba\""), "{toml}");
+    assert!(toml.contains(&format!("auth_hba_file = \"{}\"", hba.display())), "{toml}");
+    let p = Parsnip::start(&["--pgbouncer-ini", path]);
     // [databases] reports: statement pooling refuses a transaction block.
     let c = p.connect("postgres", SUPER_PW, "reports").await;
     assert_eq!(c.scalar("select count(*) from items").await.unwrap(), "10");
@@ -155,9 +149,12 @@ async fn an_ini_with_overrides_and_an_hba_file() {
     let mut raw = p.raw().await;
     raw.startup(&[("user", "md5user"), ("database", "admin_db")], Some(MD5_PW)).await.expect("md5user logs in");
     assert_eq!(raw.scalar("select current_user").await.unwrap().as_deref(), Some("postgres"));
-    if lenient {
-        assert_eq!(raw.auth_requests, [5, 0], "PgBouncer's default auth_type md5 in place of hba");
-    }
+    assert_eq!(raw.auth_requests, [5, 0], "the hba file's md5 line for 127.0.0.1");
+    // No line for a client from another address.
+    let mut raw = Raw::tcp_from("127.0.0.5", p.port()).await;
+    let e = raw.startup(&[("user", "md5user"), ("database", "admin_db")], Some(MD5_PW)).await.expect_err("no line");
+    assert_eq!(e.code(), "28000", "{e:?}");
+    assert!(e.message().starts_with("no pg_hba.conf entry for host \"127.0.0.5\""), "{e:?}");
 }
 
 #[tokio::test]

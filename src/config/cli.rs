@@ -126,6 +126,7 @@ impl Cli {
         if self.metrics_listen.is_some() {
             cfg.metrics_listen.clone_from(&self.metrics_listen);
         }
+        cfg.read_hba()?;
         Ok(cfg)
     }
 }

@@ -6,7 +6,7 @@
 
 use super::ini::{self, Included};
 use super::pgbouncer;
-use super::{Config, ConfigError};
+use super::{AuthType, Config, ConfigError};
 use std::path::{Path, PathBuf};
 
 /// Whether the file at `path` is a pgbouncer.ini rather than parsnip's TOML.
@@ -65,7 +65,25 @@ impl Config {
             .try_into()
             .map_err(|e: toml::de::Error| fail(format!("as parsnip's configuration: {e}")))?;
         cfg.load_notes = tr.notes.iter().map(ToString::to_string).collect();
+        // Found as the ini's other files are (the TOML then names it where it is).
+        if let Some(hba) = &cfg.auth_hba_file {
+            cfg.auth_hba_file = Some(locate(hba, path).display().to_string());
+        }
         Ok(cfg)
+    }
+
+    /// Reads `auth_hba_file` when `auth_type` is hba (at start and at each reload, as
+    /// PgBouncer re-reads it); an `@file` it names is relative to its directory.
+    pub(crate) fn read_hba(&mut self) -> Result<(), ConfigError> {
+        self.hba = None;
+        let (AuthType::Hba, Some(path)) = (self.auth_type, &self.auth_hba_file) else { return Ok(()) };
+        let fail = |e: String| ConfigError(format!("auth_hba_file {path}: {e}"));
+        let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+        let dir = Path::new(path).parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut read = |name: &str| std::fs::read_to_string(dir.join(name)).map_err(|e| e.to_string());
+        let hba = crate::login::hba::Hba::parse(&text, &mut read).map_err(fail)?;
+        self.hba = Some(std::sync::Arc::new(hba));
+        Ok(())
     }
 
     /// The configuration as parsnip's TOML file (`--print-config`); reading it back gives

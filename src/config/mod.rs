@@ -63,6 +63,8 @@ pub enum AuthType {
     /// SCRAM-SHA-256.
     #[serde(rename = "scram-sha-256")]
     ScramSha256,
+    /// Per connection, by the first matching line of `auth_hba_file` (pg_hba.conf).
+    Hba,
 }
 
 /// Output format of the logs.
@@ -118,6 +120,11 @@ pub struct Config {
     pub max_user_client_connections: usize,
     /// How clients authenticate.
     pub auth_type: AuthType,
+    /// The pg_hba.conf file `auth_type = "hba"` decides by (re-read on reload).
+    pub auth_hba_file: Option<String>,
+    /// `auth_hba_file` as read (by `Config::read_hba`).
+    #[serde(skip)]
+    pub(crate) hba: Option<std::sync::Arc<crate::login::hba::Hba>>,
     /// Query looking up (name, secret) for users not in `[users]`; `$1` is the user name.
     pub auth_query: Option<String>,
     /// User that runs `auth_query` (its password comes from `[users]` or the database entry).
@@ -214,6 +221,9 @@ pub struct Config {
     /// TLS for clients: disable, allow, prefer, require. Default: prefer when a certificate
     /// is configured, else disable.
     pub client_tls_sslmode: Option<ClientTlsMode>,
+    /// CA certificates (PEM) client certificates are checked against: asked for, and
+    /// verified when shown (required under verify-ca / verify-full); hba's `cert`.
+    pub client_tls_ca_file: Option<String>,
     /// TLS to servers, as libpq's sslmode: disable, allow, prefer (the default), require,
     /// verify-ca, verify-full.
     pub server_tls_sslmode: ServerTlsMode,
@@ -345,6 +355,8 @@ impl Default for Config {
             max_db_client_connections: 0,
             max_user_client_connections: 0,
             auth_type: AuthType::ScramSha256,
+            auth_hba_file: None,
+            hba: None,
             auth_query: None,
             auth_user: None,
             auth_dbname: None,
@@ -382,6 +394,7 @@ impl Default for Config {
             client_tls_cert_file: None,
             client_tls_key_file: None,
             client_tls_sslmode: None,
+            client_tls_ca_file: None,
             server_tls_sslmode: ServerTlsMode::Prefer,
             server_tls_ca_file: None,
             server_tls_cert_file: None,
@@ -508,6 +521,9 @@ impl Config {
                 "max_prepared_statements and max_client_prepared_statements must be at least 1".into(),
             ));
         }
+        if self.auth_type == AuthType::Hba && self.auth_hba_file.is_none() {
+            return Err(ConfigError("auth_type \"hba\" needs auth_hba_file".into()));
+        }
         if self.auth_user.is_some() && self.auth_query.is_none() {
             return Err(ConfigError("auth_user is set but auth_query is not".into()));
         }
@@ -523,6 +539,9 @@ impl Config {
             return Err(ConfigError(
                 "client_tls_sslmode other than disable needs client_tls_cert_file and client_tls_key_file".into(),
             ));
+        }
+        if self.client_tls_mode().verifies() && self.client_tls_ca_file.is_none() {
+            return Err(ConfigError("client_tls_sslmode verify-ca and verify-full need client_tls_ca_file".into()));
         }
         if self.server_tls_cert_file.is_some() != self.server_tls_key_file.is_some() {
             return Err(ConfigError("server_tls_cert_file and server_tls_key_file go together".into()));

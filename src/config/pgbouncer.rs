@@ -158,9 +158,8 @@ const MISSING: &[(&[&str], &str)] = &[
         "parsnip has no such setting here yet",
     ),
     (&["auth_user", "auth_query", "auth_dbname"], "parsnip's is global only (the [pgbouncer] setting)"),
-    (&["auth_hba_file", "auth_ident_file"], "parsnip has no hba authentication yet"),
+    (&["auth_ident_file"], "parsnip has no ident maps (hba's map=) yet"),
     (&["auth_ldap_options"], "parsnip has no LDAP authentication yet"),
-    (&["client_tls_ca_file"], "parsnip does not ask clients for certificates yet"),
     (&["unix_socket_group"], "parsnip does not change its socket's group"),
     (&["query_timeout", "transaction_timeout"], "use PostgreSQL's statement_timeout or transaction_timeout"),
     (

@@ -28,6 +28,11 @@ fn tls_settings_are_checked_together() {
         ("server_tls_sslmode = 'verify_full'\n", "unknown variant"),
         ("server_channel_binding = 'required'\n", "unknown variant"),
         ("server_channel_binding = 'require'\nserver_tls_sslmode = 'disable'\n", "needs TLS"),
+        (
+            "client_tls_cert_file = '/c'\nclient_tls_key_file = '/k'\nclient_tls_sslmode = 'verify-ca'\n",
+            "client_tls_ca_file",
+        ),
+        ("auth_type = 'hba'\n", "needs auth_hba_file"),
     ];
     for (top, want) in bad {
         let e = Config::from_toml(&format!("{top}{db}")).unwrap_err();
@@ -39,6 +44,11 @@ fn tls_settings_are_checked_together() {
     assert_eq!(cfg.client_tls_mode(), ClientTlsMode::Disable);
     assert_eq!(cfg.server_tls_sslmode, ServerTlsMode::Prefer, "libpq's default");
     assert_eq!(cfg.server_channel_binding, ChannelBinding::Prefer, "libpq's default");
+    let tls = "client_tls_cert_file = '/c'\nclient_tls_key_file = '/k'\nclient_tls_ca_file = '/ca'\n";
+    let cfg = Config::from_toml(&format!("{tls}client_tls_sslmode = 'verify-full'\n{db}")).unwrap();
+    assert!(cfg.client_tls_mode().verifies() && cfg.client_tls_mode().required());
+    let shown = crate::config::KEYS.iter().find(|k| k.name == "client_tls_sslmode").map(|k| (k.show)(&cfg));
+    assert_eq!(shown.as_deref(), Some("verify-full"), "PgBouncer's spelling in SHOW CONFIG");
     let cfg = Config::from_toml(&format!("server_channel_binding = 'require'\n{db}")).unwrap();
     assert_eq!(cfg.server_channel_binding, ChannelBinding::Require);
 }

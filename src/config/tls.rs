@@ -17,6 +17,38 @@ pub enum ClientTlsMode {
     Prefer,
     /// TCP clients must use TLS (unix-socket clients need not, as in PgBouncer).
     Require,
+    /// As `require`, and the client must show a certificate signed by
+    /// `client_tls_ca_file` (the handshake fails otherwise).
+    #[serde(rename = "verify-ca")]
+    VerifyCa,
+    /// As `verify-ca` (PgBouncer treats them alike for clients: the certificate names a
+    /// user, not a host).
+    #[serde(rename = "verify-full")]
+    VerifyFull,
+}
+
+impl ClientTlsMode {
+    /// PgBouncer's spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ClientTlsMode::Disable => "disable",
+            ClientTlsMode::Allow => "allow",
+            ClientTlsMode::Prefer => "prefer",
+            ClientTlsMode::Require => "require",
+            ClientTlsMode::VerifyCa => "verify-ca",
+            ClientTlsMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// TCP clients must use TLS.
+    pub(crate) fn required(self) -> bool {
+        self >= ClientTlsMode::Require
+    }
+
+    /// Clients must show a verified certificate.
+    pub(crate) fn verifies(self) -> bool {
+        self >= ClientTlsMode::VerifyCa
+    }
 }
 
 /// What parsnip asks of its servers (libpq's `sslmode`, PgBouncer's `server_tls_sslmode`).

@@ -7,7 +7,7 @@ use super::Shared;
 use super::servers::{self, ServerConnector, ServerPool};
 use super::stream::Stream;
 use crate::auth::{Credentials, Secret};
-use crate::config::{ClientTlsMode, DatabaseConfig};
+use crate::config::DatabaseConfig;
 use crate::driver::server_conn::{self, ServerTarget};
 use crate::error::{Error, SqlState};
 use crate::login::{Entropy, Login, Refusal, Step, Transport};
@@ -81,13 +81,19 @@ pub(crate) async fn login(
     buf: &mut BytesMut,
     refusal: Option<Refusal>,
 ) -> Result<LoggedIn, LoginEnd> {
-    let mode = shared.cfg.load().client_tls_mode();
+    let (mode, hba) = {
+        let cfg = shared.cfg.load();
+        (cfg.client_tls_mode(), cfg.auth_type == crate::config::AuthType::Hba)
+    };
     let transport = Transport {
         tls: shared.tls_clients.load().is_some(),
         mode,
         unix: stream.is_unix(),
         // Only a refusal under `require` names it: no getpeername per login otherwise.
-        peer: if mode == ClientTlsMode::Require { stream.peer_host() } else { String::new() },
+        peer: if mode.required() { stream.peer_host() } else { String::new() },
+        // Only hba's lines look at them.
+        addr: if hba { stream.peer_ip() } else { None },
+        os_user: if hba && stream.is_unix() { stream.peer_os_user() } else { None },
     };
     // A connection accepted before the listener closed is served unless clients are being
     // closed (SIGTERM): under `SHUTDOWN WAIT_FOR_CLIENTS` (an online restart) it logs in.
@@ -131,8 +137,11 @@ pub(crate) async fn login(
                     }
                 };
                 let alpn = tls.alpn();
+                let cert_name = tls.peer_common_name();
                 *stream = Stream::Tls(Box::new(tls));
-                m.handle_tls_started(direct, alpn.as_deref(), tls_cfg.end_point.clone())
+                let step = m.handle_tls_started(direct, alpn.as_deref(), tls_cfg.end_point.clone());
+                m.set_cert_name(cert_name);
+                step
             }
             Step::Close(err) => return Err(LoginEnd::Close(err)),
             Step::Authenticated(creds) => break creds,

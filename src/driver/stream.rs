@@ -10,6 +10,22 @@ use tokio::net::{TcpStream, UnixStream};
 
 use super::tls::TlsStream;
 
+/// The name of user `uid` (getpwuid_r), None when it has none.
+fn user_name(uid: u32) -> Option<String> {
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 4096];
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is to a live local of the size given; the result's strings
+    // point into `buf`, read before it is dropped.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() || pw.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: getpwuid_r succeeded: pw_name is a NUL-terminated string inside `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// A connected socket.
 #[derive(Debug)]
 pub(crate) enum Stream {
@@ -73,6 +89,23 @@ impl Stream {
             Stream::Tcp(s) => s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default(),
             Stream::Tls(t) => t.socket().peer_host(),
             Stream::Unix(_) | Stream::Closed => "[local]".into(),
+        }
+    }
+    /// The peer's IP address (None: a unix socket, or unknown).
+    pub(crate) fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Stream::Tls(t) => t.socket().peer_ip(),
+            Stream::Unix(_) | Stream::Closed => None,
+        }
+    }
+    /// On a unix socket, the name of the operating-system user of the peer process (its
+    /// SO_PEERCRED uid looked up in the user database).
+    pub(crate) fn peer_os_user(&self) -> Option<String> {
+        match self {
+            Stream::Unix(s) => s.peer_cred().ok().and_then(|c| user_name(c.uid())),
+            Stream::Tls(t) => t.socket().peer_os_user(),
+            Stream::Tcp(_) | Stream::Closed => None,
         }
     }
     /// The socket's descriptor (`census::Endpoints` asks it for addresses when listed).

@@ -76,6 +76,13 @@ impl TlsStream {
         crate::auth::tls_server_end_point(cert)
     }
 
+    /// The common name of the certificate the peer showed (a client's: verified by the
+    /// handshake against `client_tls_ca_file`); None without one.
+    pub(crate) fn peer_common_name(&self) -> Option<String> {
+        let g = self.lock();
+        super::tls_config::common_name(g.conn.peer_certificates()?.first()?)
+    }
+
     /// Protocol version and cipher suite, as `SHOW CLIENTS` shows them.
     pub(crate) fn description(&self) -> String {
         let g = self.lock();

@@ -1,7 +1,8 @@
 //! The rustls configurations built from parsnip's: what clients are shown (certificate,
 //! key, ALPN `postgresql`, and the certificate's SCRAM channel-binding hash, kept with the
 //! configuration that shows it so a reload cannot part them) and how servers are checked
-//! (libpq's sslmode: `require` checks nothing, `verify-ca` the chain, `verify-full` the
+//! (with `client_tls_ca_file`, client certificates asked for and verified, and the common
+//! name hba's `cert` compares) (libpq's sslmode: `require` checks nothing, `verify-ca` the chain, `verify-full` the
 //! chain and the host name; libpq's channel_binding).
 //!
 //! Owns: reading the PEM files and choosing the verifier. Must not touch sockets.
@@ -12,6 +13,7 @@ use rustls::client::{ClientConfig, WebPkiServerVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use std::sync::Arc;
 
@@ -72,14 +74,35 @@ pub(crate) fn for_clients(cfg: &Config) -> Result<Option<Arc<ClientTls>>, String
              (channel binding) is not offered to clients"
         );
     }
-    let mut sc = ServerConfig::builder_with_provider(provider())
+    let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
+        .map_err(|e| e.to_string())?;
+    let builder = match &cfg.client_tls_ca_file {
+        // Certificates asked for and checked when shown; required under verify-ca/-full.
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for c in certs(path)? {
+                roots.add(c).map_err(|e| format!("{path}: {e}"))?;
+            }
+            let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+            let v = if cfg.client_tls_mode().verifies() { v } else { v.allow_unauthenticated() };
+            builder.with_client_cert_verifier(v.build().map_err(|e| format!("client_tls_ca_file: {e}"))?)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut sc = builder
         .with_single_cert(chain, key(k)?)
         .map_err(|e| format!("client_tls_cert_file / client_tls_key_file: {e}"))?;
     sc.alpn_protocols = vec![ALPN.to_vec()];
     Ok(Some(Arc::new(ClientTls { config: Arc::new(sc), end_point })))
+}
+
+/// The common name of a certificate's subject (the first one, as PostgreSQL's `cert`
+/// reads it); None when it has none or cannot be read.
+pub(crate) fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let cn = parsed.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_owned)
 }
 
 /// How servers are checked.

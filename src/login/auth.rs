@@ -8,6 +8,7 @@
 //! PostgreSQL does: nothing on the wire tells which users exist, and no client is asked for
 //! its password in cleartext where SCRAM is configured.
 
+use super::hba::Method;
 use super::{Login, Phase, Step};
 use crate::auth::{self, AuthError, Credentials, ScramSecret, ScramServer, Secret, ServerBinding};
 use crate::config::AuthType;
@@ -129,7 +130,13 @@ impl Login {
     /// Starts authenticating the user of the startup packet.
     pub(super) fn start_auth(&mut self) -> Step {
         let configured = self.configured_secret();
-        if self.cfg.auth_type == AuthType::Trust {
+        if self.cfg.auth_type == AuthType::Hba {
+            match self.hba_method() {
+                Ok(m) => self.method = m,
+                Err(e) => return self.close(e),
+            }
+        }
+        if self.method == AuthType::Trust {
             let creds = self.credentials_from(configured.as_ref());
             return self.authenticated(creds);
         }
@@ -146,13 +153,69 @@ impl Login {
     /// The method a user with `secret` is asked for (None: a user parsnip does not know,
     /// asked for what `auth_type` asks).
     fn method(&self, secret: Option<&Secret>) -> AuthType {
-        match (self.cfg.auth_type, secret) {
+        match (self.method, secret) {
             (AuthType::Password, _) => AuthType::Password,
             (AuthType::Md5, Some(Secret::Scram(_))) => AuthType::ScramSha256,
             (AuthType::ScramSha256, Some(Secret::Md5(_))) => AuthType::Md5,
             (AuthType::Md5, _) => AuthType::Md5,
             _ => AuthType::ScramSha256,
         }
+    }
+
+    /// Under `auth_type = "hba"`: the method of the client's line, `cert` and `peer`
+    /// checked here (and then as trust); an error for `reject` or no line.
+    fn hba_method(&self) -> Result<AuthType, Error> {
+        let client = super::hba::Client {
+            addr: if self.transport.unix { None } else { self.transport.addr },
+            tls: self.encrypted,
+            replication: false,
+            db: &self.db,
+            user: &self.user,
+        };
+        let Some(hba) = &self.cfg.hba else {
+            tracing::warn!("auth_type is hba but no auth_hba_file was read: refusing");
+            return Err(super::hba::refusal(&client, false));
+        };
+        let no_entry = || super::hba::refusal(&client, false);
+        if !self.transport.unix && self.transport.addr.is_none() {
+            // A TCP client whose address is unknown falls under no line.
+            return Err(no_entry());
+        }
+        let Some(rule) = hba.find(&client) else { return Err(no_entry()) };
+        tracing::debug!(user = %self.user, db = %self.db, line = rule.line, method = ?rule.method, "hba line");
+        Ok(match rule.method {
+            Method::Trust => AuthType::Trust,
+            Method::Password => AuthType::Password,
+            Method::Md5 => AuthType::Md5,
+            Method::ScramSha256 => AuthType::ScramSha256,
+            Method::Reject => return Err(super::hba::refusal(&client, true)),
+            Method::Cert => {
+                let Some(name) = &self.cert_name else {
+                    return Err(Error::fatal(
+                        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                        "connection requires a valid client certificate",
+                    ));
+                };
+                if *name != self.user {
+                    tracing::info!(user = %self.user, certificate = %name, "certificate name is not the user name");
+                    return Err(Error::fatal(
+                        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                        format!("certificate authentication failed for user \"{}\"", self.user),
+                    ));
+                }
+                AuthType::Trust
+            }
+            Method::Peer => {
+                if self.transport.os_user.as_deref() != Some(self.user.as_str()) {
+                    tracing::info!(user = %self.user, os_user = ?self.transport.os_user, "peer is another user");
+                    return Err(Error::fatal(
+                        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                        format!("Peer authentication failed for user \"{}\"", self.user),
+                    ));
+                }
+                AuthType::Trust
+            }
+        })
     }
 
     /// Asks the client for its password the way `secret` can check it (None: an unknown

@@ -3,7 +3,8 @@
 //! direct TLS ClientHello recognized; CancelRequest handed to the driver; a packet of an
 //! impossible length closed without a word, as PostgreSQL closes it),
 //! protocol version negotiation, refusals (`Refusal`: said after the SSL answer and the
-//! startup packet), the database lookup, password authentication (trust,
+//! startup packet), the database lookup, authentication (`auth_type`, or under `hba` the
+//! method of the client's pg_hba.conf line, see `hba`, with `cert` and `peer`: trust,
 //! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS; users parsnip does not
 //! know asked as known ones are, see `auth`) and the welcome (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery).
@@ -20,6 +21,7 @@
 //! pools or the clock: the driver does the IO, the timeout and the secret lookups.
 
 mod auth;
+pub(crate) mod hba;
 #[cfg(test)]
 mod tests;
 
@@ -88,11 +90,24 @@ pub(crate) struct Transport {
     /// The client's address, for the `require` refusal ("[local]" on a unix socket; may be
     /// left empty when the mode is not `require`).
     pub(crate) peer: String,
+    /// The client's IP address, for `auth_type = "hba"` (None: a unix socket, or not asked
+    /// for under another auth_type).
+    pub(crate) addr: Option<std::net::IpAddr>,
+    /// On a unix socket, the name of the operating-system user at the other end (hba's
+    /// `peer`; None: unknown, or not asked for).
+    pub(crate) os_user: Option<String>,
 }
 
 impl Default for Transport {
     fn default() -> Self {
-        Transport { tls: false, mode: crate::config::ClientTlsMode::Disable, unix: false, peer: String::new() }
+        Transport {
+            tls: false,
+            mode: crate::config::ClientTlsMode::Disable,
+            unix: false,
+            peer: String::new(),
+            addr: None,
+            os_user: None,
+        }
     }
 }
 
@@ -166,6 +181,12 @@ pub(crate) struct Login {
     /// plaintext, or a certificate without a usable hash): SCRAM-SHA-256-PLUS is offered
     /// with it.
     end_point: Option<Vec<u8>>,
+    /// How this client is asked to authenticate: `auth_type`, or under hba the method of
+    /// its line (set when authentication starts).
+    method: AuthType,
+    /// The common name of the certificate the client showed and parsnip verified (hba's
+    /// `cert`).
+    cert_name: Option<String>,
     /// Bytes to write to the client.
     pub(crate) to_client: BytesMut,
     /// The user name of the startup packet.
@@ -182,6 +203,7 @@ impl Login {
     /// A login under `cfg`; with a `refusal`, refused as PostgreSQL refuses it.
     pub(crate) fn new(cfg: Arc<Config>, refusal: Option<Refusal>, entropy: Entropy) -> Login {
         Login {
+            method: cfg.auth_type,
             cfg,
             refusal,
             entropy,
@@ -189,6 +211,7 @@ impl Login {
             transport: Transport::default(),
             encrypted: false,
             end_point: None,
+            cert_name: None,
             to_client: BytesMut::with_capacity(512),
             user: String::new(),
             db: String::new(),
@@ -201,6 +224,12 @@ impl Login {
     pub(crate) fn with_transport(mut self, transport: Transport) -> Login {
         self.transport = transport;
         self
+    }
+
+    /// The common name of the verified certificate the client showed in its handshake
+    /// (after `handle_tls_started`), for hba's `cert`.
+    pub(crate) fn set_cert_name(&mut self, name: Option<String>) {
+        self.cert_name = name;
     }
 
     /// TLS can be started now (offered, and not started already).
@@ -306,7 +335,7 @@ impl Login {
             }
             None => {}
         }
-        if self.transport.mode == crate::config::ClientTlsMode::Require && !self.encrypted && !self.transport.unix {
+        if self.transport.mode.required() && !self.encrypted && !self.transport.unix {
             // PostgreSQL's wording for a client that no hostssl line lets in.
             return self.close(Error::fatal(
                 SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
@@ -388,7 +417,7 @@ impl Login {
     fn console_welcome(&mut self) -> Step {
         let cfg = &self.cfg;
         let admin =
-            cfg.admin_users.contains(&self.user) || (cfg.admin_users.is_empty() && cfg.auth_type == AuthType::Trust);
+            cfg.admin_users.contains(&self.user) || (cfg.admin_users.is_empty() && self.method == AuthType::Trust);
         let read_only = !admin && cfg.stats_users.contains(&self.user);
         if !admin && !read_only {
             let user = self.user.clone();

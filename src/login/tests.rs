@@ -7,6 +7,7 @@ use crate::config::UserConfig;
 use crate::protocol::startup::{cancel_request, startup_message};
 use crate::protocol::{frontend, tags, tags_of};
 
+mod hba;
 mod wire;
 
 const NONCE: &str = "fixed+server+nonce";
@@ -265,7 +266,13 @@ fn database_pgbouncer_reaches_the_console_unless_configured() {
 }
 
 fn tls_login(mode: crate::config::ClientTlsMode, unix: bool) -> Login {
-    login(config(AuthType::Trust, &[])).with_transport(Transport { tls: true, mode, unix, peer: "10.1.2.3".into() })
+    login(config(AuthType::Trust, &[])).with_transport(Transport {
+        tls: true,
+        mode,
+        unix,
+        peer: "10.1.2.3".into(),
+        ..Transport::default()
+    })
 }
 
 #[test]
@@ -371,7 +378,7 @@ pub(super) fn over_tls(cfg: Arc<Config>) -> Login {
         tls: true,
         mode: crate::config::ClientTlsMode::Prefer,
         unix: false,
-        peer: String::new(),
+        ..Transport::default()
     });
     assert!(matches!(m.handle_bytes(&mut request(80877103)), Step::StartTls { direct: false }));
     m.to_client.clear();
@@ -497,7 +504,7 @@ fn a_certificate_without_a_hash_offers_no_plus() {
         tls: true,
         mode: crate::config::ClientTlsMode::Prefer,
         unix: false,
-        peer: String::new(),
+        ..Transport::default()
     });
     m.handle_bytes(&mut request(80877103));
     m.to_client.clear();

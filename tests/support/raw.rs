@@ -138,6 +138,20 @@ impl Raw {
         Raw { stream, buf: Vec::new(), params: HashMap::new(), key: None, auth_requests: Vec::new() }
     }
 
+    /// Connects to 127.0.0.1:`port` from `source` (any 127.x.y.z address: the whole of
+    /// 127/8 is the loopback), so the server sees that client address.
+    pub async fn tcp_from(source: &str, port: u16) -> Raw {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        let src: std::net::IpAddr = source.parse().expect("an IPv4 address");
+        socket.bind((src, 0).into()).unwrap_or_else(|e| panic!("binding {source}: {e}"));
+        let stream = socket
+            .connect(([127, 0, 0, 1], port).into())
+            .await
+            .unwrap_or_else(|e| panic!("connecting to 127.0.0.1:{port} from {source}: {e}"));
+        stream.set_nodelay(true).ok();
+        Raw { stream, buf: Vec::new(), params: HashMap::new(), key: None, auth_requests: Vec::new() }
+    }
+
     /// Writes bytes; Err if the peer is gone.
     pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(bytes).await

@@ -138,7 +138,8 @@ fn ignored_and_unknown_settings_are_named() {
     // A value parsnip's key does not take is named too.
     let t = tr(&format!("{DB}[pgbouncer]\nauth_type = cert\nclient_tls_sslmode = verify-full\n"), &[]);
     assert!(named(&t, "auth_type = cert").is_some_and(|n| n.refused), "{:?}", t.notes);
-    assert!(named(&t, "client_tls_sslmode = verify-full").is_some_and(|n| n.refused), "{:?}", t.notes);
+    assert!(named(&t, "client_tls_sslmode = verify-full").is_none(), "carried over: {:?}", t.notes);
+    assert_eq!(t.table.get("client_tls_sslmode").and_then(Value::as_str), Some("verify-full"));
     let t = tr("[databases]\nd = host=h client_encoding=UTF8 bogus=1\n", &[]);
     assert!(named(&t, "databases.d.client_encoding").is_some_and(|n| n.refused));
     assert!(named(&t, "databases.d.bogus").is_some_and(|n| n.refused));
@@ -197,4 +198,14 @@ fn printed_toml_reads_back_the_same() {
     assert_eq!(back.entries(), c.entries());
     assert_eq!(back.databases["app"].host.joined(), "db1,db2");
     assert_eq!(back.users["u"].password.as_deref(), Some("pw"));
+}
+
+#[test]
+fn auth_type_hba_and_its_file_are_carried_over() {
+    let t = tr(&format!("{DB}[pgbouncer]\nauth_type = hba\nauth_hba_file = pg_hba.conf\nauth_ident_file = m\n"), &[]);
+    assert_eq!(t.table.get("auth_type").and_then(Value::as_str), Some("hba"));
+    assert_eq!(t.table.get("auth_hba_file").and_then(Value::as_str), Some("pg_hba.conf"));
+    assert!(named(&t, "auth_ident_file").is_some_and(|n| n.refused && n.why.contains("ident")), "{:?}", t.notes);
+    let c = config(&format!("{DB}[pgbouncer]\nauth_type = hba\nauth_hba_file = h.conf\n"), &[]);
+    assert_eq!((c.auth_type, c.auth_hba_file.as_deref()), (AuthType::Hba, Some("h.conf")));
 }
