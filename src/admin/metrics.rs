@@ -244,7 +244,7 @@ impl Collector for Scrape {
                 MetricType::Counter,
             )?;
             for (p, _) in pools {
-                for (i, (_, reason)) in crate::state::pins::PinReasons::NAMES.iter().enumerate() {
+                for (i, (_, reason)) in crate::stmt::pins::PinReasons::NAMES.iter().enumerate() {
                     let l = [("database", p.key.db.as_str()), ("user", p.key.user.as_str()), ("reason", reason)];
                     ConstCounter::new(p.pins_begun[i]).encode(m.encode_family(&l)?)?;
                 }

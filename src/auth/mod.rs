@@ -20,6 +20,7 @@
 //! PasswordMessage, ...) belongs to `protocol`/`session`, and where secrets come from
 //! (config files, `auth_query`, the command line) belongs to `config`; neither is parsed here.
 
+pub(crate) mod hba;
 mod md5;
 mod scram;
 mod secret;

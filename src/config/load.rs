@@ -81,7 +81,7 @@ impl Config {
         let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
         let dir = Path::new(path).parent().map(Path::to_path_buf).unwrap_or_default();
         let mut read = |name: &str| std::fs::read_to_string(dir.join(name)).map_err(|e| e.to_string());
-        let hba = crate::login::hba::Hba::parse(&text, &mut read).map_err(fail)?;
+        let hba = crate::auth::hba::Hba::parse(&text, &mut read).map_err(fail)?;
         self.hba = Some(std::sync::Arc::new(hba));
         Ok(())
     }

@@ -124,7 +124,7 @@ pub struct Config {
     pub auth_hba_file: Option<String>,
     /// `auth_hba_file` as read (by `Config::read_hba`).
     #[serde(skip)]
-    pub(crate) hba: Option<std::sync::Arc<crate::login::hba::Hba>>,
+    pub(crate) hba: Option<std::sync::Arc<crate::auth::hba::Hba>>,
     /// Query looking up (name, secret) for users not in `[users]`; `$1` is the user name.
     pub auth_query: Option<String>,
     /// User that runs `auth_query` (its password comes from `[users]` or the database entry).

@@ -355,7 +355,7 @@ impl View for Live<'_> {
                     prepared: s.live.prepared.load(Ordering::Relaxed),
                     client_pid: s.pid,
                     close_needed: false,
-                    pinned: crate::state::pins::PinReasons(s.live.pinned.load(Ordering::Relaxed)).names(),
+                    pinned: crate::stmt::pins::PinReasons(s.live.pinned.load(Ordering::Relaxed)).names(),
                 })
             })
             .chain(self.console_rows())

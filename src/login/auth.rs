@@ -8,8 +8,8 @@
 //! PostgreSQL does: nothing on the wire tells which users exist, and no client is asked for
 //! its password in cleartext where SCRAM is configured.
 
-use super::hba::Method;
 use super::{Login, Phase, Step};
+use crate::auth::hba::Method;
 use crate::auth::{self, AuthError, Credentials, ScramSecret, ScramServer, Secret, ServerBinding};
 use crate::config::AuthType;
 use crate::error::{Error, SqlState};
@@ -165,7 +165,7 @@ impl Login {
     /// Under `auth_type = "hba"`: the method of the client's line, `cert` and `peer`
     /// checked here (and then as trust); an error for `reject` or no line.
     fn hba_method(&self) -> Result<AuthType, Error> {
-        let client = super::hba::Client {
+        let client = crate::auth::hba::Client {
             addr: if self.transport.unix { None } else { self.transport.addr },
             tls: self.encrypted,
             replication: false,
@@ -174,9 +174,9 @@ impl Login {
         };
         let Some(hba) = &self.cfg.hba else {
             tracing::warn!("auth_type is hba but no auth_hba_file was read: refusing");
-            return Err(super::hba::refusal(&client, false));
+            return Err(crate::auth::hba::refusal(&client, false));
         };
-        let no_entry = || super::hba::refusal(&client, false);
+        let no_entry = || crate::auth::hba::refusal(&client, false);
         if !self.transport.unix && self.transport.addr.is_none() {
             // A TCP client whose address is unknown falls under no line.
             return Err(no_entry());
@@ -188,7 +188,7 @@ impl Login {
             Method::Password => AuthType::Password,
             Method::Md5 => AuthType::Md5,
             Method::ScramSha256 => AuthType::ScramSha256,
-            Method::Reject => return Err(super::hba::refusal(&client, true)),
+            Method::Reject => return Err(crate::auth::hba::refusal(&client, true)),
             Method::Cert => {
                 let Some(name) = &self.cert_name else {
                     return Err(Error::fatal(

@@ -4,7 +4,7 @@
 //! impossible length closed without a word, as PostgreSQL closes it),
 //! protocol version negotiation, refusals (`Refusal`: said after the SSL answer and the
 //! startup packet), the database lookup, authentication (`auth_type`, or under `hba` the
-//! method of the client's pg_hba.conf line, see `hba`, with `cert` and `peer`: trust,
+//! method of the client's pg_hba.conf line, see `auth::hba`, with `cert` and `peer`: trust,
 //! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS; users parsnip does not
 //! know asked as known ones are, see `auth`) and the welcome (AuthenticationOk, ParameterStatus,
 //! BackendKeyData, ReadyForQuery).
@@ -21,7 +21,6 @@
 //! pools or the clock: the driver does the IO, the timeout and the secret lookups.
 
 mod auth;
-pub(crate) mod hba;
 #[cfg(test)]
 mod tests;
 

@@ -4,8 +4,8 @@
 
 use super::key::PoolKey;
 use crate::config::PoolMode;
-use crate::state::pins::PinReasons;
 use crate::stmt::Registry;
+use crate::stmt::pins::PinReasons;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

@@ -1,5 +1,5 @@
 //! Pinning under transaction pooling, decided here: which reasons keep a client on its
-//! server connection (`state::pins::PinReasons`), and when they end.
+//! server connection (`stmt::pins::PinReasons`), and when they end.
 //!
 //! parsnip cannot count session state exactly from SQL text (a `pg_try_advisory_lock` may
 //! return false, a lock may be taken twice and released once, a temporary table may be
@@ -20,7 +20,7 @@ use super::{Link, Session};
 use crate::config::PoolMode;
 use crate::protocol::frontend;
 use crate::state::ServerState;
-use crate::state::pins::PinReasons;
+use crate::stmt::pins::PinReasons;
 use crate::stmt::sql::Seen;
 
 /// parsnip's question to the server: one boolean per reason the server is asked about, in

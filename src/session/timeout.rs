@@ -91,7 +91,7 @@ impl Session {
                 "terminating connection due to idle-session timeout",
             )),
             Some(Idle::Pinned) => {
-                let why = crate::state::pins::PinReasons(self.kept.pins.reasons).names();
+                let why = crate::stmt::pins::PinReasons(self.kept.pins.reasons).names();
                 self.fail(
                     Error::fatal(
                         SqlState::IDLE_SESSION_TIMEOUT,

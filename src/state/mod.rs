@@ -6,7 +6,6 @@
 //! Pure data with no IO and no protocol decisions: it must not import `session`, `pool` or
 //! `driver`, which all build on it.
 
-pub(crate) mod pins;
 pub(crate) mod server;
 pub(crate) mod settings;
 pub(crate) mod timers;

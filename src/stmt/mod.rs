@@ -25,6 +25,7 @@ pub(crate) mod idmap;
 pub(crate) mod lex;
 pub mod lift;
 pub(crate) mod memo;
+pub(crate) mod pins;
 pub(crate) mod registry;
 pub(crate) mod runtime;
 pub(crate) mod server;

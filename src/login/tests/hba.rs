@@ -14,7 +14,7 @@ host  all  all     10.0.0.0/8   scram-sha-256
 
 fn hba_login(addr: Option<&str>, os_user: Option<&str>) -> Login {
     let mut cfg = (*config(AuthType::Hba, &[("u", "pw")])).clone();
-    let hba = crate::login::hba::Hba::parse(RULES, &mut |_| Err("no includes".into())).expect("rules");
+    let hba = crate::auth::hba::Hba::parse(RULES, &mut |_| Err("no includes".into())).expect("rules");
     cfg.hba = Some(Arc::new(hba));
     login(Arc::new(cfg)).with_transport(Transport {
         unix: addr.is_none(),

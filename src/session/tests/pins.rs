@@ -2,7 +2,7 @@
 //! session ask the server what remains before giving it back, and the answer decides.
 
 use super::*;
-use crate::state::pins::PinReasons;
+use crate::stmt::pins::PinReasons;
 
 /// The DataRow answering the session's question: advisory lock, held cursor, temp, listen.
 fn answer(cols: [bool; 4]) -> Vec<u8> {

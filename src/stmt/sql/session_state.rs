@@ -4,7 +4,7 @@
 //! ends (`session::pins`), and keeps the client on its server connection while any does.
 
 use super::{split, words};
-use crate::state::pins::PinReasons;
+use crate::stmt::pins::PinReasons;
 
 /// What `scan` found in a text.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
