@@ -280,7 +280,7 @@ async fn hostile_streams_one_at_a_time_leave_nothing_behind() {
 /// rows missing) is unexplained (docs/design.md "Known gaps"). Run it with
 /// `cargo test --test e2e_hostile -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "CPU-heavy for a minute: scripts/test.sh runs it alone, after the other tests (--ignored)"]
+#[ignore = "fails about one run in ten (issue 23, docs/design.md Known gaps): not in CI until explained; run with --ignored"]
 async fn hostile_clients_do_not_disturb_honest_ones() {
     let set = settings();
     setup();
