@@ -216,19 +216,21 @@ async fn the_listening_connection_comes_back_and_drops_channels_nobody_needs() {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let mut a = listener(&p).await;
         let b = listener(&p).await;
-        a.run("LISTEN keep").await;
-        b.run("LISTEN \"Gone\"").await;
-        b.run("LISTEN keep").await;
+        a.run("LISTEN back_keep").await;
+        b.run("LISTEN \"Back_Gone\"").await;
+        b.run("LISTEN back_keep").await;
         assert_eq!(
             channels(&console).await,
-            vec![("Gone".into(), "1".into(), "1".into()), ("keep".into(), "2".into(), "1".into())]
+            vec![("Back_Gone".into(), "1".into(), "1".into()), ("back_keep".into(), "2".into(), "1".into())]
         );
         let s = p.connect("postgres", SUPER_PW, "postgres").await;
         // The listening backend: the one whose last statement listened.
         let listening = || async {
             psql_async(
                 "postgres",
-                "select pid from pg_stat_activity where query like 'LISTEN %' or query like 'UNLISTEN %'",
+                // This test's channels only: other tests' poolers listen on the same cluster.
+                "select pid from pg_stat_activity where (query like 'LISTEN %' or query like 'UNLISTEN %') \
+                 and (query like '%back_keep%' or query like '%Back_Gone%')",
             )
             .await
             .trim()
@@ -242,9 +244,9 @@ async fn the_listening_connection_comes_back_and_drops_channels_nobody_needs() {
         let mut n = 0;
         loop {
             n += 1;
-            s.batch_execute(&format!("NOTIFY keep, 'r{n}'")).await.unwrap();
+            s.batch_execute(&format!("NOTIFY back_keep, 'r{n}'")).await.unwrap();
             if let Ok(Some(got)) = within(Duration::from_millis(500), a.notes.recv()).await {
-                assert_eq!(got.channel(), "keep");
+                assert_eq!(got.channel(), "back_keep");
                 break;
             }
             assert!(n < 40, "no notification after the listening connection was terminated\n{}", p.log_tail());
@@ -257,19 +259,19 @@ async fn the_listening_connection_comes_back_and_drops_channels_nobody_needs() {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let rows = channels(&console).await;
-            if rows == vec![("keep".to_string(), "1".to_string(), "1".to_string())] {
+            if rows == vec![("back_keep".to_string(), "1".to_string(), "1".to_string())] {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "channels left: {rows:?}");
             tokio::task::yield_now().await;
         }
         let last = psql_async("postgres", &format!("select query from pg_stat_activity where pid = {new}")).await;
-        assert!(last.contains("UNLISTEN \"Gone\""), "the listening backend's last statement: {last}");
+        assert!(last.contains("UNLISTEN \"Back_Gone\""), "the listening backend's last statement: {last}");
         // a's subscription survived the reconnect, and it is the only one.
-        s.batch_execute("NOTIFY \"Gone\", 'x'; NOTIFY keep, 'last'").await.unwrap();
+        s.batch_execute("NOTIFY \"Back_Gone\", 'x'; NOTIFY back_keep, 'last'").await.unwrap();
         loop {
             let (ch, payload) = a.next().await;
-            assert_eq!(ch, "keep");
+            assert_eq!(ch, "back_keep");
             if payload == "last" {
                 break;
             }
