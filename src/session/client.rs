@@ -75,9 +75,7 @@ impl Session {
             // PostgreSQL refuses it (an ERROR, then a FATAL, and the backend ends): it goes
             // to the server as it is, with no reply to wait for, never to the cache.
             self.to_server.extend_from_slice(frame);
-            if let Some(l) = self.link.state_mut() {
-                l.dirty = true;
-            }
+            self.dirty_server_if(true);
             return true;
         }
         if self.busy.phase == Phase::ClientSkipping {

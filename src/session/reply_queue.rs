@@ -483,27 +483,19 @@ impl ReplyQueue {
             return Ok(true);
         }
         // Until the copy's end: client Syncs (ignored), nothing else of the client's.
-        let mut end = self.q.len();
-        for (i, p) in self.q.iter().enumerate().skip(1) {
+        for p in self.q.iter().skip(1) {
             if p.purpose == Purpose::Client && p.req != Req::Sync {
                 return Err((p.req, !p.is_synth()));
             }
             if p.copy_end_after {
-                end = i + 1;
                 break;
             }
         }
         let mut ended = false;
         let mut dropped = false;
-        while !ended
-            && self.q.len() > 1
-            && end > 1
-            && self.q[1].req == Req::Sync
-            && self.q[1].purpose == Purpose::Client
-        {
+        while !ended && self.q.len() > 1 && self.q[1].req == Req::Sync && self.q[1].purpose == Purpose::Client {
             ended = self.q[1].copy_end_after;
             self.q.remove(1);
-            end -= 1;
             dropped = true;
         }
         if dropped {

@@ -557,9 +557,7 @@ impl Session {
         if tell_server {
             self.to_server.extend_from_slice(&[tag, 0, 0, 0, 4]);
         }
-        if let Some(l) = self.link.state_mut() {
-            l.dirty = true;
-        }
+        self.dirty_server_if(true);
         self.enter(Phase::CopyIn);
     }
 

@@ -79,9 +79,7 @@ impl Session {
         } else if l.timer_us <= TINY_TIMER_US && server.settings.cancel_timer_us() != 0 {
             // The settings replayed for the next client (and an absorbing statement) would
             // run under this timer: so short, even they may overrun it or end as it fires.
-            if let Some(l) = self.link.state_mut() {
-                l.dirty = true;
-            }
+            self.dirty_server_if(true);
         }
     }
 
@@ -92,11 +90,7 @@ impl Session {
     /// own, so the connection is closed when given back instead.
     pub(super) fn note_cancel_signal(&mut self, server: &mut ServerState) {
         server.cancel_risk = true;
-        if server.settings.cancel_timer_us() != 0
-            && let Some(l) = self.link.state_mut()
-        {
-            l.dirty = true;
-        }
+        self.dirty_server_if(server.settings.cancel_timer_us() != 0);
     }
 
     /// A timed execution of `s` ended (`failed`: with an error) after returning `rows`;
