@@ -6,14 +6,11 @@ returns plus the ones only loadgen has; bench/run.py picks the client (--client)
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from throwaway import REPO, log, stop_process  # noqa: E402
-from throwaway import CLEANUPS as PROCS  # noqa: E402
+from throwaway import REPO, cargo_release, run_bounded  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 
 BINARY = REPO / "target" / "release" / "examples" / "loadgen"
@@ -22,13 +19,7 @@ BINARY = REPO / "target" / "release" / "examples" / "loadgen"
 def loadgen_binary(build: bool) -> Path:
     """target/release/examples/loadgen, built first (cargo build --release --example loadgen)."""
     if build:
-        log("cargo build --release --example loadgen")
-        r = subprocess.run(["cargo", "build", "--release", "--example", "loadgen"], cwd=REPO, capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            errs = [line for line in r.stderr.splitlines() if line.startswith("error")]
-            raise BenchError("cargo build --release --example loadgen failed: "
-                             + (errs[0] if errs else r.stderr.strip()[-300:]))
+        cargo_release(["--example", "loadgen"])
     if not BINARY.exists():
         raise BenchError(f"{BINARY} does not exist (cargo build --release --example loadgen)")
     return BINARY
@@ -46,23 +37,16 @@ def run_loadgen(binary: Path, port: int, case, duration: int, jobs: int, host: s
     if watch_pid is not None:
         argv += ["--watch-pid", str(watch_pid)]
     timeout = duration + warmup + 60 + case.clients * 0.02
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
-    kill = lambda: stop_process(p, signal.SIGTERM, grace=2)  # noqa: E731
-    PROCS.push(kill)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_process(p, signal.SIGTERM, grace=2)
-        p.communicate()
+    ran = run_bounded(argv, timeout)
+    if ran is None:
         return {"ok": False, "error": f"loadgen hung: no result {timeout:.0f}s after start (killed)"}
-    finally:
-        PROCS.remove(kill)
+    returncode, out, err = ran
     line = next((l for l in reversed(out.splitlines()) if l.startswith("{")), "")
     try:
         got = json.loads(line)
     except json.JSONDecodeError:
         tail = (err.strip().splitlines() or ["no output"])[-1]
-        return {"ok": False, "error": f"loadgen exited {p.returncode}: {tail[:160]}"}
+        return {"ok": False, "error": f"loadgen exited {returncode}: {tail[:160]}"}
     res = {k: got[k] for k in ("tps", "latency_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms", "max_gap_ms",
                                "min_client_txns", "processed", "failed_txns") if got.get(k) is not None}
     if got.get("cpu_s") is not None:
@@ -70,9 +54,9 @@ def run_loadgen(binary: Path, port: int, case, duration: int, jobs: int, host: s
     if got.get("watch_idle_kib_per_client") is not None:
         res["idle_kib_per_client"] = got["watch_idle_kib_per_client"]
     res["aborted"] = bool(got.get("aborted_clients"))
-    res["ok"] = bool(got.get("ok")) and p.returncode == 0 and res.get("processed", 0) > 0
+    res["ok"] = bool(got.get("ok")) and returncode == 0 and res.get("processed", 0) > 0
     if res.get("processed"):
         res["log_samples"] = res["processed"]
     if not res["ok"]:
-        res["error"] = str(got.get("error") or got.get("first_txn_error") or f"loadgen exited {p.returncode}")[:160]
+        res["error"] = str(got.get("error") or got.get("first_txn_error") or f"loadgen exited {returncode}")[:160]
     return res

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from throwaway import stop_process  # noqa: E402
-from throwaway import CLEANUPS as PROCS  # noqa: E402
+from throwaway import run_bounded  # noqa: E402
 from report import WORKLOADS, Case  # noqa: E402
 from systems import DB, DB_USER, TRANSPORT, Postgres  # noqa: E402
 
@@ -59,18 +56,11 @@ def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int, h
         argv.insert(1, "-C")
     env = dict(os.environ, PGSSLMODE="require") if TRANSPORT["tls"] else None
     timeout = duration + 15 + clients * 0.05
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, env=env)
-    kill = lambda: stop_process(p, signal.SIGTERM, grace=2)  # noqa: E731
-    PROCS.push(kill)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_process(p, signal.SIGTERM, grace=2)
-        out, err = p.communicate()
+    ran = run_bounded(argv, timeout, env)
+    if ran is None:
         return {"ok": False, "error": f"pgbench hung: no result {timeout:.0f}s after start (killed)"}
-    finally:
-        PROCS.remove(kill)
-    res: dict = {"rc": p.returncode}
+    returncode, out, err = ran
+    res: dict = {"rc": returncode}
     if m := re.search(r"tps = ([\d.]+) \((?:without initial connection time|including reconnection times)\)", out):
         res["tps"] = float(m.group(1))
     if m := re.search(r"latency average = ([\d.]+) ms", out):
@@ -81,7 +71,7 @@ def run_pgbench(pg: Postgres, port: int, case: Case, duration: int, jobs: int, h
         res["failed_txns"] = int(m.group(1))
     res["aborted"] = "aborted" in (out + err).lower()
     res["errors_logged"] = sum(1 for l in err.splitlines() if "error" in l.lower())
-    res["ok"] = p.returncode == 0 and not res["aborted"] and "tps" in res and res.get("processed", 0) > 0
+    res["ok"] = returncode == 0 and not res["aborted"] and "tps" in res and res.get("processed", 0) > 0
     if not res["ok"]:
         res["error"] = first_error(err if err.strip() else out)
     return res

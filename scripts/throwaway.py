@@ -81,6 +81,24 @@ def stop_process(p: subprocess.Popen, first=signal.SIGTERM, grace: float = 10.0)
         pass
 
 
+def run_bounded(argv: list[str], timeout: float, env: dict[str, str] | None = None):
+    """Runs a client program to its end within `timeout` seconds, stopped at the harness's
+    exit meanwhile (CLEANUPS): (returncode, stdout, stderr), or None when it hung (then
+    stopped)."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, env=env)
+    kill = lambda: stop_process(p, signal.SIGTERM, grace=2)  # noqa: E731
+    CLEANUPS.push(kill)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_process(p, signal.SIGTERM, grace=2)
+        p.communicate()
+        return None
+    finally:
+        CLEANUPS.remove(kill)
+    return p.returncode, out, err
+
+
 def kill_group(p: subprocess.Popen) -> None:
     """Kills the process group of a child started with start_new_session (its own group)."""
     try:
@@ -327,16 +345,22 @@ class Postgres:
 # --------------------------------------------------------------------------- parsnip
 
 
+def cargo_release(target: list[str]) -> None:
+    """`cargo build --release` of `target` (e.g. ["--bin", "parsnip"]); HarnessError with
+    cargo's first error when it fails."""
+    cmd = ["cargo", "build", "--release", *target]
+    log(" ".join(cmd))
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        errs = [line for line in r.stderr.splitlines() if line.startswith("error")]
+        raise HarnessError(f"{' '.join(cmd)} failed: " + (errs[0] if errs else r.stderr.strip()[-300:]))
+
+
 def parsnip_release(build: bool = True) -> Path:
     """target/release/parsnip, built first (cargo build --release) when `build`."""
     b = REPO / "target" / "release" / "parsnip"
     if build:
-        log("cargo build --release --bin parsnip")
-        r = subprocess.run(["cargo", "build", "--release", "--bin", "parsnip"], cwd=REPO, capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            errs = [line for line in r.stderr.splitlines() if line.startswith("error")]
-            raise HarnessError("cargo build --release failed: " + (errs[0] if errs else r.stderr.strip()[-300:]))
+        cargo_release(["--bin", "parsnip"])
     if not b.exists():
         raise HarnessError(f"{b} does not exist (run cargo build --release)")
     return b
