@@ -234,6 +234,32 @@ async fn run_phase(
     PhaseResult { ledger, hostile_conns: next.load(Ordering::Relaxed), max_rss_kb }
 }
 
+/// Lines of the server log written since byte `from` that say a backend crashed and the
+/// postmaster reinitialised: with `synchronous_commit = off` (the throwaway cluster's
+/// setting) that restart loses the last acknowledged commits, so missing rows after one are
+/// the crash's doing, and the crash is the finding.
+fn server_crashes(from: u64) -> Vec<String> {
+    let log = std::fs::read(cluster().log_file()).unwrap_or_default();
+    let tail = String::from_utf8_lossy(log.get(from as usize..).unwrap_or_default()).into_owned();
+    let signs = ["terminated by signal", "terminated by exception", "reinitializing", "was interrupted"];
+    let lines: Vec<&str> = tail.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if signs.iter().any(|s| l.contains(s)) {
+            out.push(l.to_string());
+            // PostgreSQL names what the crashed process was running on the next line.
+            if let Some(next) = lines.get(i + 1).filter(|n| n.contains("DETAIL")) {
+                out.push(next.to_string());
+            }
+        }
+    }
+    out
+}
+
+fn server_log_len() -> u64 {
+    std::fs::metadata(cluster().log_file()).map(|m| m.len()).unwrap_or(0)
+}
+
 /// Every committed row present, no rolled-back one, nothing from nowhere.
 fn check_rows(ledger: &Ledger) -> Result<(), String> {
     let out = psql(stream::DB, "SELECT id FROM honest");
@@ -311,6 +337,11 @@ async fn hostile_clients_do_not_disturb_honest_ones() {
         return;
     }
     println!("hostile-client test: run seed {:#x}, {} s", set.seed, set.secs);
+    if std::env::var_os("PARSNIP_HOSTILE_PGLOG").is_some() {
+        psql("postgres", "ALTER SYSTEM SET log_statement = 'all'; ALTER SYSTEM SET log_connections = on");
+        psql("postgres", "SELECT pg_reload_conf()");
+    }
+    let log_from = server_log_len();
     let journal = Journal::new();
     let records = Arc::new(Mutex::new(VecDeque::new()));
     let mut ledger = Ledger::default();
@@ -339,6 +370,18 @@ async fn hostile_clients_do_not_disturb_honest_ones() {
         );
         ledger.merge(r.ledger);
         hostile_conns += r.hostile_conns;
+    }
+    let crashes = server_crashes(log_from);
+    if !crashes.is_empty() {
+        // The cluster's directory goes at exit: keep its log for the post-mortem.
+        let kept = std::env::temp_dir().join(format!("parsnip-hostile-{:x}-server.log", set.seed));
+        let _ = std::fs::copy(cluster().log_file(), &kept);
+        panic!(
+            "run seed {:#x}: a PostgreSQL backend crashed (log kept in {}):\n{}",
+            set.seed,
+            kept.display(),
+            crashes.join("\n")
+        );
     }
     let failures = journal.failures();
     if failures.is_empty() {
