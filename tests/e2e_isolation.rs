@@ -379,3 +379,51 @@ async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client(
     })
     .await;
 }
+
+/// A simple Query that fails while it runs inside a transaction block leaves PostgreSQL's
+/// unnamed portal behind with its statements already freed. An Execute of that portal with
+/// no Bind reads the freed memory: PostgreSQL 15.18 crashes on it, and the postmaster ends
+/// every other backend and restarts — other clients' transactions fail, and with
+/// `synchronous_commit = off` commits already acknowledged are lost (the concurrent
+/// hostile-client test saw rows vanish that way). Through parsnip the client gets the 34000
+/// PostgreSQL answers when no such portal is left, and the server lives on: a session
+/// opened directly beforehand is still there. Transaction and session mode.
+#[tokio::test]
+async fn an_execute_of_a_failed_querys_leftover_portal_cannot_crash_the_server() {
+    let mut direct = Raw::tcp(cluster().port()).await;
+    direct.startup(&[("user", "postgres"), ("database", "postgres")], Some(SUPER_PW)).await.unwrap();
+    let before = direct.scalar("SELECT pg_backend_pid()").await.unwrap();
+    for mode in ["transaction", "session"] {
+        let p = Parsnip::with_config(&trust_config(&format!("pool_mode = \"{mode}\"\npool_size = 1")));
+        bounded(60, "leftover portal", async {
+            let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+            for pad in [10_000, 100_000, 1_000_000] {
+                let case = format!("{mode}, pad {pad}");
+                raw.scalar("BEGIN").await.unwrap();
+                let e = raw.scalar("SELECT 1/g FROM generate_series(0, 0) g").await.unwrap_err();
+                assert_eq!(e.code(), "22012", "{case}");
+                // Other messages reuse the memory the portal's statements were in.
+                let pad_sql = format!("SELECT 'pad' -- {}", "x".repeat(pad));
+                assert_eq!(raw.scalar(&pad_sql).await.unwrap_err().code(), "25P02", "{case}");
+                raw.send(&[bind("", ""), sync()].concat()).await.unwrap();
+                within(Duration::from_secs(10), raw.read_until_ready()).await.unwrap();
+                raw.send(&[execute(""), sync()].concat()).await.unwrap();
+                let (frames, _) = within(Duration::from_secs(10), raw.read_until_ready())
+                    .await
+                    .unwrap_or_else(|e| panic!("{case}: {e}\n{}", p.log_tail()));
+                let errors: Vec<_> = frames.iter().filter_map(|f| f.fields()).collect();
+                assert_eq!(errors.len(), 1, "{case}: {}", summarize(&frames));
+                assert_eq!(errors[0].code(), "34000", "{case}: {}", errors[0]);
+                assert_eq!(frames.iter().map(|f| f.tag).collect::<Vec<_>>(), b"EZ", "{case}: {}", summarize(&frames));
+                raw.scalar("ROLLBACK").await.unwrap();
+                assert_eq!(raw.scalar("SELECT 'next'").await.unwrap().as_deref(), Some("next"), "{case}");
+            }
+        })
+        .await;
+    }
+    let after = within(Duration::from_secs(10), direct.scalar("SELECT pg_backend_pid()")).await;
+    assert!(
+        matches!(&after, Ok(Ok(pid)) if *pid == before),
+        "the session opened directly before is gone ({after:?}): the server crashed and restarted"
+    );
+}

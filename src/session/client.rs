@@ -2,7 +2,7 @@
 //! session answers itself, and which go to the linked server (asking for one first).
 //! Statement messages with the cache on go through `stmts`.
 
-use super::reply_queue::{Pending, Req};
+use super::reply_queue::{OnReply, Pending, Req};
 use super::settings;
 use super::stmts::Unnamed;
 use super::{Action, Fed, Link, Phase, Session, wire_trace};
@@ -305,9 +305,17 @@ impl Session {
         match tag {
             tags::QUERY => self.forward_query(frame),
             tags::PARSE => self.forward(frame, Req::Parse),
-            tags::BIND => self.forward(frame, Req::Bind),
+            tags::BIND => {
+                if body(frame).first() == Some(&0) {
+                    self.close_leftover_portal();
+                }
+                self.forward(frame, Req::Bind)
+            }
             tags::DESCRIBE => self.forward(frame, Req::Describe),
             tags::EXECUTE => {
+                if body(frame).first() == Some(&0) {
+                    self.close_leftover_portal();
+                }
                 self.forward(frame, Req::Execute);
                 if self.stmts.registry.is_some() {
                     self.on_execute(frame);
@@ -372,6 +380,22 @@ impl Session {
         }
         self.to_server.extend_from_slice(frame);
         self.busy.replies.push(p);
+    }
+
+    /// Before a Bind or Execute of the unnamed portal: if the server may still hold one
+    /// left by a simple Query that failed inside a transaction block, it is closed first.
+    /// PostgreSQL keeps such a portal with its statements freed, and an Execute of it reads
+    /// that memory: PostgreSQL 15.18 crashes, and every backend with it (other clients'
+    /// transactions fail, and with `synchronous_commit = off` commits already acknowledged
+    /// are lost). Closed, an Execute gets the 34000 PostgreSQL gives when the Query failed
+    /// before making its portal (while planning); a Bind fails or replaces it as before.
+    /// The CloseComplete is not forwarded.
+    pub(super) fn close_leftover_portal(&mut self) {
+        if self.busy.replies.portal_leftover() {
+            frontend::close_portal(&mut self.to_server, b"");
+            self.busy.replies.push(Pending::with(Req::Close, OnReply::Inject, Default::default()));
+            self.busy.replies.portal_closed();
+        }
     }
 
     #[inline]

@@ -331,6 +331,14 @@ impl Pending {
         }
     }
     /// A request of the pooler's own.
+    /// A simple Query that may run inside a transaction block, and so, failing there, leave
+    /// its unnamed portal behind (`ReplyQueue::portal_leftover`): the client's, a guard's, a
+    /// probe's; not the pooler's own that run outside any block or end it.
+    fn may_leave_portal(&self) -> bool {
+        self.req == Req::Query
+            && !matches!(self.purpose, Purpose::SyncSettings | Purpose::Absorb | Purpose::PinCheck | Purpose::Rollback)
+    }
+
     pub(crate) fn internal(req: Req, purpose: Purpose) -> Pending {
         Pending {
             req,
@@ -371,6 +379,14 @@ pub(crate) struct ReplyQueue {
     /// an implicit transaction (and maybe portals) open until the next Sync, even when
     /// every reply has arrived (a batch ended with Flush).
     unsynced: bool,
+    /// The server may hold an unnamed portal left by a simple Query that failed inside a
+    /// transaction block: PostgreSQL keeps that portal with its statements already freed,
+    /// and an Execute of it reads the freed memory (PostgreSQL 15.18 crashes, and the
+    /// postmaster ends every backend with it). Set when a Query that may run inside a
+    /// block is sent; cleared by a ReadyForQuery other than 'E' with no such Query still
+    /// outstanding, and by the session's Close of that portal before it sends a Bind or
+    /// Execute of it (`Session::close_leftover_portal`).
+    portal_leftover: bool,
     /// Requests pushed so far (wrapping): how many a client frame added.
     pub(crate) pushes: u32,
     /// `pushes` when the client last sent a Sync, Flush, Query or FunctionCall: the
@@ -402,6 +418,9 @@ impl ReplyQueue {
     #[inline]
     pub(crate) fn push(&mut self, p: Pending) {
         self.pushes = self.pushes.wrapping_add(1);
+        if p.may_leave_portal() {
+            self.portal_leftover = true;
+        }
         if p.opens_batch() {
             self.unsynced = true;
         } else if p.req == Req::Sync {
@@ -425,6 +444,25 @@ impl ReplyQueue {
     /// See the field.
     pub(crate) fn is_unsynced(&self) -> bool {
         self.unsynced
+    }
+    /// See the field.
+    pub(crate) fn portal_leftover(&self) -> bool {
+        self.portal_leftover
+    }
+    /// The session closed the server's unnamed portal (see `portal_leftover`).
+    pub(crate) fn portal_closed(&mut self) {
+        self.portal_leftover = false;
+    }
+    /// A ReadyForQuery with this status arrived (its request popped): with no Query still
+    /// outstanding that may leave a portal, one left earlier is gone unless the
+    /// transaction is still failed (a ROLLBACK, or one to a savepoint, drops it).
+    pub(crate) fn portal_ready(&mut self, status: crate::state::TxStatus) {
+        if self.portal_leftover
+            && status != crate::state::TxStatus::Failed
+            && !self.q.iter().any(Pending::may_leave_portal)
+        {
+            self.portal_leftover = false;
+        }
     }
     /// The request the next reply answers.
     #[inline]
@@ -529,6 +567,7 @@ impl ReplyQueue {
     pub(crate) fn clear(&mut self) {
         self.q.clear();
         self.unsynced = false;
+        self.portal_leftover = false;
         self.flushed_at = self.pushes;
     }
     /// The client sent a Sync, Flush, Query or FunctionCall: every request queued so far

@@ -399,6 +399,7 @@ impl Session {
         }
         let status = TxStatus::from_byte(frame.get(5).copied().unwrap_or(b'I'));
         self.busy.replies.mark_synced();
+        self.busy.replies.portal_ready(status);
         self.busy.tx.opening = false;
         if let Some(sc) = &p.fx.script
             && matches!(p.on_reply, OnReply::Answered)

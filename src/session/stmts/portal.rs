@@ -80,12 +80,18 @@ impl Session {
                     // Run as sent by the plan guard: its executions count for `s`.
                     self.stmts.last_plain = Some((portal.into(), s.clone()));
                 }
+                if portal.is_empty() {
+                    self.close_leftover_portal();
+                }
                 self.forward(frame, Req::Bind)
             }
             Resolved::Cached(s) => {
                 self.kept.tally.binds = self.kept.tally.binds.wrapping_add(1);
                 self.stmts.last_bind = Some((portal.into(), s.clone()));
                 let tail = &body(frame)[rest..];
+                if portal.is_empty() {
+                    self.close_leftover_portal();
+                }
                 self.send_use(Req::Bind, s, guard, srv, |out, server_name| {
                     frontend::bind_with_tail(out, portal, server_name, tail)
                 });

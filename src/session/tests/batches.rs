@@ -248,3 +248,72 @@ fn a_local_parse_waits_for_an_earlier_batch_that_may_abort_the_transaction() {
     assert!(sent.ends_with("PS"), "{sent}");
     assert!(h.pending.is_empty());
 }
+
+/// A simple Query that failed inside a transaction block may have left PostgreSQL's unnamed
+/// portal behind with its statements freed: before the next Bind or Execute of that portal
+/// the session closes it (its CloseComplete is not the client's). Once the block is over,
+/// or after a Query that succeeded, nothing is added. With and without the statement cache
+/// (session mode reaches PostgreSQL the same way).
+#[test]
+fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
+    let tags = |h: &mut H| h.server_out().iter().map(|f| f[0] as char).collect::<String>();
+    for mut h in [H::cached(), H::new(PoolMode::Session, None)] {
+        h.client(query("BEGIN"));
+        h.server(msg(b'C', b"BEGIN\0"));
+        h.server(rfq(b'T'));
+        h.client(query("SELECT 1/g FROM generate_series(0, 0) g"));
+        h.server(err("22012"));
+        h.server(rfq(b'E'));
+        assert_eq!(h.client_out(), "CZEZ");
+        h.server_out();
+        h.client(execute());
+        h.client(sync());
+        assert_eq!(tags(&mut h), "CES", "Close of the unnamed portal, then the client's Execute and Sync");
+        h.server(msg(b'3', b""));
+        h.server(err("34000"));
+        h.server(rfq(b'E'));
+        assert_eq!(h.client_out(), "EZ", "the CloseComplete is the pooler's");
+        // Closed once: the next Execute goes as it is.
+        h.client(execute());
+        h.client(sync());
+        assert_eq!(tags(&mut h), "ES");
+        h.server(err("34000"));
+        h.server(rfq(b'E'));
+        h.client_out();
+        // Another failed Query, then a Bind of the unnamed portal: closed before it.
+        h.client(query("SELECT 1/g FROM generate_series(0, 0) g"));
+        h.server(err("25P02"));
+        h.server(rfq(b'E'));
+        h.client_out();
+        h.server_out();
+        h.client(bind(""));
+        h.client(sync());
+        let sent = tags(&mut h);
+        assert!(sent.ends_with("CBS"), "{sent}");
+        h.server(msg(b'3', b""));
+        h.server(err("25P02"));
+        h.server(rfq(b'E'));
+        assert_eq!(h.client_out(), "EZ");
+        h.client(query("ROLLBACK"));
+        h.server(msg(b'C', b"ROLLBACK\0"));
+        h.server(rfq(b'I'));
+        h.client_out();
+        h.server_out();
+        // A block whose Queries succeed: the client's portal is never touched.
+        h.client(query("BEGIN"));
+        h.server(msg(b'C', b"BEGIN\0"));
+        h.server(rfq(b'T'));
+        h.client(parse("", "SELECT 1"));
+        h.client(bind(""));
+        h.client(msg(b'E', b"\0\0\0\0\x01"));
+        h.client(sync());
+        let sent = tags(&mut h);
+        assert!(sent.ends_with("BES") && !sent.contains('C'), "{sent}");
+        for m in [msg(b'1', b""), msg(b'2', b""), msg(b's', b""), rfq(b'T')] {
+            h.server(m);
+        }
+        h.client(execute());
+        h.client(sync());
+        assert_eq!(tags(&mut h), "ES", "the suspended portal runs on");
+    }
+}
