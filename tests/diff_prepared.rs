@@ -100,6 +100,9 @@ scenarios! {
         sql_execute_after_eviction_fails_to_prepare,
         sql_execute_inside_explain_and_create_table_as,
     ],
+    view => [
+        view_lists_each_clients_own_statements,
+    ],
     portals_copy => [
         flush_without_sync,
         portal_suspended_in_transaction,
