@@ -102,6 +102,7 @@ scenarios! {
     ],
     view => [
         view_lists_each_clients_own_statements,
+        view_after_names_in_flight_and_scripts,
     ],
     portals_copy => [
         flush_without_sync,
