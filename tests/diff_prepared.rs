@@ -100,6 +100,10 @@ scenarios! {
         sql_execute_after_eviction_fails_to_prepare,
         sql_execute_inside_explain_and_create_table_as,
     ],
+    view => [
+        view_lists_each_clients_own_statements,
+        view_after_names_in_flight_and_scripts,
+    ],
     portals_copy => [
         flush_without_sync,
         portal_suspended_in_transaction,

@@ -206,6 +206,9 @@ pub(crate) struct Fx {
     /// For a Describe of the client's plain unnamed statement: its Parse sequence number
     /// (0: none); the reply is the shape the client holds for it.
     pub(crate) plain_seq: u64,
+    /// The client's text read `pg_prepared_statements` and the server got it rewritten
+    /// (`stmts::view`): error positions map back through this.
+    pub(crate) view: Option<Arc<crate::stmt::lift::Origin>>,
 }
 
 /// How the text sent to the server differs from the client's.

@@ -351,10 +351,12 @@ impl Session {
             return self.on_script_error(frame, code, server);
         }
         match &head.on_reply {
-            OnReply::Forward | OnReply::Inject => match (&head.fx.rename, &head.simple) {
-                (Some(r), _) => r.rewrite_error(frame, &mut self.to_client),
-                (None, Some(edits)) => reply_queue::map_error_position(frame, edits, &mut self.to_client),
-                (None, None) => self.to_client.extend_from_slice(frame),
+            OnReply::Forward | OnReply::Inject => match (&head.fx.rename, &head.simple, &head.fx.view) {
+                (Some(r), _, _) => r.rewrite_error(frame, &mut self.to_client),
+                (None, Some(edits), _) | (None, None, Some(edits)) => {
+                    reply_queue::map_error_position(frame, edits, &mut self.to_client)
+                }
+                (None, None, None) => self.to_client.extend_from_slice(frame),
             },
             OnReply::ReplaceError(e) if code == b"26000" => e.write_to(&mut self.to_client),
             OnReply::ReplaceError(_) => self.to_client.extend_from_slice(frame),

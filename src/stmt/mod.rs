@@ -6,6 +6,8 @@
 //! * `server`: per server connection, which statements are prepared on it, with LRU order.
 //! * `epoch`: the shape epoch, which says when a description a server gave is still current.
 //! * `lex`: the one SQL lexer (comments, quotes, dollar quotes, numbers, parameters).
+//! * `pgps`: the client's own `pg_prepared_statements`: where a text reads the view, and
+//!   the subquery that stands in for it.
 //! * `sql`: splitting and classifying Query texts, and recognizing SQL-level PREPARE /
 //!   EXECUTE / DEALLOCATE / DISCARD in simple queries.
 //! * `lift`: lifting a simple Query's numeric literals into parameters (autoprepare).
@@ -25,6 +27,7 @@ pub(crate) mod idmap;
 pub(crate) mod lex;
 pub mod lift;
 pub(crate) mod memo;
+pub(crate) mod pgps;
 pub(crate) mod pins;
 pub(crate) mod registry;
 pub(crate) mod runtime;

@@ -202,6 +202,11 @@ impl Statement {
         }
     }
 
+    /// The parameter type OIDs its Parse declared (4 bytes each, big-endian).
+    pub(crate) fn param_types(&self) -> &[u8] {
+        &self.types
+    }
+
     /// A client's fresh Parse must not be answered by it: some parameter type was left to
     /// the server to infer (none given, or 0), and the schema may have changed since it was
     /// made. PostgreSQL keeps a statement's inferred types through later DDL (it re-plans,

@@ -17,6 +17,7 @@ mod portal;
 pub(in crate::session) mod script;
 mod shape;
 mod sql;
+pub(in crate::session) mod view;
 
 pub(in crate::session) use shape::{describes_portal, same_shape};
 
@@ -44,6 +45,10 @@ pub(in crate::session) struct ClientStmts {
     /// `PREPARE pn_<k> …` point where PostgreSQL would point. Read only for names that
     /// hold a SQL-level statement (entries of names dropped since are harmless; pruned).
     pub(in crate::session) sql_prefix: HashMap<Box<[u8]>, u32>,
+    /// What `pg_prepared_statements` says of the client's names beyond their statements
+    /// (`view`). Read only for names in `named` (entries of names dropped since are
+    /// harmless; pruned).
+    pub(in crate::session) shown: HashMap<Box<[u8]>, view::Shown>,
     /// The client's unnamed statement.
     pub(in crate::session) unnamed: Unnamed,
     /// This client's Parse sequence (identifies its unnamed statement on a server).

@@ -2,6 +2,7 @@
 //! or one prepared on it now), promoted (an unnamed statement seen often enough), or
 //! passed through; `resolve` finds what a name in Bind or Describe refers to.
 
+use super::view::Viewed;
 use super::{
     ClientStmts, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many,
 };
@@ -45,6 +46,42 @@ impl Session {
             let mut standin = bytes::BytesMut::new();
             frontend::parse(&mut standin, p.name, DEALLOCATE_ALL_STANDIN, &[]);
             return self.on_parse(&standin, srv);
+        }
+        let parsing = (!p.name.is_empty()).then_some((p.name, p.param_types));
+        if let Some(viewed) = self.view_rewrite(p.query, parsing) {
+            // It reads pg_prepared_statements: the server parses the client's view instead.
+            if self.names_in_flight() {
+                return false;
+            }
+            let mut rewritten = bytes::BytesMut::with_capacity(viewed.sql.len() + p.name.len() + 16);
+            frontend::parse(&mut rewritten, p.name, &viewed.sql, p.param_types);
+            let Some(q) = frontend::parse_fields(body(&rewritten)) else {
+                self.fail(Error::protocol("invalid Parse message"));
+                return true;
+            };
+            return self.parse_frame(&rewritten, q, srv, Some(viewed));
+        }
+        self.parse_frame(frame, p, srv, None)
+    }
+
+    /// `on_parse` of `frame` (its fields `p`); `viewed`: it is the rewrite of a client's
+    /// Parse that read `pg_prepared_statements` (`view`), the client's own statement.
+    fn parse_frame(
+        &mut self,
+        frame: &[u8],
+        p: ParseFields<'_>,
+        srv: Option<&mut ServerState>,
+        viewed: Option<Viewed>,
+    ) -> bool {
+        if p.name.is_empty()
+            && let Some(v) = viewed
+        {
+            // Never promoted: the text holds this client's statements.
+            let done = self.parse_plain(frame, srv, None);
+            if done {
+                self.map_errors_of_last(Req::Parse, v.origin);
+            }
+            return done;
         }
         let registry = self.registry().clone();
         if !p.name.is_empty() {
@@ -96,7 +133,7 @@ impl Session {
         }
         registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
         match cached {
-            Some(stmt) => self.parse_cached(&p, stmt, srv, in_failed_tx, &registry),
+            Some(stmt) => self.parse_cached(&p, stmt, srv, in_failed_tx, &registry, viewed),
             None => self.parse_plain(frame, srv, None),
         }
     }
@@ -164,6 +201,7 @@ impl Session {
         srv: Option<&mut ServerState>,
         in_failed_tx: bool,
         registry: &Registry,
+        viewed: Option<Viewed>,
     ) -> bool {
         let on_server = srv.as_ref().is_some_and(|s| s.stmts.has(&stmt));
         let local = !in_failed_tx && (on_server || stmt.is_valid());
@@ -183,6 +221,8 @@ impl Session {
             ClientFx::Unnamed
         } else {
             self.stmts.named.insert(p.name.into(), stmt.clone());
+            let text = viewed.as_ref().map(|v| v.client_text.clone());
+            self.stmts.note_shown(p.name, text, false, self.busy.clock_us);
             ClientFx::Named { name: p.name.into() }
         };
         if local {
@@ -200,6 +240,11 @@ impl Session {
             srv.stmts.unnamed_owner = None;
             let fx = Fx { client: client_fx, ..Fx::default() };
             self.busy.replies.push(Pending::with(Req::Parse, OnReply::Forward, fx));
+        }
+        if let Some(v) = viewed
+            && !local
+        {
+            self.map_errors_of_last(Req::Parse, v.origin);
         }
         true
     }

@@ -65,8 +65,9 @@ pub(crate) struct Script {
 enum Event {
     /// A statement answered here: CommandComplete with this tag.
     Tag(&'static str),
-    /// The client's name now holds this statement.
-    Bind(Box<[u8]>, Arc<Statement>),
+    /// The client's name now holds this statement, PREPAREd by this Query text (what
+    /// `pg_prepared_statements` shows for it).
+    Bind(Box<[u8]>, Arc<Statement>, Arc<[u8]>),
     /// The client's name was deallocated.
     Unbind(Box<[u8]>),
     /// All the client's names were deallocated.
@@ -151,6 +152,7 @@ impl Session {
         let mut sc = Script::default();
         let mut ordinal: u16 = 0;
         let mut prepared_ahead = false;
+        let mut shown: Option<Arc<[u8]>> = None;
         let synced = !self.busy.replies.is_unsynced();
         for (r, s) in stmts {
             let start = r.start + skip_space(&text[r.clone()]);
@@ -193,7 +195,8 @@ impl Session {
                             ordinal = ordinal.saturating_add(1);
                             sc.events.push((ordinal, Event::Prepared(stmt.clone())));
                         }
-                        sc.events.push((ordinal, Event::Bind(name.as_slice().into(), stmt.clone())));
+                        let whole = shown.get_or_insert_with(|| Arc::from(text)).clone();
+                        sc.events.push((ordinal, Event::Bind(name.as_slice().into(), stmt.clone(), whole)));
                         names.set(&name, Some(stmt), false);
                         None
                     }
@@ -317,8 +320,10 @@ impl Session {
         {
             match ev {
                 Event::Tag(t) => backend::command_complete(&mut self.to_client, t),
-                Event::Bind(name, s) => {
+                Event::Bind(name, s, text) => {
                     self.stmts.named.insert(name.clone(), s.clone());
+                    let (name, text) = (name.clone(), text.clone());
+                    self.stmts.note_shown(&name, Some(text), true, self.busy.clock_us);
                 }
                 Event::Unbind(name) => {
                     self.stmts.named.remove(name);

@@ -31,6 +31,9 @@ impl Session {
         }
         match class {
             Classified::Plain => {
+                if let Some(done) = self.query_reading_view(text) {
+                    return done;
+                }
                 if self.try_autoprepare(text) {
                     return true;
                 }
@@ -125,6 +128,8 @@ impl Session {
         self.busy.key_buf = k;
         self.stmts.named.insert(name.into(), stmt.clone());
         self.stmts.note_sql_prefix(name, &text[..rest]);
+        // PostgreSQL's view shows the whole Query text of a PREPARE.
+        self.stmts.note_shown(name, Some(text.into()), true, self.busy.clock_us);
         let client = ClientFx::Named { name: name.into() };
         if stmt.is_valid() || srv.stmts.has(&stmt) {
             self.note_fresh_parse(&stmt);

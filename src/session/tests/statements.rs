@@ -361,3 +361,31 @@ fn stale_plan_is_retried_when_the_client_never_saw_the_old_shape() {
     assert_eq!(h.client_out(), "2CZ", "no error, one ReadyForQuery");
     assert_eq!(reg.stats.retries.load(Ordering::Relaxed), 1);
 }
+
+#[test]
+fn unnamed_reads_of_pg_prepared_statements_are_rewritten_and_never_promoted() {
+    let reg = Arc::new(Registry::new(StmtConfig { promote_unnamed_after: 1, ..Default::default() }));
+    let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
+    let sql = "select count(*) from pg_prepared_statements";
+    for _ in 0..4 {
+        h.client(parse("", sql));
+        h.client(bind(""));
+        h.client(execute());
+        h.client(sync());
+        let sent = h.server_out();
+        assert_eq!(sent.iter().map(|f| f[0] as char).collect::<String>(), "PBES", "a plain unnamed Parse each time");
+        let p = frontend::parse_fields(&sent[0][5..]).expect("a Parse");
+        assert_eq!(p.name, b"", "never a named (promoted) server statement");
+        let text = String::from_utf8_lossy(p.query);
+        assert!(
+            text.starts_with("select count(*) from (SELECT r.* FROM pg_catalog.jsonb_array_elements($pn$[]$pn$"),
+            "{text}"
+        );
+        assert!(text.ends_with(" AS pg_prepared_statements"), "{text}");
+        for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+            h.server(m);
+        }
+        assert_eq!(h.client_out(), "12CZ");
+    }
+    assert_eq!(reg.stats.promotions.load(Ordering::Relaxed), 0);
+}
