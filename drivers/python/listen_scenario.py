@@ -48,6 +48,7 @@ def main() -> None:
             sent += 1
 
         s.execute(f"NOTIFY {PLAIN}, 'first'")
+        sent += 1
         notify(MIXED, NON_ASCII)
         notify(PLAIN, "")
         with s.transaction(force_rollback=True):
@@ -62,6 +63,7 @@ def main() -> None:
         with s.transaction():
             notify(MIXED, "committed 1")
             s.execute(f"NOTIFY {PLAIN}, 'committed 2'")
+            sent += 1
         notify("ln_mixed", "folded name: not the listener's")
         notify(PLAIN, "last")
         expect_notifies(
