@@ -319,3 +319,145 @@ async fn an_extended_protocol_listen_is_answered_without_pinning() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------- differential: ordering
+
+/// A frame of a listener's transcript: notifications as channel and payload (bytes
+/// escaped, so the comparison is byte for byte), CommandComplete tags, ReadyForQuery
+/// statuses, other frames by tag.
+fn line(f: &Frame) -> String {
+    match f.tag {
+        b'A' => {
+            let mut parts = f.body.get(4..).unwrap_or_default().split(|&b| b == 0);
+            let ch = parts.next().unwrap_or_default();
+            let payload = parts.next().unwrap_or_default();
+            format!("A {} '{}'", ch.escape_ascii(), payload.escape_ascii())
+        }
+        b'C' => format!("C {}", String::from_utf8_lossy(f.body.strip_suffix(b"\0").unwrap_or(&f.body))),
+        b'Z' => format!("Z {}", f.body.first().map_or('?', |&b| b as char)),
+        t => (t as char).to_string(),
+    }
+}
+
+/// A raw client at `port`, logged in as the superuser.
+async fn raw_at(port: u16) -> Raw {
+    let mut r = Raw::tcp(port).await;
+    r.startup(&[("user", "postgres"), ("database", "postgres")], Some(SUPER_PW)).await.expect("login");
+    r
+}
+
+/// Sends `sql` as one simple Query; its frames up to ReadyForQuery, as transcript lines.
+async fn say(r: &mut Raw, sql: &str) -> Vec<String> {
+    r.send(&query_msg(sql)).await.expect("send");
+    let (frames, end) = within(Duration::from_secs(10), r.read_until_ready()).await.expect("no ReadyForQuery in 10s");
+    assert!(matches!(end, End::Ready(_)), "{sql}: connection closed: {}", summarize(&frames));
+    frames.iter().map(line).collect()
+}
+
+/// Reads frames into `out` until both `stop` and (if `ready`) a ReadyForQuery were seen.
+async fn read_until(r: &mut Raw, out: &mut Vec<String>, stop: &str, ready: bool) {
+    let (mut seen_stop, mut seen_ready) = (false, !ready);
+    while !(seen_stop && seen_ready) {
+        let f = within(Duration::from_secs(10), r.read_frame())
+            .await
+            .unwrap_or_else(|_| panic!("no {stop:?} within 10s; so far {out:?}"))
+            .expect("connection closed");
+        let l = line(&f);
+        seen_stop |= l == stop;
+        seen_ready |= f.tag == b'Z';
+        out.push(l);
+    }
+}
+
+/// Runs `sql` on a sender.
+async fn run(s: &Pg, sql: &str) {
+    s.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {}", describe(&e)));
+}
+
+/// The ordering scenario against `port`: four listeners on overlapping channels (one a
+/// quoted mixed-case name), two senders notifying inside and outside transaction blocks
+/// (committed, rolled back, interleaved, a duplicate, an empty and a non-ASCII payload),
+/// one listener that UNLISTENs midway and one inside a transaction block while everything
+/// is sent, with a LISTEN and an UNLISTEN pending in it: PostgreSQL checks what it queued
+/// for a session against the channels the session has when it reads it, at the block's
+/// end. Each listener's transcript after its setup.
+async fn ordering_run(port: u16) -> Vec<Vec<String>> {
+    let mut l = Vec::new();
+    for chans in [
+        ["dn_a", "\"Dn_Mixed\"", "dn_end"],
+        ["dn_a", "dn_b", "dn_end"],
+        ["dn_b", "\"Dn_Mixed\"", "dn_end"],
+        ["dn_b", "dn_a", "dn_end"],
+    ] {
+        let mut r = raw_at(port).await;
+        for ch in chans {
+            assert_eq!(say(&mut r, &format!("LISTEN {ch}")).await, ["C LISTEN", "Z I"]);
+        }
+        l.push(r);
+    }
+    let mut out: Vec<Vec<String>> = vec![Vec::new(); 4];
+    // Listener 2 sits in a transaction block, with a LISTEN and an UNLISTEN pending in it.
+    for sql in ["BEGIN", "LISTEN dn_c", "UNLISTEN \"Dn_Mixed\"", "select 1"] {
+        out[2].extend(say(&mut l[2], sql).await);
+    }
+    let connect = || async move { Pg::connect(port, "postgres", Some(SUPER_PW), "postgres").await.expect("sender") };
+    let (s1, s2) = (connect().await, connect().await);
+    run(&s1, "NOTIFY dn_a, 'one'").await;
+    run(&s2, "BEGIN; NOTIFY dn_b, 'two'").await;
+    run(&s1, "NOTIFY \"Dn_Mixed\", 'drei ü ✓ \\ \"q\"'").await;
+    run(&s2, "NOTIFY dn_a, 'four'; NOTIFY dn_a, 'four'; NOTIFY \"Dn_Mixed\", 'five'; COMMIT").await;
+    run(&s1, "BEGIN; NOTIFY dn_a, 'rolled back'; NOTIFY dn_b, 'rolled back'; ROLLBACK").await;
+    run(&s2, "select pg_notify('dn_b', ''), pg_notify('Dn_Mixed', E'tab\\there')").await;
+    run(&s1, "NOTIFY dn_c, 'before the LISTEN committed'").await;
+    run(&s2, "NOTIFY dn_b, 'mark'").await;
+    // Listener 3 has got everything up to the mark, then leaves dn_a.
+    read_until(&mut l[3], &mut out[3], "A dn_b 'mark'", false).await;
+    out[3].extend(say(&mut l[3], "UNLISTEN dn_a").await);
+    run(&s1, "NOTIFY dn_a, 'after the UNLISTEN'; NOTIFY dn_b, 'six'").await;
+    run(&s2, "BEGIN; NOTIFY dn_b, 'rolled back too'; ROLLBACK; NOTIFY dn_end, 'end'").await;
+    for i in [0, 1, 3] {
+        let (r, o) = (&mut l[i], &mut out[i]);
+        read_until(r, o, "A dn_end 'end'", false).await;
+    }
+    // Inside its block listener 2 gets nothing, not even at its statements' ends; at
+    // COMMIT, just before its ReadyForQuery, everything of the channels it then listens on
+    // (dn_c's too, none of "Dn_Mixed").
+    out[2].extend(say(&mut l[2], "select 2").await);
+    l[2].send(&query_msg("COMMIT")).await.expect("send");
+    read_until(&mut l[2], &mut out[2], "A dn_end 'end'", true).await;
+    run(&s1, "NOTIFY dn_c, 'after the COMMIT'; NOTIFY dn_end, 'end 2'").await;
+    read_until(&mut l[2], &mut out[2], "A dn_end 'end 2'", false).await;
+    out
+}
+
+/// The ordering scenario directly against PostgreSQL and through parsnip (transaction
+/// mode): every listener's transcript — which notifications, in which order, byte for
+/// byte, and where among its own replies — must be the same. (Before parsnip matched them:
+/// it sent a block's notifications after the COMMIT's ReadyForQuery, not before it, and
+/// checked them against the channels at arrival, not at the block's end.)
+#[tokio::test]
+async fn notification_order_matches_postgresql() {
+    let p = Parsnip::trust("pool_size = 4\npool_mode = \"transaction\"");
+    bounded(90, "notification_order_matches_postgresql", async {
+        let direct = ordering_run(cluster().port()).await;
+        // Sanity of the scenario itself: PostgreSQL's own answers.
+        assert_eq!(
+            direct[1],
+            [
+                "A dn_a 'one'",
+                "A dn_b 'two'",
+                "A dn_a 'four'",
+                "A dn_b ''",
+                "A dn_b 'mark'",
+                "A dn_a 'after the UNLISTEN'",
+                "A dn_b 'six'",
+                "A dn_end 'end'"
+            ]
+        );
+        let via = ordering_run(p.port()).await;
+        for (i, (d, v)) in direct.iter().zip(&via).enumerate() {
+            assert_eq!(v, d, "listener {i}: through parsnip (left) vs directly (right)\n{}", p.log_tail());
+        }
+    })
+    .await;
+}

@@ -1,7 +1,7 @@
 // pgx v5 driver scenarios for parsnip's driver matrix (see drivers/README.md).
 //
 // One binary, one scenario per run: `pgx-scenarios -mode cache_statement|cache_describe|
-// describe_exec|exec|simple_protocol|batch|pool`. Environment: TARGET_URL (where the
+// describe_exec|exec|simple_protocol|batch|pool` (and `listen`: listen.go). Environment: TARGET_URL (where the
 // workload connects: PostgreSQL or parsnip), DIRECT_URL (PostgreSQL itself, for setup, the
 // schema changes and the final checks), CLIENTS (default 100), VIA_PARSNIP. The last line
 // on stdout is one JSON object {"ok","transactions","errors","expected_errors",
@@ -1154,11 +1154,15 @@ AND (state LIKE 'idle in transaction%' OR (state = 'active' AND query LIKE '%pg_
 }
 
 func main() {
-	flag.StringVar(&modeName, "mode", "cache_statement", "cache_statement|cache_describe|describe_exec|exec|simple_protocol|batch|pool")
+	flag.StringVar(&modeName, "mode", "cache_statement", "cache_statement|cache_describe|describe_exec|exec|simple_protocol|batch|pool|listen")
 	version := flag.Bool("version", false, "print the pgx version and exit")
 	flag.Parse()
 	if *version {
 		fmt.Println("pgx", pgxVersion())
+		return
+	}
+	if modeName == "listen" {
+		runListen() // listen.go: the driver's listener API, not the load workload
 		return
 	}
 	var ok bool

@@ -8,7 +8,9 @@
 //! (`Action::Subscribe`, `take_subscriptions`) and hands over the NotificationResponse
 //! frames that connection receives (`queue_notifications`); they are queued here and
 //! written to the client only where PostgreSQL would send them: between transactions, with
-//! no request in flight (`deliver_notifications`). A client that does not read them is
+//! no request in flight (`deliver_notifications`), or just before the ReadyForQuery 'I'
+//! that ends a transaction or a request; checked against the client's channels as they are
+//! then, as PostgreSQL checks them when it reads its queue. A client that does not read them is
 //! closed with FATAL 53400 once `MAX_QUEUED` (or `MAX_QUEUED_BYTES`) wait for it.
 
 use super::{Action, Phase, Session};
@@ -50,6 +52,14 @@ pub(in crate::session) struct Listening {
     /// LISTEN/UNLISTEN executed that way in the batch in flight, settled at its
     /// ReadyForQuery (`listen_batch_end`).
     batch: Vec<ListenCmd>,
+    /// Channels of LISTENs pending in the open block that the client does not listen on
+    /// yet, subscribed ahead of its COMMIT: PostgreSQL checks a notification against the
+    /// channels a listening session has when it reads it (at its transaction's end), so one
+    /// sent to such a channel during the block is delivered if the block commits.
+    early: HashSet<Box<[u8]>>,
+    /// The queue may hold notifications of channels the client no longer (or not yet)
+    /// listens on: filtered when delivered.
+    recheck: bool,
     /// NotificationResponse frames waiting for the client's next idle moment.
     queue: BytesMut,
     queued: usize,
@@ -68,10 +78,44 @@ impl Listening {
             }
         };
         if changed {
+            // What is queued is checked against the channels left when it is delivered.
+            self.recheck |= self.queued > 0 && !matches!(cmd, ListenCmd::Listen(_));
             self.changes.push(cmd);
         }
         changed
     }
+
+    /// Whether a notification on `ch` is queued: a channel listened on, or one LISTENed in
+    /// the open block while already listening on some (PostgreSQL's session is then a
+    /// registered listener, reading from where it last stopped; a session listening on
+    /// nothing yet starts reading at its COMMIT).
+    fn wants(&self, ch: &[u8]) -> bool {
+        self.channels.contains(ch) || (!self.channels.is_empty() && self.early.contains(ch))
+    }
+
+    /// Drops queued notifications of channels the client does not listen on now.
+    fn filter_queue(&mut self) {
+        self.recheck = false;
+        let old = std::mem::take(&mut self.queue);
+        self.queued = 0;
+        let mut at = 0;
+        while let Ok(Some(n)) = split_frame(&old[at..], usize::MAX) {
+            let f = &old[at..at + n];
+            at += n;
+            if notification_channel(f).is_some_and(|ch| self.channels.contains(ch)) {
+                self.queue.extend_from_slice(f);
+                self.queued += 1;
+            }
+        }
+    }
+}
+
+/// The channel of a NotificationResponse frame.
+fn notification_channel(f: &[u8]) -> Option<&[u8]> {
+    if f.first() != Some(&tags::NOTIFICATION_RESPONSE) {
+        return None;
+    }
+    body(f).get(4..).and_then(|r| r.split(|&c| c == 0).next())
 }
 
 impl Session {
@@ -107,12 +151,15 @@ impl Session {
                 let tag = if matches!(cmd, ListenCmd::Listen(_)) { "LISTEN" } else { "UNLISTEN" };
                 backend::command_complete(&mut self.to_client, tag);
                 if status == TxStatus::InBlock {
-                    self.stmts.listen.get_or_insert_default().in_tx.push(cmd);
+                    self.pend_in_block(vec![cmd]);
                 } else if self.stmts.listen.is_some() || matches!(cmd, ListenCmd::Listen(_)) {
                     // (An UNLISTEN by a client that never listened changes nothing.)
                     self.apply_listen(cmd);
                 }
             }
+        }
+        if status == TxStatus::Idle {
+            self.deliver_notifications(); // before ReadyForQuery 'I', as PostgreSQL sends them
         }
         backend::ready_for_query(&mut self.to_client, status.as_byte());
         self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
@@ -209,7 +256,26 @@ impl Session {
                 self.apply_listen(cmd);
             }
         } else {
-            l.in_tx.extend(cmds);
+            self.pend_in_block(cmds);
+        }
+    }
+
+    /// LISTEN/UNLISTEN run in the open transaction block, applied at its COMMIT. A LISTEN
+    /// of a channel not listened on yet is subscribed at once (`Listening::early`).
+    fn pend_in_block(&mut self, cmds: Vec<ListenCmd>) {
+        let l = self.stmts.listen.get_or_insert_default();
+        let first = l.changes.is_empty();
+        for cmd in &cmds {
+            if let ListenCmd::Listen(ch) = cmd
+                && !l.channels.contains(ch)
+                && l.early.insert(ch.clone())
+            {
+                l.changes.push(cmd.clone());
+            }
+        }
+        l.in_tx.extend(cmds);
+        if first && !l.changes.is_empty() {
+            self.busy.actions.push_back(Action::Subscribe);
         }
     }
 
@@ -248,6 +314,21 @@ impl Session {
             }
         } else if status == TxStatus::Idle {
             l.in_tx.clear();
+        } else {
+            return;
+        }
+        // The block ended: channels subscribed ahead of it that it did not keep are dropped,
+        // and what was queued meanwhile is checked against the channels it left.
+        let l = self.stmts.listen.get_or_insert_default();
+        let first = l.changes.is_empty();
+        for ch in std::mem::take(&mut l.early) {
+            if !l.channels.contains(&ch) {
+                l.changes.push(ListenCmd::Unlisten(ch));
+            }
+        }
+        l.recheck |= l.queued > 0;
+        if first && !l.changes.is_empty() {
+            self.busy.actions.push_back(Action::Subscribe);
         }
     }
 
@@ -272,12 +353,9 @@ impl Session {
         while let Ok(Some(n)) = split_frame(&frames[at..], usize::MAX) {
             let f = &frames[at..at + n];
             at += n;
-            if f[0] != tags::NOTIFICATION_RESPONSE {
-                continue;
-            }
-            let b = body(f);
-            let Some(ch) = b.get(4..).and_then(|r| r.split(|&c| c == 0).next()) else { continue };
-            if l.channels.contains(ch) {
+            let Some(ch) = notification_channel(f) else { continue };
+            if l.wants(ch) {
+                l.recheck |= !l.channels.contains(ch);
                 l.queue.extend_from_slice(f);
                 l.queued += 1;
             }
@@ -316,6 +394,9 @@ impl Session {
             || self.to_client.len() >= DELIVER_BELOW
         {
             return;
+        }
+        if l.recheck {
+            l.filter_queue();
         }
         self.to_client.extend_from_slice(&l.queue);
         l.queue.clear();

@@ -465,6 +465,11 @@ impl Session {
             return;
         }
         if matches!(p.on_reply, OnReply::Forward | OnReply::ReplaceError(_) | OnReply::Answered) {
+            if status == TxStatus::Idle && done {
+                // PostgreSQL sends the notifications that came during a transaction or a
+                // query just before its ReadyForQuery 'I'.
+                self.deliver_notifications();
+            }
             self.to_client.extend_from_slice(frame);
         }
         self.drain_synth();

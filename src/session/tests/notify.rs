@@ -55,17 +55,18 @@ fn listen_in_a_block_applies_at_commit_and_notifications_wait_for_its_end() {
     h.client(query("LISTEN b"));
     assert_eq!(h.client_out(), "CZ");
     assert!(h.s.to_server.is_empty(), "LISTEN reached the server");
-    assert_eq!(h.subscribed, vec![listen("a")], "applied before COMMIT");
-    // Inside the block: held.
-    h.s.queue_notifications(&notification(9, "a", "1"), false);
+    // Subscribed ahead of the COMMIT (`Listening::early`), not yet listened on.
+    assert_eq!(h.subscribed, vec![listen("a"), listen("b")]);
+    // Inside the block: held, even for the pending channel b.
+    h.s.queue_notifications(&[notification(9, "a", "1"), notification(9, "b", "2")].concat(), false);
     assert_eq!(h.client_out(), "");
     h.client(query("COMMIT"));
     h.server_out();
     h.server(msg(b'C', b"COMMIT\0"));
     h.server(rfq(b'I'));
-    assert_eq!(h.subscribed, vec![listen("a"), listen("b")]);
-    h.s.deliver_notifications();
-    assert_eq!(h.client_out(), "CZA", "the notification after ReadyForQuery 'I'");
+    assert_eq!(h.subscribed, vec![listen("a"), listen("b"), listen("b")]);
+    // Just before ReadyForQuery 'I', as PostgreSQL sends them (it failed before: "CZAA").
+    assert_eq!(h.client_out(), "CAAZ", "the notifications before ReadyForQuery 'I'");
     // Rolled back: dropped.
     h.client(query("BEGIN"));
     h.server(msg(b'C', b"BEGIN\0"));
@@ -74,7 +75,54 @@ fn listen_in_a_block_applies_at_commit_and_notifications_wait_for_its_end() {
     h.client(query("ROLLBACK"));
     h.server(msg(b'C', b"ROLLBACK\0"));
     h.server(rfq(b'I'));
-    assert_eq!(h.subscribed.len(), 2, "a rolled back UNLISTEN was applied");
+    assert_eq!(h.subscribed.len(), 3, "a rolled back UNLISTEN was applied");
+}
+
+/// PostgreSQL checks a notification against the channels a listening session has when it
+/// reads it, at its block's end: a block's UNLISTEN drops that channel's notifications
+/// sent during the block, its LISTEN gets the new channel's; a LISTEN rolled back gives its
+/// early subscription up; a session that listened on nothing before its block gets none
+/// sent before its COMMIT. (Parsnip checked them on arrival, against the channels before
+/// the block: it sent a's and not b's.)
+#[test]
+fn the_end_of_a_block_decides_which_notifications_it_gets() {
+    let mut h = listening_in_a_block();
+    h.client_out();
+    h.server_out();
+    h.client(query("LISTEN b"));
+    h.client(query("UNLISTEN a"));
+    h.client_out();
+    let sent = [notification(9, "a", "from a"), notification(9, "b", "from b"), notification(9, "c", "x")].concat();
+    h.s.queue_notifications(&sent, false);
+    assert_eq!(h.client_out(), "");
+    h.client(query("COMMIT"));
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    let out = text(&h.s.to_client);
+    assert_eq!(h.client_out(), "CAZ");
+    assert!(out.contains("from b") && !out.contains("from a"), "{out:?}");
+    // A LISTEN rolled back: its early subscription is given up.
+    h.client(query("BEGIN"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    h.client(query("LISTEN d"));
+    h.s.queue_notifications(&notification(9, "d", "no"), false);
+    h.client(query("ROLLBACK"));
+    h.server(msg(b'C', b"ROLLBACK\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZCZCZ");
+    assert_eq!(h.subscribed.last(), Some(&ListenCmd::Unlisten(b"d".as_slice().into())));
+    // Listening on nothing before the block: nothing sent before its COMMIT.
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("BEGIN"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    h.client(query("LISTEN e"));
+    h.s.queue_notifications(&notification(9, "e", "before"), false);
+    h.client(query("COMMIT"));
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZCZCZ");
 }
 
 #[test]
@@ -169,13 +217,18 @@ fn an_extended_protocol_listen_is_answered_at_its_execute() {
         h.server(msg(b'2', b""));
         h.server(rfq(b'T'));
         assert_eq!(h.client_out(), "CZ12CZ");
-        assert_eq!(h.subscribed, vec![listen("foo")], "applied inside the block");
+        // Subscribed ahead of the block's end (`Listening::early`), not yet listened on.
+        assert_eq!(h.subscribed.last(), Some(&listen(ch)));
         h.client(query(end));
         h.server(msg(b'C', format!("{end}\0").as_bytes()));
         h.server(rfq(b'I'));
         h.client_out();
     }
-    assert_eq!(h.subscribed, vec![listen("foo"), listen("baz")]);
+    let bar = ListenCmd::Unlisten(b"bar".as_slice().into());
+    assert_eq!(h.subscribed, vec![listen("foo"), listen("bar"), bar, listen("baz"), listen("baz")]);
+    // Listened on: foo and baz, not bar.
+    h.s.queue_notifications(&[notification(9, "bar", "x"), notification(9, "baz", "y")].concat(), false);
+    assert_eq!(h.client_out(), "A");
 }
 
 /// LISTEN among other statements of one Query (cache on) is taken out of the text sent to
