@@ -9,8 +9,8 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -58,18 +58,7 @@ async fn failover(stop: Stop) {
     )));
     bounded(150, "failover", async {
         let halt = Arc::new(AtomicBool::new(false));
-        let logs: Vec<Arc<Mutex<Writes>>> = (0..16).map(|_| Arc::default()).collect();
-        let tasks: Vec<_> = logs
-            .iter()
-            .enumerate()
-            .map(|(i, log)| writer(p.clone(), "rw", (i as i64 + 1) * 1_000_000, halt.clone(), log.clone()))
-            .collect();
-        let mut idle = Vec::new();
-        for i in 0..4 {
-            let c = p.connect("postgres", SUPER_PW, "rw").await;
-            c.simple_query(&format!("INSERT INTO t VALUES ({}, 'idle')", 100 + i)).await.expect("idle client's write");
-            idle.push(c);
-        }
+        let (logs, tasks, idle) = writers_and_idle(&p, "rw", 16, &halt).await;
         until_true("writers under way", Duration::from_secs(30), || {
             logs.iter().all(|l| l.lock().unwrap().acked.len() >= 5)
         })

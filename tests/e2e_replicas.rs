@@ -341,8 +341,8 @@ async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
     if direct_mode() {
         return;
     }
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
     let (primary, standby) = primary_with_table_and_standby().await;
     let (pp, sp) = (primary.port(), standby.port());
     // A synchronous standby: no acknowledged commit may be lost in the failover.
@@ -367,19 +367,8 @@ async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
     let p = Arc::new(Parsnip::with_config(&config(&[rw, split, sb])));
     bounded(150, "failover with a hold", async {
         let stop = Arc::new(AtomicBool::new(false));
-        let logs: Vec<Arc<Mutex<Writes>>> = (0..8).map(|_| Arc::default()).collect();
-        let tasks: Vec<_> = logs
-            .iter()
-            .enumerate()
-            .map(|(i, log)| writer(p.clone(), "rw", (i as i64 + 1) * 1_000_000, stop.clone(), log.clone()))
-            .collect();
         // Clients that are between transactions when the primary dies: one write each now.
-        let mut idle = Vec::new();
-        for i in 0..4 {
-            let c = p.connect("postgres", SUPER_PW, "rw").await;
-            c.simple_query(&format!("INSERT INTO t VALUES ({}, 'idle')", 100 + i)).await.expect("idle client's write");
-            idle.push(c);
-        }
+        let (logs, tasks, idle) = writers_and_idle(&p, "rw", 8, &stop).await;
         let reader = p.connect("postgres", SUPER_PW, "split").await;
         let on_standby = "select pg_is_in_recovery()::text";
         until(&reader, on_standby, "true", Duration::from_secs(10), "a read on the standby").await;

@@ -321,6 +321,30 @@ pub fn writer(
     })
 }
 
+/// The writers of a failover test: `n` writers (`writer`, the i-th from id
+/// (i+1)·1,000,000) on `db`, and four clients that each wrote one row (ids 100–103) and
+/// now sit between transactions. Returns the writers' logs and tasks, and the idle clients.
+pub async fn writers_and_idle(
+    p: &std::sync::Arc<Parsnip>,
+    db: &'static str,
+    n: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<std::sync::Arc<std::sync::Mutex<Writes>>>, Vec<tokio::task::JoinHandle<()>>, Vec<Pg>) {
+    let logs: Vec<std::sync::Arc<std::sync::Mutex<Writes>>> = (0..n).map(|_| Default::default()).collect();
+    let tasks = logs
+        .iter()
+        .enumerate()
+        .map(|(i, log)| writer(p.clone(), db, (i as i64 + 1) * 1_000_000, stop.clone(), log.clone()))
+        .collect();
+    let mut idle = Vec::new();
+    for i in 0..4 {
+        let c = p.connect("postgres", SUPER_PW, db).await;
+        c.simple_query(&format!("INSERT INTO t VALUES ({}, 'idle')", 100 + i)).await.expect("idle client's write");
+        idle.push(c);
+    }
+    (logs, tasks, idle)
+}
+
 /// Waits (bounded, polling) until `cond` holds.
 pub async fn until_true(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     let t0 = Instant::now();
