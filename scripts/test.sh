@@ -87,6 +87,16 @@ if [ -n "$pg2_bin" ]; then
     # (the embedded module honours PARSNIP_PG_BIN).
     PARSNIP_PG_BIN="$pg2_bin" cargo_pass "$(pg_major "$pg2_bin")" --lib --test '*'
 fi
+# The concurrent hostile-client test (issue 23): hostile and honest clients at once, alone
+# since it loads both cores (tests/e2e_hostile.rs). Half a minute against each major
+# version (PARSNIP_HOSTILE_SECS; a failure prints the seed to replay).
+PARSNIP_HOSTILE_SECS=${PARSNIP_HOSTILE_SECS:-30} cargo_pass "$(pg_major "$(default_pg_bin)"), hostile clients" \
+    --test e2e_hostile hostile_clients_do_not_disturb_honest_ones -- --ignored
+if [ -n "$pg2_bin" ]; then
+    PARSNIP_HOSTILE_SECS=${PARSNIP_HOSTILE_SECS:-30} PARSNIP_PG_BIN="$pg2_bin" \
+        cargo_pass "$(pg_major "$pg2_bin"), hostile clients" \
+        --test e2e_hostile hostile_clients_do_not_disturb_honest_ones -- --ignored
+fi
 echo "cargo: $total_passed passed, $total_failed failed"
 
 # The driver matrix (issue 4): real drivers from their registries, through parsnip and
