@@ -17,40 +17,6 @@ impl Session {
     /// which server it goes to, so a frame that needs a server, or replies still on their
     /// way, is not consumed: see [`Fed`] for when to feed it again.
     pub fn handle_client(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> Fed {
-        let mut server = server;
-        let fed = self.handle_client_frame(frame, server.as_deref_mut());
-        if fed == Fed::Consumed && self.autoprep_feeding() {
-            self.feed_autoprep(server);
-        }
-        fed
-    }
-
-    /// The frames an autoprepared Query became (`stmts::autoprepare`), queued to be fed:
-    /// fed now, one by one as the driver would feed them, while each is consumed and no
-    /// action waits; what is left stays queued for the driver (`take_replay`).
-    fn feed_autoprep(&mut self, mut server: Option<&mut ServerState>) {
-        let Some(frames) = self.busy.retry.take_replay() else { return };
-        let mut at = 0;
-        while let Ok(Some(n)) = crate::protocol::split_frame(&frames[at..], usize::MAX) {
-            if self.is_closing() || self.has_actions() {
-                break;
-            }
-            if self.handle_client_frame(&frames[at..at + n], server.as_deref_mut()) != Fed::Consumed {
-                break;
-            }
-            at += n;
-        }
-        if at < frames.len() {
-            let mut rest = frames[at..].to_vec();
-            if let Some(more) = self.busy.retry.take_replay() {
-                rest.extend_from_slice(&more);
-            }
-            self.busy.retry.replay = Some(Box::new(rest));
-        }
-    }
-
-    /// `handle_client` of one frame.
-    fn handle_client_frame(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> Fed {
         let traced = wire_trace::on();
         let (to_s, to_c) = (self.to_server.len(), self.to_client.len());
         if traced {
