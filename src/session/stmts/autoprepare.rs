@@ -43,6 +43,12 @@ const MEMO_TEMPLATES: usize = 8;
 const MEMO_TEXT_MAX: usize = 4096;
 
 impl Memo {
+    /// Templates kept.
+    #[cfg(test)]
+    pub(in crate::session) fn len(&self) -> usize {
+        self.templates.len()
+    }
+
     /// The lift of `text` by a kept template (moved to the front), if one takes it.
     fn find(&mut self, text: &[u8], escapes_everywhere: bool) -> Option<Applied> {
         let (k, a) =
