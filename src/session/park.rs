@@ -116,5 +116,6 @@ impl ClientStmts {
             && self.fresh_in_tx.is_none()
             && self.fresh_sql.is_none()
             && self.listen.is_none()
+            && self.lifts.is_none()
     }
 }

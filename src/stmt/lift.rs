@@ -38,6 +38,7 @@
 use std::ops::Range;
 
 mod lex;
+pub mod template;
 mod words;
 
 use lex::{Tok, literal_type, tokens};

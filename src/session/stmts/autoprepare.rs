@@ -14,7 +14,8 @@
 use crate::protocol::frontend;
 use crate::session::Session;
 use crate::state::TxStatus;
-use crate::stmt::lift::{Origin, lift};
+use crate::stmt::lift::template::{Applied, Template};
+use crate::stmt::lift::{Lifted, Origin, lift};
 use bytes::BytesMut;
 use std::sync::Arc;
 
@@ -27,6 +28,47 @@ pub(in crate::session) struct AutoPrep {
     pub(in crate::session) origin: Arc<Origin>,
     /// The reply queue's push count when the frame being fed began.
     pushes_before: u32,
+}
+
+/// Lifts a client made, reused for its next texts that differ only in their integers
+/// (`stmt::lift::template`): the most recent first, at most `MEMO_TEMPLATES`.
+#[derive(Debug, Default)]
+pub(in crate::session) struct Memo {
+    templates: Vec<Template>,
+}
+
+/// Templates a client keeps.
+const MEMO_TEMPLATES: usize = 8;
+/// Texts longer than this are lifted every time (the template keeps a copy).
+const MEMO_TEXT_MAX: usize = 4096;
+
+impl Memo {
+    /// Templates kept.
+    #[cfg(test)]
+    pub(in crate::session) fn len(&self) -> usize {
+        self.templates.len()
+    }
+
+    /// The lift of `text` by a kept template (moved to the front), if one takes it.
+    fn find(&mut self, text: &[u8], escapes_everywhere: bool) -> Option<Applied> {
+        let (k, a) =
+            self.templates.iter().enumerate().find_map(|(k, t)| Some((k, t.apply(text, escapes_everywhere)?)))?;
+        if k > 0 {
+            let t = self.templates.remove(k);
+            self.templates.insert(0, t);
+        }
+        Some(a)
+    }
+
+    /// Keeps the template of `l` (lifted from `text`), if it makes one, at the front.
+    fn insert(&mut self, text: &[u8], l: &Lifted, escapes_everywhere: bool) {
+        if text.len() > MEMO_TEXT_MAX {
+            return;
+        }
+        let Some(t) = Template::new(text, l, escapes_everywhere) else { return };
+        self.templates.truncate(MEMO_TEMPLATES - 1);
+        self.templates.insert(0, t);
+    }
 }
 
 /// Frames in the batch an autoprepared Query becomes.
@@ -50,20 +92,43 @@ impl Session {
             return false;
         }
         let escapes_everywhere = self.kept.settings.reported("standard_conforming_strings") == Some("off");
-        let Some(l) = lift(text, escapes_everywhere) else { return false };
-        let mut types = Vec::with_capacity(4 * l.types.len());
-        for t in &l.types {
-            types.extend_from_slice(&t.to_be_bytes());
-        }
-        let values: Vec<&[u8]> = l.values.iter().map(|r| &text[r.clone()]).collect();
-        let mut f = BytesMut::with_capacity(l.text.len() + 64 + 8 * values.len());
-        frontend::parse(&mut f, b"", &l.text, &types);
+        let memo = self.stmts.lifts.get_or_insert_with(Default::default);
+        // Lifted afresh (None when a template was reused): its text and types.
+        let fresh: Option<(Vec<u8>, Vec<u8>)>;
+        let (values, origin) = match memo.find(text, escapes_everywhere) {
+            Some(a) => {
+                fresh = None;
+                let origin = a.origin(text);
+                (a.values, origin)
+            }
+            None => {
+                let Some(l) = lift(text, escapes_everywhere) else { return false };
+                let origin = Origin::new(text, &l);
+                memo.insert(text, &l, escapes_everywhere);
+                let mut types = Vec::with_capacity(4 * l.types.len());
+                for t in &l.types {
+                    types.extend_from_slice(&t.to_be_bytes());
+                }
+                fresh = Some((l.text, types));
+                (l.values, origin)
+            }
+        };
+        let (ltext, ltypes): (&[u8], &[u8]) = match &fresh {
+            Some((t, ty)) => (t, ty),
+            None => {
+                let t = &memo.templates[0];
+                (&t.text, &t.type_bytes)
+            }
+        };
+        let values: Vec<&[u8]> = values.iter().map(|r| &text[r.clone()]).collect();
+        let mut f = BytesMut::with_capacity(ltext.len() + 64 + 8 * values.len());
+        frontend::parse(&mut f, b"", ltext, ltypes);
         frontend::bind_text(&mut f, b"", b"", &values);
         frontend::describe_portal(&mut f, b"");
         frontend::execute(&mut f, b"");
         frontend::sync(&mut f);
         self.busy.retry.replay = Some(Box::new(f.to_vec()));
-        let origin = Arc::new(Origin::new(text, &l));
+        let origin = Arc::new(origin);
         self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left: FRAMES, origin, pushes_before: 0 }));
         true
     }

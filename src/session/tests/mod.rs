@@ -10,6 +10,7 @@ use crate::stmt::StmtConfig;
 use bytes::BufMut;
 use std::sync::atomic::Ordering;
 
+mod autoprepare;
 mod batches;
 mod link;
 mod model;

@@ -1,0 +1,58 @@
+//! Autoprepared simple Queries (`stmts::autoprepare`): a client's later texts that differ
+//! only in their integers reuse its lift and bind the cached statement.
+
+use super::*;
+
+fn autoprepared() -> H {
+    let cfg = StmtConfig { autoprepare: true, autoprepare_after: 2, ..Default::default() };
+    H::new(PoolMode::Transaction, Some(Arc::new(Registry::new(cfg))))
+}
+
+/// The server's replies to one autoprepared Query's batch (statement cached: no
+/// ParseComplete from the server).
+fn answer(h: &mut H, parse: bool) {
+    if parse {
+        h.server(msg(b'1', b""));
+    }
+    h.server(msg(b'2', b""));
+    h.server(rowdesc(&["abalance"], 16400));
+    h.server(msg(b'D', b"\0\x01\0\0\0\x010"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+}
+
+#[test]
+fn a_query_becomes_its_batch_at_once_and_later_numbers_reuse_the_lift() {
+    let mut h = autoprepared();
+    let sql = |aid: u32| query(&format!("SELECT abalance FROM pgbench_accounts WHERE aid = {aid};"));
+    // Linked first, as the driver feeds it again once a server is there.
+    assert_eq!(h.s.handle_client(&sql(4711), None), Fed::NeedsServer);
+    assert_eq!(h.s.poll_action(), Some(Action::AcquireServer));
+    h.s.handle_server_linked(&mut h.srv);
+    h.linked = true;
+    assert_eq!(h.s.handle_client(&sql(4711), Some(&mut h.srv)), Fed::Consumed);
+    h.pump();
+    let out = h.server_out();
+    assert_eq!(out.iter().map(|f| f[0] as char).collect::<String>(), "PBDES");
+    assert!(text(&out[0]).contains("aid = $1"), "{}", text(&out[0]));
+    assert!(text(&out[1]).ends_with("4711\0\0"), "{:?}", text(&out[1]));
+    answer(&mut h, true);
+    assert_eq!(h.client_out(), "TDCZ");
+
+    // The second sighting caches it; the third only binds it. Both through the first
+    // Query's lift (its template), with their own numbers.
+    let mut bound = vec![];
+    for aid in [22, 333] {
+        h.client(sql(aid));
+        let out = h.server_out();
+        let tags: String = out.iter().map(|f| f[0] as char).collect();
+        let b = out.iter().find(|f| f[0] == b'B').expect("a Bind");
+        assert!(text(b).contains("pn_"), "the cached statement: {}", text(b));
+        assert!(text(b).ends_with(&format!("{aid}\0\0")), "{:?}", text(b));
+        answer(&mut h, tags.starts_with('P'));
+        assert_eq!(h.client_out(), "TDCZ");
+        bound.push(tags);
+    }
+    assert_eq!(bound, ["PBDES", "BDES"], "prepared once, then bound");
+    assert_eq!(h.s.stmts.lifts.as_ref().map(|m| m.len()), Some(1), "one template");
+}
