@@ -22,7 +22,7 @@ fn answer(h: &mut H, parse: bool) {
 }
 
 #[test]
-fn a_query_becomes_its_batch_at_once_and_later_numbers_reuse_the_lift() {
+fn later_numbers_in_the_same_text_reuse_the_first_querys_lift() {
     let mut h = autoprepared();
     let sql = |aid: u32| query(&format!("SELECT abalance FROM pgbench_accounts WHERE aid = {aid};"));
     // Linked first, as the driver feeds it again once a server is there.
