@@ -284,3 +284,46 @@ async fn session_set_config_never_leaks() {
     })
     .await;
 }
+
+/// A session-level `set_config` whose name is a literal or a bound parameter is followed:
+/// its client keeps the setting on its next server connection, as directly, while other
+/// clients never see it and the server connection is reused; a rolled-back one is undone,
+/// and a custom setting (`myapp.x`, not listed in pg_settings) is kept too.
+#[tokio::test]
+async fn session_set_config_follows_its_client() {
+    let p = Parsnip::trust("pool_size = 1");
+    bounded(60, "session_set_config_follows_its_client", async {
+        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+        let b = p.connect("postgres", SUPER_PW, "postgres").await;
+        let pid = b.scalar("select pg_backend_pid()::text").await.unwrap();
+        // Both the name and the value as parameters (psycopg's `set_config(%s, %s, false)`).
+        let stmt = a.prepare("SELECT set_config($1, $2, false)").await.unwrap();
+        a.query(&stmt, &[&"default_transaction_isolation", &"serializable"]).await.unwrap();
+        a.batch_execute("SELECT set_config('myapp.x', 'on a', false)").await.unwrap();
+        assert_eq!(b.scalar("SHOW default_transaction_isolation").await.unwrap(), "read committed", "{}", p.log_tail());
+        // (Reset, a custom setting stays defined in the server's session, empty, as after a
+        // RESET directly.)
+        assert_eq!(b.scalar("select coalesce(current_setting('myapp.x', true), '')").await.unwrap(), "");
+        assert_eq!(b.scalar("select pg_backend_pid()::text").await.unwrap(), pid, "the server connection was closed");
+        assert_eq!(a.scalar("SHOW default_transaction_isolation").await.unwrap(), "serializable", "{}", p.log_tail());
+        assert_eq!(a.scalar("select current_setting('myapp.x')").await.unwrap(), "on a");
+        // Rolled back: the earlier value stays.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.query(&stmt, &[&"default_transaction_isolation", &"repeatable read"]).await.unwrap();
+        a.batch_execute("ROLLBACK").await.unwrap();
+        b.batch_execute("select 1").await.unwrap();
+        assert_eq!(a.scalar("SHOW default_transaction_isolation").await.unwrap(), "serializable");
+        // Committed in a block; RESET forgets it.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.query(&stmt, &[&"work_mem", &"9MB"]).await.unwrap();
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(b.scalar("SHOW work_mem").await.unwrap(), "4MB");
+        assert_eq!(a.scalar("SHOW work_mem").await.unwrap(), "9MB");
+        a.batch_execute("RESET default_transaction_isolation").await.unwrap();
+        b.batch_execute("select 1").await.unwrap();
+        assert_eq!(a.scalar("SHOW default_transaction_isolation").await.unwrap(), "read committed");
+        assert_eq!(a.scalar("SHOW work_mem").await.unwrap(), "9MB");
+        assert_eq!(b.scalar("select pg_backend_pid()::text").await.unwrap(), pid, "the server connection was closed");
+    })
+    .await;
+}

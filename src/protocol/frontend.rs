@@ -154,6 +154,35 @@ pub fn bind_names(body: &[u8]) -> Option<(&[u8], &[u8], usize)> {
     Some((portal, stmt, body.len() - rest.len()))
 }
 
+/// Parameter `i` (0-based) of a Bind body whose parameter format codes start at `at`
+/// (`bind_names`' offset): Some(None) for a NULL, None when there is no such parameter or
+/// the body is malformed.
+pub(crate) fn bind_param(body: &[u8], at: usize, i: usize) -> Option<Option<&[u8]>> {
+    let u16_at = |p: usize| body.get(p..p + 2).map(|b| u16::from_be_bytes([b[0], b[1]]) as usize);
+    let mut p = at + 2 + 2 * u16_at(at)?;
+    let n = u16_at(p)?;
+    p += 2;
+    if i >= n {
+        return None;
+    }
+    for k in 0..=i {
+        let len = i32::from_be_bytes(body.get(p..p + 4)?.try_into().ok()?);
+        p += 4;
+        if len < 0 {
+            if k == i {
+                return Some(None);
+            }
+            continue;
+        }
+        let v = body.get(p..p + len as usize)?;
+        if k == i {
+            return Some(Some(v));
+        }
+        p += len as usize;
+    }
+    None
+}
+
 /// Kind byte (`S` or `P`) and name of a Describe or Close body.
 pub(crate) fn describe_or_close(body: &[u8]) -> Option<(u8, &[u8])> {
     let (&kind, rest) = body.split_first()?;
@@ -184,5 +213,32 @@ mod tests {
         assert!(parse_fields(&b[5..b.len() - 1]).is_none());
         assert_eq!(describe_or_close(b"Sabc\0"), Some((b'S', &b"abc"[..])));
         assert_eq!(describe_or_close(b"Xabc\0"), None);
+    }
+
+    #[test]
+    fn bind_param_reader() {
+        let mut b = BytesMut::new();
+        bind_text(&mut b, b"p", b"s", &[b"work_mem", b"", b"8MB"]);
+        let (_, _, at) = bind_names(&b[5..]).unwrap();
+        assert_eq!(bind_param(&b[5..], at, 0), Some(Some(&b"work_mem"[..])));
+        assert_eq!(bind_param(&b[5..], at, 1), Some(Some(&b""[..])));
+        assert_eq!(bind_param(&b[5..], at, 2), Some(Some(&b"8MB"[..])));
+        assert_eq!(bind_param(&b[5..], at, 3), None);
+        assert_eq!(bind_param(&b[5..b.len() - 4], at, 2), None);
+        let mut n = BytesMut::new();
+        write_msg(&mut n, tags::BIND, |b| {
+            put_cstr(b, b"");
+            put_cstr(b, b"");
+            b.put_i16(1);
+            b.put_i16(1);
+            b.put_i16(2);
+            b.put_i32(-1);
+            b.put_i32(2);
+            b.put_slice(b"ab");
+            b.put_i16(0);
+        });
+        let (_, _, at) = bind_names(&n[5..]).unwrap();
+        assert_eq!(bind_param(&n[5..], at, 0), Some(None));
+        assert_eq!(bind_param(&n[5..], at, 1), Some(Some(&b"ab"[..])));
     }
 }

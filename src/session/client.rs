@@ -366,7 +366,7 @@ impl Session {
             {
                 p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
             }
-            self.dirty_server_if(settings::may_set_session_config(text));
+            self.note_set_config(text, None);
             if p.tracked_sql.is_some() || settings::may_hold_several(text) {
                 // SET LOCAL of a statement or lock timeout arms its timer for this link too.
                 let local = crate::state::timers::local_timer_us(text);

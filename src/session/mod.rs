@@ -25,6 +25,7 @@
 //! across transactions (`Kept`, its statements), and a busy client's (`Busy`).
 
 mod client;
+mod config;
 mod flush;
 mod inflow;
 pub use inflow::{STREAM_FROM, Streamed, stream_from};

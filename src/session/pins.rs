@@ -135,6 +135,12 @@ impl Session {
         self.kept.pins.holds()
     }
 
+    /// parsnip sent a simple Query of its own (`config`): the server's unnamed statement is
+    /// nobody's after it.
+    pub(super) fn pins_note_unnamed_gone(&mut self) {
+        self.kept.pins.set(Pins::UNNAMED_GONE, true);
+    }
+
     /// A frame of the linked server's or for it: the server's unnamed statement is nobody's
     /// after the question's simple Query.
     #[inline]

@@ -140,6 +140,9 @@ pub(crate) enum Purpose {
     /// parsnip's question of what session state remains on a pinned client's server
     /// (`session::pins`): its row is the answer, nothing of it reaches the client.
     PinCheck,
+    /// parsnip's question of what the settings `set_config` may have changed are now
+    /// (`session::config`): its rows are the answer, nothing of it reaches the client.
+    ConfigCheck,
 }
 
 /// A change to the client's statement names made when the request was sent, undone if the
@@ -339,7 +342,10 @@ impl Pending {
     /// probe's; not the pooler's own that run outside any block or end it.
     fn may_leave_portal(&self) -> bool {
         self.req == Req::Query
-            && !matches!(self.purpose, Purpose::SyncSettings | Purpose::Absorb | Purpose::PinCheck | Purpose::Rollback)
+            && !matches!(
+                self.purpose,
+                Purpose::SyncSettings | Purpose::Absorb | Purpose::PinCheck | Purpose::ConfigCheck | Purpose::Rollback
+            )
     }
 
     pub(crate) fn internal(req: Req, purpose: Purpose) -> Pending {

@@ -179,6 +179,12 @@ impl Session {
             }
             return;
         }
+        if head.purpose == Purpose::ConfigCheck {
+            if tag == tags::DATA_ROW {
+                self.config_row(body(frame));
+            }
+            return;
+        }
         let req = head.req;
         let forwarded = matches!(head.on_reply, OnReply::Forward);
         if req == Req::Describe && tag == tags::PARAMETER_DESCRIPTION && head.fx.uses.is_some() {
@@ -412,6 +418,9 @@ impl Session {
         if p.purpose == Purpose::PinCheck {
             self.pins_checked(p.failed);
         }
+        if p.purpose == Purpose::ConfigCheck {
+            self.config_checked(p.failed, server);
+        }
         if p.purpose == Purpose::Retried {
             // The hidden end of a failed batch being retried: the client's transaction
             // status is the retried batch's.
@@ -483,6 +492,7 @@ impl Session {
             && !matches!(self.busy.phase, Phase::CopyIn | Phase::ServerSkipping)
             && !self.busy.replies.is_unsynced()
             && self.kept.mode != PoolMode::Session
+            && !self.config_keeps_server()
             && !self.pins_keep_server()
         {
             let reusable = self.link.unlink().is_some_and(|l| !l.dirty);

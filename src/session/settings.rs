@@ -130,10 +130,48 @@ pub(crate) fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
 }
 
 /// Whether the text may call `set_config(name, value, is_local)` with `is_local` not a
-/// literal true: a session-level change parsnip does not track, which would stay on the
-/// server connection for the next client. Looks only where a '_' is (rare in queries);
-/// false positives (the word in a string or a function body) are harmless.
+/// literal true: a session-level change that would stay on the server connection for the
+/// next client unless followed (`session::config`). Looks only where a '_' is (rare in
+/// queries); false positives (the word in a string or a function body) are harmless.
 pub(crate) fn may_set_session_config(sql: &[u8]) -> bool {
+    !session_config_calls(sql).is_empty()
+}
+
+/// The first argument of a `set_config` call: the name of the setting it changes.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ConfigName {
+    /// A plain string literal: the name itself.
+    Literal(String),
+    /// A bare parameter `$n` (1-based): the name comes with the Bind.
+    Param(usize),
+}
+
+/// The names of the settings the text's session-level `set_config` calls (those
+/// `may_set_session_config` finds) change, in order; None when one of them is neither a
+/// plain string literal nor a bare parameter (an expression, an unclosed call).
+pub(crate) fn session_config_names(sql: &[u8]) -> Option<Vec<ConfigName>> {
+    session_config_calls(sql).into_iter().map(|arg| arg.and_then(config_name)).collect()
+}
+
+fn config_name(arg: &[u8]) -> Option<ConfigName> {
+    if let Some(n) = arg.strip_prefix(b"$") {
+        let n: usize = std::str::from_utf8(n).ok()?.parse().ok()?;
+        return (n >= 1).then_some(ConfigName::Param(n));
+    }
+    // '…' with '' for a quote; a backslash reads differently without standard_conforming_strings.
+    let inner = arg.strip_prefix(b"'")?.strip_suffix(b"'")?;
+    if inner.contains(&b'\\') {
+        return None;
+    }
+    let text = std::str::from_utf8(inner).ok()?;
+    let name = text.replace("''", "'");
+    (name.len() + name.matches('\'').count() == text.len() && !name.contains('\0')).then_some(ConfigName::Literal(name))
+}
+
+/// The first argument (trimmed) of each `set_config` call of the text whose last argument
+/// is not a literal true; None for a call whose arguments do not close.
+fn session_config_calls(sql: &[u8]) -> Vec<Option<&[u8]>> {
+    let mut calls = Vec::new();
     let mut from = 0;
     while let Some(p) = sql[from..].iter().position(|&b| b == b'_') {
         let at = from + p;
@@ -149,8 +187,8 @@ pub(crate) fn may_set_session_config(sql: &[u8]) -> bool {
         if args.first() != Some(&b'(') {
             continue;
         }
-        // The last top-level argument, up to the closing parenthesis.
-        let (mut depth, mut last, mut end) = (0usize, 1, None);
+        // The first and the last top-level argument, up to the closing parenthesis.
+        let (mut depth, mut first_end, mut last, mut end) = (0usize, None, 1, None);
         let mut quoted = false;
         for (i, &b) in args.iter().enumerate() {
             match b {
@@ -164,18 +202,24 @@ pub(crate) fn may_set_session_config(sql: &[u8]) -> bool {
                         break;
                     }
                 }
-                b',' if depth == 1 => last = i + 1,
+                b',' if depth == 1 => {
+                    first_end.get_or_insert(i);
+                    last = i + 1;
+                }
                 _ => {}
             }
         }
-        let Some(end) = end else { return true };
+        let Some(end) = end else {
+            calls.push(None);
+            continue;
+        };
         let arg = args[last..end].trim_ascii();
         let local = [&b"true"[..], b"'true'", b"'t'", b"'on'", b"on"].iter().any(|k| arg.eq_ignore_ascii_case(k));
         if !local {
-            return true;
+            calls.push(Some(args[1..first_end.unwrap_or(end)].trim_ascii()));
         }
     }
-    false
+    calls
 }
 
 /// Whether the text (after leading whitespace and comments) starts with one of `keywords`
@@ -281,6 +325,34 @@ mod tests {
             "SELECT reset_config",
         ] {
             assert!(!may_set_session_config(sql.as_bytes()), "{sql}");
+        }
+    }
+
+    #[test]
+    fn names_of_session_level_set_config_calls() {
+        use ConfigName::{Literal, Param};
+        let names = |sql: &str| session_config_names(sql.as_bytes());
+        assert_eq!(names("select set_config($1, $2, false)"), Some(vec![Param(1)]));
+        assert_eq!(
+            names("SELECT pg_catalog.set_config( 'Work_Mem' , '8MB', false)"),
+            Some(vec![Literal("Work_Mem".into())])
+        );
+        assert_eq!(
+            names("SELECT set_config('x', 'y', true), set_config('it''s', $1, $2), set_config($3, 'v', false)"),
+            Some(vec![Literal("it's".into()), Param(3)])
+        );
+        assert_eq!(names("SELECT 1"), Some(vec![]));
+        // Not a literal or a bare parameter: the name cannot be known.
+        for sql in [
+            "SELECT set_config(name, 'v', false) FROM t",
+            "SELECT set_config($1::text, 'v', false)",
+            "SELECT set_config('a' || 'b', 'v', false)",
+            "SELECT set_config(E'a', 'v', false)",
+            "SELECT set_config('a\\b', 'v', false)",
+            "SELECT set_config('x', 'y'",
+            "SELECT set_config($0, 'v', false)",
+        ] {
+            assert_eq!(names(sql), None, "{sql}");
         }
     }
 

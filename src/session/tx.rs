@@ -31,6 +31,9 @@ pub(super) struct TxState {
     /// A statement that may change the schema was sent (`stmt::sql::may_change_schema`):
     /// the shape epoch moves again when the transaction it ran in ends.
     pub(super) schema_change: bool,
+    /// Settings `set_config` may have changed, to ask the server about before it is given
+    /// back (`config`).
+    pub(super) config: Option<Box<super::config::ConfigCheck>>,
 }
 
 impl TxState {
@@ -57,7 +60,7 @@ impl TxState {
     /// Nothing of a transaction: idle, none opening, nothing tracked or pending for its end.
     /// Names every field, so that a new one is not forgotten.
     pub(super) fn is_blank(&self) -> bool {
-        let TxState { status, opening, settings, tracked_portal, ext_done, ext_failed, schema_change } = self;
+        let TxState { status, opening, settings, tracked_portal, ext_done, ext_failed, schema_change, config } = self;
         *status == TxStatus::Idle
             && !opening
             && settings.is_empty()
@@ -65,6 +68,7 @@ impl TxState {
             && ext_done.is_empty()
             && !ext_failed
             && !schema_change
+            && config.is_none()
     }
 }
 

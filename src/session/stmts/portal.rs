@@ -50,7 +50,10 @@ impl Session {
             let tracked =
                 text.filter(|_| watch.session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
             let bound = !matches!(resolved, Resolved::Failed);
-            self.dirty_server_if(watch.sets_config);
+            let sets_config = text.filter(|_| watch.sets_config).map(<[u8]>::to_vec);
+            if let Some(t) = sets_config {
+                self.note_set_config(&t, Some((body(frame), rest)));
+            }
             if bound && listen.is_none() && (watch.pins_begin || (watch.pins_end && self.kept.pins.reasons != 0)) {
                 self.note_pins(crate::stmt::sql::Seen { reasons: 0, check: true });
             }

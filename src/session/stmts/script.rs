@@ -298,7 +298,7 @@ impl Session {
         {
             p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
         }
-        self.dirty_server_if(crate::session::settings::may_set_session_config(text));
+        self.note_set_config(text, None);
         self.busy.replies.push(p);
         self.drain_synth();
     }
