@@ -427,3 +427,36 @@ async fn an_execute_of_a_failed_querys_leftover_portal_cannot_crash_the_server()
         "the session opened directly before is gone ({after:?}): the server crashed and restarted"
     );
 }
+
+/// A simple Query parsnip runs itself on an idle pooled connection — the check of a new
+/// client's startup settings, the empty query that checks idle connections after a server
+/// closed one, a lag or role probe — drops that server's unnamed statement. A client that
+/// parsed its unnamed statement there in an earlier batch must have it parsed again, not
+/// get 26000 "unnamed prepared statement does not exist" (psycopg's `test_nparams_types`
+/// failed that way now and then, after a test that terminated a backend).
+#[tokio::test]
+async fn a_pooler_query_on_an_idle_connection_does_not_lose_a_clients_unnamed_statement() {
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    bounded(60, "unnamed statement kept", async {
+        let mut a = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        a.send(&[parse("", "SELECT $1::int4, $2::text"), sync()].concat()).await.unwrap();
+        within(Duration::from_secs(10), a.read_until_ready()).await.unwrap();
+        // Another client logs in with a setting parsnip checks on a server (a SET there,
+        // leaving the server's settings as the first client's: no replay before its Describe).
+        let mut b = p.raw().await;
+        b.startup(&[("user", "postgres"), ("database", "postgres"), ("DateStyle", "ISO")], Some(SUPER_PW))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("login with DateStyle ISO (normalized to \"ISO, MDY\" on a server): {e}\n{}", p.log_tail())
+            });
+        a.send(&[msg(b'D', b"S\0"), sync()].concat()).await.unwrap();
+        let (frames, _) = within(Duration::from_secs(10), a.read_until_ready()).await.unwrap();
+        assert_eq!(
+            frames.iter().map(|f| f.tag).collect::<Vec<_>>(),
+            b"tTZ",
+            "Describe of the client's unnamed statement: {}",
+            summarize(&frames)
+        );
+    })
+    .await;
+}

@@ -419,6 +419,9 @@ impl ServerConn {
     /// Runs `sql` (simple protocol); Err with the first ErrorResponse frame (None: the
     /// connection failed). ParameterStatus updates the tracked settings.
     pub(crate) async fn run_checked(&mut self, sql: &str, timeout: Duration) -> Result<(), Option<Vec<u8>>> {
+        // A simple Query drops the server's unnamed statement: whichever client parsed it
+        // there last must parse it again before using it (`ServerStmts::unnamed_owner`).
+        self.state.stmts.unnamed_owner = None;
         let fut = async {
             let mut out = BytesMut::new();
             frontend::query(&mut out, sql);
@@ -458,6 +461,9 @@ impl ServerConn {
     /// replies are still on their way that nobody counted, and the connection must not be
     /// reused.
     pub(crate) async fn confirm_idle(&mut self, timeout: Duration) -> bool {
+        // A simple Query drops the server's unnamed statement: whichever client parsed it
+        // there last must parse it again before using it (`ServerStmts::unnamed_owner`).
+        self.state.stmts.unnamed_owner = None;
         let fut = async {
             let mut out = BytesMut::new();
             frontend::query(&mut out, "");
@@ -491,6 +497,9 @@ impl ServerConn {
         sql: &str,
         timeout: Duration,
     ) -> Result<Vec<Vec<Option<String>>>, String> {
+        // A simple Query drops the server's unnamed statement: whichever client parsed it
+        // there last must parse it again before using it (`ServerStmts::unnamed_owner`).
+        self.state.stmts.unnamed_owner = None;
         let fut = async {
             let mut out = BytesMut::new();
             frontend::query(&mut out, sql);
