@@ -7,10 +7,10 @@
 # load. Needs root for perf and, once, the libc probes:
 #   perf probe -x /lib/x86_64-linux-gnu/libc.so.6 malloc   (and free, realloc)
 # RECORD=EVENTS [RECOPTS='--call-graph dwarf,16384']: perf record 2 s instead.
-# usage: bench/counts.sh BIN LABEL [CLIENTS] [MODE]   (output in /tmp/wtcpu/LABEL)
+# usage: bench/counts.sh BIN LABEL [CLIENTS] [MODE]   (output in /tmp/parsnip-counts/LABEL)
 BIN=$1; LABEL=$2; C=${3:-1000}; M=${4:-simple}
 LG=${LG:-$(dirname "$0")/../target/release/examples/loadgen}
-PORT=56871; OUT=/tmp/wtcpu/$LABEL; mkdir -p $OUT
+PORT=56871; OUT=/tmp/parsnip-counts/$LABEL; mkdir -p $OUT
 printf 'log_level = "warn"\nauth_type = "trust"\n' > $OUT/p.toml
 setsid $BIN postgres://postgres@127.0.0.1:${PGPORT:-55871}/bench --listen 127.0.0.1:$PORT --pool-size 8 \
   --pool-mode transaction --max-client-conn 12000 -c $OUT/p.toml > $OUT/parsnip.log 2>&1 &
