@@ -42,6 +42,17 @@ impl Config {
         c
     }
 
+    /// How users not in `[users]` are looked up for clients of database entry `db`:
+    /// (`auth_query`, `auth_user`, `auth_dbname`), each the entry's, else the global one
+    /// (PgBouncer's per-database overrides). None: no `auth_user`, no lookup. An
+    /// `auth_user` without any `auth_query` (only a database entry can have that) runs
+    /// the default query.
+    pub(crate) fn auth_lookup<'a>(&'a self, db: &'a DatabaseConfig) -> Option<(&'a str, &'a str, Option<&'a str>)> {
+        let user = db.auth_user.as_deref().or(self.auth_user.as_deref())?;
+        let query = db.auth_query.as_deref().or(self.auth_query.as_deref()).unwrap_or(super::DEFAULT_AUTH_QUERY);
+        Some((query, user, db.auth_dbname.as_deref().or(self.auth_dbname.as_deref())))
+    }
+
     /// Pool size for a (database, user) pair: user, then database, then global.
     pub(crate) fn pool_size_for(&self, db: &DatabaseConfig, user: &str) -> usize {
         self.users.get(user).and_then(|u| u.pool_size).or(db.pool_size).unwrap_or(self.pool_size)
@@ -67,17 +78,25 @@ impl Config {
     pub(crate) fn query_wait_timeout(&self) -> Option<Duration> {
         ms(self.query_wait_timeout_ms)
     }
-    /// See `server_lifetime_ms`.
-    pub(crate) fn server_lifetime(&self) -> Option<Duration> {
-        ms(self.server_lifetime_ms)
+    /// `server_lifetime_ms` of the server connections of database `db` (the name clients
+    /// use): the database's when set and not 0, else the global one.
+    pub(crate) fn server_lifetime(&self, db: &str) -> Option<Duration> {
+        ms(self.server_lifetime_ms_for(db))
+    }
+    /// `server_lifetime_ms` in force for database `db`, in milliseconds.
+    pub(crate) fn server_lifetime_ms_for(&self, db: &str) -> u64 {
+        let per_db = self.database(db).and_then(|(d, _)| d.server_lifetime_ms).filter(|v| *v > 0);
+        per_db.unwrap_or(self.server_lifetime_ms)
     }
     /// See `server_idle_timeout_ms`.
     pub(crate) fn server_idle_timeout(&self) -> Option<Duration> {
         ms(self.server_idle_timeout_ms)
     }
-    /// See `client_idle_timeout_ms`.
-    pub(crate) fn client_idle_timeout(&self) -> Option<Duration> {
-        ms(self.client_idle_timeout_ms)
+    /// `client_idle_timeout_ms` for clients logged in as `user`: the user's, else the
+    /// global one (None: off).
+    pub(crate) fn client_idle_timeout(&self, user: &str) -> Option<Duration> {
+        let per_user = self.users.get(user).and_then(|u| u.client_idle_timeout_ms);
+        ms(per_user.unwrap_or(self.client_idle_timeout_ms))
     }
     /// `pinned_timeout_ms` for clients of database `db`: the database's, else the global
     /// one (None: off).
@@ -85,9 +104,11 @@ impl Config {
         let per_db = self.databases.get(db).or_else(|| self.databases.get("*")).and_then(|d| d.pinned_timeout_ms);
         ms(per_db.unwrap_or(self.pinned_timeout_ms))
     }
-    /// See `idle_transaction_timeout_ms`.
-    pub(crate) fn idle_transaction_timeout(&self) -> Option<Duration> {
-        ms(self.idle_transaction_timeout_ms)
+    /// `idle_transaction_timeout_ms` for clients logged in as `user`: the user's, else the
+    /// global one (None: off).
+    pub(crate) fn idle_transaction_timeout(&self, user: &str) -> Option<Duration> {
+        let per_user = self.users.get(user).and_then(|u| u.idle_transaction_timeout_ms);
+        ms(per_user.unwrap_or(self.idle_transaction_timeout_ms))
     }
     /// See `server_connect_timeout_ms` (never disabled).
     pub(crate) fn server_connect_timeout(&self) -> Duration {

@@ -153,11 +153,9 @@ const MISSING: &[(&[&str], &str)] = &[
             "min_pool_size",
             "connect_query",
             "server_fast_close",
-            "server_lifetime",
         ],
         "parsnip has no such setting here yet",
     ),
-    (&["auth_user", "auth_query", "auth_dbname"], "parsnip's is global only (the [pgbouncer] setting)"),
     (&["auth_ident_file"], "parsnip has no ident maps (hba's map=) yet"),
     (&["auth_ldap_options"], "parsnip has no LDAP authentication yet"),
     (&["unix_socket_group"], "parsnip does not change its socket's group"),
@@ -247,6 +245,11 @@ pub(crate) fn translate(lines: &[Line], read: &mut Resolver) -> Result<Translati
             "peers" => t.peer(l)?,
             other => return Err(format!("{}: unknown section [{other}]", l.at)),
         }
+    }
+    // A database's auth_user runs PgBouncer's default auth_query when none is set.
+    let db_auth_user = t.databases.values().any(|d| d.get("auth_user").is_some());
+    if db_auth_user && !t.table.contains_key("auth_query") {
+        t.table.insert("auth_query".into(), Value::String(PGBOUNCER_AUTH_QUERY.into()));
     }
     let users = t.users.into_iter().map(|(name, u)| (name, Value::Table(u))).collect::<Table>();
     for (name, sub) in [("databases", t.databases), ("users", users), ("peers", t.peers)] {
@@ -348,12 +351,6 @@ impl Tr {
                 ("load_balance_hosts", "round-robin") => "random",
                 (_, v) => v,
             };
-            if matches!(k.as_str(), "auth_user" | "auth_query" | "auth_dbname")
-                && !db_accepts(k)
-                && self.table.get(k).and_then(Value::as_str) == Some(v)
-            {
-                continue; // the same as the global setting
-            }
             self.setting(Scope::Database, l, k, v, &mut db)?;
         }
         // PgBouncer's defaults: the unix socket in unix_socket_dir, port 5432, and several
@@ -525,5 +522,7 @@ fn at_default(key: &str, value: &str) -> bool {
     })
 }
 
+#[cfg(test)]
+mod override_tests;
 #[cfg(test)]
 mod tests;

@@ -53,6 +53,15 @@ pub struct DatabaseConfig {
     pub(crate) connect_query: Option<String>,
     /// `pinned_timeout_ms` for this database (overrides the global one).
     pub(crate) pinned_timeout_ms: Option<u64>,
+    /// `auth_user` for clients of this database (overrides the global one).
+    pub(crate) auth_user: Option<String>,
+    /// `auth_query` for clients of this database (overrides the global one).
+    pub(crate) auth_query: Option<String>,
+    /// `auth_dbname` for clients of this database (overrides the global one).
+    pub(crate) auth_dbname: Option<String>,
+    /// `server_lifetime_ms` for this database's server connections (overrides the global
+    /// one; 0 leaves the global one, as PgBouncer's per-database `server_lifetime`).
+    pub(crate) server_lifetime_ms: Option<u64>,
 }
 
 /// One `[users.NAME]` entry.
@@ -74,6 +83,11 @@ pub struct UserConfig {
     pub(crate) max_user_connections: Option<usize>,
     /// `max_user_client_connections` for this user (overrides the global one).
     pub(crate) max_user_client_connections: Option<usize>,
+    /// `client_idle_timeout_ms` for this user's clients (overrides the global one; 0: off).
+    pub(crate) client_idle_timeout_ms: Option<u64>,
+    /// `idle_transaction_timeout_ms` for this user's clients (overrides the global one; 0:
+    /// off).
+    pub(crate) idle_transaction_timeout_ms: Option<u64>,
 }
 
 impl DatabaseConfig {

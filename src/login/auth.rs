@@ -142,7 +142,7 @@ impl Login {
         }
         match configured {
             Some(secret) => self.begin_password(Some(secret)),
-            None if self.cfg.auth_query.is_some() && self.cfg.auth_user.is_some() => {
+            None if self.target.as_ref().is_some_and(|t| self.cfg.auth_lookup(&t.db_cfg).is_some()) => {
                 self.phase = Phase::AwaitSecret;
                 Step::NeedSecret
             }

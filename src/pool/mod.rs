@@ -397,7 +397,7 @@ impl<K: Connector> Pool<K> {
 
     /// Whether `c` is past `server_lifetime`.
     pub(crate) fn expired(&self, c: &K::Conn) -> bool {
-        self.cfg.load().server_lifetime().is_some_and(|l| c.created().elapsed() >= l)
+        self.cfg.load().server_lifetime(&self.key.db).is_some_and(|l| c.created().elapsed() >= l)
     }
 
     /// Whether `c` was opened before the last `reconnect`.
@@ -465,7 +465,7 @@ impl<K: Connector> Pool<K> {
         let before = g.idle.len();
         g.idle.retain(|c| {
             !(idle_limit.is_some_and(|l| c.last_used().elapsed() >= l)
-                || self.cfg.load().server_lifetime().is_some_and(|l| c.created().elapsed() >= l))
+                || self.cfg.load().server_lifetime(&self.key.db).is_some_and(|l| c.created().elapsed() >= l))
         });
         let closed = before - g.idle.len();
         g.close_slots(closed);

@@ -342,8 +342,8 @@ impl Proxy {
     fn timeouts(&self) -> Timeouts {
         let cfg = self.shared.cfg.load();
         Timeouts {
-            client_idle: cfg.client_idle_timeout(),
-            idle_in_transaction: cfg.idle_transaction_timeout(),
+            client_idle: cfg.client_idle_timeout(&self.pool.key.user),
+            idle_in_transaction: cfg.idle_transaction_timeout(&self.pool.key.user),
             // Looked up only for a pinned client (a parked session never is one).
             pinned: if self.session.is_pinned() { cfg.pinned_timeout(&self.pool.key.db) } else { None },
         }
