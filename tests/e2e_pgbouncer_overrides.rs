@@ -1,0 +1,142 @@
+//! A pgbouncer.ini's per-user and per-database overrides take effect as in PgBouncer: a
+//! user's `pool_mode = session` against a global transaction mode (seen in which backend
+//! serves which client), a user's `pool_size` (seen in pg_stat_activity and a queued
+//! client), a user's `client_idle_timeout`, a database's `server_lifetime`; RELOAD applies
+//! a changed override, and SHOW USERS / SHOW DATABASES show them.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+use support::*;
+
+const DB: &str = "ini_overrides";
+
+/// Writes the ini (with `users` as its `[users]` lines) beside a userlist with the
+/// cluster's passwords; returns its path.
+fn write_ini(dir: &std::path::Path, users: &str) -> PathBuf {
+    let port = cluster().port();
+    std::fs::create_dir_all(dir).expect("temp dir");
+    std::fs::write(
+        dir.join("userlist.txt"),
+        format!("\"postgres\" \"{SUPER_PW}\"\n\"app\" \"{APP_PW}\"\n\"idler\" \"idler-pw\"\n"),
+    )
+    .expect("writing the userlist");
+    let ini = dir.join("pgbouncer.ini");
+    std::fs::write(
+        &ini,
+        format!(
+            "[databases]\n{DB} = host=127.0.0.1 port={port} server_lifetime=120\n\
+             [users]\n{users}\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nunix_socket_dir =\nauth_type = trust\n\
+             auth_file = userlist.txt\nadmin_users = postgres\npool_mode = transaction\n\
+             default_pool_size = 10\nserver_lifetime = 3600\n"
+        ),
+    )
+    .expect("writing the ini");
+    ini
+}
+
+/// A column's value; an empty one (SHOW USERS' pool_size when unset) as None.
+fn field(r: &Row, c: &str) -> Option<String> {
+    r.get(c).cloned().flatten().filter(|v| !v.is_empty())
+}
+
+async fn row(console: &Pg, show: &str, key: &str, value: &str) -> Row {
+    let rows = console_rows(console, show).await;
+    rows.into_iter().find(|r| field(r, key).as_deref() == Some(value)).unwrap_or_else(|| panic!("{show}: no {value}"))
+}
+
+fn count(view: &[(String, String)], user: &str) -> usize {
+    view.iter().filter(|(u, _)| u == user).count()
+}
+
+#[tokio::test]
+async fn user_and_database_overrides_take_effect_and_reload() {
+    create_db(DB);
+    psql(
+        "postgres",
+        "DO $$BEGIN CREATE ROLE idler LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END$$;\n\
+         ALTER ROLE idler PASSWORD 'idler-pw';",
+    );
+    let dir = temp_path("ini-overrides");
+    let users = "postgres = pool_mode=session\napp = pool_size=2\nidler = client_idle_timeout=0.3";
+    let ini = write_ini(&dir, users);
+    let p = Parsnip::start(&["--pgbouncer-ini", ini.to_str().expect("utf-8 path")]);
+    let pid = "select pg_backend_pid()";
+
+    // postgres's session mode: each client keeps its own backend, even while idle.
+    let a = p.connect("postgres", SUPER_PW, DB).await;
+    let b = p.connect("postgres", SUPER_PW, DB).await;
+    let (a1, b1) = (a.scalar(pid).await.unwrap(), b.scalar(pid).await.unwrap());
+    assert_ne!(a1, b1, "session mode: two clients, two backends");
+    assert_eq!(a.scalar(pid).await.unwrap(), a1, "session mode: the same backend again");
+    // app has the global transaction mode: an idle client's backend serves the next one.
+    let c = p.connect("app", APP_PW, DB).await;
+    let d = p.connect("app", APP_PW, DB).await;
+    assert_eq!(c.scalar(pid).await.unwrap(), d.scalar(pid).await.unwrap(), "transaction mode shares a backend");
+
+    // app's pool_size = 2: two open transactions hold both; a third client queues.
+    c.simple_query("BEGIN; SELECT 1").await.expect("c's transaction");
+    d.simple_query("BEGIN; SELECT 1").await.expect("d's transaction");
+    let e = p.connect("app", APP_PW, DB).await;
+    let console = p.connect("postgres", SUPER_PW, "pgbouncer").await;
+    let queued = tokio::spawn(async move { e.scalar("select 42").await.map(|v| (v, e)) });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let pool = console_rows(&console, "SHOW POOLS")
+            .await
+            .into_iter()
+            .find(|r| field(r, "database").as_deref() == Some(DB) && field(r, "user").as_deref() == Some("app"));
+        if pool.as_ref().and_then(|r| field(r, "cl_waiting")).as_deref() == Some("1") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the third app client never queued: {pool:?}");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(count(&backends(DB), "app"), 2, "pool_size 2: two backends for app");
+    c.simple_query("COMMIT").await.expect("commit");
+    let (v, _e) = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the queued client is served once a backend is free")
+        .expect("task")
+        .expect("select 42");
+    assert_eq!(v, "42");
+    assert_eq!(count(&backends(DB), "app"), 2, "still two");
+    d.simple_query("COMMIT").await.expect("commit");
+
+    // idler's client_idle_timeout (0.3 s) closes its idle client; postgres's (global 0) not.
+    let idle = p.connect("idler", "idler-pw", DB).await;
+    assert_eq!(idle.scalar("select current_user").await.unwrap(), "idler");
+    assert!(idle.ended(Duration::from_secs(10)).await.is_ok(), "idler's idle client is closed");
+    assert_eq!(a.scalar(pid).await.unwrap(), a1, "postgres's idle client stays");
+
+    // The console shows the overrides.
+    let u = row(&console, "SHOW USERS", "name", "postgres").await;
+    assert_eq!((field(&u, "pool_mode").as_deref(), field(&u, "pool_size")), (Some("session"), None));
+    let u = row(&console, "SHOW USERS", "name", "app").await;
+    assert_eq!((field(&u, "pool_mode"), field(&u, "pool_size").as_deref()), (None, Some("2")));
+    let d = row(&console, "SHOW DATABASES", "name", DB).await;
+    assert_eq!(field(&d, "server_lifetime").as_deref(), Some("120"), "the database's server_lifetime");
+
+    // RELOAD: app's pool_size 2 -> 3 applies to its pool.
+    write_ini(&dir, &users.replace("pool_size=2", "pool_size=3"));
+    console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}\n{}", describe(&e), p.log_tail()));
+    let u = row(&console, "SHOW USERS", "name", "app").await;
+    assert_eq!(field(&u, "pool_size").as_deref(), Some("3"));
+    let held: Vec<Pg> = app_clients(&p, 3).await;
+    for h in &held {
+        let began = tokio::time::timeout(Duration::from_secs(10), h.simple_query("BEGIN; SELECT 1")).await;
+        began.expect("a third backend for app after RELOAD").expect("a transaction");
+    }
+    assert_eq!(count(&backends(DB), "app"), 3, "after RELOAD, three backends for app");
+}
+
+/// `n` clients as app.
+async fn app_clients(p: &Parsnip, n: usize) -> Vec<Pg> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(p.connect("app", APP_PW, DB).await);
+    }
+    v
+}
