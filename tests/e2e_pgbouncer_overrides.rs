@@ -1,7 +1,8 @@
 //! A pgbouncer.ini's per-user and per-database overrides take effect as in PgBouncer: a
 //! user's `pool_mode = session` against a global transaction mode (seen in which backend
 //! serves which client), a user's `pool_size` (seen in pg_stat_activity and a queued
-//! client), a user's `client_idle_timeout`, a database's `server_lifetime`; RELOAD applies
+//! client), a user's `client_idle_timeout`, a database's `server_lifetime` and its
+//! `timezone`, `datestyle` and `application_name`; RELOAD applies
 //! a changed override, and SHOW USERS / SHOW DATABASES show them.
 
 mod support;
@@ -26,7 +27,8 @@ fn write_ini(dir: &std::path::Path, users: &str) -> PathBuf {
     std::fs::write(
         &ini,
         format!(
-            "[databases]\n{DB} = host=127.0.0.1 port={port} server_lifetime=120\n\
+            "[databases]\n{DB} = host=127.0.0.1 port={port} server_lifetime=120 timezone=Asia/Tokyo \
+             application_name=from_ini datestyle='SQL, DMY'\n\
              [users]\n{users}\n\
              [pgbouncer]\nlisten_addr = 127.0.0.1\nunix_socket_dir =\nauth_type = trust\n\
              auth_file = userlist.txt\nadmin_users = postgres\npool_mode = transaction\n\
@@ -64,6 +66,19 @@ async fn user_and_database_overrides_take_effect_and_reload() {
     let ini = write_ini(&dir, users);
     let p = Parsnip::start(&["--pgbouncer-ini", ini.to_str().expect("utf-8 path")]);
     let pid = "select pg_backend_pid()";
+
+    // The database's timezone, datestyle and application_name: a client's defaults (a
+    // client's own startup value wins, as on a server PgBouncer logged in with them).
+    let t = p.connect("app", APP_PW, DB).await;
+    assert_eq!(t.scalar("show timezone").await.unwrap(), "Asia/Tokyo");
+    assert_eq!(t.scalar("show datestyle").await.unwrap(), "SQL, DMY");
+    assert_eq!(t.scalar("show application_name").await.unwrap(), "from_ini");
+    let mut own = pg_config(p.port(), "app", Some(APP_PW), DB);
+    own.application_name("mine").options("-c TimeZone=UTC");
+    let own = Pg::connect_config(&mut own).await.expect("app with its own settings");
+    assert_eq!(own.scalar("show timezone").await.unwrap(), "UTC");
+    assert_eq!(own.scalar("show application_name").await.unwrap(), "mine");
+    drop((t, own));
 
     // postgres's session mode: each client keeps its own backend, even while idle.
     let a = p.connect("postgres", SUPER_PW, DB).await;

@@ -160,10 +160,6 @@ const MISSING: &[(&[&str], &str)] = &[
     (&["auth_ldap_options"], "parsnip has no LDAP authentication yet"),
     (&["unix_socket_group"], "parsnip does not change its socket's group"),
     (&["query_timeout", "transaction_timeout"], "use PostgreSQL's statement_timeout or transaction_timeout"),
-    (
-        &["client_encoding", "datestyle", "timezone", "application_name"],
-        "parsnip does not set server parameters per database: use ALTER DATABASE/ROLE ... SET",
-    ),
     (&["disable_pqexec", "application_name_add_host", "query_wait_notify"], "parsnip has no such setting"),
 ];
 

@@ -59,6 +59,17 @@ pub struct DatabaseConfig {
     pub(crate) auth_query: Option<String>,
     /// `auth_dbname` for clients of this database (overrides the global one).
     pub(crate) auth_dbname: Option<String>,
+    /// PgBouncer's per-database `client_encoding`, `datestyle`, `timezone` and
+    /// `application_name`: sent in the startup packet of this database's server
+    /// connections, as PgBouncer does, so they are its clients' defaults (a client's own
+    /// startup value wins, as any client setting).
+    pub(crate) client_encoding: Option<String>,
+    /// See `client_encoding`.
+    pub(crate) datestyle: Option<String>,
+    /// See `client_encoding`.
+    pub(crate) timezone: Option<String>,
+    /// See `client_encoding`.
+    pub(crate) application_name: Option<String>,
     /// `server_lifetime_ms` for this database's server connections (overrides the global
     /// one; 0 leaves the global one, as PgBouncer's per-database `server_lifetime`).
     pub(crate) server_lifetime_ms: Option<u64>,
@@ -91,6 +102,19 @@ pub struct UserConfig {
 }
 
 impl DatabaseConfig {
+    /// The startup parameters of this entry's server connections beyond user and
+    /// database (`client_encoding`, `datestyle`, `timezone`, `application_name`).
+    pub(crate) fn default_params(&self) -> Vec<(String, String)> {
+        [
+            ("client_encoding", &self.client_encoding),
+            ("DateStyle", &self.datestyle),
+            ("TimeZone", &self.timezone),
+            ("application_name", &self.application_name),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_owned(), v.clone())))
+        .collect()
+    }
     /// `max_replica_lag_ms`, defaulted.
     pub(crate) fn max_replica_lag_ms(&self) -> u64 {
         self.max_replica_lag_ms.unwrap_or(1000)

@@ -296,6 +296,7 @@ pub(super) fn server_side(
         dbname: server_db.to_owned(),
         user: server_user,
         tls,
+        params: db_cfg.default_params(),
     };
     (target, forced)
 }
