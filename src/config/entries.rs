@@ -98,6 +98,7 @@ pub(crate) static KEYS: &[Key] = &[
     key!(max_user_client_connections, AtOnce, |c| c.max_user_client_connections.to_string(), set parse),
     key!(auth_type, AtOnce, |c| lower(c.auth_type)),
     key!(auth_hba_file, AtOnce, |c| opt(&c.auth_hba_file)),
+    key!(auth_ident_file, AtOnce, |c| opt(&c.auth_ident_file)),
     key!(auth_query, AtOnce, |c| opt(&c.auth_query)),
     key!(auth_user, AtOnce, |c| opt(&c.auth_user)),
     key!(auth_dbname, AtOnce, |c| opt(&c.auth_dbname)),

@@ -70,6 +70,9 @@ pub enum AuthType {
     ScramSha256,
     /// Per connection, by the first matching line of `auth_hba_file` (pg_hba.conf).
     Hba,
+    /// A TLS client certificate, verified against `client_tls_ca_file`, whose common name
+    /// is the user name (PgBouncer's global `cert`).
+    Cert,
 }
 
 /// Output format of the logs.

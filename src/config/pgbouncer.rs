@@ -156,7 +156,6 @@ const MISSING: &[(&[&str], &str)] = &[
         ],
         "parsnip has no such setting here yet",
     ),
-    (&["auth_ident_file"], "parsnip has no ident maps (hba's map=) yet"),
     (&["auth_ldap_options"], "parsnip has no LDAP authentication yet"),
     (&["unix_socket_group"], "parsnip does not change its socket's group"),
     (&["query_timeout", "transaction_timeout"], "use PostgreSQL's statement_timeout or transaction_timeout"),

@@ -55,6 +55,12 @@ pub struct Config {
     /// `auth_hba_file` as read (by `Config::read_hba`).
     #[serde(skip)]
     pub(crate) hba: Option<std::sync::Arc<crate::auth::hba::Hba>>,
+    /// The user name maps (pg_ident.conf) hba's `map=` on cert and peer lines name (read
+    /// with `auth_hba_file`, re-read on reload).
+    pub auth_ident_file: Option<String>,
+    /// `auth_ident_file` as read (by `Config::read_hba`).
+    #[serde(skip)]
+    pub(crate) ident: Option<std::sync::Arc<crate::auth::ident::IdentMap>>,
     /// Query looking up (name, secret) for users not in `[users]`; `$1` is the user name.
     pub auth_query: Option<String>,
     /// User that runs `auth_query` (its password comes from `[users]` or the database entry).
@@ -215,6 +221,8 @@ impl Default for Config {
             auth_type: AuthType::ScramSha256,
             auth_hba_file: None,
             hba: None,
+            auth_ident_file: None,
+            ident: None,
             auth_query: None,
             auth_user: None,
             auth_dbname: None,

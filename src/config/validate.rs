@@ -84,6 +84,11 @@ impl Config {
         if self.auth_type == AuthType::Hba && self.auth_hba_file.is_none() {
             return Err(ConfigError("auth_type \"hba\" needs auth_hba_file".into()));
         }
+        if self.auth_type == AuthType::Cert && !self.client_tls_mode().verifies() {
+            return Err(ConfigError(
+                "auth_type \"cert\" needs client_tls_sslmode verify-ca or verify-full (and client_tls_ca_file)".into(),
+            ));
+        }
         if self.auth_user.is_some() && self.auth_query.is_none() {
             return Err(ConfigError("auth_user is set but auth_query is not".into()));
         }
