@@ -147,6 +147,36 @@ async fn user_and_database_overrides_take_effect_and_reload() {
     assert_eq!(count(&backends(DB), "app"), 3, "after RELOAD, three backends for app");
 }
 
+#[tokio::test]
+async fn a_databases_min_pool_size_is_opened_once_a_client_uses_its_pool() {
+    const WARM: &str = "ini_warm";
+    create_db(WARM);
+    let dir = temp_path("ini-warm");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("userlist.txt"), format!("\"app\" \"{APP_PW}\"\n")).expect("userlist");
+    let ini = dir.join("pgbouncer.ini");
+    let port = cluster().port();
+    std::fs::write(
+        &ini,
+        format!(
+            "[databases]\n{WARM} = host=127.0.0.1 port={port} min_pool_size=3\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nunix_socket_dir =\nauth_type = trust\n\
+             auth_file = userlist.txt\npool_mode = transaction\ndefault_pool_size = 5\n"
+        ),
+    )
+    .expect("writing the ini");
+    let p = Parsnip::start(&["--pgbouncer-ini", ini.to_str().expect("utf-8 path")]);
+    let c = p.connect("app", APP_PW, WARM).await;
+    assert_eq!(c.scalar("select 1").await.unwrap(), "1");
+    // One client, one query at a time: only min_pool_size explains three backends.
+    let seen = wait_backends(WARM, Duration::from_secs(15), |v| count(v, "app") >= 3).await;
+    let view = seen.unwrap_or_else(|v| panic!("min_pool_size 3 not reached: {v:?}\n{}", p.log_tail()));
+    assert_eq!(count(&view, "app"), 3, "no more than the minimum");
+    let console = p.connect("app", APP_PW, "pgbouncer").await;
+    let d = row(&console, "SHOW DATABASES", "name", WARM).await;
+    assert_eq!(field(&d, "min_pool_size").as_deref(), Some("3"));
+}
+
 /// `n` clients as app.
 async fn app_clients(p: &Parsnip, n: usize) -> Vec<Pg> {
     let mut v = Vec::new();

@@ -53,6 +53,12 @@ impl Config {
         Some((query, user, db.auth_dbname.as_deref().or(self.auth_dbname.as_deref())))
     }
 
+    /// `min_pool_size` of the pools of database `db` (the name clients use): the
+    /// database's, else the global one.
+    pub(crate) fn min_pool_size_for(&self, db: &str) -> usize {
+        self.database(db).and_then(|(d, _)| d.min_pool_size).unwrap_or(self.min_pool_size)
+    }
+
     /// Pool size for a (database, user) pair: user, then database, then global.
     pub(crate) fn pool_size_for(&self, db: &DatabaseConfig, user: &str) -> usize {
         self.users.get(user).and_then(|u| u.pool_size).or(db.pool_size).unwrap_or(self.pool_size)

@@ -36,6 +36,9 @@ pub struct DatabaseConfig {
     pub(crate) failover_hold_ms: Option<u64>,
     /// Pool size for this database (overrides the global one).
     pub(crate) pool_size: Option<usize>,
+    /// `min_pool_size` for this database's pools (overrides the global one; 0 set here is
+    /// 0).
+    pub(crate) min_pool_size: Option<usize>,
     /// Pool mode for this database (overrides the global one).
     pub(crate) pool_mode: Option<PoolMode>,
     /// `autoprepare` for this database (overrides the global one).

@@ -433,7 +433,7 @@ impl View for Live<'_> {
                     database: server_db,
                     force_user: db.user.clone().unwrap_or_default(),
                     pool_size: db.pool_size.unwrap_or(cfg.pool_size) as i32,
-                    min_pool_size: cfg.min_pool_size as i32,
+                    min_pool_size: cfg.min_pool_size_for(&name) as i32,
                     server_lifetime_s: (cfg.server_lifetime_ms_for(&name) / 1000) as i32,
                     pool_mode: db.pool_mode.unwrap_or(cfg.pool_mode).as_str().into(),
                     reserve_pool_size: db.reserve_pool_size.unwrap_or(cfg.reserve_pool_size) as i32,

@@ -411,6 +411,7 @@ async fn janitor(shared: Arc<Shared>) {
         for p in pools {
             p.expire_waiters();
             p.prune();
+            warm(&shared, &p);
             if roll {
                 p.stats.roll_period(&p.stmts, now);
             }
@@ -418,6 +419,24 @@ async fn janitor(shared: Arc<Shared>) {
         reap_pools(&shared, &mut unused_since, std::time::Instant::now());
         shared.caps.prune();
         fast_close_check(&shared, &mut epochs);
+    }
+}
+
+/// `min_pool_size`: opens the connections a pool lacks, as PgBouncer does for a pool with
+/// a client connected (here: a pool some client holds, beside the pool map and the
+/// janitor's list) or of a database with a forced `user`.
+fn warm(shared: &Shared, p: &Arc<ServerPool>) {
+    let forced = || shared.cfg.load().database(&p.key.db).is_some_and(|(d, _)| d.user.is_some());
+    if p.min_size() == 0 || (Arc::strong_count(p) <= 2 && !forced()) {
+        return;
+    }
+    while p.warm_slot() {
+        let p = p.clone();
+        tokio::spawn(async move {
+            if let Err(e) = p.warm().await {
+                tracing::debug!(db = %p.key.db, user = %p.key.user, error = %e, "min_pool_size connect failed");
+            }
+        });
     }
 }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 struct Effective {
     mode: PoolMode,
     size: usize,
+    min: usize,
     reserve: usize,
     db_limits: (usize, usize),
     user_limits: (usize, usize),
@@ -34,6 +35,7 @@ fn effective(ini: &str, db: &str, user: &str) -> Effective {
     Effective {
         mode: cfg.pool_mode_for(d, user),
         size: cfg.pool_size_for(d, user),
+        min: cfg.min_pool_size_for(db),
         reserve: cfg.reserve_pool_size_for(d, user),
         db_limits: cfg.db_limits(db),
         user_limits: cfg.user_limits(user),
@@ -45,7 +47,7 @@ fn effective(ini: &str, db: &str, user: &str) -> Effective {
 }
 
 const GLOBAL: &str = "[pgbouncer]\nlisten_addr = 127.0.0.1\npool_mode = transaction\ndefault_pool_size = 20\n\
-                      reserve_pool_size = 1\nmax_db_connections = 50\nmax_user_connections = 40\n\
+                      reserve_pool_size = 1\nmax_db_connections = 50\nmax_user_connections = 40\nmin_pool_size = 1\n\
                       max_db_client_connections = 30\nmax_user_client_connections = 25\n\
                       client_idle_timeout = 100\nidle_transaction_timeout = 10\nserver_lifetime = 3600\n";
 
@@ -54,6 +56,7 @@ fn base() -> Effective {
     Effective {
         mode: PoolMode::Transaction,
         size: 20,
+        min: 1,
         reserve: 1,
         db_limits: (50, 30),
         user_limits: (40, 25),
@@ -74,6 +77,8 @@ fn each_override_and_which_wins() {
         ("user pool_mode wins", "pool_mode=session", "pool_mode=statement", |e| e.mode = PoolMode::Statement),
         ("database pool_size", "pool_size=5", "", |e| e.size = 5),
         ("user pool_size wins", "pool_size=5", "pool_size=3", |e| e.size = 3),
+        ("database min_pool_size", "min_pool_size=4", "", |e| e.min = 4),
+        ("database min_pool_size 0 is 0", "min_pool_size=0", "", |e| e.min = 0),
         ("database reserve_pool_size", "reserve_pool_size=4", "", |e| e.reserve = 4),
         ("reserve_pool, its old name", "reserve_pool=6", "", |e| e.reserve = 6),
         ("user reserve_pool_size wins", "reserve_pool=6", "reserve_pool_size=2", |e| e.reserve = 2),
