@@ -1,7 +1,7 @@
 //! A pgbouncer.ini's per-user and per-database overrides take effect as in PgBouncer: a
 //! user's `pool_mode = session` against a global transaction mode (seen in which backend
 //! serves which client), a user's `pool_size` (seen in pg_stat_activity and a queued
-//! client), a user's `client_idle_timeout`, a database's `server_lifetime` and its
+//! client), a user's `client_idle_timeout` and `query_timeout`, a database's `server_lifetime` and its
 //! `timezone`, `datestyle` and `application_name`; RELOAD applies
 //! a changed override, and SHOW USERS / SHOW DATABASES show them.
 
@@ -62,7 +62,7 @@ async fn user_and_database_overrides_take_effect_and_reload() {
          ALTER ROLE idler PASSWORD 'idler-pw';",
     );
     let dir = temp_path("ini-overrides");
-    let users = "postgres = pool_mode=session\napp = pool_size=2\nidler = client_idle_timeout=0.3";
+    let users = "postgres = pool_mode=session\napp = pool_size=2\nidler = client_idle_timeout=0.3 query_timeout=1";
     let ini = write_ini(&dir, users);
     let p = Parsnip::start(&["--pgbouncer-ini", ini.to_str().expect("utf-8 path")]);
     let pid = "select pg_backend_pid()";
@@ -125,6 +125,17 @@ async fn user_and_database_overrides_take_effect_and_reload() {
     assert_eq!(idle.scalar("select current_user").await.unwrap(), "idler");
     assert!(idle.ended(Duration::from_secs(10)).await.is_ok(), "idler's idle client is closed");
     assert_eq!(a.scalar(pid).await.unwrap(), a1, "postgres's idle client stays");
+    // idler's query_timeout (1 s): a query running longer ends the client, and is cancelled
+    // on the server (whose connection then goes back to the pool).
+    let slow = p.connect("idler", "idler-pw", DB).await;
+    let e = bounded(20, "query_timeout", slow.scalar("select pg_sleep(60)")).await.expect_err("timed out");
+    let db_err = e.as_db_error().unwrap_or_else(|| panic!("a server error: {e}"));
+    assert_eq!((db_err.code().code(), db_err.message()), ("57014", "terminating connection due to query_timeout"));
+    let ended = wait_backends(DB, Duration::from_secs(10), |v| {
+        v.iter().filter(|(u, _)| u == "idler").all(|(_, state)| state != "active")
+    })
+    .await;
+    assert!(ended.is_ok(), "the query ran on: {ended:?}");
 
     // The console shows the overrides.
     let u = row(&console, "SHOW USERS", "name", "postgres").await;

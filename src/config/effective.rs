@@ -110,6 +110,12 @@ impl Config {
         let per_db = self.databases.get(db).or_else(|| self.databases.get("*")).and_then(|d| d.pinned_timeout_ms);
         ms(per_db.unwrap_or(self.pinned_timeout_ms))
     }
+    /// `query_timeout_ms` for clients logged in as `user`: the user's, else the global one
+    /// (None: off).
+    pub(crate) fn query_timeout(&self, user: &str) -> Option<Duration> {
+        let per_user = self.users.get(user).and_then(|u| u.query_timeout_ms);
+        ms(per_user.unwrap_or(self.query_timeout_ms))
+    }
     /// `idle_transaction_timeout_ms` for clients logged in as `user`: the user's, else the
     /// global one (None: off).
     pub(crate) fn idle_transaction_timeout(&self, user: &str) -> Option<Duration> {

@@ -99,6 +99,8 @@ pub struct UserConfig {
     pub(crate) max_user_client_connections: Option<usize>,
     /// `client_idle_timeout_ms` for this user's clients (overrides the global one; 0: off).
     pub(crate) client_idle_timeout_ms: Option<u64>,
+    /// `query_timeout_ms` for this user's clients (overrides the global one; 0: off).
+    pub(crate) query_timeout_ms: Option<u64>,
     /// `idle_transaction_timeout_ms` for this user's clients (overrides the global one; 0:
     /// off).
     pub(crate) idle_transaction_timeout_ms: Option<u64>,
