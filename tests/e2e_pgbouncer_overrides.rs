@@ -1,10 +1,10 @@
 //! A pgbouncer.ini's per-user and per-database overrides take effect as in PgBouncer: a
 //! user's `pool_mode = session` against a global transaction mode (seen in which backend
 //! serves which client), a user's `pool_size` (seen in pg_stat_activity and a queued
-//! client), a user's `client_idle_timeout` and `query_timeout`, a database's `server_lifetime` and its
-//! `timezone`, `datestyle` and `application_name`; RELOAD applies
-//! a changed override, and SHOW USERS / SHOW DATABASES show them.
-
+//! client), a user's `client_idle_timeout` and `query_timeout`, a database's
+//! `server_lifetime`, `timezone`, `datestyle`, `application_name`, `min_pool_size`,
+//! `auth_user` and `auth_query`; RELOAD applies a changed override, and SHOW USERS / SHOW
+//! DATABASES show them.
 mod support;
 
 use std::path::PathBuf;
@@ -186,6 +186,36 @@ async fn a_databases_min_pool_size_is_opened_once_a_client_uses_its_pool() {
     let console = p.connect("app", APP_PW, "pgbouncer").await;
     let d = row(&console, "SHOW DATABASES", "name", WARM).await;
     assert_eq!(field(&d, "min_pool_size").as_deref(), Some("3"));
+}
+
+#[tokio::test]
+async fn a_databases_auth_user_and_auth_query_look_up_its_clients() {
+    let dir = temp_path("ini-db-auth");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("userlist.txt"), format!("\"postgres\" \"{SUPER_PW}\"\n")).expect("userlist");
+    let ini = dir.join("pgbouncer.ini");
+    let port = cluster().port();
+    std::fs::write(
+        &ini,
+        format!(
+            "[databases]\n\
+             looked = host=127.0.0.1 port={port} dbname=postgres auth_user=postgres \
+             auth_query='SELECT usename, passwd FROM pg_shadow WHERE usename=$1'\n\
+             plain = host=127.0.0.1 port={port} dbname=postgres\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nunix_socket_dir =\nauth_type = scram-sha-256\n\
+             auth_file = userlist.txt\npool_mode = transaction\n"
+        ),
+    )
+    .expect("writing the ini");
+    let p = Parsnip::start(&["--pgbouncer-ini", ini.to_str().expect("utf-8 path")]);
+    // aq is in no file: the database `looked` finds its secret through its own auth_user.
+    let c = p.connect("aq", AQ_PW, "looked").await;
+    assert_eq!(c.scalar("select current_user").await.unwrap(), "aq");
+    let wrong = p.try_connect("aq", Some("wrong"), "looked").await.map(|_| ());
+    expect_code(wrong, "28P01", "a wrong password");
+    // `plain` has no auth_user (nor is there a global one): aq is unknown there.
+    let unknown = p.try_connect("aq", Some(AQ_PW), "plain").await.map(|_| ());
+    expect_code(unknown, "28P01", "no lookup for plain");
 }
 
 /// `n` clients as app.
