@@ -5,6 +5,7 @@
 //! `server_lifetime`, `timezone`, `datestyle`, `application_name`, `min_pool_size`,
 //! `auth_user` and `auth_query`; RELOAD applies a changed override, and SHOW USERS / SHOW
 //! DATABASES show them.
+
 mod support;
 
 use std::path::PathBuf;
