@@ -410,8 +410,9 @@ async fn janitor(shared: Arc<Shared>) {
         }
         for p in pools {
             p.expire_waiters();
-            p.prune();
-            warm(&shared, &p);
+            let min = min_wanted(&shared, &p);
+            p.prune(min);
+            warm(&p, min);
             if roll {
                 p.stats.roll_period(&p.stmts, now);
             }
@@ -422,15 +423,18 @@ async fn janitor(shared: Arc<Shared>) {
     }
 }
 
-/// `min_pool_size`: opens the connections a pool lacks, as PgBouncer does for a pool with
-/// a client connected (here: a pool some client holds, beside the pool map and the
-/// janitor's list) or of a database with a forced `user`.
-fn warm(shared: &Shared, p: &Arc<ServerPool>) {
+/// `min_pool_size`: what a pool keeps open, as PgBouncer does for a pool with a client
+/// connected (here: a pool some client holds, beside the pool map and the janitor's list)
+/// or of a database with a forced `user`; 0 for any other (so that `server_idle_timeout`
+/// closes its connections and an unused pool can be dropped).
+fn min_wanted(shared: &Shared, p: &Arc<ServerPool>) -> usize {
     let forced = || shared.cfg.load().database(&p.key.db).is_some_and(|(d, _)| d.user.is_some());
-    if p.min_size() == 0 || (Arc::strong_count(p) <= 2 && !forced()) {
-        return;
-    }
-    while p.warm_slot() {
+    if Arc::strong_count(p) > 2 || forced() { p.min_size() } else { 0 }
+}
+
+/// Opens the connections a pool lacks of `min` (`min_wanted`).
+fn warm(p: &Arc<ServerPool>, min: usize) {
+    while p.warm_slot(min) {
         let p = p.clone();
         tokio::spawn(async move {
             if let Err(e) = p.warm().await {

@@ -460,11 +460,10 @@ impl<K: Connector> Pool<K> {
     }
 
     /// Closes idle connections past lifetime, and past server_idle_timeout while more than
-    /// `min_size` are open (as PgBouncer). Called periodically.
-    pub(crate) fn prune(&self) {
+    /// `min` are open (`min_size` while the pool is in use, as PgBouncer). Periodic.
+    pub(crate) fn prune(&self, min: usize) {
         let idle_limit = self.cfg.load().server_idle_timeout();
         let lifetime = self.cfg.load().server_lifetime(&self.key.db);
-        let min = self.min_size();
         let mut g = self.lock();
         let before = g.idle.len();
         let mut open = g.open;

@@ -4,8 +4,9 @@
 //! each new connection takes its slot in the pool's caps like any other, and none is
 //! opened while the pool is paused or has clients queued (they get the next one).
 //!
-//! The pool decides and reserves the slot (`warm_slot`); the janitor, which does the IO,
-//! opens the connection (`warm`).
+//! The janitor says how many a pool should keep (`min_size` while the pool is in use, else
+//! 0: the pool does not know who holds it); the pool reserves the slot (`warm_slot`) and
+//! the janitor, which does the IO, opens the connection (`warm`).
 
 use super::conn::{Connector, Pooled};
 use super::{Pool, PoolPurpose};
@@ -22,11 +23,11 @@ impl<K: Connector> Pool<K> {
         self.cfg.load().min_pool_size_for(&self.key.db).min(self.size())
     }
 
-    /// Reserves a slot for one more connection when fewer than `min_size` are open (or
-    /// being opened), nobody waits, the pool is not paused and its caps have room. True:
-    /// the caller opens it with `warm`.
-    pub(crate) fn warm_slot(&self) -> bool {
-        let min = self.min_size();
+    /// Reserves a slot for one more connection when fewer than `min` (at most `min_size`)
+    /// are open or being opened, nobody waits, the pool is not paused and its caps have
+    /// room. True: the caller opens it with `warm`.
+    pub(crate) fn warm_slot(&self, min: usize) -> bool {
+        let min = min.min(self.min_size());
         let mut g = self.lock();
         let ok = g.open < min && g.waiters.is_empty() && !self.is_paused() && self.take_caps(&mut g);
         if ok {
