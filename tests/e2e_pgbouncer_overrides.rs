@@ -157,6 +157,18 @@ async fn user_and_database_overrides_take_effect_and_reload() {
         began.expect("a third backend for app after RELOAD").expect("a transaction");
     }
     assert_eq!(count(&backends(DB), "app"), 3, "after RELOAD, three backends for app");
+    for h in &held {
+        h.simple_query("COMMIT").await.expect("commit");
+    }
+
+    // RELOAD with another timezone for the database: new clients start with it, connected
+    // ones keep the one they started with.
+    let text = std::fs::read_to_string(&ini).expect("the ini");
+    std::fs::write(&ini, text.replace("Asia/Tokyo", "Europe/Paris")).expect("rewriting the ini");
+    console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("RELOAD: {}\n{}", describe(&e), p.log_tail()));
+    let fresh = p.connect("app", APP_PW, DB).await;
+    assert_eq!(fresh.scalar("show timezone").await.unwrap(), "Europe/Paris");
+    assert_eq!(held[0].scalar("show timezone").await.unwrap(), "Asia/Tokyo", "a client from before");
 }
 
 #[tokio::test]
