@@ -232,3 +232,113 @@ async fn cert_lines_take_the_verified_certificates_common_name() {
     })
     .await;
 }
+
+/// The `[databases]` and `[users]` of the cert tests, on the shared cluster.
+fn cert_entries() -> String {
+    let port = cluster().port();
+    format!(
+        "[databases.postgres]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [users.app]\npassword = \"{APP_PW}\"\n\n[users.postgres]\npassword = \"{SUPER_PW}\"\n"
+    )
+}
+
+#[tokio::test]
+async fn auth_type_cert_takes_the_user_from_the_certificate() {
+    let server = Certs::new(&["127.0.0.1"]);
+    let app = Certs::new(&["app"]);
+    let tls = format!(
+        "client_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\nclient_tls_ca_file = \"{}\"\n",
+        server.cert(),
+        server.key(),
+        app.ca()
+    );
+    // Without verify-ca or verify-full, auth_type = cert is refused at start.
+    let cfg = temp_path("cert-require.toml");
+    std::fs::write(&cfg, format!("auth_type = \"cert\"\nclient_tls_sslmode = \"require\"\n{tls}\n{}", cert_entries()))
+        .expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_parsnip"))
+        .args(["-c", cfg.to_str().expect("utf-8"), "--print-config"])
+        .output()
+        .expect("parsnip --print-config");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("needs client_tls_sslmode verify-ca or verify-full"), "{err}");
+    let p = Parsnip::with_config(&format!(
+        "auth_type = \"cert\"\nclient_tls_sslmode = \"verify-full\"\nadmin_users = [\"postgres\"]\n{tls}\n{}",
+        cert_entries()
+    ));
+    bounded(60, "auth_type cert", async {
+        let with_cert = tls_connector(&server, Some(&app));
+        assert_eq!(tls_login(p.port(), &with_cert, "app", "postgres").await, Ok("app".to_owned()), "{}", p.log_tail());
+        assert_eq!(
+            tls_login(p.port(), &with_cert, "postgres", "postgres").await,
+            Err("28000 certificate authentication failed for user \"postgres\"".to_owned()),
+            "the common name must be the user name"
+        );
+        // Logged in by certificate, app is no console admin (admin_users decides).
+        let e = tls_login(p.port(), &with_cert, "app", "pgbouncer").await.expect_err("console");
+        assert!(e.contains("not allowed to use the parsnip console"), "{e}");
+        let e = tls_login(p.port(), &tls_connector(&server, None), "app", "postgres").await.expect_err("no cert");
+        assert!(!e.is_empty(), "verify-full: no certificate, no login");
+        let e = login(p.port(), "127.0.0.1", "app", Some(APP_PW), "postgres").await.expect_err("plaintext");
+        assert_eq!(e.code(), "28000", "{e:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn hba_map_lines_map_certificate_and_os_users_through_auth_ident_file() {
+    let server = Certs::new(&["127.0.0.1"]);
+    let alice = Certs::new(&["app@example.com"]);
+    let ops = Certs::new(&["ops-cert"]);
+    let cas = temp_path("cert-cas.pem");
+    let both = format!(
+        "{}{}",
+        std::fs::read_to_string(&alice.ca_file).expect("CA"),
+        std::fs::read_to_string(&ops.ca_file).expect("CA")
+    );
+    std::fs::write(&cas, both).expect("CA file");
+    let me = os_user();
+    let sock_dir = temp_path("ident-sock");
+    std::fs::create_dir_all(&sock_dir).expect("socket dir");
+    let hba = temp_path("pg_hba-map.conf");
+    std::fs::write(&hba, "local all all peer map=os\nhostssl all all 127.0.0.1/32 cert map=certs\n").expect("hba");
+    let ident = temp_path("pg_ident.conf");
+    std::fs::write(
+        &ident,
+        format!("# MAP SYSTEM-USER DB-USER\ncerts /^(.*)@example\\.com$ \\1\ncerts ops-cert postgres\nos {me} app\n"),
+    )
+    .expect("ident file");
+    let p = Parsnip::with_config(&format!(
+        "auth_type = \"hba\"\nauth_hba_file = \"{}\"\nauth_ident_file = \"{}\"\nunix_socket_dir = \"{}\"\n\
+         client_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\nclient_tls_ca_file = \"{}\"\n{}",
+        hba.display(),
+        ident.display(),
+        sock_dir.display(),
+        server.cert(),
+        server.key(),
+        cas.display(),
+        cert_entries()
+    ));
+    bounded(60, "ident maps", async {
+        let tls = tls_connector(&server, Some(&alice));
+        assert_eq!(tls_login(p.port(), &tls, "app", "postgres").await, Ok("app".to_owned()), "{}", p.log_tail());
+        assert_eq!(
+            tls_login(p.port(), &tls, "postgres", "postgres").await,
+            Err("28000 certificate authentication failed for user \"postgres\"".to_owned()),
+            "\\1 is app for app@example.com"
+        );
+        let tls = tls_connector(&server, Some(&ops));
+        assert_eq!(tls_login(p.port(), &tls, "postgres", "postgres").await, Ok("postgres".to_owned()));
+        assert!(tls_login(p.port(), &tls, "ops-cert", "postgres").await.is_err(), "a map is not the identity");
+        // peer map=os: this OS user may log in as app, not as itself.
+        let c = Pg::connect_config(&mut unix_config(&sock_dir, p.port(), "app", "postgres"))
+            .await
+            .unwrap_or_else(|e| panic!("peer {me} as app: {e}\n{}", p.log_tail()));
+        assert_eq!(c.scalar("select current_user").await.expect("query"), "app");
+        let e =
+            Pg::connect_config(&mut unix_config(&sock_dir, p.port(), &me, "postgres")).await.err().expect("refused");
+        let db = e.as_db_error().expect("a server error");
+        assert_eq!(db.message(), format!("Peer authentication failed for user \"{me}\""));
+    })
+    .await;
+}

@@ -4,7 +4,8 @@
 //! databases `all`, `sameuser`, `replication`, names, comma lists and `@file`; users `all`,
 //! names, comma lists and `@file` (no `+group`); addresses `all`, IPv4 and IPv6 as CIDR or
 //! address and mask (no host names, `samehost`, `samenet`); methods `trust`, `reject`,
-//! `md5`, `password`, `scram-sha-256`, `cert` and `peer`. A quoted name is a name, never a
+//! `md5`, `password`, `scram-sha-256`, `cert` and `peer`, the last two with an optional
+//! `map=NAME` (a map of `auth_ident_file`, `auth::ident`). A quoted name is a name, never a
 //! keyword (`"all"` is the database called all); `""` inside quotes is one `"`. The first
 //! line that matches decides; none is a refusal (`refusal`, PostgreSQL's words).
 //!
@@ -93,6 +94,9 @@ pub(crate) struct Rule {
     addr: Addr,
     /// What it asks of the client.
     pub(crate) method: Method,
+    /// `map=NAME` (cert and peer lines): the certificate or OS user name must map to the
+    /// user through this map of `auth_ident_file`, instead of being the user name.
+    pub(crate) map: Option<String>,
 }
 
 /// A parsed file: its rules in order.
@@ -325,13 +329,27 @@ impl Hba {
             Some(_) => return Err("the authentication method is a single value".into()),
             None => return Err("end of line before the authentication method".into()),
         };
-        if let Some(opt) = rest.get(1).and_then(|o| o.first()) {
-            return Err(format!("option \"{}\" is not supported (no ident maps)", opt.text));
+        // Options: `map=NAME` on cert and peer lines (PgBouncer's only one), naming a map of
+        // `auth_ident_file`.
+        let mut map = None;
+        for opt in rest[1..].iter().flatten() {
+            match opt.text.split_once('=') {
+                Some(("map", name)) if matches!(method, Method::Cert | Method::Peer) && !name.is_empty() => {
+                    map = Some(name.to_owned())
+                }
+                Some(("map", _)) => return Err("map= is only supported on cert and peer lines".into()),
+                _ => return Err(format!("option \"{}\" is not supported (only map=)", opt.text)),
+            }
         }
         if method == Method::Peer && conn != ConnType::Local {
             return Err("peer authentication is only supported on local sockets".into());
         }
-        Ok(Rule { line, conn, dbs, users, addr, method })
+        Ok(Rule { line, conn, dbs, users, addr, method, map })
+    }
+
+    /// The maps the rules name (`map=`), with their line numbers.
+    pub(crate) fn maps(&self) -> impl Iterator<Item = (usize, &str)> {
+        self.rules.iter().filter_map(|r| r.map.as_deref().map(|m| (r.line, m)))
     }
 
     /// The first rule `client` falls under; None: no rule (refused).

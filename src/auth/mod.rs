@@ -21,6 +21,7 @@
 //! (config files, `auth_query`, the command line) belongs to `config`; neither is parsed here.
 
 pub(crate) mod hba;
+pub(crate) mod ident;
 mod md5;
 mod scram;
 mod secret;

@@ -5,7 +5,8 @@
 //! leaves the global value in force, while a reserve of 0 is a reserve of 0), and
 //! `reserve_pool_timeout_ms`.
 
-use super::{Config, DatabaseConfig, ms};
+use super::effective::ms;
+use super::{Config, DatabaseConfig};
 use std::time::Duration;
 
 /// A per-entry override, else the global value (0 is no override, as in PgBouncer).

@@ -69,19 +69,38 @@ impl Config {
         if let Some(hba) = &cfg.auth_hba_file {
             cfg.auth_hba_file = Some(locate(hba, path).display().to_string());
         }
+        if let Some(ident) = &cfg.auth_ident_file {
+            cfg.auth_ident_file = Some(locate(ident, path).display().to_string());
+        }
         Ok(cfg)
     }
 
-    /// Reads `auth_hba_file` when `auth_type` is hba (at start and at each reload, as
-    /// PgBouncer re-reads it); an `@file` it names is relative to its directory.
+    /// Reads `auth_hba_file` and `auth_ident_file` when `auth_type` is hba (at start and at
+    /// each reload, as PgBouncer re-reads them); an `@file` the hba file names is relative
+    /// to its directory.
     pub(crate) fn read_hba(&mut self) -> Result<(), ConfigError> {
         self.hba = None;
+        self.ident = None;
+        if let (AuthType::Hba, Some(path)) = (self.auth_type, &self.auth_ident_file) {
+            let fail = |e: String| ConfigError(format!("auth_ident_file {path}: {e}"));
+            let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+            self.ident = Some(std::sync::Arc::new(crate::auth::ident::IdentMap::parse(&text).map_err(fail)?));
+        }
         let (AuthType::Hba, Some(path)) = (self.auth_type, &self.auth_hba_file) else { return Ok(()) };
         let fail = |e: String| ConfigError(format!("auth_hba_file {path}: {e}"));
         let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
         let dir = Path::new(path).parent().map(Path::to_path_buf).unwrap_or_default();
         let mut read = |name: &str| std::fs::read_to_string(dir.join(name)).map_err(|e| e.to_string());
         let hba = crate::auth::hba::Hba::parse(&text, &mut read).map_err(fail)?;
+        // A map no line of the ident file has would refuse everyone its lines match: a typo.
+        for (line, map) in hba.maps() {
+            if !self.ident.as_ref().is_some_and(|i| i.has_map(map)) {
+                return Err(fail(format!(
+                    "line {line}: map={map} is not a map of auth_ident_file ({})",
+                    self.auth_ident_file.as_deref().unwrap_or("not set")
+                )));
+            }
+        }
         self.hba = Some(std::sync::Arc::new(hba));
         Ok(())
     }

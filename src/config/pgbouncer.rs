@@ -150,22 +150,14 @@ const MISSING: &[(&[&str], &str)] = &[
             "max_db_client_connections",
             "max_user_connections",
             "max_user_client_connections",
-            "min_pool_size",
             "connect_query",
             "server_fast_close",
-            "server_lifetime",
         ],
         "parsnip has no such setting here yet",
     ),
-    (&["auth_user", "auth_query", "auth_dbname"], "parsnip's is global only (the [pgbouncer] setting)"),
-    (&["auth_ident_file"], "parsnip has no ident maps (hba's map=) yet"),
     (&["auth_ldap_options"], "parsnip has no LDAP authentication yet"),
     (&["unix_socket_group"], "parsnip does not change its socket's group"),
-    (&["query_timeout", "transaction_timeout"], "use PostgreSQL's statement_timeout or transaction_timeout"),
-    (
-        &["client_encoding", "datestyle", "timezone", "application_name"],
-        "parsnip does not set server parameters per database: use ALTER DATABASE/ROLE ... SET",
-    ),
+    (&["transaction_timeout"], "use PostgreSQL 17's transaction_timeout (ALTER ROLE ... SET)"),
     (&["disable_pqexec", "application_name_add_host", "query_wait_notify"], "parsnip has no such setting"),
 ];
 
@@ -178,9 +170,7 @@ const AT_DEFAULT: &[(&str, &str)] = &[
     ("max_db_client_connections", "0"),
     ("max_user_connections", "0"),
     ("max_user_client_connections", "0"),
-    ("min_pool_size", "0"),
     ("server_fast_close", "0"),
-    ("query_timeout", "0"),
     ("transaction_timeout", "0"),
     ("disable_pqexec", "0"),
     ("application_name_add_host", "0"),
@@ -247,6 +237,11 @@ pub(crate) fn translate(lines: &[Line], read: &mut Resolver) -> Result<Translati
             "peers" => t.peer(l)?,
             other => return Err(format!("{}: unknown section [{other}]", l.at)),
         }
+    }
+    // A database's auth_user runs PgBouncer's default auth_query when none is set.
+    let db_auth_user = t.databases.values().any(|d| d.get("auth_user").is_some());
+    if db_auth_user && !t.table.contains_key("auth_query") {
+        t.table.insert("auth_query".into(), Value::String(PGBOUNCER_AUTH_QUERY.into()));
     }
     let users = t.users.into_iter().map(|(name, u)| (name, Value::Table(u))).collect::<Table>();
     for (name, sub) in [("databases", t.databases), ("users", users), ("peers", t.peers)] {
@@ -348,12 +343,6 @@ impl Tr {
                 ("load_balance_hosts", "round-robin") => "random",
                 (_, v) => v,
             };
-            if matches!(k.as_str(), "auth_user" | "auth_query" | "auth_dbname")
-                && !db_accepts(k)
-                && self.table.get(k).and_then(Value::as_str) == Some(v)
-            {
-                continue; // the same as the global setting
-            }
             self.setting(Scope::Database, l, k, v, &mut db)?;
         }
         // PgBouncer's defaults: the unix socket in unix_socket_dir, port 5432, and several
@@ -525,5 +514,7 @@ fn at_default(key: &str, value: &str) -> bool {
     })
 }
 
+#[cfg(test)]
+mod override_tests;
 #[cfg(test)]
 mod tests;

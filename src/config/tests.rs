@@ -33,6 +33,10 @@ fn tls_settings_are_checked_together() {
             "client_tls_ca_file",
         ),
         ("auth_type = 'hba'\n", "needs auth_hba_file"),
+        (
+            "auth_type = 'cert'\nclient_tls_cert_file = '/c'\nclient_tls_key_file = '/k'\nclient_tls_sslmode = 'require'\n",
+            "needs client_tls_sslmode verify-ca or verify-full",
+        ),
     ];
     for (top, want) in bad {
         let e = Config::from_toml(&format!("{top}{db}")).unwrap_err();

@@ -207,6 +207,19 @@ impl CancelSlot {
         let before = self.queued_cancels.load(Ordering::Acquire);
         self.kicked_until(|| self.queued_cancels.load(Ordering::Acquire) != before).await
     }
+    /// `query_timeout`: cancels what the client's server runs, as a CancelRequest of the
+    /// client's own would (held, if its batch is queued behind others' on a shared one).
+    pub(crate) fn cancel_own(&self) {
+        let (Some(t), _) = self.begin_cancel() else { return };
+        tracing::debug!(server_pid = t.pid, "query_timeout: the running query is cancelled");
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let pool = self.pool();
+            rt.spawn(async move { send(&t, pool).await });
+        } else {
+            settle(&t);
+        }
+    }
+
     /// The client's server, with a cancel counted in flight on it; or the cancel is held
     /// (None, and `false`: nothing to wake). Under the slot's lock, so a release (which
     /// clears the slot first) sees the count.

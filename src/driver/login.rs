@@ -296,6 +296,7 @@ pub(super) fn server_side(
         dbname: server_db.to_owned(),
         user: server_user,
         tls,
+        params: db_cfg.default_params(),
     };
     (target, forced)
 }
@@ -394,10 +395,10 @@ impl Shared {
         server_db: &str,
     ) -> Result<Option<Secret>, Error> {
         let cfg = self.cfg.load_full();
-        let (Some(query), Some(auth_user)) = (&cfg.auth_query, &cfg.auth_user) else {
+        let Some((query, auth_user, auth_dbname)) = cfg.auth_lookup(db_cfg) else {
             return Ok(None);
         };
-        let auth_db = cfg.auth_dbname.clone().unwrap_or_else(|| server_db.to_owned());
+        let auth_db = auth_dbname.unwrap_or(server_db).to_owned();
         let creds = match cfg.users.get(auth_user).and_then(|u| u.password.as_deref()).map(Secret::parse) {
             Some(Secret::Plain(p)) => Credentials::Password(p),
             Some(Secret::Md5(m)) => Credentials::Md5Secret(m),

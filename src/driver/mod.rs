@@ -410,7 +410,9 @@ async fn janitor(shared: Arc<Shared>) {
         }
         for p in pools {
             p.expire_waiters();
-            p.prune();
+            let min = min_wanted(&shared, &p);
+            p.prune(min);
+            warm(&p, min);
             if roll {
                 p.stats.roll_period(&p.stmts, now);
             }
@@ -418,6 +420,27 @@ async fn janitor(shared: Arc<Shared>) {
         reap_pools(&shared, &mut unused_since, std::time::Instant::now());
         shared.caps.prune();
         fast_close_check(&shared, &mut epochs);
+    }
+}
+
+/// `min_pool_size`: what a pool keeps open, as PgBouncer does for a pool with a client
+/// connected (here: a pool some client holds, beside the pool map and the janitor's list)
+/// or of a database with a forced `user`; 0 for any other (so that `server_idle_timeout`
+/// closes its connections and an unused pool can be dropped).
+fn min_wanted(shared: &Shared, p: &Arc<ServerPool>) -> usize {
+    let forced = || shared.cfg.load().database(&p.key.db).is_some_and(|(d, _)| d.user.is_some());
+    if Arc::strong_count(p) > 2 || forced() { p.min_size() } else { 0 }
+}
+
+/// Opens the connections a pool lacks of `min` (`min_wanted`).
+fn warm(p: &Arc<ServerPool>, min: usize) {
+    while p.warm_slot(min) {
+        let p = p.clone();
+        tokio::spawn(async move {
+            if let Err(e) = p.warm().await {
+                tracing::debug!(db = %p.key.db, user = %p.key.user, error = %e, "min_pool_size connect failed");
+            }
+        });
     }
 }
 

@@ -107,9 +107,16 @@ impl Shared {
                     super::split::forget_probes(split);
                 }
             }
-            if p.key.purpose == PoolPurpose::Clients && p.mode != new.pool_mode_for(db_cfg, user) {
-                // Sessions keep the mode they started with: new clients get a new pool.
-                tracing::info!(db = %p.key.db, user = %user, "pool_mode changed: new clients get a new pool");
+            // The database's client_encoding, datestyle, timezone or application_name: the
+            // defaults a pool learnt from its first connection and tells its clients.
+            let old_params = old.database(&p.key.db).map(|(d, _)| d.default_params());
+            let params_changed = old_params.is_some_and(|o| o != db_cfg.default_params());
+            let mode_changed = p.mode != new.pool_mode_for(db_cfg, user);
+            if p.key.purpose == PoolPurpose::Clients && (mode_changed || params_changed) {
+                // Sessions keep the mode and defaults they started with: new clients get a
+                // new pool.
+                let what = if mode_changed { "pool_mode" } else { "the server parameters" };
+                tracing::info!(db = %p.key.db, user = %user, "{what} changed: new clients get a new pool");
                 let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
                 pools.remove(&p.key);
                 if let Some(split) = p.connector().split() {

@@ -35,6 +35,9 @@ pub struct ServerTarget {
     pub user: String,
     /// TLS to the server (never over a unix socket, as libpq).
     pub(crate) tls: Arc<crate::driver::tls_config::ServerTls>,
+    /// Startup parameters beyond user and database: the database entry's
+    /// (`DatabaseConfig::default_params`), so its clients start with them.
+    pub(crate) params: Vec<(String, String)>,
 }
 
 impl ServerTarget {
@@ -69,6 +72,7 @@ impl ServerTarget {
                 config: None,
                 channel_binding: ChannelBinding::Prefer,
             }),
+            params: Vec::new(),
         }
     }
 }
@@ -276,7 +280,9 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         stream = start_tls(stream, tls.clone(), target).await?;
     }
     let mut out = BytesMut::with_capacity(256);
-    startup::startup_message(&mut out, &[("user", &target.user), ("database", &target.dbname)]);
+    let mut params = vec![("user", target.user.as_str()), ("database", target.dbname.as_str())];
+    params.extend(target.params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    startup::startup_message(&mut out, &params);
     stream.write_all(&out).await.map_err(io)?;
     out.clear();
     let mut rbuf = BytesMut::with_capacity(4096);

@@ -136,13 +136,20 @@ impl Login {
                 Err(e) => return self.close(e),
             }
         }
-        if self.method == AuthType::Trust {
+        // PgBouncer's global cert: the certificate's common name is the user name (no
+        // map); the user is let in as under trust, but is no console admin for it.
+        if self.method == AuthType::Cert
+            && let Err(e) = self.check_cert(None)
+        {
+            return self.close(e);
+        }
+        if matches!(self.method, AuthType::Trust | AuthType::Cert) {
             let creds = self.credentials_from(configured.as_ref());
             return self.authenticated(creds);
         }
         match configured {
             Some(secret) => self.begin_password(Some(secret)),
-            None if self.cfg.auth_query.is_some() && self.cfg.auth_user.is_some() => {
+            None if self.target.as_ref().is_some_and(|t| self.cfg.auth_lookup(&t.db_cfg).is_some()) => {
                 self.phase = Phase::AwaitSecret;
                 Step::NeedSecret
             }
@@ -190,24 +197,14 @@ impl Login {
             Method::ScramSha256 => AuthType::ScramSha256,
             Method::Reject => return Err(crate::auth::hba::refusal(&client, true)),
             Method::Cert => {
-                let Some(name) = &self.cert_name else {
-                    return Err(Error::fatal(
-                        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
-                        "connection requires a valid client certificate",
-                    ));
-                };
-                if *name != self.user {
-                    tracing::info!(user = %self.user, certificate = %name, "certificate name is not the user name");
-                    return Err(Error::fatal(
-                        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
-                        format!("certificate authentication failed for user \"{}\"", self.user),
-                    ));
-                }
+                self.check_cert(rule.map.as_deref())?;
                 AuthType::Trust
             }
             Method::Peer => {
-                if self.transport.os_user.as_deref() != Some(self.user.as_str()) {
-                    tracing::info!(user = %self.user, os_user = ?self.transport.os_user, "peer is another user");
+                let allowed =
+                    self.transport.os_user.as_deref().is_some_and(|os| self.maps_to_user(rule.map.as_deref(), os));
+                if !allowed {
+                    tracing::info!(user = %self.user, os_user = ?self.transport.os_user, map = ?rule.map, "peer is another user");
                     return Err(Error::fatal(
                         SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
                         format!("Peer authentication failed for user \"{}\"", self.user),
@@ -216,6 +213,41 @@ impl Login {
                 AuthType::Trust
             }
         })
+    }
+
+    /// `cert`: a verified client certificate whose common name is the user name, or maps
+    /// to it through `map` of `auth_ident_file`; an error (28000, PostgreSQL's words) if not.
+    fn check_cert(&self, map: Option<&str>) -> Result<(), Error> {
+        let Some(name) = &self.cert_name else {
+            return Err(Error::fatal(
+                SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                "connection requires a valid client certificate",
+            ));
+        };
+        if !self.maps_to_user(map, name) {
+            tracing::info!(user = %self.user, certificate = %name, map = ?map, "certificate name is not the user name");
+            return Err(Error::fatal(
+                SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                format!("certificate authentication failed for user \"{}\"", self.user),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `system` (a certificate's common name, a peer's OS user) may log in as the
+    /// user: without a map when it is the user name; with one when `auth_ident_file` has a
+    /// line of that map allowing it (PostgreSQL's rule: no implicit identity).
+    fn maps_to_user(&self, map: Option<&str>, system: &str) -> bool {
+        match map {
+            None => system == self.user,
+            Some(map) => match &self.cfg.ident {
+                Some(ident) => ident.allows(map, system, &self.user),
+                None => {
+                    tracing::warn!(map, "an hba line names a map but no auth_ident_file was read: refusing");
+                    false
+                }
+            },
+        }
     }
 
     /// Asks the client for its password the way `secret` can check it (None: an unknown

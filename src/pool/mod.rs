@@ -24,6 +24,7 @@ mod queue;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod warm;
 
 pub(crate) use conn::{Connecting, Connector, Pooled};
 pub(crate) use defaults::ServerDefaults;
@@ -397,7 +398,7 @@ impl<K: Connector> Pool<K> {
 
     /// Whether `c` is past `server_lifetime`.
     pub(crate) fn expired(&self, c: &K::Conn) -> bool {
-        self.cfg.load().server_lifetime().is_some_and(|l| c.created().elapsed() >= l)
+        self.cfg.load().server_lifetime(&self.key.db).is_some_and(|l| c.created().elapsed() >= l)
     }
 
     /// Whether `c` was opened before the last `reconnect`.
@@ -458,14 +459,19 @@ impl<K: Connector> Pool<K> {
         self.offer_idle();
     }
 
-    /// Closes idle connections past server_idle_timeout or lifetime. Called periodically.
-    pub(crate) fn prune(&self) {
+    /// Closes idle connections past lifetime, and past server_idle_timeout while more than
+    /// `min` are open (`min_size` while the pool is in use, as PgBouncer). Periodic.
+    pub(crate) fn prune(&self, min: usize) {
         let idle_limit = self.cfg.load().server_idle_timeout();
+        let lifetime = self.cfg.load().server_lifetime(&self.key.db);
         let mut g = self.lock();
         let before = g.idle.len();
+        let mut open = g.open;
         g.idle.retain(|c| {
-            !(idle_limit.is_some_and(|l| c.last_used().elapsed() >= l)
-                || self.cfg.load().server_lifetime().is_some_and(|l| c.created().elapsed() >= l))
+            let close = lifetime.is_some_and(|l| c.created().elapsed() >= l)
+                || (open > min && idle_limit.is_some_and(|l| c.last_used().elapsed() >= l));
+            open -= usize::from(close);
+            !close
         });
         let closed = before - g.idle.len();
         g.close_slots(closed);

@@ -148,7 +148,7 @@ async fn broken_and_old_connections_are_closed_not_handed_out() {
     let c = p.acquire().await.expect("another old one");
     p.release_now(c, true);
     assert_eq!(p.counts(), (1, 1, 0));
-    p.prune();
+    p.prune(0);
     assert_eq!(p.counts(), (0, 0, 0), "pruned");
 }
 
@@ -335,4 +335,41 @@ async fn an_idle_connection_of_another_pool_is_evicted_to_make_room() {
     let theirs = waiting.await.expect("task").expect("a connects once b's connection went idle");
     assert_eq!((a.counts(), b.counts(), cap.open()), ((0, 1, 0), (0, 0, 0), 1));
     a.release(theirs, true);
+}
+
+#[tokio::test]
+async fn min_pool_size_is_opened_ahead_and_outlives_the_idle_timeout() {
+    let cfg = Config { min_pool_size: 2, server_idle_timeout_ms: 60_000, ..Config::default() };
+    let p = pool_with(3, Opener::default(), cfg);
+    // Two slots reserved, then none: the minimum is reached (counting those being opened).
+    assert!(!p.warm_slot(0), "a pool not in use is not warmed");
+    assert!(p.warm_slot(5) && p.warm_slot(5));
+    assert!(!p.warm_slot(5), "at most min_pool_size");
+    p.warm().await.expect("opened");
+    p.warm().await.expect("opened");
+    assert_eq!(p.counts(), (2, 2, 0), "two idle connections nobody asked for");
+    // A third, idle past the idle timeout like the others: closed down to the minimum only.
+    let c = p.acquire().await.expect("a third");
+    p.release_now(c, true);
+    let long_ago = Instant::now().checked_sub(Duration::from_secs(3600)).expect("an hour ago");
+    p.lock().idle.iter_mut().for_each(|c| c.last_used = long_ago);
+    p.prune(p.min_size());
+    assert_eq!(p.counts(), (2, 2, 0), "server_idle_timeout keeps min_pool_size open");
+    // A failed connect gives its slot back.
+    let c = p.acquire().await.expect("taken");
+    drop(c);
+    p.slot_freed();
+    p.connector().fail.store(true, Ordering::Relaxed);
+    assert!(p.warm_slot(2));
+    assert!(p.warm().await.is_err());
+    assert_eq!(p.counts(), (1, 1, 0));
+    // Once the pool is not in use, the idle timeout closes them all.
+    p.prune(0);
+    assert_eq!(p.counts(), (0, 0, 0));
+    // The minimum is capped at the pool's size, and pools serving no client keep none.
+    let cfg = Config { min_pool_size: 5, ..Config::default() };
+    assert_eq!(pool_with(3, Opener::default(), cfg.clone()).min_size(), 3);
+    let key = PoolKey { purpose: PoolPurpose::AuthQuery, ..PoolKey::clients("db", "u") };
+    let aq = Pool::new(key, PoolMode::Transaction, 3, Opener::default(), Arc::new(cfg));
+    assert_eq!(aq.min_size(), 0);
 }

@@ -19,12 +19,19 @@ pub(crate) struct Timeouts {
     /// `pinned_timeout_ms`: a client pinned to its server connection (`pins`), idle outside
     /// a transaction, is closed once it has been silent this long.
     pub(crate) pinned: Option<Duration>,
+    /// `query_timeout_ms`: a client waiting for its server's replies is closed (its server
+    /// connection with it) once it has been silent this long: PgBouncer's query_timeout,
+    /// timed from the client's last message.
+    pub(crate) query: Option<Duration>,
 }
 
 impl Timeouts {
     /// Whether any timeout is set (else the driver need not read the clock at all).
     pub(crate) fn any(&self) -> bool {
-        self.client_idle.is_some() || self.idle_in_transaction.is_some() || self.pinned.is_some()
+        self.client_idle.is_some()
+            || self.idle_in_transaction.is_some()
+            || self.pinned.is_some()
+            || self.query.is_some()
     }
 }
 
@@ -37,6 +44,8 @@ enum Idle {
     InTransaction,
     /// Pinned to its server connection, outside a transaction, nothing outstanding.
     Pinned,
+    /// Linked, waiting for the server's replies to what it sent.
+    Running,
 }
 
 impl Session {
@@ -56,6 +65,8 @@ impl Session {
             && !client_buffered
         {
             Some(Idle::Pinned)
+        } else if self.is_linked() && (!self.busy.replies.is_empty() || self.busy.replies.is_unsynced()) {
+            Some(Idle::Running)
         } else {
             None
         }
@@ -69,6 +80,7 @@ impl Session {
             Idle::Session => t.client_idle?,
             Idle::InTransaction => t.idle_in_transaction?,
             Idle::Pinned => t.pinned?,
+            Idle::Running => t.query?,
         };
         Some(idle_since + limit)
     }
@@ -76,10 +88,19 @@ impl Session {
     /// The time is `now`: if the timeout that applies has expired, the session ends with
     /// PostgreSQL's error for it (57P05 idle session, 25P03 idle in transaction). Does
     /// nothing otherwise. A pinned client's is 57P05 too, its message naming
-    /// `pinned_timeout` and the reasons.
-    pub(crate) fn handle_timeout(&mut self, t: &Timeouts, idle_since: Instant, client_buffered: bool, now: Instant) {
+    /// `pinned_timeout` and the reasons; a running query's (`query_timeout`) 57014.
+    ///
+    /// True when the expired one is `query_timeout`: the driver then cancels the query on
+    /// the server (the connection then settles as for any client that left mid-query).
+    pub(crate) fn handle_timeout(
+        &mut self,
+        t: &Timeouts,
+        idle_since: Instant,
+        client_buffered: bool,
+        now: Instant,
+    ) -> bool {
         if self.poll_timeout(t, idle_since, client_buffered).is_none_or(|due| now < due) {
-            return;
+            return false;
         }
         match self.idle_kind(client_buffered) {
             Some(Idle::InTransaction) => self.fail(Error::fatal(
@@ -102,7 +123,12 @@ impl Session {
                     )),
                 );
             }
+            Some(Idle::Running) => {
+                self.fail(Error::fatal(SqlState::QUERY_CANCELED, "terminating connection due to query_timeout"));
+                return true;
+            }
             None => {}
         }
+        false
     }
 }

@@ -119,6 +119,15 @@ fn each_case_gets_the_first_matching_line() {
 }
 
 #[test]
+fn cert_and_peer_lines_may_name_a_map() {
+    let hba =
+        Hba::parse("hostssl all all all cert map=certs\nlocal all all peer map=os\nlocal all all peer\n", &mut read)
+            .expect("parses");
+    let maps: Vec<_> = hba.rules.iter().map(|r| r.map.as_deref()).collect();
+    assert_eq!(maps, [Some("certs"), Some("os"), None]);
+}
+
+#[test]
 fn bad_lines_fail_the_file_naming_the_line() {
     for (text, why) in [
         ("host all all 1.2.3.4 md5", "invalid IP mask \"md5\""),
@@ -130,7 +139,8 @@ fn bad_lines_fail_the_file_naming_the_line() {
         ("host all all 1.2.3.0/24", "before the authentication method"),
         ("host all +grp 1.2.3.0/24 md5", "group names"),
         ("host samerole all 1.2.3.0/24 md5", "not supported"),
-        ("host all all 1.2.3.0/24 cert map=x", "option \"map=x\""),
+        ("host all all 1.2.3.0/24 md5 map=x", "only supported on cert and peer"),
+        ("host all all 1.2.3.0/24 cert clientcert=verify-full", "option \"clientcert=verify-full\""),
         ("host all all 1.2.3.0/24 peer", "only supported on local"),
         ("hostgssenc all all all md5", "GSSAPI"),
         ("hots all all all md5", "invalid connection type"),

@@ -118,9 +118,9 @@ fn users_auth_file_and_auth_query() {
     assert_eq!(c.auth_query.as_deref(), Some(PGBOUNCER_AUTH_QUERY), "auth_user alone: PgBouncer's auth_query");
     let c = config(&format!("{DB}[pgbouncer]\nauth_user = a\nauth_query = SELECT u, p FROM t WHERE u=$1\n"), &[]);
     assert_eq!(c.auth_query.as_deref(), Some("SELECT u, p FROM t WHERE u=$1"));
-    // A database's auth_user the same as the global one asks for nothing more.
-    let t = tr("[databases]\nd = host=h auth_user=a\n[pgbouncer]\nauth_user = a\n", &[]);
-    assert!(!t.notes.iter().any(|n| n.refused) || db_accepts("auth_user"), "{:?}", t.notes);
+    // A database's own auth_user is carried over (PgBouncer's per-database override).
+    let c = config("[databases]\nd = host=h auth_user=b\n[pgbouncer]\nlisten_addr = *\nauth_user = a\n", &[]);
+    assert_eq!(c.databases["d"].auth_user.as_deref(), Some("b"));
     let lines = ini::parse("p.ini", "[pgbouncer]\nauth_file = gone.txt\n", &mut files(&[])).unwrap();
     let e = translate(&lines, &mut files(&[])).unwrap_err();
     assert!(e.contains("p.ini:2") && e.contains("gone.txt"), "{e}");
@@ -136,12 +136,12 @@ fn ignored_and_unknown_settings_are_named() {
     assert!(unknown.refused && unknown.why.contains("unknown"), "{unknown:?}");
     assert!(!t.table.contains_key("frobnicate") && !t.table.contains_key("logfile"));
     // A value parsnip's key does not take is named too.
-    let t = tr(&format!("{DB}[pgbouncer]\nauth_type = cert\nclient_tls_sslmode = verify-full\n"), &[]);
-    assert!(named(&t, "auth_type = cert").is_some_and(|n| n.refused), "{:?}", t.notes);
+    let t = tr(&format!("{DB}[pgbouncer]\nauth_type = ldap\nclient_tls_sslmode = verify-full\n"), &[]);
+    assert!(named(&t, "auth_type = ldap").is_some_and(|n| n.refused), "{:?}", t.notes);
     assert!(named(&t, "client_tls_sslmode = verify-full").is_none(), "carried over: {:?}", t.notes);
     assert_eq!(t.table.get("client_tls_sslmode").and_then(Value::as_str), Some("verify-full"));
     let t = tr("[databases]\nd = host=h client_encoding=UTF8 bogus=1\n", &[]);
-    assert!(named(&t, "databases.d.client_encoding").is_some_and(|n| n.refused));
+    assert!(named(&t, "databases.d.client_encoding").is_none(), "carried over: {:?}", t.notes);
     assert!(named(&t, "databases.d.bogus").is_some_and(|n| n.refused));
 }
 
@@ -201,11 +201,14 @@ fn printed_toml_reads_back_the_same() {
 }
 
 #[test]
-fn auth_type_hba_and_its_file_are_carried_over() {
+fn auth_type_hba_cert_and_their_files_are_carried_over() {
     let t = tr(&format!("{DB}[pgbouncer]\nauth_type = hba\nauth_hba_file = pg_hba.conf\nauth_ident_file = m\n"), &[]);
     assert_eq!(t.table.get("auth_type").and_then(Value::as_str), Some("hba"));
     assert_eq!(t.table.get("auth_hba_file").and_then(Value::as_str), Some("pg_hba.conf"));
-    assert!(named(&t, "auth_ident_file").is_some_and(|n| n.refused && n.why.contains("ident")), "{:?}", t.notes);
+    assert_eq!(t.table.get("auth_ident_file").and_then(Value::as_str), Some("m"), "{:?}", t.notes);
     let c = config(&format!("{DB}[pgbouncer]\nauth_type = hba\nauth_hba_file = h.conf\n"), &[]);
     assert_eq!((c.auth_type, c.auth_hba_file.as_deref()), (AuthType::Hba, Some("h.conf")));
+    let tls = "client_tls_sslmode = verify-full\nclient_tls_ca_file = ca\nclient_tls_cert_file = c\nclient_tls_key_file = k\n";
+    let c = config(&format!("{DB}[pgbouncer]\nauth_type = cert\n{tls}"), &[]);
+    assert_eq!(c.auth_type, AuthType::Cert);
 }

@@ -264,7 +264,9 @@ impl Proxy {
                 Event::Timer => {
                     let now = std::time::Instant::now();
                     let timeouts = self.timeouts();
-                    self.session.get().handle_timeout(&timeouts, idle_since, !self.cbuf.is_empty(), now);
+                    if self.session.get().handle_timeout(&timeouts, idle_since, !self.cbuf.is_empty(), now) {
+                        self.slot.cancel_own();
+                    }
                 }
             }
         }
@@ -342,10 +344,11 @@ impl Proxy {
     fn timeouts(&self) -> Timeouts {
         let cfg = self.shared.cfg.load();
         Timeouts {
-            client_idle: cfg.client_idle_timeout(),
-            idle_in_transaction: cfg.idle_transaction_timeout(),
+            client_idle: cfg.client_idle_timeout(&self.pool.key.user),
+            idle_in_transaction: cfg.idle_transaction_timeout(&self.pool.key.user),
             // Looked up only for a pinned client (a parked session never is one).
             pinned: if self.session.is_pinned() { cfg.pinned_timeout(&self.pool.key.db) } else { None },
+            query: cfg.query_timeout(&self.pool.key.user),
         }
     }
 }

@@ -9,6 +9,7 @@ fn timeouts_are_decided_by_the_session_from_the_time_the_driver_reports() {
         client_idle: Some(Duration::from_secs(10)),
         idle_in_transaction: Some(Duration::from_secs(3)),
         pinned: None,
+        query: None,
     };
     let t0 = Instant::now();
     // Idle without a server: the idle-session timeout applies, not before it is due.
@@ -39,10 +40,18 @@ fn timeouts_are_decided_by_the_session_from_the_time_the_driver_reports() {
     // (`settle`), instead of throwing the connection away.
     assert_eq!(actions, vec![Action::Close]);
     assert!(h.s.is_linked());
-    // A request in flight: no timeout applies.
+    // A request in flight: no timeout applies, unless query_timeout is set.
     let mut h = H::new(PoolMode::Transaction, None);
     h.client(query("SELECT pg_sleep(60)"));
     assert_eq!(h.s.poll_timeout(&t, t0, false), None);
+    let t = Timeouts { query: Some(Duration::from_secs(5)), ..t };
+    assert_eq!(h.s.poll_timeout(&t, t0, false), Some(t0 + Duration::from_secs(5)), "query_timeout");
+    assert!(!h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(4)));
+    assert!(!h.s.is_closing());
+    assert!(h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(5)), "the driver cancels the query");
+    assert!(h.s.is_closing());
+    assert!(text(&h.s.to_client).contains("C57014"), "{}", text(&h.s.to_client));
+    assert!(text(&h.s.to_client).contains("query_timeout"), "{}", text(&h.s.to_client));
 }
 
 #[test]
