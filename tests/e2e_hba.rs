@@ -214,6 +214,10 @@ async fn cert_lines_take_the_verified_certificates_common_name() {
     bounded(60, "cert", async {
         let with_cert = tls_connector(&server, Some(&app));
         assert_eq!(tls_login(p.port(), &with_cert, "app", "postgres").await, Ok("app".to_owned()), "{}", p.log_tail());
+        // A certificate says who the client is, not that it may run the console (with no
+        // admin_users, only trust lines make admins).
+        let e = tls_login(p.port(), &with_cert, "app", "pgbouncer").await.expect_err("console");
+        assert!(e.contains("not allowed to use the parsnip console"), "{e}");
         assert_eq!(
             tls_login(p.port(), &with_cert, "md5user", "forced").await,
             Err("28000 certificate authentication failed for user \"md5user\"".to_owned())

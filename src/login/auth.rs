@@ -132,7 +132,7 @@ impl Login {
         let configured = self.configured_secret();
         if self.cfg.auth_type == AuthType::Hba {
             match self.hba_method() {
-                Ok(m) => self.method = m,
+                Ok((m, identified)) => (self.method, self.identified) = (m, identified),
                 Err(e) => return self.close(e),
             }
         }
@@ -170,8 +170,9 @@ impl Login {
     }
 
     /// Under `auth_type = "hba"`: the method of the client's line, `cert` and `peer`
-    /// checked here (and then as trust); an error for `reject` or no line.
-    fn hba_method(&self) -> Result<AuthType, Error> {
+    /// checked here (and then as trust, marked as identified: no console admin for it); an
+    /// error for `reject` or no line.
+    fn hba_method(&self) -> Result<(AuthType, bool), Error> {
         let client = crate::auth::hba::Client {
             addr: if self.transport.unix { None } else { self.transport.addr },
             tls: self.encrypted,
@@ -190,29 +191,32 @@ impl Login {
         }
         let Some(rule) = hba.find(&client) else { return Err(no_entry()) };
         tracing::debug!(user = %self.user, db = %self.db, line = rule.line, method = ?rule.method, "hba line");
-        Ok(match rule.method {
-            Method::Trust => AuthType::Trust,
-            Method::Password => AuthType::Password,
-            Method::Md5 => AuthType::Md5,
-            Method::ScramSha256 => AuthType::ScramSha256,
-            Method::Reject => return Err(crate::auth::hba::refusal(&client, true)),
-            Method::Cert => {
-                self.check_cert(rule.map.as_deref())?;
-                AuthType::Trust
-            }
-            Method::Peer => {
-                let allowed =
-                    self.transport.os_user.as_deref().is_some_and(|os| self.maps_to_user(rule.map.as_deref(), os));
-                if !allowed {
-                    tracing::info!(user = %self.user, os_user = ?self.transport.os_user, map = ?rule.map, "peer is another user");
-                    return Err(Error::fatal(
-                        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
-                        format!("Peer authentication failed for user \"{}\"", self.user),
-                    ));
+        Ok((
+            match rule.method {
+                Method::Trust => AuthType::Trust,
+                Method::Password => AuthType::Password,
+                Method::Md5 => AuthType::Md5,
+                Method::ScramSha256 => AuthType::ScramSha256,
+                Method::Reject => return Err(crate::auth::hba::refusal(&client, true)),
+                Method::Cert => {
+                    self.check_cert(rule.map.as_deref())?;
+                    return Ok((AuthType::Trust, true));
                 }
-                AuthType::Trust
-            }
-        })
+                Method::Peer => {
+                    let allowed =
+                        self.transport.os_user.as_deref().is_some_and(|os| self.maps_to_user(rule.map.as_deref(), os));
+                    if !allowed {
+                        tracing::info!(user = %self.user, os_user = ?self.transport.os_user, map = ?rule.map, "peer is another user");
+                        return Err(Error::fatal(
+                            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                            format!("Peer authentication failed for user \"{}\"", self.user),
+                        ));
+                    }
+                    return Ok((AuthType::Trust, true));
+                }
+            },
+            false,
+        ))
     }
 
     /// `cert`: a verified client certificate whose common name is the user name, or maps

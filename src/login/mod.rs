@@ -183,6 +183,10 @@ pub(crate) struct Login {
     /// How this client is asked to authenticate: `auth_type`, or under hba the method of
     /// its line (set when authentication starts).
     method: AuthType,
+    /// Let in under `method` Trust by an hba `cert` or `peer` line: who the client is was
+    /// checked, but that makes it no console admin (only `trust` does, with no
+    /// `admin_users`).
+    identified: bool,
     /// The common name of the certificate the client showed and parsnip verified (hba's
     /// `cert`).
     cert_name: Option<String>,
@@ -203,6 +207,7 @@ impl Login {
     pub(crate) fn new(cfg: Arc<Config>, refusal: Option<Refusal>, entropy: Entropy) -> Login {
         Login {
             method: cfg.auth_type,
+            identified: false,
             cfg,
             refusal,
             entropy,
@@ -415,8 +420,8 @@ impl Login {
     /// or a stats user (SHOW only).
     fn console_welcome(&mut self) -> Step {
         let cfg = &self.cfg;
-        let admin =
-            cfg.admin_users.contains(&self.user) || (cfg.admin_users.is_empty() && self.method == AuthType::Trust);
+        let admin = cfg.admin_users.contains(&self.user)
+            || (cfg.admin_users.is_empty() && self.method == AuthType::Trust && !self.identified);
         let read_only = !admin && cfg.stats_users.contains(&self.user);
         if !admin && !read_only {
             let user = self.user.clone();
