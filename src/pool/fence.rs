@@ -180,8 +180,9 @@ impl Fences {
     }
 
     /// `UNFENCE`: forgets what was seen of the clusters of the fenced hosts among `hosts`
-    /// (all: None), so that the next read-write server of each is taken as it is. The
-    /// number of hosts no longer fenced.
+    /// (all: None), and that the host lists holding any of `hosts` were surveyed, so that
+    /// the next connection of each asks its hosts again and takes the newest read-write
+    /// server that answers. The number of hosts no longer fenced.
     pub(crate) fn unfence(&self, hosts: Option<&[(String, u16)]>) -> usize {
         let mut g = self.lock();
         let chosen: Vec<(String, u16)> =
@@ -191,9 +192,12 @@ impl Fences {
                 g.newest.remove(&f.system_identifier);
             }
         }
-        if hosts.is_none() {
-            g.newest.clear();
-            g.surveyed.clear();
+        match hosts {
+            None => {
+                g.newest.clear();
+                g.surveyed.clear();
+            }
+            Some(h) => g.surveyed.retain(|list, _| !list.iter().any(|k| h.contains(k))),
         }
         chosen.len()
     }
@@ -271,11 +275,15 @@ mod tests {
         // Later connections are checked one by one, as before.
         assert!(f.check("old", 1, "42", 1).is_err());
         // UNFENCE forgets the cluster: the list is surveyed again; a list whose clusters
-        // are untouched stays known.
+        // and hosts are untouched stays known.
         f.surveyed(&hosts[1..2], vec!["7".into()]);
         assert_eq!(f.unfence(Some(&[("old".to_owned(), 1)])), 1);
         assert!(!f.known(&hosts));
         assert!(f.known(&hosts[1..2]));
+        // UNFENCE of a database with nothing fenced: its hosts are asked again all the same
+        // (an old primary taken while the promoted server was unreachable).
+        assert_eq!(f.unfence(Some(&[("other".to_owned(), 3)])), 0);
+        assert!(!f.known(&hosts[1..2]));
         // A survey after a promotion parsnip missed counts as one.
         assert_eq!(f.learn(&[answer("new", 2, "42", 2)]), vec![Ok(())]);
         assert_eq!(
