@@ -176,17 +176,14 @@ async fn survey(
         }
     }
     asked.abort_all();
-    let probes: Vec<Probe> = probes
-        .into_iter()
-        .map(|p| {
-            p.unwrap_or_else(|| Probe::Failed(ConnectError::Io(format!("no answer within {} ms", timeout.as_millis()))))
-        })
-        .collect();
+    for p in probes.iter_mut().filter(|p| p.is_none()) {
+        *p = Some(Probe::Failed(ConnectError::Io(format!("no answer within {} ms", timeout.as_millis()))));
+    }
     let answered: Vec<(usize, Answer)> = probes
         .iter()
         .enumerate()
         .filter_map(|(i, p)| match p {
-            Probe::Up { fence: Some((system_id, timeline)), .. } => {
+            Some(Probe::Up { fence: Some((system_id, timeline)), .. }) => {
                 let (host, port) = target.hosts[i].clone();
                 Some((i, Answer { host, port, system_id: system_id.clone(), timeline: *timeline }))
             }
@@ -200,7 +197,6 @@ async fn survey(
     }
     tracing::debug!(hosts = probes.len(), read_write = answers.len(), "surveyed the hosts before taking a primary");
     let order = memory.plan(&target.hosts, attrs, target.balance);
-    let mut probes: Vec<Option<Probe>> = probes.into_iter().map(Some).collect();
     let mut choice = Choice::new(target);
     let mut chosen: Option<Box<ServerConn>> = None;
     for i in order {
