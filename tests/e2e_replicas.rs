@@ -535,3 +535,83 @@ async fn failover_holds_waiting_clients_and_reads_stay_on_the_standby() {
     })
     .await;
 }
+
+/// Issue 28: a parsnip started after a failover, with the old primary restarted as it was
+/// (read-write on timeline 1) listed first and the promoted standby (timeline 2) after a
+/// host that never answers: its first server connection asks every host before choosing,
+/// so writes go to the promoted server, none to the old primary, which `SHOW FENCES`
+/// lists; the host that hangs delays the choice by one connect timeout at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_parsnip_after_a_failover_writes_on_the_newest_timeline() {
+    if direct_mode() {
+        return;
+    }
+    let (primary, standby) = primary_with_table_and_standby().await;
+    let (pp, sp) = (primary.port(), standby.port());
+    primary.psql("postgres", "INSERT INTO t VALUES (1, 'before')").expect("a row before the failover");
+    let lsn = primary.psql("postgres", "SELECT pg_current_wal_lsn()").expect("primary LSN");
+    {
+        let s = standby.clone();
+        blocking(move || s.wait_replayed(&lsn, Duration::from_secs(30))).await;
+    }
+    // The failover, then the old primary back as it was: two read-write servers.
+    {
+        let pr = primary.clone();
+        blocking(move || kill_primary(&pr)).await;
+        let s = standby.clone();
+        blocking(move || s.promote()).await;
+        let pr = primary.clone();
+        blocking(move || start_again(&pr)).await;
+    }
+    assert_eq!(primary.psql("postgres", "SELECT pg_is_in_recovery()").expect("old primary up"), "f");
+    assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "f", "the standby was promoted");
+    // A host that accepts TCP connections and never answers (its backlog is never read).
+    let hang = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let hp = hang.local_addr().expect("its address").port();
+    let timeout = Duration::from_millis(2000);
+    let p = Parsnip::with_config(&config(&[db("rw", &[pp, hp, sp], "read-write")]));
+    bounded(120, "a fresh parsnip after a failover", async {
+        let t0 = Instant::now();
+        let c = p.connect("postgres", SUPER_PW, "rw").await;
+        c.simple_query("INSERT INTO t VALUES (2, 'fresh parsnip')").await.expect("the first write");
+        let first = t0.elapsed();
+        eprintln!("first write through a fresh parsnip: {} ms (one host hangs)", first.as_millis());
+        assert!(first < timeout + Duration::from_millis(1500), "the host that hangs delayed the choice: {first:?}");
+        assert_eq!(c.scalar("select inet_server_port()").await.unwrap(), sp.to_string(), "not on the promoted server");
+        // Later connections use what was learnt (RECONNECT closes the open ones).
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        for id in 3..=5 {
+            console.simple_query("RECONNECT rw").await.expect("RECONNECT");
+            let c = p.connect("postgres", SUPER_PW, "rw").await;
+            c.simple_query(&format!("INSERT INTO t VALUES ({id}, 'fresh parsnip')")).await.expect("a write");
+            assert_eq!(c.scalar("select inet_server_port()").await.unwrap(), sp.to_string(), "on the old primary");
+        }
+        let fenced = |rows: Vec<Row>| -> Vec<(String, String, String)> {
+            rows.iter()
+                .map(|r| {
+                    let get = |k: &str| r.get(k).cloned().flatten().unwrap_or_default();
+                    (get("port"), get("timeline"), get("newer_timeline"))
+                })
+                .collect()
+        };
+        let want = [(pp.to_string(), "1".to_owned(), "2".to_owned())];
+        assert_eq!(fenced(console_rows(&console, "SHOW FENCES").await), want, "SHOW FENCES");
+        // UNFENCE: the hosts are asked again, and the old primary is refused again while
+        // the promoted server is up.
+        console.simple_query("UNFENCE rw").await.expect("UNFENCE");
+        assert!(console_rows(&console, "SHOW FENCES").await.is_empty(), "UNFENCE cleared it");
+        console.simple_query("RECONNECT rw").await.expect("RECONNECT");
+        let c = p.connect("postgres", SUPER_PW, "rw").await;
+        c.simple_query("INSERT INTO t VALUES (6, 'after UNFENCE')").await.expect("a write after UNFENCE");
+        assert_eq!(c.scalar("select inet_server_port()").await.unwrap(), sp.to_string(), "on the old primary");
+        assert_eq!(fenced(console_rows(&console, "SHOW FENCES").await), want, "fenced again");
+        // Checked on each server directly: both read-write, the writes on the promoted one.
+        assert_eq!(primary.psql("postgres", "SELECT pg_is_in_recovery()").expect("old primary"), "f");
+        assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "f");
+        let on_old = primary.psql("postgres", "SELECT count(*) FROM t WHERE id > 1").expect("count on the old primary");
+        assert_eq!(on_old, "0", "writes reached the old primary");
+        assert_eq!(standby.psql("SELECT count(*) FROM t WHERE id > 1"), "5", "writes on the promoted server");
+    })
+    .await;
+    drop(hang);
+}

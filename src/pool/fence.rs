@@ -5,6 +5,12 @@
 //! promoted meanwhile started a new timeline) and is refused as a primary until an
 //! operator says otherwise (`UNFENCE`). The driver (`driver::hosts`) asks the server and
 //! calls `check`; the console lists the refusals and clears them.
+//!
+//! What was seen only orders what was seen: a parsnip that never met the promoted server
+//! would take an old primary listed before it. So until a database's host list was
+//! surveyed (`known`), the driver asks every host at once and gives all the answers to
+//! `learn`, which judges them newest timeline first; the list is then known (`surveyed`)
+//! until `UNFENCE` forgets its cluster or a reload changes the list.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -38,12 +44,77 @@ pub(crate) struct Fenced {
     pub(crate) refusals: u64,
 }
 
+/// A read-write server's answer to `FENCE_QUERY`, in a survey of a database's hosts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) system_id: String,
+    pub(crate) timeline: u32,
+}
+
+/// The order in which a survey's answers are judged (indices into `answers`): newest
+/// timeline first, so that within each cluster the newest read-write server sets the
+/// timeline the older ones are refused against, whatever order the hosts are listed in.
+/// Equal timelines keep their order (they look alike and are all taken).
+pub(crate) fn newest_first(answers: &[Answer]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..answers.len()).collect();
+    order.sort_by(|&a, &b| answers[b].timeline.cmp(&answers[a].timeline));
+    order
+}
+
+/// A host list as a key: the same hosts in any order.
+fn list_key(hosts: &[(String, u16)]) -> Vec<(String, u16)> {
+    let mut k = hosts.to_vec();
+    k.sort();
+    k.dedup();
+    k
+}
+
+/// How many surveyed host lists are kept (reloads may make new ones): beyond, all are
+/// forgotten and surveyed again once.
+const SURVEYED_MAX: usize = 1024;
+
 #[derive(Debug, Default)]
 struct Inner {
     /// Per system identifier, the newest timeline seen on a read-write server.
     newest: HashMap<String, Seen>,
     /// The hosts refused, by (host, port).
     fenced: BTreeMap<(String, u16), Fenced>,
+    /// The host lists (`list_key`) surveyed, with the clusters their read-write servers
+    /// answered for: known while each of those clusters' newest timeline is.
+    surveyed: HashMap<Vec<(String, u16)>, Vec<String>>,
+}
+
+impl Inner {
+    /// `Fences::check` under the lock; true in Ok when it is a promotion.
+    fn check(&mut self, host: &str, port: u16, system_id: &str, timeline: u32) -> Result<bool, Seen> {
+        match self.newest.get(system_id) {
+            Some(n) if n.timeline > timeline => {
+                let newest = n.clone();
+                let key = (host.to_owned(), port);
+                let f = self.fenced.entry(key).or_insert_with(|| Fenced {
+                    host: host.to_owned(),
+                    port,
+                    system_identifier: system_id.to_owned(),
+                    timeline,
+                    newest: newest.clone(),
+                    refusals: 0,
+                });
+                f.timeline = timeline;
+                f.newest = newest.clone();
+                f.refusals += 1;
+                Err(newest)
+            }
+            before => {
+                let promotion = before.is_some_and(|n| n.timeline < timeline);
+                let seen = Seen { host: host.to_owned(), port, timeline };
+                self.newest.insert(system_id.to_owned(), seen);
+                self.fenced.remove(&(host.to_owned(), port));
+                Ok(promotion)
+            }
+        }
+    }
 }
 
 /// The fencing memory of the process, shared by every pool.
@@ -65,39 +136,53 @@ impl Fences {
     /// Ok when no newer timeline of that cluster was seen (it is then the newest); Err with
     /// the newer one when it is an old primary.
     pub(crate) fn check(&self, host: &str, port: u16, system_id: &str, timeline: u32) -> Result<(), Seen> {
-        let mut g = self.lock();
-        match g.newest.get(system_id) {
-            Some(n) if n.timeline > timeline => {
-                let newest = n.clone();
-                let key = (host.to_owned(), port);
-                let f = g.fenced.entry(key).or_insert_with(|| Fenced {
-                    host: host.to_owned(),
-                    port,
-                    system_identifier: system_id.to_owned(),
-                    timeline,
-                    newest: newest.clone(),
-                    refusals: 0,
-                });
-                f.timeline = timeline;
-                f.newest = newest.clone();
-                f.refusals += 1;
-                Err(newest)
-            }
-            before => {
-                if before.is_some_and(|n| n.timeline < timeline) {
-                    self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                let seen = Seen { host: host.to_owned(), port, timeline };
-                g.newest.insert(system_id.to_owned(), seen);
-                g.fenced.remove(&(host.to_owned(), port));
-                Ok(())
+        let promotion = self.lock().check(host, port, system_id, timeline)?;
+        if promotion {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Whether the host list `hosts` was surveyed, and the newest timeline of each cluster
+    /// its servers answered for is still known (`UNFENCE` forgets it).
+    pub(crate) fn known(&self, hosts: &[(String, u16)]) -> bool {
+        let g = self.lock();
+        g.surveyed.get(&list_key(hosts)).is_some_and(|ids| ids.iter().all(|id| g.newest.contains_key(id)))
+    }
+
+    /// The answers of a survey of a database's hosts, judged together (`newest_first`):
+    /// one verdict per answer, in `answers`' order, as `check` gives it.
+    pub(crate) fn learn(&self, answers: &[Answer]) -> Vec<Result<(), Seen>> {
+        let mut verdicts: Vec<Result<(), Seen>> = vec![Ok(()); answers.len()];
+        let mut promotions = 0;
+        {
+            let mut g = self.lock();
+            for i in newest_first(answers) {
+                let a = &answers[i];
+                verdicts[i] = g.check(&a.host, a.port, &a.system_id, a.timeline).map(|p| promotions += u64::from(p));
             }
         }
+        self.1.fetch_add(promotions, std::sync::atomic::Ordering::Relaxed);
+        verdicts
+    }
+
+    /// The host list `hosts` was surveyed and a server taken from it; its read-write
+    /// servers answered for the clusters `system_ids` (none: they could not tell, and are
+    /// taken unchecked as before).
+    pub(crate) fn surveyed(&self, hosts: &[(String, u16)], mut system_ids: Vec<String>) {
+        system_ids.sort();
+        system_ids.dedup();
+        let mut g = self.lock();
+        if g.surveyed.len() >= SURVEYED_MAX {
+            g.surveyed.clear();
+        }
+        g.surveyed.insert(list_key(hosts), system_ids);
     }
 
     /// `UNFENCE`: forgets what was seen of the clusters of the fenced hosts among `hosts`
-    /// (all: None), so that the next read-write server of each is taken as it is. The
-    /// number of hosts no longer fenced.
+    /// (all: None), and that the host lists holding any of `hosts` were surveyed, so that
+    /// the next connection of each asks its hosts again and takes the newest read-write
+    /// server that answers. The number of hosts no longer fenced.
     pub(crate) fn unfence(&self, hosts: Option<&[(String, u16)]>) -> usize {
         let mut g = self.lock();
         let chosen: Vec<(String, u16)> =
@@ -107,8 +192,12 @@ impl Fences {
                 g.newest.remove(&f.system_identifier);
             }
         }
-        if hosts.is_none() {
-            g.newest.clear();
+        match hosts {
+            None => {
+                g.newest.clear();
+                g.surveyed.clear();
+            }
+            Some(h) => g.surveyed.retain(|list, _| !list.iter().any(|k| h.contains(k))),
         }
         chosen.len()
     }
@@ -152,5 +241,59 @@ mod tests {
         assert!(f.check("b", 2, "42", 2).is_err());
         assert_eq!(f.unfence(None), 1);
         assert_eq!(f.check("b", 2, "42", 2), Ok(()));
+    }
+
+    fn answer(host: &str, port: u16, system_id: &str, timeline: u32) -> Answer {
+        Answer { host: host.to_owned(), port, system_id: system_id.to_owned(), timeline }
+    }
+
+    #[test]
+    fn a_survey_takes_the_newest_timeline_whatever_the_order_listed() {
+        // A fresh parsnip: the old primary back on timeline 1 listed first, the promoted
+        // standby on timeline 2, and a server of another cluster.
+        let answers = [
+            answer("old", 1, "42", 1),
+            answer("other", 3, "7", 5),
+            answer("new", 2, "42", 2),
+            answer("twin", 4, "42", 2),
+        ];
+        assert_eq!(newest_first(&answers), vec![1, 2, 3, 0]);
+        let f = Fences::default();
+        let hosts: Vec<(String, u16)> = answers.iter().map(|a| (a.host.clone(), a.port)).collect();
+        assert!(!f.known(&hosts), "never surveyed");
+        let verdicts = f.learn(&answers);
+        let newer = verdicts[0].clone().expect_err("the old primary is refused");
+        assert_eq!(newer.timeline, 2, "refused against timeline 2 (seen last on the twin)");
+        assert_eq!(&verdicts[1..], &[Ok(()), Ok(()), Ok(())], "the newest of each cluster, twins alike");
+        assert_eq!(f.promotions(), 0, "nothing was seen before: no promotion");
+        assert_eq!(f.list().len(), 1);
+        f.surveyed(&hosts, vec!["42".into(), "7".into(), "42".into()]);
+        let mut reordered = hosts.clone();
+        reordered.reverse();
+        assert!(f.known(&reordered), "the same hosts in another order");
+        assert!(!f.known(&hosts[..2]), "another list (a reload changed it)");
+        // Later connections are checked one by one, as before.
+        assert!(f.check("old", 1, "42", 1).is_err());
+        // UNFENCE forgets the cluster: the list is surveyed again; a list whose clusters
+        // and hosts are untouched stays known.
+        f.surveyed(&hosts[1..2], vec!["7".into()]);
+        assert_eq!(f.unfence(Some(&[("old".to_owned(), 1)])), 1);
+        assert!(!f.known(&hosts));
+        assert!(f.known(&hosts[1..2]));
+        // UNFENCE of a database with nothing fenced: its hosts are asked again all the same
+        // (an old primary taken while the promoted server was unreachable).
+        assert_eq!(f.unfence(Some(&[("other".to_owned(), 3)])), 0);
+        assert!(!f.known(&hosts[1..2]));
+        // A survey after a promotion parsnip missed counts as one.
+        assert_eq!(f.learn(&[answer("new", 2, "42", 2)]), vec![Ok(())]);
+        assert_eq!(
+            f.learn(&[answer("old", 1, "42", 3), answer("new", 2, "42", 2)]).iter().filter(|v| v.is_ok()).count(),
+            1
+        );
+        assert_eq!(f.promotions(), 1);
+        f.surveyed(&hosts, Vec::new());
+        assert!(f.known(&hosts), "servers that could not tell: known, taken unchecked");
+        assert_eq!(f.unfence(None), 1);
+        assert!(!f.known(&hosts) && !f.known(&hosts[1..2]), "UNFENCE of all: every list surveyed again");
     }
 }
