@@ -141,7 +141,8 @@ impl Session {
     }
 
     pub(super) fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
-        if self.busy.wants_reads && !self.is_read_batch(frame) {
+        // The frames an autoprepared plain read becomes are that read's.
+        if self.busy.wants_reads && !self.autoprep_feeding() && !self.is_read_batch(frame) {
             if self.link.state().is_some_and(|l| l.on_reads) {
                 // Not for a standby: it waits for this server to be given back.
                 return false;

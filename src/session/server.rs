@@ -484,6 +484,8 @@ impl Session {
             && !self.busy.replies.is_unsynced()
             && self.kept.mode != PoolMode::Session
             && !self.pins_keep_server()
+            // The cache answered an autoprepared Query's Parse: its Bind follows at once.
+            && !self.autoprep_feeding()
         {
             let reusable = self.link.unlink().is_some_and(|l| !l.dirty);
             if !reusable {

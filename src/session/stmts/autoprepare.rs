@@ -129,7 +129,9 @@ impl Session {
         frontend::sync(&mut f);
         self.busy.retry.replay = Some(Box::new(f.to_vec()));
         let origin = Arc::new(origin);
-        self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left: FRAMES, origin, pushes_before: 0 }));
+        // One more: the Query's own frame is counted out first (`autoprep_after_frame`).
+        let frames_left = FRAMES + 1;
+        self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left, origin, pushes_before: 0 }));
         true
     }
 
