@@ -276,9 +276,10 @@ impl Session {
                     srv.stmts.unnamed_owner = unnamed_owner;
                     return Some(false);
                 }
-                if self.to_server.len() == sent {
-                    // Answered here: the server's unnamed statement is untouched (and no
-                    // longer the client's).
+                if self.to_server.len() == sent || self.stmts.lifts.as_mut().is_some_and(|m| m.take_bound()) {
+                    // Answered here, or bound directly as the cached statement an
+                    // autoprepared Query runs as (`stmts::fastbind`): the server's unnamed
+                    // statement is untouched (and no longer the client's).
                     srv.stmts.unnamed_owner = unnamed_owner;
                 }
                 Some(true)

@@ -1,0 +1,222 @@
+//! The direct bind of an autoprepared Query (`autoprepare`). Its batch, fed as frames
+//! (Parse "" of the lifted text, Bind, Describe P, Execute, Sync), comes to this when the
+//! cache answers the Parse with a statement the linked server has: a ParseComplete the
+//! client never sees, and the Bind/Describe/Execute/Sync of that statement. When the text
+//! took a kept lift template whose statement is known to be that one (found in the
+//! registry at its current `changes`, under the same search_path, valid, not stale), and
+//! nothing the frames would meet can turn out otherwise, the four messages are written
+//! and queued here at once, with every effect the frames would have had: the Parse's
+//! (`parse_cached`: counters, the described set), the Bind's (`on_bind`, `resolve`,
+//! `send_use`: the server's LRU touch, the portal bookkeeping, the retry point), the
+//! Execute's (`time_execute`), the retry's record of the batch (a transparent retry
+//! replays it as frames) and the `Pending::simple` marks of `autoprep_after_frame`.
+//! Anything else — a transaction block, an earlier batch kept for a retry, a statement
+//! that must be prepared or checked first, one the plan guard runs as sent this time, a
+//! text that sets or pins anything — is left to the frames.
+//!
+//! Owns: `Known`, what a template's lifted text was last found cached as.
+
+use super::autoprepare::Memo;
+use super::{DEALLOCATE_ALL_STANDIN, cached_bind_text};
+use crate::protocol::frontend;
+use crate::session::reply_queue::{Fx, OnReply, Pending, Req};
+use crate::session::{Phase, Session};
+use crate::state::{ServerState, TxStatus};
+use crate::stmt::lift::Origin;
+use crate::stmt::lift::template::Applied;
+use crate::stmt::registry::{StmtKind, make_key};
+use crate::stmt::{Registry, Statement};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+/// The statement a template's lifted text was found cached as.
+#[derive(Debug)]
+pub(in crate::session) struct Known {
+    /// The registry it was found in (its address, only compared).
+    registry: usize,
+    /// `Registry::changes` then: while it has not moved, the key still finds it.
+    changes: u64,
+    /// The client's search_path then (part of the registry key).
+    search_path: Box<[u8]>,
+    /// Not kept alive by this (the registry drops statements nobody holds).
+    stmt: Weak<Statement>,
+}
+
+impl Session {
+    /// Binds the autoprepared Query `text` (its lift `a` by `memo.templates[0]`) directly,
+    /// if that is exactly what its frames would come to. False: nothing was done (but for
+    /// a plan guard's choice to run it as sent, which `as_sent_next` carries to the Parse).
+    pub(super) fn bind_fast(&mut self, memo: &mut Memo, text: &[u8], a: &Applied, srv: &mut ServerState) -> bool {
+        #[cfg(test)]
+        if memo.frames_only {
+            return false;
+        }
+        let Some(registry) = self.stmts.registry.clone() else { return false };
+        if registry.cfg.autoprepare_after == 0
+            || self.busy.tx.status != TxStatus::Idle
+            || self.busy.phase != Phase::Ready
+            || self.busy.replies.portal_leftover()
+            || !self.busy.retry.batch.is_empty()
+            || self.stmts.fresh_in_tx.is_some()
+            || self.link.state().is_some_and(|l| l.lent)
+        {
+            return false;
+        }
+        let Some(s) = self.known_statement(memo, &registry) else { return false };
+        if !srv.stmts.has(&s)
+            || !s.is_valid()
+            || s.kind != StmtKind::Protocol
+            || self.stmts.as_sent_next == Some(s.id)
+            || self.stmts.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &s))
+        {
+            return false;
+        }
+        let w = cached_bind_text(&s).watch;
+        if w.sets_config
+            || w.session_stmt
+            || w.pins_begin
+            || w.pins_end
+            || *s.query == *DEALLOCATE_ALL_STANDIN
+            || crate::stmt::sql::listen::maybe_listen(&s.query)
+        {
+            return false;
+        }
+        // Last: the plan guard's sample is taken here, as the Parse would take it.
+        if let Some(g) = s.guard(&registry.cfg)
+            && g.as_sent(s.id)
+        {
+            self.stmts.as_sent_next = Some(s.id);
+            return false;
+        }
+        let origin = Arc::new(a.origin(text));
+        self.bound_now(memo, text, a, s, origin, &registry, srv);
+        true
+    }
+
+    /// The statement an unnamed Parse of `memo.templates[0]`'s lifted text is served by
+    /// now, if the registry holds it (no sighting counted): the one found last while the
+    /// registry has not moved, or looked up again.
+    fn known_statement(&mut self, memo: &mut Memo, registry: &Arc<Registry>) -> Option<Arc<Statement>> {
+        let reg = Arc::as_ptr(registry) as usize;
+        let changes = registry.changes();
+        let kept = memo.templates.first_mut()?;
+        if let Some(k) = &kept.known
+            && k.registry == reg
+            && k.changes == changes
+            && *k.search_path == *self.search_path()
+            && let Some(s) = k.stmt.upgrade()
+            && !s.stale.load(Ordering::Relaxed)
+            && !s.infers_stale_types()
+        {
+            return Some(s);
+        }
+        let mut key = std::mem::take(&mut self.busy.key_buf);
+        make_key(&mut key, &StmtKind::Protocol, self.search_path(), &kept.t.text, &kept.t.type_bytes);
+        let found = registry.cached_for_parse(&key);
+        self.busy.key_buf = key;
+        let (s, changes) = found?;
+        kept.known =
+            Some(Known { registry: reg, changes, search_path: self.search_path().into(), stmt: Arc::downgrade(&s) });
+        Some(s)
+    }
+
+    /// Writes and queues the batch of `memo.templates[0]` bound to `s` (see the module doc),
+    /// in the order its frames would have done it.
+    #[allow(clippy::too_many_arguments)]
+    fn bound_now(
+        &mut self,
+        memo: &mut Memo,
+        text: &[u8],
+        a: &Applied,
+        s: Arc<Statement>,
+        origin: Arc<Origin>,
+        registry: &Registry,
+        srv: &mut ServerState,
+    ) {
+        // The frames the retry keeps (a transparent retry feeds them again).
+        let t = &memo.templates[0].t;
+        let f = &mut memo.scratch;
+        f.clear();
+        frontend::parse(f, b"", &t.text, &t.type_bytes);
+        let p_end = f.len();
+        bind_text_ranges(f, b"", b"", text, &a.values);
+        let b_end = f.len();
+        frontend::describe_portal(f, b"");
+        let d_end = f.len();
+        frontend::execute(f, b"");
+        let e_end = f.len();
+        frontend::sync(f);
+        let frames = &memo.scratch[..];
+
+        // Parse "": answered by the cache, its ParseComplete dropped at once.
+        self.busy.retry.record(&frames[..p_end]);
+        registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
+        self.stmts.described.remove(&s.id);
+        registry.stats.hits.fetch_add(1, Ordering::Relaxed);
+        self.busy.replies.pushes = self.busy.replies.pushes.wrapping_add(1);
+
+        // Bind "" "": the statement is there (its LRU place moves).
+        self.busy.retry.record(&frames[p_end..b_end]);
+        srv.stmts.touch(&s);
+        if self.stmts.last_plain.as_ref().is_some_and(|(p, _)| p.is_empty()) {
+            self.stmts.last_plain = None;
+        }
+        self.listen_note_bind(b"", None);
+        if self.stmts.dealloc_portal.as_deref() == Some(b"") {
+            self.stmts.dealloc_portal = None;
+        }
+        if self.busy.tx.tracked_portal.as_deref().is_some_and(|(p, _)| p.is_empty()) {
+            self.busy.tx.tracked_portal = None;
+        }
+        self.kept.tally.binds = self.kept.tally.binds.wrapping_add(1);
+        self.stmts.last_bind = Some((Box::default(), s.clone()));
+        self.close_leftover_portal();
+        // The Bind's tail: everything after its two names ("" and "").
+        frontend::bind_with_tail(&mut self.to_server, b"", s.server_name.as_bytes(), &frames[p_end + 7..b_end]);
+        let replay_from = self.retry_point();
+        let fx = Fx { uses: Some(s.clone()), replay_from, ..Fx::default() };
+        self.push_simple(Pending::with(Req::Bind, OnReply::Forward, fx), &origin);
+
+        // Describe P "".
+        self.busy.retry.record(&frames[b_end..d_end]);
+        self.to_server.extend_from_slice(&frames[b_end..d_end]);
+        let fx = Fx { portal_of: Some(s.clone()), ..Fx::default() };
+        self.push_simple(Pending::with(Req::Describe, OnReply::Forward, fx), &origin);
+
+        // Execute "": timed for the statement.
+        self.busy.retry.record(&frames[d_end..e_end]);
+        self.busy.retry.frame_handled(crate::protocol::tags::EXECUTE, true, true);
+        self.close_leftover_portal();
+        self.to_server.extend_from_slice(&frames[d_end..e_end]);
+        let mut p = Pending::client(Req::Execute);
+        p.timed = Some(s);
+        p.timed_cached = true;
+        p.sent_us = self.busy.clock_us;
+        p.behind = self.link.state().is_some_and(|l| l.behind);
+        self.push_simple(p, &origin);
+
+        // Sync: the batch is the last one, kept for a retry.
+        self.busy.retry.record(&frames[e_end..]);
+        self.busy.retry.frame_handled(crate::protocol::tags::SYNC, true, true);
+        self.to_server.extend_from_slice(&frames[e_end..]);
+        self.push_simple(Pending::client(Req::Sync), &origin);
+    }
+
+    /// Queues `p` as part of an autoprepared Query.
+    #[inline]
+    fn push_simple(&mut self, mut p: Pending, origin: &Arc<Origin>) {
+        p.simple = Some(origin.clone());
+        self.busy.replies.push(p);
+    }
+}
+
+/// `frontend::bind_text` of the `values` of `text` (no vector of them made).
+fn bind_text_ranges(
+    buf: &mut bytes::BytesMut,
+    portal: &[u8],
+    statement: &[u8],
+    text: &[u8],
+    values: &[std::ops::Range<usize>],
+) {
+    frontend::bind_text_with(buf, portal, statement, values.len(), values.iter().map(|r| &text[r.clone()]));
+}
