@@ -40,6 +40,23 @@ pub(in crate::session) struct Known {
     search_path: Box<[u8]>,
     /// Not kept alive by this (the registry drops statements nobody holds).
     stmt: Weak<Statement>,
+    /// `plain_text` of it.
+    plain: bool,
+}
+
+/// Whether a Bind of `s` does nothing but bind it: its text sets, pins and tracks nothing,
+/// is not answered by the session (LISTEN, the stand-in of DEALLOCATE ALL), and reads no
+/// `pg_prepared_statements` (rewritten per client, never cached).
+fn plain_text(s: &Statement) -> bool {
+    let w = cached_bind_text(s).watch;
+    !(w.sets_config
+        || w.session_stmt
+        || w.pins_begin
+        || w.pins_end
+        || *s.query == *DEALLOCATE_ALL_STANDIN
+        || crate::stmt::sql::listen::maybe_listen(&s.query)
+        || crate::stmt::pgps::mentions(&s.query)
+        || s.kind != StmtKind::Protocol)
 }
 
 impl Session {
@@ -65,19 +82,8 @@ impl Session {
         let Some(s) = self.known_statement(memo, &registry) else { return false };
         if !srv.stmts.has(&s)
             || !s.is_valid()
-            || s.kind != StmtKind::Protocol
             || self.stmts.as_sent_next == Some(s.id)
             || self.stmts.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &s))
-        {
-            return false;
-        }
-        let w = cached_bind_text(&s).watch;
-        if w.sets_config
-            || w.session_stmt
-            || w.pins_begin
-            || w.pins_end
-            || *s.query == *DEALLOCATE_ALL_STANDIN
-            || crate::stmt::sql::listen::maybe_listen(&s.query)
         {
             return false;
         }
@@ -95,7 +101,8 @@ impl Session {
 
     /// The statement an unnamed Parse of `memo.templates[0]`'s lifted text is served by
     /// now, if the registry holds it (no sighting counted): the one found last while the
-    /// registry has not moved, or looked up again.
+    /// registry has not moved, or looked up again. None also when its text is not
+    /// `plain_text`.
     fn known_statement(&mut self, memo: &mut Memo, registry: &Arc<Registry>) -> Option<Arc<Statement>> {
         let reg = Arc::as_ptr(registry) as usize;
         let changes = registry.changes();
@@ -108,16 +115,17 @@ impl Session {
             && !s.stale.load(Ordering::Relaxed)
             && !s.infers_stale_types()
         {
-            return Some(s);
+            return k.plain.then_some(s);
         }
         let mut key = std::mem::take(&mut self.busy.key_buf);
         make_key(&mut key, &StmtKind::Protocol, self.search_path(), &kept.t.text, &kept.t.type_bytes);
         let found = registry.cached_for_parse(&key);
         self.busy.key_buf = key;
         let (s, changes) = found?;
-        kept.known =
-            Some(Known { registry: reg, changes, search_path: self.search_path().into(), stmt: Arc::downgrade(&s) });
-        Some(s)
+        let plain = plain_text(&s);
+        let stmt = Arc::downgrade(&s);
+        kept.known = Some(Known { registry: reg, changes, search_path: self.search_path().into(), stmt, plain });
+        plain.then_some(s)
     }
 
     /// Writes and queues the batch of `memo.templates[0]` bound to `s` (see the module doc),

@@ -85,6 +85,7 @@ fn round(h: &mut H, log: &mut Vec<String>, sql: &str, fail: Option<(u8, Vec<u8>)
     log.push(state(h));
     serve(h, log, fail);
     log.push(state(h));
+    log.push(format!("actions {:?}", h.actions()));
 }
 
 /// What the session keeps of the batch and the server's statements: the reply queue's
@@ -289,4 +290,17 @@ fn a_bound_query_is_retried_after_26000_and_0a000() {
         });
         assert_eq!(fast, 5, "{code}: from the third on");
     }
+}
+
+/// A text that may call set_config() for the session: its Bind marks the server not to be
+/// reused, so it is never bound directly.
+#[test]
+fn a_text_that_may_set_config_is_left_to_the_frames() {
+    let (_, _, fast) = both(cfg(), |h, _, log| {
+        for n in [1, 2, 3, 4] {
+            round(h, log, &format!("SELECT set_config('parsnip.t', 'x', false), {n}"), None);
+        }
+        assert!(log.iter().any(|l| l.contains("reusable: false")), "{log:#?}");
+    });
+    assert_eq!(fast, 0);
 }
