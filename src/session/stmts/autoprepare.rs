@@ -38,8 +38,6 @@ pub(in crate::session) struct Memo {
     /// The Query just handled was bound directly (`fastbind`): nothing of a simple Query
     /// reached the server (its unnamed statement is still there).
     pub(super) bound: bool,
-    /// Where the direct bind writes the batch's frames (kept for its capacity).
-    pub(super) scratch: BytesMut,
     /// Tests: never bind directly (the batch is always fed as frames).
     #[cfg(test)]
     pub(in crate::session) frames_only: bool,
@@ -140,8 +138,8 @@ impl Session {
         // Lifted afresh (None when a template was reused): its text and types.
         let fresh: Option<(Vec<u8>, Vec<u8>)>;
         let (values, origin) = match memo.find(text, escapes_everywhere) {
-            Some(a) => {
-                if self.bind_fast(memo, text, &a, srv) {
+            Some(mut a) => {
+                if self.bind_fast(memo, text, &mut a, srv) {
                     memo.bound = true;
                     #[cfg(test)]
                     {

@@ -61,9 +61,10 @@ fn plain_text(s: &Statement) -> bool {
 
 impl Session {
     /// Binds the autoprepared Query `text` (its lift `a` by `memo.templates[0]`) directly,
-    /// if that is exactly what its frames would come to. False: nothing was done (but for
-    /// a plan guard's choice to run it as sent, which `as_sent_next` carries to the Parse).
-    pub(super) fn bind_fast(&mut self, memo: &mut Memo, text: &[u8], a: &Applied, srv: &mut ServerState) -> bool {
+    /// if that is exactly what its frames would come to (then `a`'s edits are taken, into
+    /// the origin its errors map back through). False: nothing was done (but for a plan
+    /// guard's choice to run it as sent, which `as_sent_next` carries to the Parse).
+    pub(super) fn bind_fast(&mut self, memo: &mut Memo, text: &[u8], a: &mut Applied, srv: &mut ServerState) -> bool {
         #[cfg(test)]
         if memo.frames_only {
             return false;
@@ -94,7 +95,7 @@ impl Session {
             self.stmts.as_sent_next = Some(s.id);
             return false;
         }
-        let origin = Arc::new(a.origin(text));
+        let origin = Arc::new(a.take_origin(text));
         self.bound_now(memo, text, a, s, origin, &registry, srv);
         true
     }
@@ -133,7 +134,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     fn bound_now(
         &mut self,
-        memo: &mut Memo,
+        memo: &Memo,
         text: &[u8],
         a: &Applied,
         s: Arc<Statement>,
@@ -141,30 +142,29 @@ impl Session {
         registry: &Registry,
         srv: &mut ServerState,
     ) {
-        // The frames the retry keeps (a transparent retry feeds them again).
         let t = &memo.templates[0].t;
-        let f = &mut memo.scratch;
-        f.clear();
-        frontend::parse(f, b"", &t.text, &t.type_bytes);
-        let p_end = f.len();
-        bind_text_ranges(f, b"", b"", text, &a.values);
-        let b_end = f.len();
-        frontend::describe_portal(f, b"");
-        let d_end = f.len();
-        frontend::execute(f, b"");
-        let e_end = f.len();
-        frontend::sync(f);
-        let frames = &memo.scratch[..];
+        // The frames are written straight into the batch the retry keeps (a transparent
+        // retry feeds them again), as `Retry::record` would keep them one by one.
+        let batch = &mut self.busy.retry.batch;
+        debug_assert!(batch.is_empty());
 
         // Parse "": answered by the cache, its ParseComplete dropped at once.
-        self.busy.retry.record(&frames[..p_end]);
+        put_parse(batch, &t.text, &t.type_bytes);
         registry.stats.client_parses.fetch_add(1, Ordering::Relaxed);
         self.stmts.described.remove(&s.id);
         registry.stats.hits.fetch_add(1, Ordering::Relaxed);
         self.busy.replies.pushes = self.busy.replies.pushes.wrapping_add(1);
 
-        // Bind "" "": the statement is there (its LRU place moves).
-        self.busy.retry.record(&frames[p_end..b_end]);
+        // Bind "" "": the statement is there (its LRU place moves). (No portal left by a
+        // failed Query to close: `bind_fast` checked; none is left by what is sent here.)
+        let batch = &mut self.busy.retry.batch;
+        let p_end = batch.len();
+        put_bind_text(batch, text, &a.values);
+        let b_end = batch.len();
+        batch.extend_from_slice(DESCRIBE_EXECUTE_SYNC);
+        // The Bind's tail: everything after its two names ("" and "").
+        frontend::bind_with_tail(&mut self.to_server, b"", s.server_name.as_bytes(), &batch[p_end + 7..b_end]);
+        self.busy.retry.frame_at = p_end as u32;
         srv.stmts.touch(&s);
         if self.stmts.last_plain.as_ref().is_some_and(|(p, _)| p.is_empty()) {
             self.stmts.last_plain = None;
@@ -178,35 +178,24 @@ impl Session {
         }
         self.kept.tally.binds = self.kept.tally.binds.wrapping_add(1);
         self.stmts.last_bind = Some((Box::default(), s.clone()));
-        self.close_leftover_portal();
-        // The Bind's tail: everything after its two names ("" and "").
-        frontend::bind_with_tail(&mut self.to_server, b"", s.server_name.as_bytes(), &frames[p_end + 7..b_end]);
         let replay_from = self.retry_point();
         let fx = Fx { uses: Some(s.clone()), replay_from, ..Fx::default() };
         self.push_simple(Pending::with(Req::Bind, OnReply::Forward, fx), &origin);
 
-        // Describe P "".
-        self.busy.retry.record(&frames[b_end..d_end]);
-        self.to_server.extend_from_slice(&frames[b_end..d_end]);
+        // Describe P "", Execute "" (timed for the statement) and Sync, written at once.
+        self.to_server.extend_from_slice(DESCRIBE_EXECUTE_SYNC);
         let fx = Fx { portal_of: Some(s.clone()), ..Fx::default() };
         self.push_simple(Pending::with(Req::Describe, OnReply::Forward, fx), &origin);
-
-        // Execute "": timed for the statement.
-        self.busy.retry.record(&frames[d_end..e_end]);
         self.busy.retry.frame_handled(crate::protocol::tags::EXECUTE, true, true);
-        self.close_leftover_portal();
-        self.to_server.extend_from_slice(&frames[d_end..e_end]);
         let mut p = Pending::client(Req::Execute);
         p.timed = Some(s);
         p.timed_cached = true;
         p.sent_us = self.busy.clock_us;
         p.behind = self.link.state().is_some_and(|l| l.behind);
         self.push_simple(p, &origin);
-
-        // Sync: the batch is the last one, kept for a retry.
-        self.busy.retry.record(&frames[e_end..]);
+        // The batch is the last one now, kept for a retry.
+        self.busy.retry.frame_at = (b_end + DESCRIBE_EXECUTE_SYNC.len() - SYNC_LEN) as u32;
         self.busy.retry.frame_handled(crate::protocol::tags::SYNC, true, true);
-        self.to_server.extend_from_slice(&frames[e_end..]);
         self.push_simple(Pending::client(Req::Sync), &origin);
     }
 
@@ -218,13 +207,68 @@ impl Session {
     }
 }
 
-/// `frontend::bind_text` of the `values` of `text` (no vector of them made).
-fn bind_text_ranges(
-    buf: &mut bytes::BytesMut,
-    portal: &[u8],
-    statement: &[u8],
-    text: &[u8],
-    values: &[std::ops::Range<usize>],
-) {
-    frontend::bind_text_with(buf, portal, statement, values.len(), values.iter().map(|r| &text[r.clone()]));
+/// Describe P "", Execute "" (all rows) and Sync, as `frontend` writes them.
+const DESCRIBE_EXECUTE_SYNC: &[u8] = b"D\0\0\0\x06P\0E\0\0\0\x09\0\0\0\0\0S\0\0\0\x04";
+/// The Sync's part of it.
+const SYNC_LEN: usize = 5;
+
+/// A message `tag` whose body `body` writes, as `frontend` writes them (into a `Vec`).
+#[inline]
+fn put_msg(out: &mut Vec<u8>, tag: u8, body: impl FnOnce(&mut Vec<u8>)) {
+    let at = out.len();
+    out.push(tag);
+    out.extend_from_slice(&[0; 4]);
+    body(out);
+    let len = (out.len() - at - 1) as u32;
+    out[at + 1..at + 5].copy_from_slice(&len.to_be_bytes());
+}
+
+/// `frontend::parse` of the unnamed statement.
+fn put_parse(out: &mut Vec<u8>, query: &[u8], types: &[u8]) {
+    put_msg(out, b'P', |b| {
+        b.push(0);
+        b.extend_from_slice(query);
+        b.push(0);
+        b.extend_from_slice(&((types.len() / 4) as i16).to_be_bytes());
+        b.extend_from_slice(types);
+    });
+}
+
+/// `frontend::bind_text_with` of the unnamed portal and statement, the `values` of `text`.
+fn put_bind_text(out: &mut Vec<u8>, text: &[u8], values: &[std::ops::Range<usize>]) {
+    put_msg(out, b'B', |b| {
+        b.extend_from_slice(&[0, 0, 0, 0]);
+        b.extend_from_slice(&(values.len() as i16).to_be_bytes());
+        for r in values {
+            let v = &text[r.clone()];
+            b.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            b.extend_from_slice(v);
+        }
+        b.extend_from_slice(&[0, 0]);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frames written here are the bytes `frontend` writes.
+    #[test]
+    fn frames_as_frontend_writes_them() {
+        let text = b"SELECT 1 WHERE aid = 4711 AND x = 22";
+        let values = [21..25, 34..36];
+        let mut ours = vec![];
+        put_parse(&mut ours, b"SELECT $1 WHERE aid = $2", &[0, 0, 0, 23, 0, 0, 0, 20]);
+        put_bind_text(&mut ours, text, &values);
+        ours.extend_from_slice(DESCRIBE_EXECUTE_SYNC);
+        let mut theirs = bytes::BytesMut::new();
+        frontend::parse(&mut theirs, b"", b"SELECT $1 WHERE aid = $2", &[0, 0, 0, 23, 0, 0, 0, 20]);
+        frontend::bind_text_with(&mut theirs, b"", b"", 2, values.iter().map(|r| &text[r.clone()]));
+        frontend::describe_portal(&mut theirs, b"");
+        frontend::execute(&mut theirs, b"");
+        let before_sync = theirs.len();
+        frontend::sync(&mut theirs);
+        assert_eq!(ours, &theirs[..]);
+        assert_eq!(theirs.len() - before_sync, SYNC_LEN);
+    }
 }
