@@ -32,8 +32,9 @@ use std::sync::{Arc, Weak};
 /// The statement a template's lifted text was found cached as.
 #[derive(Debug)]
 pub(in crate::session) struct Known {
-    /// The registry it was found in (its address, only compared).
-    registry: usize,
+    /// The registry it was found in (only compared: held weakly, so that no other registry
+    /// can be at its address).
+    registry: Weak<Registry>,
     /// `Registry::changes` then: while it has not moved, the key still finds it.
     changes: u64,
     /// The client's search_path then (part of the registry key).
@@ -105,11 +106,10 @@ impl Session {
     /// registry has not moved, or looked up again. None also when its text is not
     /// `plain_text`.
     fn known_statement(&mut self, memo: &mut Memo, registry: &Arc<Registry>) -> Option<Arc<Statement>> {
-        let reg = Arc::as_ptr(registry) as usize;
         let changes = registry.changes();
         let kept = memo.templates.first_mut()?;
         if let Some(k) = &kept.known
-            && k.registry == reg
+            && std::ptr::eq(k.registry.as_ptr(), Arc::as_ptr(registry))
             && k.changes == changes
             && *k.search_path == *self.search_path()
             && let Some(s) = k.stmt.upgrade()
@@ -125,7 +125,8 @@ impl Session {
         let (s, changes) = found?;
         let plain = plain_text(&s);
         let stmt = Arc::downgrade(&s);
-        kept.known = Some(Known { registry: reg, changes, search_path: self.search_path().into(), stmt, plain });
+        let registry = Arc::downgrade(registry);
+        kept.known = Some(Known { registry, changes, search_path: self.search_path().into(), stmt, plain });
         plain.then_some(s)
     }
 
