@@ -66,14 +66,20 @@ pub(crate) fn describe_portal(buf: &mut BytesMut, name: &[u8]) {
         put_cstr(b, name);
     });
 }
-/// Bind of `statement` to `portal` with these parameter values in text format, results in
-/// text.
-pub(crate) fn bind_text(buf: &mut BytesMut, portal: &[u8], statement: &[u8], values: &[&[u8]]) {
+/// Bind of `statement` to `portal` with the `n` parameter values `values` yields, in text
+/// format; results in text.
+pub(crate) fn bind_text_with<'a>(
+    buf: &mut BytesMut,
+    portal: &[u8],
+    statement: &[u8],
+    n: usize,
+    values: impl Iterator<Item = &'a [u8]>,
+) {
     write_msg(buf, tags::BIND, |b| {
         put_cstr(b, portal);
         put_cstr(b, statement);
         b.put_i16(0);
-        b.put_i16(values.len() as i16);
+        b.put_i16(n as i16);
         for v in values {
             b.put_i32(v.len() as i32);
             b.put_slice(v);

@@ -141,7 +141,8 @@ impl Session {
     }
 
     pub(super) fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
-        if self.busy.wants_reads && !self.is_read_batch(frame) {
+        // The frames an autoprepared plain read becomes are that read's.
+        if self.busy.wants_reads && !self.autoprep_feeding() && !self.is_read_batch(frame) {
             if self.link.state().is_some_and(|l| l.on_reads) {
                 // Not for a standby: it waits for this server to be given back.
                 return false;
@@ -275,9 +276,10 @@ impl Session {
                     srv.stmts.unnamed_owner = unnamed_owner;
                     return Some(false);
                 }
-                if self.to_server.len() == sent {
-                    // Answered here: the server's unnamed statement is untouched (and no
-                    // longer the client's).
+                if self.to_server.len() == sent || self.stmts.lifts.as_mut().is_some_and(|m| m.take_bound()) {
+                    // Answered here, or bound directly as the cached statement an
+                    // autoprepared Query runs as (`stmts::fastbind`): the server's unnamed
+                    // statement is untouched (and no longer the client's).
                     srv.stmts.unnamed_owner = unnamed_owner;
                 }
                 Some(true)

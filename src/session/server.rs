@@ -494,6 +494,8 @@ impl Session {
             && self.kept.mode != PoolMode::Session
             && !self.config_keeps_server()
             && !self.pins_keep_server()
+            // The cache answered an autoprepared Query's Parse: its Bind follows at once.
+            && !self.autoprep_feeding()
         {
             let reusable = self.link.unlink().is_some_and(|l| !l.dirty);
             if !reusable {

@@ -299,6 +299,10 @@ pub struct Registry {
     pub(crate) cfg: StmtConfig,
     /// Counters.
     pub(crate) stats: StmtStats,
+    /// Bumped whenever a statement leaves the map or is replaced in it: while it has not
+    /// moved, a statement found for a key is still the one the key finds
+    /// (`session::stmts::fastbind`).
+    changes: AtomicU64,
 }
 
 /// Builds a registry key into `out`: kind, search_path context, text and type OIDs.
@@ -320,6 +324,7 @@ impl Registry {
             simple_reads: Default::default(),
             cfg,
             stats: StmtStats::default(),
+            changes: AtomicU64::new(0),
         }
     }
 
@@ -349,10 +354,24 @@ impl Registry {
         }
         if g.map.len() >= self.cfg.registry_cap {
             g.map.retain(|_, s| Arc::strong_count(s) > 1);
+            self.changes.fetch_add(1, Ordering::Release);
         }
         let s = Arc::new(Statement::new(key, kind, query, types));
-        g.map.insert(key.into(), s.clone());
+        if g.map.insert(key.into(), s.clone()).is_some() {
+            self.changes.fetch_add(1, Ordering::Release);
+        }
         s
+    }
+
+    /// The statement an unnamed Parse of `key` is served by now, when the registry holds
+    /// one (what `see_unnamed_after` then `for_parse` hand out, without counting a
+    /// sighting): None when it holds none, or only a stale one, or one whose inferred
+    /// parameter types may be out of date (`for_parse` would make a new generation).
+    /// Also the value of `changes` it was found at.
+    pub(crate) fn cached_for_parse(&self, key: &[u8]) -> Option<(Arc<Statement>, u64)> {
+        let g = self.lock();
+        let s = g.map.get(key)?;
+        (!s.stale.load(Ordering::Relaxed) && !s.infers_stale_types()).then(|| (s.clone(), self.changes()))
     }
 
     /// The current generation of `s`'s key (a new statement if `s` went stale).
@@ -399,6 +418,7 @@ impl Registry {
             return;
         }
         self.lock().map.retain(|_, v| !Arc::ptr_eq(v, s));
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     /// A server reported that `s`'s plan changed result type: new Parses get a new statement.
@@ -406,7 +426,14 @@ impl Registry {
         if !s.stale.swap(true, Ordering::Relaxed) {
             self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
             self.lock().map.retain(|_, v| !Arc::ptr_eq(v, s));
+            self.changes.fetch_add(1, Ordering::Release);
         }
+    }
+
+    /// See the field `changes`.
+    #[inline]
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     /// Number of statements known.

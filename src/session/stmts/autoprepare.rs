@@ -13,7 +13,7 @@
 //! the unnamed statement the batch used is not the client's.
 use crate::protocol::frontend;
 use crate::session::Session;
-use crate::state::TxStatus;
+use crate::state::{ServerState, TxStatus};
 use crate::stmt::lift::template::{Applied, Template};
 use crate::stmt::lift::{Lifted, Origin, lift};
 use bytes::BytesMut;
@@ -34,7 +34,23 @@ pub(in crate::session) struct AutoPrep {
 /// (`stmt::lift::template`): the most recent first, at most `MEMO_TEMPLATES`.
 #[derive(Debug, Default)]
 pub(in crate::session) struct Memo {
-    templates: Vec<Template>,
+    pub(super) templates: Vec<Kept>,
+    /// The Query just handled was bound directly (`fastbind`): nothing of a simple Query
+    /// reached the server (its unnamed statement is still there).
+    pub(super) bound: bool,
+    /// Tests: never bind directly (the batch is always fed as frames).
+    #[cfg(test)]
+    pub(in crate::session) frames_only: bool,
+    /// Tests: Queries bound directly.
+    #[cfg(test)]
+    pub(in crate::session) fast_binds: u32,
+}
+
+/// A kept template, and the cached statement its lifted text was last found as.
+#[derive(Debug)]
+pub(super) struct Kept {
+    pub(super) t: Template,
+    pub(super) known: Option<super::fastbind::Known>,
 }
 
 /// Templates a client keeps.
@@ -43,6 +59,12 @@ const MEMO_TEMPLATES: usize = 8;
 const MEMO_TEXT_MAX: usize = 4096;
 
 impl Memo {
+    /// Tests: a memo whose Queries are (`frames_only`) never bound directly.
+    #[cfg(test)]
+    pub(in crate::session) fn with_frames_only(frames_only: bool) -> Memo {
+        Memo { frames_only, ..Default::default() }
+    }
+
     /// Templates kept.
     #[cfg(test)]
     pub(in crate::session) fn len(&self) -> usize {
@@ -52,7 +74,7 @@ impl Memo {
     /// The lift of `text` by a kept template (moved to the front), if one takes it.
     fn find(&mut self, text: &[u8], escapes_everywhere: bool) -> Option<Applied> {
         let (k, a) =
-            self.templates.iter().enumerate().find_map(|(k, t)| Some((k, t.apply(text, escapes_everywhere)?)))?;
+            self.templates.iter().enumerate().find_map(|(k, t)| Some((k, t.t.apply(text, escapes_everywhere)?)))?;
         if k > 0 {
             let t = self.templates.remove(k);
             self.templates.insert(0, t);
@@ -67,7 +89,12 @@ impl Memo {
         }
         let Some(t) = Template::new(text, l, escapes_everywhere) else { return };
         self.templates.truncate(MEMO_TEMPLATES - 1);
-        self.templates.insert(0, t);
+        self.templates.insert(0, Kept { t, known: None });
+    }
+
+    /// See the field `bound` (cleared).
+    pub(in crate::session) fn take_bound(&mut self) -> bool {
+        std::mem::take(&mut self.bound)
     }
 }
 
@@ -75,10 +102,11 @@ impl Memo {
 const FRAMES: u8 = 5;
 
 impl Session {
-    /// A simple Query (`text`) with the cache on and no server work outstanding: if
-    /// autoprepare applies, the batch it becomes is queued to be fed (`take_replay`) and
-    /// true is returned (nothing was sent).
-    pub(in crate::session) fn try_autoprepare(&mut self, text: &[u8]) -> bool {
+    /// A simple Query (`text`) with the cache on and no server work outstanding, on the
+    /// linked `srv`: if autoprepare applies, the batch it becomes is either bound directly
+    /// (`fastbind`: written to the server and queued, `Memo::bound` set) or queued to be fed
+    /// (`take_replay`: nothing was sent), and true is returned.
+    pub(in crate::session) fn try_autoprepare(&mut self, text: &[u8], srv: &mut ServerState) -> bool {
         let Some(registry) = self.stmts.registry.as_ref() else { return false };
         if !registry.cfg.autoprepare
             // In a failed transaction block the server refuses anything; the Query goes as
@@ -92,11 +120,33 @@ impl Session {
             return false;
         }
         let escapes_everywhere = self.kept.settings.reported("standard_conforming_strings") == Some("off");
-        let memo = self.stmts.lifts.get_or_insert_with(Default::default);
+        // Out of `self` while it is used (put back below).
+        let mut memo = self.stmts.lifts.take().unwrap_or_default();
+        let done = self.autoprepare_with(&mut memo, text, escapes_everywhere, srv);
+        self.stmts.lifts = Some(memo);
+        done
+    }
+
+    /// `try_autoprepare` with the client's lifts `memo`.
+    fn autoprepare_with(
+        &mut self,
+        memo: &mut Memo,
+        text: &[u8],
+        escapes_everywhere: bool,
+        srv: &mut ServerState,
+    ) -> bool {
         // Lifted afresh (None when a template was reused): its text and types.
         let fresh: Option<(Vec<u8>, Vec<u8>)>;
         let (values, origin) = match memo.find(text, escapes_everywhere) {
-            Some(a) => {
+            Some(mut a) => {
+                if self.bind_fast(memo, text, &mut a, srv) {
+                    memo.bound = true;
+                    #[cfg(test)]
+                    {
+                        memo.fast_binds += 1;
+                    }
+                    return true;
+                }
                 fresh = None;
                 let origin = a.origin(text);
                 (a.values, origin)
@@ -116,20 +166,21 @@ impl Session {
         let (ltext, ltypes): (&[u8], &[u8]) = match &fresh {
             Some((t, ty)) => (t, ty),
             None => {
-                let t = &memo.templates[0];
+                let t = &memo.templates[0].t;
                 (&t.text, &t.type_bytes)
             }
         };
-        let values: Vec<&[u8]> = values.iter().map(|r| &text[r.clone()]).collect();
         let mut f = BytesMut::with_capacity(ltext.len() + 64 + 8 * values.len());
         frontend::parse(&mut f, b"", ltext, ltypes);
-        frontend::bind_text(&mut f, b"", b"", &values);
+        frontend::bind_text_with(&mut f, b"", b"", values.len(), values.iter().map(|r| &text[r.clone()]));
         frontend::describe_portal(&mut f, b"");
         frontend::execute(&mut f, b"");
         frontend::sync(&mut f);
         self.busy.retry.replay = Some(Box::new(f.to_vec()));
         let origin = Arc::new(origin);
-        self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left: FRAMES, origin, pushes_before: 0 }));
+        // One more: the Query's own frame is counted out first (`autoprep_after_frame`).
+        let frames_left = FRAMES + 1;
+        self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left, origin, pushes_before: 0 }));
         true
     }
 

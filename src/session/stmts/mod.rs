@@ -6,11 +6,13 @@
 //!
 //! `ClientStmts` is what one client holds; the handlers are per message: `parse` (Parse),
 //! `portal` (Bind, Describe, Close, Execute), `sql` (PREPARE, EXECUTE, DEALLOCATE in a
-//! simple Query), `autoprepare` (a simple Query run as a cached statement), `script`
+//! simple Query), `autoprepare` (a simple Query run as a cached statement; `fastbind` when
+//! it binds that statement directly), `script`
 //! (those in a multi-statement Query), `shape` (result-shape checks), `guard` (the
 //! savepoint guard). Retrying a batch after a stale plan is `session::retry`.
 
 pub(in crate::session) mod autoprepare;
+mod fastbind;
 pub(in crate::session) mod guard;
 mod parse;
 mod portal;

@@ -34,7 +34,7 @@ impl Session {
                 if let Some(done) = self.query_reading_view(text) {
                     return done;
                 }
-                if self.try_autoprepare(text) {
+                if self.try_autoprepare(text, srv) {
                     return true;
                 }
                 self.busy.tx.note_start(text);

@@ -56,3 +56,39 @@ fn later_numbers_in_the_same_text_reuse_the_first_querys_lift() {
     assert_eq!(bound, ["PBDES", "BDES"], "prepared once, then bound");
     assert_eq!(h.s.stmts.lifts.as_ref().map(|m| m.len()), Some(1), "one template");
 }
+
+/// The batch an autoprepared Query becomes is one request of the client's: its server
+/// is not given back between the cache's answer to its Parse and its Bind (given back, it
+/// was acquired again for the Bind, and maybe another one).
+#[test]
+fn the_batch_keeps_its_server_between_its_frames() {
+    let mut h = autoprepared();
+    let sql = |aid: u32| query(&format!("SELECT abalance FROM pgbench_accounts WHERE aid = {aid};"));
+    for aid in [1, 2, 3, 4] {
+        h.client(sql(aid));
+        let out = h.server_out();
+        let tags: String = out.iter().map(|f| f[0] as char).collect();
+        assert!(tags.ends_with("BDES"), "{tags}");
+        let acts = h.actions();
+        assert!(!acts.iter().any(|a| matches!(a, Action::ReleaseServer { .. })), "{aid}: {acts:?}");
+        answer(&mut h, tags.starts_with('P'));
+        assert_eq!(h.client_out(), "TDCZ");
+        assert_eq!(h.actions(), [Action::ReleaseServer { reusable: true }], "given back after its Sync");
+    }
+}
+
+/// With a read/write split, an autoprepared plain read runs its whole batch on the
+/// standby it was given (its frames were held as if they were not the read's: nothing was
+/// sent, and the client waited forever).
+#[test]
+fn an_autoprepared_read_runs_on_its_standby() {
+    let mut h = autoprepared();
+    h.reads = true;
+    h.s.set_read_split(true);
+    h.client(query("SELECT abalance FROM pgbench_accounts WHERE aid = 1"));
+    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "PBDES");
+    assert!(h.pending.is_empty(), "every frame fed");
+    answer(&mut h, true);
+    assert_eq!(h.client_out(), "TDCZ");
+}

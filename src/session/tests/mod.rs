@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 
 mod autoprepare;
 mod batches;
+mod fastbind;
 mod link;
 mod model;
 mod notify;

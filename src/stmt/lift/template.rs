@@ -51,6 +51,15 @@ impl Applied {
         }
         Origin { edits: self.edits.clone(), literals }
     }
+
+    /// `origin`, taking the edits (none are left).
+    pub fn take_origin(&mut self, text: &[u8]) -> Origin {
+        let mut literals = Vec::with_capacity(self.values.iter().map(|r| r.len()).sum());
+        for r in &self.values {
+            literals.extend_from_slice(&text[r.clone()]);
+        }
+        Origin { edits: std::mem::take(&mut self.edits), literals }
+    }
 }
 
 /// A literal a template may take: the integer type of its ASCII digits, unless it is one of the
