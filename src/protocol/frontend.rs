@@ -224,7 +224,8 @@ mod tests {
     #[test]
     fn bind_param_reader() {
         let mut b = BytesMut::new();
-        bind_text(&mut b, b"p", b"s", &[b"work_mem", b"", b"8MB"]);
+        let values: [&[u8]; 3] = [b"work_mem", b"", b"8MB"];
+        bind_text_with(&mut b, b"p", b"s", values.len(), values.into_iter());
         let (_, _, at) = bind_names(&b[5..]).unwrap();
         assert_eq!(bind_param(&b[5..], at, 0), Some(Some(&b"work_mem"[..])));
         assert_eq!(bind_param(&b[5..], at, 1), Some(Some(&b""[..])));

@@ -454,6 +454,11 @@ impl ReplyQueue {
     pub(crate) fn is_unsynced(&self) -> bool {
         self.unsynced
     }
+    /// Requests pushed since the client's last Sync, Flush, Query or FunctionCall.
+    #[cfg(test)]
+    pub(crate) fn pushed_since_flush(&self) -> u32 {
+        self.pushes.wrapping_sub(self.flushed_at)
+    }
     /// See the field.
     pub(crate) fn portal_leftover(&self) -> bool {
         self.portal_leftover

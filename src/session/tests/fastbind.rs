@@ -115,9 +115,12 @@ fn state(h: &H) -> String {
         .collect();
     let r = &s.busy.retry;
     format!(
-        "queue {q:?} pushes {} unsynced {} | retry batch {:?} last {:?} at {} executed {} retried {} | \
+        "queue {q:?} pushed since the client's flush {} unsynced {} | retry batch {:?} last {:?} at {} executed {} retried {} | \
          unnamed {:?} last_bind {} described {} binds {} | server owner {:?} statements {}",
-        s.busy.replies.pushes,
+        // Not `pushes` itself: a counter that only ever counts relative to `flushed_at`, and
+        // that a recycled blank session (the harness's `park`) carries over from an earlier
+        // conversation; and only as far as it concerns requests still queued.
+        (s.busy.replies.pushed_since_flush() as usize).min(s.busy.replies.len()),
         s.busy.replies.is_unsynced(),
         norm_frames(&r.batch),
         norm_frames(&r.last_batch),
