@@ -65,6 +65,10 @@ impl Session {
             .then(|| session_config_names(text))
             .flatten()
             .and_then(|names| names.into_iter().map(|n| resolve(n, bind)).collect::<Option<Vec<_>>>());
+        // A timeout set for the session would act on the next client's settings replay
+        // itself (a 1 ms statement_timeout can cancel the SET that replays its own
+        // application_name): such a server is closed when given back, as before.
+        let names = names.filter(|names| !names.iter().any(|n| n.ends_with("timeout")));
         match names {
             Some(names) if self.link.is_linked() => {
                 let c = self.busy.tx.config.get_or_insert_default();
