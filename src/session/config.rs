@@ -9,8 +9,9 @@
 //! replayed on its next server connection as `set_config` (`state::Settings`); one that is
 //! not is forgotten. The server's own record is updated the same way, so the connection is
 //! reused. A name that cannot be known, `session_authorization` and `seed` (which a replay
-//! cannot restore), a failed question, or session pooling keep the old rule: the server
-//! connection is closed when given back.
+//! cannot restore), a timeout (which would act on the next client's replay itself), a failed
+//! question, or session pooling keep the old rule: the server connection is closed when
+//! given back.
 
 use super::Session;
 use super::reply_queue::{Pending, Purpose, Req};
