@@ -252,6 +252,23 @@ async fn set_never_leaks_to_other_clients() {
         c.batch_execute("select pg_sleep(0.5)")
             .await
             .unwrap_or_else(|e| panic!("client c got a's statement_timeout: {}\n{}", describe(&e), p.log_tail()));
+
+        // The shortest timeout there is: the reset that takes it off the server runs alone,
+        // before b's replay, and b never pays for a's setting.
+        a.batch_execute("SET statement_timeout = 1").await.unwrap();
+        for round in 0..20 {
+            assert_eq!(
+                b.scalar("select v from who").await.unwrap_or_else(|e| panic!(
+                    "round {round}: client b's replay under a's 1 ms timeout: {}\n{}",
+                    describe(&e),
+                    p.log_tail()
+                )),
+                "schema b"
+            );
+            // a's own statement may meet its timeout on a busy machine: only its replay
+            // matters here, which puts the timeout back on the server.
+            let _ = a.batch_execute("SHOW statement_timeout").await;
+        }
     })
     .await;
 }
@@ -324,6 +341,35 @@ async fn session_set_config_follows_its_client() {
         assert_eq!(a.scalar("SHOW default_transaction_isolation").await.unwrap(), "read committed");
         assert_eq!(a.scalar("SHOW work_mem").await.unwrap(), "9MB");
         assert_eq!(b.scalar("select pg_backend_pid()::text").await.unwrap(), pid, "the server connection was closed");
+    })
+    .await;
+}
+
+/// A timeout that ends the session (`idle_session_timeout`) set by one client must not end
+/// another's: the server connection it leaves in the pool would be closed by PostgreSQL
+/// while idle, and the next client handed it would get the FATAL.
+#[tokio::test]
+async fn a_session_ending_timeout_never_ends_another_client() {
+    const DB: &str = "setdb_idle";
+    schema_db(DB);
+    let p = Parsnip::trust("pool_size = 1");
+    bounded(60, "a_session_ending_timeout_never_ends_another_client", async {
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        a.batch_execute("SET idle_session_timeout = '100ms'").await.unwrap();
+        for round in 0..3 {
+            // Longer than the timeout: the time passing is what is tested.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                b.scalar("select v from who").await.unwrap_or_else(|e| panic!(
+                    "round {round}: b got a's idle_session_timeout: {}\n{}",
+                    describe(&e),
+                    p.log_tail()
+                )),
+                "public"
+            );
+            a.batch_execute("select 1").await.unwrap();
+        }
     })
     .await;
 }

@@ -9,7 +9,8 @@
 //! over the shared statement cache.
 //!
 //! The parts, one file each: `client` (frames from the client), `flush` (when output may
-//! reach the client), `server` (frames from the server, linking and releasing), `tx` (the
+//! reach the client), `server` (frames from the server, releasing), `linking` (what runs on a server before
+//! the client's requests: settings replayed, other clients' timeouts reset first), `tx` (the
 //! client's transaction and the settings made in it), `stmts` (the client's prepared
 //! statements), `retry` (replaying a batch after a stale plan), `pipeline` (lending the
 //! server to other clients' fast reads), `reply_queue` (what each reply in flight is for),
@@ -28,6 +29,7 @@ mod client;
 mod config;
 mod flush;
 mod inflow;
+mod linking;
 pub use inflow::{STREAM_FROM, Streamed, stream_from};
 mod notify;
 pub(crate) use notify::{MAX_QUEUED, MAX_QUEUED_BYTES};
@@ -116,6 +118,8 @@ struct LinkState {
     /// When the server last became busy with this client's requests (the clock when one
     /// was queued with none outstanding, or when linked), µs.
     busy_since_us: u64,
+    /// Resets of another client's timeouts sent on this link (`linking`).
+    clear_tries: u8,
 }
 
 impl Link {

@@ -119,6 +119,9 @@ pub(crate) enum Purpose {
     Client,
     /// Settings replayed onto the server for this client.
     SyncSettings,
+    /// The reset of timeouts another client left on the server, run before the replay
+    /// (`session::linking`).
+    ClearTimeouts,
     /// A ROLLBACK the pooler sent (statement mode).
     Rollback,
     /// The client's Sync ending a batch that is being retried: its ReadyForQuery is not
@@ -344,7 +347,12 @@ impl Pending {
         self.req == Req::Query
             && !matches!(
                 self.purpose,
-                Purpose::SyncSettings | Purpose::Absorb | Purpose::PinCheck | Purpose::ConfigCheck | Purpose::Rollback
+                Purpose::SyncSettings
+                    | Purpose::ClearTimeouts
+                    | Purpose::Absorb
+                    | Purpose::PinCheck
+                    | Purpose::ConfigCheck
+                    | Purpose::Rollback
             )
     }
 

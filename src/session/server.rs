@@ -4,7 +4,7 @@
 
 use super::reply_queue::{self, OnReply, Pending, Purpose, Req, Synth};
 use super::stmts::same_shape;
-use super::{Action, Link, LinkState, Phase, Session, wire_trace};
+use super::{Action, Link, Phase, Session, wire_trace};
 use crate::config::PoolMode;
 use crate::error::{Error, Severity, SqlState};
 use crate::protocol::{backend, body, frontend, tags};
@@ -15,38 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 impl Session {
-    /// The pool gave us `server`: replay settings if they differ.
-    pub fn handle_server_linked(&mut self, server: &mut ServerState) {
-        // A fresh state: nothing of the last server (lent, a standby's, dirty, when its
-        // last execution ended) carries over.
-        self.link = Link::Linked(LinkState {
-            timer_us: self.kept.settings.cancel_timer_us(),
-            busy_since_us: self.busy.clock_us,
-            ..LinkState::default()
-        });
-        server.tx_status = TxStatus::Idle;
-        server.stmts.begin_link();
-        self.trim_server_statements(server);
-        if std::mem::take(&mut server.cancel_risk) {
-            // A cancel signal its last user's statement may have left on the backend cancels
-            // this instead of the client's first statement (`state::timers`).
-            frontend::query(&mut self.to_server, "SELECT 1");
-            self.busy.replies.push(Pending::internal(Req::Query, Purpose::Absorb));
-            // A simple Query drops the server's unnamed statement: a client's plain one is
-            // parsed again before its next Bind.
-            server.stmts.unnamed_owner = None;
-        }
-        if self.kept.settings.key() != server.settings.key() {
-            let sql = self.kept.settings.diff_sql(&server.settings);
-            server.settings.copy_extra_from(&self.kept.settings);
-            if !sql.is_empty() {
-                frontend::query(&mut self.to_server, &sql);
-                self.busy.replies.push(Pending::internal(Req::Query, Purpose::SyncSettings));
-                server.stmts.unnamed_owner = None;
-            }
-        }
-    }
-
     /// The pool could not give a server. A FATAL error closes the client; an ERROR fails
     /// the request that needed the server as PostgreSQL would (error, then skip to Sync).
     pub(crate) fn handle_acquire_failed(&mut self, err: Error) {
@@ -136,7 +104,7 @@ impl Session {
             // client gets it once, as PostgreSQL sent it (worded for the client where the
             // request was rewritten), and nothing after it: the server closing is no news.
             let forwarded = matches!(head.on_reply, OnReply::Forward | OnReply::Inject | OnReply::ReplaceError(_))
-                || head.purpose == Purpose::SyncSettings;
+                || matches!(head.purpose, Purpose::SyncSettings | Purpose::ClearTimeouts);
             tracing::info!(error = %backend::ErrorText(body(frame)), "server ended the connection");
             self.on_error(frame, server);
             if !forwarded {
@@ -342,6 +310,8 @@ impl Session {
             }
             _ => {}
         }
+        let clear_again = self.busy.replies.head().is_some_and(|h| h.purpose == Purpose::ClearTimeouts)
+            && self.timeouts_clear_failed(code);
         let Some(head) = self.busy.replies.head_mut() else { return };
         if let Some(pd) = param_desc
             && matches!(head.on_reply, OnReply::Forward)
@@ -366,7 +336,8 @@ impl Session {
             },
             OnReply::ReplaceError(e) if code == b"26000" => e.write_to(&mut self.to_client),
             OnReply::ReplaceError(_) => self.to_client.extend_from_slice(frame),
-            OnReply::Skip if head.purpose == Purpose::SyncSettings => {
+            OnReply::Skip if clear_again => {}
+            OnReply::Skip if matches!(head.purpose, Purpose::SyncSettings | Purpose::ClearTimeouts) => {
                 // The client's settings cannot be applied: PostgreSQL would have refused
                 // them at startup.
                 self.to_client.extend_from_slice(frame);
@@ -420,6 +391,11 @@ impl Session {
         }
         if p.purpose == Purpose::ConfigCheck {
             self.config_checked(p.failed, server);
+        }
+        if p.purpose == Purpose::ClearTimeouts {
+            // The client's frames wait for it: the server is not to be given back now.
+            server.tx_status = status;
+            return self.timeouts_cleared(p.failed, server);
         }
         if p.purpose == Purpose::Retried {
             // The hidden end of a failed batch being retried: the client's transaction

@@ -71,7 +71,28 @@ impl Settings {
     /// `lock_timeout`, `idle_session_timeout`, …): it acts on whatever the server runs
     /// next, not only on this client's statements.
     pub(crate) fn sets_a_timeout(&self) -> bool {
-        self.extra.iter().any(|(n, _)| n.len() >= 7 && n[n.len() - 7..].eq_ignore_ascii_case("timeout"))
+        self.extra.iter().any(|(n, _)| is_timeout(n))
+    }
+
+    /// `RESET` of each timeout `server` has that these settings do not have alike; empty
+    /// when there is none. It runs on its own, before the rest of the replay: a short timeout
+    /// another client left there would otherwise act on the replay itself (PostgreSQL times
+    /// each statement of a multi-statement Query on its own, so once the first statement
+    /// has reset it, nothing after it is timed by it).
+    pub(crate) fn timeouts_to_clear(&self, server: &Settings) -> String {
+        let mut sql = String::new();
+        for (name, stmt) in server.extra.iter().filter(|(n, _)| is_timeout(n)) {
+            if !self.extra.iter().any(|(n, s)| n == name && s == stmt) {
+                sql.push_str(&reset_sql(name));
+            }
+        }
+        sql
+    }
+
+    /// Forgets the timeouts `client.timeouts_to_clear(self)` resets.
+    pub(crate) fn forget_timeouts_unlike(&mut self, client: &Settings) {
+        self.extra.retain(|(name, stmt)| !is_timeout(name) || client.extra.iter().any(|(n, s)| n == name && s == stmt));
+        self.rekey();
     }
 
     /// Forgets all settings (RESET ALL, DISCARD ALL).
@@ -105,7 +126,9 @@ impl Settings {
                 sql.push_str(&reset_sql(name));
             }
         }
-        for (name, stmt) in &self.extra {
+        // The client's own timeouts last: they act on the statements after them.
+        let (timeouts, others): (Vec<_>, Vec<_>) = self.extra.iter().partition(|(n, _)| is_timeout(n));
+        for (name, stmt) in others.into_iter().chain(timeouts) {
             if !server.extra.iter().any(|(n, s)| n == name && s == stmt) {
                 sql.push_str(stmt);
                 sql.push(';');
@@ -113,6 +136,12 @@ impl Settings {
         }
         sql
     }
+}
+
+/// A setting named `…timeout` (`statement_timeout`, `lock_timeout`,
+/// `idle_in_transaction_session_timeout`, `transaction_timeout`, …).
+fn is_timeout(name: &str) -> bool {
+    name.len() >= 7 && name[name.len() - 7..].eq_ignore_ascii_case("timeout")
 }
 
 impl Settings {
@@ -207,6 +236,28 @@ mod tests {
         let sql = client.diff_sql(&server);
         assert_eq!(sql, "SET \"TimeZone\" = 'UTC';RESET \"work_mem\";SET search_path TO a;");
         assert_eq!(client.clone().diff_sql(&client), "");
+    }
+
+    #[test]
+    fn a_foreign_timeout_is_cleared_first_and_the_clients_own_set_last() {
+        let mut client = Settings::default();
+        client.set_extra("lock_timeout".into(), "SET lock_timeout = 5".into());
+        client.set_extra("search_path".into(), "SET search_path TO a".into());
+        client.set_extra("idle_session_timeout".into(), "SET idle_session_timeout = 9".into());
+        let mut server = Settings::default();
+        server.set_extra("statement_timeout".into(), "SET statement_timeout = 1".into());
+        server.set_extra("lock_timeout".into(), "SET lock_timeout = 1".into());
+        server.set_extra("idle_session_timeout".into(), "SET idle_session_timeout = 9".into());
+        server.set_extra("work_mem".into(), "SET work_mem = '1MB'".into());
+        assert_eq!(client.timeouts_to_clear(&server), "RESET \"statement_timeout\";RESET \"lock_timeout\";");
+        server.forget_timeouts_unlike(&client);
+        assert_eq!(client.timeouts_to_clear(&server), "");
+        assert_eq!(
+            server.extra.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["idle_session_timeout", "work_mem"]
+        );
+        assert_eq!(client.diff_sql(&server), "RESET \"work_mem\";SET search_path TO a;SET lock_timeout = 5;");
+        assert_eq!(Settings::default().timeouts_to_clear(&Settings::default()), "");
     }
 
     #[test]

@@ -181,3 +181,67 @@ fn a_server_lost_twice_gives_its_client_one_fatal() {
     assert_eq!(h.s.poll_action(), Some(Action::Close));
     assert_eq!(h.s.poll_action(), None);
 }
+
+/// A server another client left with `statement_timeout = 1` (as its settings say).
+fn with_foreign_timeout() -> H {
+    let mut h = H::new(PoolMode::Transaction, None);
+    let mut client = Settings::default();
+    client.set_extra("search_path".into(), "SET search_path TO a".into());
+    h.s.kept.settings = Arc::new(client);
+    h.srv.settings.set_extra("statement_timeout".into(), "SET statement_timeout = 1".into());
+    h
+}
+
+#[test]
+fn another_clients_timeout_is_reset_alone_before_the_replay_and_the_clients_query() {
+    let mut h = with_foreign_timeout();
+    h.client(query("select 1"));
+    let out = h.server_out();
+    assert_eq!(out.len(), 1, "only the reset: the client's query waits for it");
+    assert!(text(&out[0]).contains("RESET \"statement_timeout\";"), "{}", text(&out[0]));
+    assert!(!text(&out[0]).contains("search_path"));
+    h.server(msg(b'C', b"RESET\0"));
+    h.server(rfq(b'I'));
+    let out = h.server_out();
+    assert_eq!(out.len(), 2, "the replay, then the client's query");
+    assert!(text(&out[0]).contains("SET search_path TO a;"), "{}", text(&out[0]));
+    assert!(text(&out[1]).contains("select 1"));
+    assert_eq!(h.client_out(), "", "the reset's replies are hidden");
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZ");
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.srv.settings.key(), h.s.settings().key());
+}
+
+#[test]
+fn a_reset_the_old_timeout_cancels_is_tried_again_then_the_client_is_told() {
+    let mut h = with_foreign_timeout();
+    h.client(query("select 1"));
+    let _ = h.server_out();
+    h.server(err("57014"));
+    h.server(rfq(b'I'));
+    let out = h.server_out();
+    assert_eq!(out.len(), 1, "the reset again, alone");
+    assert!(text(&out[0]).contains("RESET \"statement_timeout\";"));
+    assert_eq!(h.client_out(), "", "a cancelled reset is no news to the client");
+    h.server(msg(b'C', b"RESET\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.server_out().len(), 2, "the replay and the client's query");
+
+    // Cancelled every time: after the last try the client gets the error, as of a replay
+    // that failed, and the server is not reused.
+    let mut h = with_foreign_timeout();
+    h.client(query("select 1"));
+    for _ in 0..2 {
+        assert_eq!(h.server_out().len(), 1);
+        h.server(err("57014"));
+        h.server(rfq(b'I'));
+    }
+    assert_eq!(h.server_out().len(), 1);
+    h.server(err("57014"));
+    assert_eq!(h.client_out(), "E");
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: false }, Action::Close]);
+}
