@@ -50,6 +50,8 @@ sqlstates! {
     DUPLICATE_PSTATEMENT = "42P05";
     /// 25P03: idle-in-transaction timeout.
     IDLE_IN_TRANSACTION_SESSION_TIMEOUT = "25P03";
+    /// 25P04: transaction timeout (PostgreSQL 17's `transaction_timeout`).
+    TRANSACTION_TIMEOUT = "25P04";
     /// 57P05: idle session timeout.
     IDLE_SESSION_TIMEOUT = "57P05";
     /// 54000: program limit exceeded (message too large, cache caps).

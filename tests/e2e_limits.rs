@@ -180,6 +180,53 @@ async fn idle_transaction_timeout_closes_and_cleans_up() {
     .await;
 }
 
+/// `transaction_timeout_ms` (PgBouncer's transaction_timeout): a transaction that holds its
+/// server longer is ended with FATAL 25P04, busy or idle, timed from its first request
+/// (later statements do not move it); a running statement is cancelled, the transaction
+/// rolled back, and the server serves the next client.
+#[tokio::test]
+async fn transaction_timeout_ends_long_transactions_busy_or_idle() {
+    const DB: &str = "txtimeout";
+    let p = trust_db(
+        DB,
+        "CREATE TABLE t (x int); GRANT ALL ON t TO PUBLIC;",
+        "pool_size = 1\ntransaction_timeout_ms = 1500",
+    );
+    bounded(60, "transaction_timeout_ends_long_transactions_busy_or_idle", async {
+        // Busy: statements shorter than the timeout, one after the other, in one transaction.
+        let mut raw = p.raw_login("postgres", SUPER_PW, DB).await;
+        raw.simple_query("BEGIN; INSERT INTO t VALUES (1)").await.unwrap();
+        let t0 = std::time::Instant::now();
+        let mut err = None;
+        for _ in 0..20 {
+            if let Err(e) = raw.simple_query("SELECT pg_sleep(0.5)").await {
+                err = Some(e);
+                break;
+            }
+        }
+        let e = err.unwrap_or_else(|| panic!("20 half-second statements ran in one transaction\n{}", p.log_tail()));
+        assert!(t0.elapsed() < Duration::from_secs(5), "ended after {:?}", t0.elapsed());
+        assert_eq!((e.code(), e.severity()), ("25P04", "FATAL"), "{e}\n{}", p.log_tail());
+        wait_backends(DB, Duration::from_secs(5), |v| !v.iter().any(|(_, s)| s != "idle"))
+            .await
+            .unwrap_or_else(|v| panic!("server left busy: {v:?}\n{}", p.log_tail()));
+        assert_eq!(psql(DB, "select count(*) from t"), "0", "rolled back");
+        // Idle in its transaction: ended the same way.
+        let mut idle = p.raw_login("postgres", SUPER_PW, DB).await;
+        idle.simple_query("BEGIN; INSERT INTO t VALUES (2)").await.unwrap();
+        let e = idle.expect_error_and_close(Duration::from_secs(10), "idle transaction").await;
+        assert_eq!(e.code(), "25P04", "{e}");
+        // The pool's one server serves the next client; statements outside a transaction
+        // longer in total than the timeout are not one transaction.
+        let c = p.connect("postgres", SUPER_PW, DB).await;
+        for _ in 0..4 {
+            c.batch_execute("SELECT pg_sleep(0.5)").await.unwrap_or_else(|e| panic!("{}", describe(&e)));
+        }
+        assert_eq!(c.scalar("select count(*) from t").await.unwrap(), "0");
+    })
+    .await;
+}
+
 /// parsnip reconnects to a restarted PostgreSQL by itself.
 #[tokio::test]
 async fn reconnects_after_postgres_restart() {

@@ -116,6 +116,12 @@ impl Config {
         let per_user = self.users.get(user).and_then(|u| u.query_timeout_ms);
         ms(per_user.unwrap_or(self.query_timeout_ms))
     }
+    /// `transaction_timeout_ms` for clients logged in as `user`: the user's, else the global
+    /// one (None: off).
+    pub(crate) fn transaction_timeout(&self, user: &str) -> Option<Duration> {
+        let per_user = self.users.get(user).and_then(|u| u.transaction_timeout_ms);
+        ms(per_user.unwrap_or(self.transaction_timeout_ms))
+    }
     /// `idle_transaction_timeout_ms` for clients logged in as `user`: the user's, else the
     /// global one (None: off).
     pub(crate) fn idle_transaction_timeout(&self, user: &str) -> Option<Duration> {

@@ -157,7 +157,6 @@ const MISSING: &[(&[&str], &str)] = &[
     ),
     (&["auth_ldap_options"], "parsnip has no LDAP authentication yet"),
     (&["unix_socket_group"], "parsnip does not change its socket's group"),
-    (&["transaction_timeout"], "use PostgreSQL 17's transaction_timeout (ALTER ROLE ... SET)"),
     (&["disable_pqexec", "application_name_add_host", "query_wait_notify"], "parsnip has no such setting"),
 ];
 
@@ -171,7 +170,6 @@ const AT_DEFAULT: &[(&str, &str)] = &[
     ("max_user_connections", "0"),
     ("max_user_client_connections", "0"),
     ("server_fast_close", "0"),
-    ("transaction_timeout", "0"),
     ("disable_pqexec", "0"),
     ("application_name_add_host", "0"),
     ("query_wait_notify", "5"),

@@ -101,6 +101,8 @@ pub struct UserConfig {
     pub(crate) client_idle_timeout_ms: Option<u64>,
     /// `query_timeout_ms` for this user's clients (overrides the global one; 0: off).
     pub(crate) query_timeout_ms: Option<u64>,
+    /// `transaction_timeout_ms` for this user's clients (overrides the global one; 0: off).
+    pub(crate) transaction_timeout_ms: Option<u64>,
     /// `idle_transaction_timeout_ms` for this user's clients (overrides the global one; 0:
     /// off).
     pub(crate) idle_transaction_timeout_ms: Option<u64>,

@@ -90,6 +90,10 @@ pub struct Config {
     /// Close clients (and their server connection) whose query has run longer than this,
     /// timed from the client's last message (PgBouncer's query_timeout; 0 = never).
     pub query_timeout_ms: u64,
+    /// Close clients (and their server connection) whose transaction, or statement outside
+    /// one, has held its server longer than this, timed from its first request (PgBouncer's
+    /// transaction_timeout; 0 = never).
+    pub transaction_timeout_ms: u64,
     /// A client pinned to its server connection by session state (transaction pooling),
     /// idle outside a transaction this long, is closed with FATAL 57P05; 0: never.
     pub pinned_timeout_ms: u64,
@@ -239,6 +243,7 @@ impl Default for Config {
             client_idle_timeout_ms: 0,
             idle_transaction_timeout_ms: 0,
             query_timeout_ms: 0,
+            transaction_timeout_ms: 0,
             pinned_timeout_ms: 0,
             client_login_timeout_ms: 60_000,
             max_message_size: 256 * 1024 * 1024,

@@ -269,6 +269,9 @@ struct Busy {
     key_buf: Vec<u8>,
     /// The driver's clock as last told (`timing`), µs.
     clock_us: u64,
+    /// When the client's transaction (or its statement outside one) started, as far as the
+    /// driver's polls saw (`timeout`: `transaction_timeout_ms`).
+    tx_since: Option<std::time::Instant>,
 }
 
 impl Busy {
@@ -292,6 +295,8 @@ impl Busy {
             spare_stmts: _,
             key_buf: _,
             clock_us: _,
+            // Cleared when the session parks.
+            tx_since: _,
         } = self;
         replies.is_empty()
             && !replies.is_unsynced()

@@ -51,6 +51,7 @@ impl Session {
         self.stmts.forget_portals();
         // What the last link was (a read pool's) is set afresh at the next one.
         self.busy.wants_reads = false;
+        self.busy.tx_since = None;
         let stmts = if self.stmts.holds_nothing() {
             let registry = self.stmts.registry.take();
             let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);

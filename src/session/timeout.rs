@@ -23,6 +23,10 @@ pub(crate) struct Timeouts {
     /// connection with it) once it has been silent this long: PgBouncer's query_timeout,
     /// timed from the client's last message.
     pub(crate) query: Option<Duration>,
+    /// `transaction_timeout_ms`: a client whose transaction (or statement outside one) has
+    /// held its server this long is closed, whatever it is doing: PgBouncer's
+    /// transaction_timeout, timed from the transaction's first request.
+    pub(crate) transaction: Option<Duration>,
 }
 
 impl Timeouts {
@@ -32,6 +36,7 @@ impl Timeouts {
             || self.idle_in_transaction.is_some()
             || self.pinned.is_some()
             || self.query.is_some()
+            || self.transaction.is_some()
     }
 }
 
@@ -73,24 +78,47 @@ impl Session {
     }
 
     /// When [`Session::handle_timeout`] is due, given when the client last sent something
-    /// (`idle_since`); None when no timeout applies in the session's state.
+    /// (`idle_since`); None when no timeout applies in the session's state. Notes when a
+    /// transaction started (the client's last message when a poll first sees it linked
+    /// with a transaction or request open), for `transaction_timeout`.
     #[must_use]
-    pub(crate) fn poll_timeout(&self, t: &Timeouts, idle_since: Instant, client_buffered: bool) -> Option<Instant> {
-        let limit = match self.idle_kind(client_buffered)? {
-            Idle::Session => t.client_idle?,
-            Idle::InTransaction => t.idle_in_transaction?,
-            Idle::Pinned => t.pinned?,
-            Idle::Running => t.query?,
-        };
-        Some(idle_since + limit)
+    pub(crate) fn poll_timeout(&mut self, t: &Timeouts, idle_since: Instant, client_buffered: bool) -> Option<Instant> {
+        let tx_due = t.transaction.and_then(|limit| {
+            if !self.holds_transaction() {
+                self.busy.tx_since = None;
+                return None;
+            }
+            Some(*self.busy.tx_since.get_or_insert(idle_since) + limit)
+        });
+        let due = self.idle_kind(client_buffered).and_then(|kind| {
+            let limit = match kind {
+                Idle::Session => t.client_idle?,
+                Idle::InTransaction => t.idle_in_transaction?,
+                Idle::Pinned => t.pinned?,
+                Idle::Running => t.query?,
+            };
+            Some(idle_since + limit)
+        });
+        match (due, tx_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The linked server is in a transaction, or runs a request, for this client: what
+    /// `transaction_timeout` times.
+    fn holds_transaction(&self) -> bool {
+        self.is_linked() && (self.in_transaction() || !self.busy.replies.is_empty() || self.busy.replies.is_unsynced())
     }
 
     /// The time is `now`: if the timeout that applies has expired, the session ends with
     /// PostgreSQL's error for it (57P05 idle session, 25P03 idle in transaction). Does
     /// nothing otherwise. A pinned client's is 57P05 too, its message naming
-    /// `pinned_timeout` and the reasons; a running query's (`query_timeout`) 57014.
+    /// `pinned_timeout` and the reasons; a running query's (`query_timeout`) 57014; a
+    /// transaction past `transaction_timeout` 25P04 (PostgreSQL 17's code for its own).
     ///
-    /// True when the expired one is `query_timeout`: the driver then cancels the query on
+    /// True when the expired one is `query_timeout` (or `transaction_timeout` with a
+    /// request running): the driver then cancels the query on
     /// the server (the connection then settles as for any client that left mid-query).
     pub(crate) fn handle_timeout(
         &mut self,
@@ -101,6 +129,14 @@ impl Session {
     ) -> bool {
         if self.poll_timeout(t, idle_since, client_buffered).is_none_or(|due| now < due) {
             return false;
+        }
+        if let (Some(limit), Some(since)) = (t.transaction, self.busy.tx_since)
+            && now >= since + limit
+        {
+            let running = self.idle_kind(client_buffered) == Some(Idle::Running);
+            self.fail(Error::fatal(SqlState::TRANSACTION_TIMEOUT, "terminating connection due to transaction_timeout"));
+            // A request still running is cancelled on the server, as for query_timeout.
+            return running;
         }
         match self.idle_kind(client_buffered) {
             Some(Idle::InTransaction) => self.fail(Error::fatal(

@@ -20,6 +20,7 @@ struct Effective {
     client_idle: Option<Duration>,
     idle_in_transaction: Option<Duration>,
     query: Option<Duration>,
+    transaction: Option<Duration>,
     server_lifetime: Option<Duration>,
     auth: Option<(String, String, Option<String>)>,
 }
@@ -43,6 +44,7 @@ fn effective(ini: &str, db: &str, user: &str) -> Effective {
         client_idle: cfg.client_idle_timeout(user),
         idle_in_transaction: cfg.idle_transaction_timeout(user),
         query: cfg.query_timeout(user),
+        transaction: cfg.transaction_timeout(user),
         server_lifetime: cfg.server_lifetime(db),
         auth: cfg.auth_lookup(d).map(|(q, u, n)| (q.to_owned(), u.to_owned(), n.map(str::to_owned))),
     }
@@ -51,7 +53,8 @@ fn effective(ini: &str, db: &str, user: &str) -> Effective {
 const GLOBAL: &str = "[pgbouncer]\nlisten_addr = 127.0.0.1\npool_mode = transaction\ndefault_pool_size = 20\n\
                       reserve_pool_size = 1\nmax_db_connections = 50\nmax_user_connections = 40\nmin_pool_size = 1\n\
                       max_db_client_connections = 30\nmax_user_client_connections = 25\n\
-                      client_idle_timeout = 100\nidle_transaction_timeout = 10\nquery_timeout = 30\nserver_lifetime = 3600\n";
+                      client_idle_timeout = 100\nidle_transaction_timeout = 10\nquery_timeout = 30\ntransaction_timeout = 60\n\
+                      server_lifetime = 3600\n";
 
 /// The global settings alone.
 fn base() -> Effective {
@@ -65,6 +68,7 @@ fn base() -> Effective {
         client_idle: Some(Duration::from_secs(100)),
         idle_in_transaction: Some(Duration::from_secs(10)),
         query: Some(Duration::from_secs(30)),
+        transaction: Some(Duration::from_secs(60)),
         server_lifetime: Some(Duration::from_secs(3600)),
         auth: None,
     }
@@ -98,6 +102,8 @@ fn each_override_and_which_wins() {
         }),
         ("user query_timeout", "", "query_timeout=1.5", |e| e.query = Some(Duration::from_millis(1500))),
         ("user query_timeout 0 is off", "", "query_timeout=0", |e| e.query = None),
+        ("user transaction_timeout", "", "transaction_timeout=2", |e| e.transaction = Some(Duration::from_secs(2))),
+        ("user transaction_timeout 0 is off", "", "transaction_timeout=0", |e| e.transaction = None),
         ("database server_lifetime", "server_lifetime=60", "", |e| e.server_lifetime = Some(Duration::from_secs(60))),
         ("database server_lifetime 0 leaves the global", "server_lifetime=0", "", |_| {}),
         ("database auth_user runs PgBouncer's default query", "auth_user=lookup", "", |e| {

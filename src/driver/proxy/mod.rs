@@ -349,6 +349,7 @@ impl Proxy {
             // Looked up only for a pinned client (a parked session never is one).
             pinned: if self.session.is_pinned() { cfg.pinned_timeout(&self.pool.key.db) } else { None },
             query: cfg.query_timeout(&self.pool.key.user),
+            transaction: cfg.transaction_timeout(&self.pool.key.user),
         }
     }
 }

@@ -101,8 +101,7 @@ fn session_mode_never_asks() {
 #[test]
 fn a_pinned_client_idle_past_pinned_timeout_is_told_why() {
     use std::time::{Duration, Instant};
-    let t =
-        Timeouts { client_idle: None, idle_in_transaction: None, pinned: Some(Duration::from_secs(5)), query: None };
+    let t = Timeouts { pinned: Some(Duration::from_secs(5)), ..Timeouts::default() };
     let mut h = H::new(PoolMode::Transaction, None);
     let t0 = Instant::now();
     assert_eq!(h.s.poll_timeout(&t, t0, false), None, "not pinned: no pinned timeout");

@@ -10,6 +10,7 @@ fn timeouts_are_decided_by_the_session_from_the_time_the_driver_reports() {
         idle_in_transaction: Some(Duration::from_secs(3)),
         pinned: None,
         query: None,
+        transaction: None,
     };
     let t0 = Instant::now();
     // Idle without a server: the idle-session timeout applies, not before it is due.
@@ -52,6 +53,47 @@ fn timeouts_are_decided_by_the_session_from_the_time_the_driver_reports() {
     assert!(h.s.is_closing());
     assert!(text(&h.s.to_client).contains("C57014"), "{}", text(&h.s.to_client));
     assert!(text(&h.s.to_client).contains("query_timeout"), "{}", text(&h.s.to_client));
+}
+
+#[test]
+fn transaction_timeout_runs_from_the_transactions_first_request_whatever_it_does() {
+    use std::time::{Duration, Instant};
+    let t = Timeouts { transaction: Some(Duration::from_secs(5)), ..Timeouts::default() };
+    let t0 = Instant::now();
+    let mut h = H::new(PoolMode::Transaction, None);
+    assert_eq!(h.s.poll_timeout(&t, t0, false), None, "no transaction, no timeout");
+    h.client(query("BEGIN"));
+    let _ = h.server_out();
+    assert_eq!(h.s.poll_timeout(&t, t0, false), Some(t0 + Duration::from_secs(5)));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    // Later requests do not move it: the transaction's start does.
+    let t1 = t0 + Duration::from_secs(3);
+    h.client(query("SELECT pg_sleep(60)"));
+    assert_eq!(h.s.poll_timeout(&t, t1, false), Some(t0 + Duration::from_secs(5)));
+    assert!(!h.s.handle_timeout(&t, t1, false, t0 + Duration::from_secs(4)));
+    assert!(!h.s.is_closing());
+    assert!(h.s.handle_timeout(&t, t1, false, t0 + Duration::from_secs(5)), "running: the driver cancels it");
+    assert!(h.s.is_closing());
+    assert!(text(&h.s.to_client).contains("C25P04"), "{}", text(&h.s.to_client));
+    assert!(text(&h.s.to_client).contains("transaction_timeout"), "{}", text(&h.s.to_client));
+
+    // Idle in the transaction: closed too, with nothing to cancel; a transaction that ended
+    // forgets its start.
+    let mut h = H::new(PoolMode::Session, None);
+    h.client(query("BEGIN"));
+    let _ = h.server_out();
+    assert!(h.s.poll_timeout(&t, t0, false).is_some());
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.s.poll_timeout(&t, t0, false), None, "between transactions");
+    let t2 = t0 + Duration::from_secs(60);
+    h.client(query("BEGIN"));
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.s.poll_timeout(&t, t2, false), Some(t2 + Duration::from_secs(5)), "a new start");
+    assert!(!h.s.handle_timeout(&t, t2, false, t2 + Duration::from_secs(5)), "nothing running");
+    assert!(text(&h.s.to_client).contains("C25P04"), "{}", text(&h.s.to_client));
 }
 
 #[test]
