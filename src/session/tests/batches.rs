@@ -258,9 +258,7 @@ fn a_local_parse_waits_for_an_earlier_batch_that_may_abort_the_transaction() {
 fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
     let tags = |h: &mut H| h.server_out().iter().map(|f| f[0] as char).collect::<String>();
     for mut h in [H::cached(), H::new(PoolMode::Session, None)] {
-        h.client(query("BEGIN"));
-        h.server(msg(b'C', b"BEGIN\0"));
-        h.server(rfq(b'T'));
+        h.begin();
         h.client(query("SELECT 1/g FROM generate_series(0, 0) g"));
         h.server(err("22012"));
         h.server(rfq(b'E'));
@@ -300,9 +298,7 @@ fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
         h.client_out();
         h.server_out();
         // A block whose Queries succeed: the client's portal is never touched.
-        h.client(query("BEGIN"));
-        h.server(msg(b'C', b"BEGIN\0"));
-        h.server(rfq(b'T'));
+        h.begin();
         h.client(parse("", "SELECT 1"));
         h.client(bind(""));
         h.client(msg(b'E', b"\0\0\0\0\x01"));

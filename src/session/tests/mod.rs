@@ -201,6 +201,13 @@ impl H {
         self.park();
         out
     }
+    /// The client opens a transaction block and the server says so (the server's copy of
+    /// the BEGIN is left in `to_server`).
+    fn begin(&mut self) {
+        self.client(query("BEGIN"));
+        self.server(msg(b'C', b"BEGIN\0"));
+        self.server(rfq(b'T'));
+    }
     fn server_out(&mut self) -> Vec<Vec<u8>> {
         frames(&self.s.to_server.split())
     }

@@ -41,9 +41,7 @@ fn listening_in_a_block() -> H {
     let mut h = H::new(PoolMode::Transaction, None);
     h.client(query("LISTEN a"));
     h.client_out();
-    h.client(query("BEGIN"));
-    h.server(msg(b'C', b"BEGIN\0"));
-    h.server(rfq(b'T'));
+    h.begin();
     h
 }
 
@@ -68,9 +66,7 @@ fn listen_in_a_block_applies_at_commit_and_notifications_wait_for_its_end() {
     // Just before ReadyForQuery 'I', as PostgreSQL sends them (it failed before: "CZAA").
     assert_eq!(h.client_out(), "CAAZ", "the notifications before ReadyForQuery 'I'");
     // Rolled back: dropped.
-    h.client(query("BEGIN"));
-    h.server(msg(b'C', b"BEGIN\0"));
-    h.server(rfq(b'T'));
+    h.begin();
     h.client(query("UNLISTEN a"));
     h.client(query("ROLLBACK"));
     h.server(msg(b'C', b"ROLLBACK\0"));
@@ -102,9 +98,7 @@ fn the_end_of_a_block_decides_which_notifications_it_gets() {
     assert_eq!(h.client_out(), "CAZ");
     assert!(out.contains("from b") && !out.contains("from a"), "{out:?}");
     // A LISTEN rolled back: its early subscription is given up.
-    h.client(query("BEGIN"));
-    h.server(msg(b'C', b"BEGIN\0"));
-    h.server(rfq(b'T'));
+    h.begin();
     h.client(query("LISTEN d"));
     h.s.queue_notifications(&notification(9, "d", "no"), false);
     h.client(query("ROLLBACK"));
@@ -114,9 +108,7 @@ fn the_end_of_a_block_decides_which_notifications_it_gets() {
     assert_eq!(h.subscribed.last(), Some(&ListenCmd::Unlisten(b"d".as_slice().into())));
     // Listening on nothing before the block: nothing sent before its COMMIT.
     let mut h = H::new(PoolMode::Transaction, None);
-    h.client(query("BEGIN"));
-    h.server(msg(b'C', b"BEGIN\0"));
-    h.server(rfq(b'T'));
+    h.begin();
     h.client(query("LISTEN e"));
     h.s.queue_notifications(&notification(9, "e", "before"), false);
     h.client(query("COMMIT"));
@@ -128,9 +120,7 @@ fn the_end_of_a_block_decides_which_notifications_it_gets() {
 #[test]
 fn listen_in_a_failed_block_is_an_error() {
     let mut h = H::new(PoolMode::Transaction, None);
-    h.client(query("BEGIN"));
-    h.server(msg(b'C', b"BEGIN\0"));
-    h.server(rfq(b'T'));
+    h.begin();
     h.client(query("select 1/0"));
     h.server(err("22012"));
     h.server(rfq(b'E'));
@@ -206,9 +196,7 @@ fn an_extended_protocol_listen_is_answered_at_its_execute() {
     assert!(!h.linked, "the server was given back");
     // In a block: applied at its COMMIT, dropped at its ROLLBACK.
     for (ch, end) in [("bar", "ROLLBACK"), ("baz", "COMMIT")] {
-        h.client(query("BEGIN"));
-        h.server(msg(b'C', b"BEGIN\0"));
-        h.server(rfq(b'T'));
+        h.begin();
         for f in [parse("", &format!("LISTEN {ch}")), bind(""), execute(), sync()] {
             h.client(f);
         }

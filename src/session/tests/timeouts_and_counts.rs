@@ -88,9 +88,7 @@ fn transaction_timeout_runs_from_the_transactions_first_request_whatever_it_does
     h.server(rfq(b'I'));
     assert_eq!(h.s.poll_timeout(&t, t0, false), None, "between transactions");
     let t2 = t0 + Duration::from_secs(60);
-    h.client(query("BEGIN"));
-    h.server(msg(b'C', b"BEGIN\0"));
-    h.server(rfq(b'T'));
+    h.begin();
     assert_eq!(h.s.poll_timeout(&t, t2, false), Some(t2 + Duration::from_secs(5)), "a new start");
     assert!(!h.s.handle_timeout(&t, t2, false, t2 + Duration::from_secs(5)), "nothing running");
     assert!(text(&h.s.to_client).contains("C25P04"), "{}", text(&h.s.to_client));
