@@ -9,7 +9,8 @@
 //! over the shared statement cache.
 //!
 //! The parts, one file each: `client` (frames from the client), `flush` (when output may
-//! reach the client), `server` (frames from the server, releasing), `linking` (what runs on a server before
+//! reach the client), `server` (frames from the server, releasing), `failure` (how a session fails
+//! or ends: one FATAL per failure), `linking` (what runs on a server before
 //! the client's requests: settings replayed, other clients' timeouts reset first), `tx` (the
 //! client's transaction and the settings made in it), `stmts` (the client's prepared
 //! statements), `retry` (replaying a batch after a stale plan), `pipeline` (lending the
@@ -27,6 +28,7 @@
 
 mod client;
 mod config;
+mod failure;
 mod flush;
 mod inflow;
 mod linking;

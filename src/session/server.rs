@@ -4,9 +4,9 @@
 
 use super::reply_queue::{self, OnReply, Pending, Purpose, Req, Synth};
 use super::stmts::same_shape;
-use super::{Action, Link, Phase, Session, wire_trace};
+use super::{Action, Phase, Session, wire_trace};
 use crate::config::PoolMode;
-use crate::error::{Error, Severity, SqlState};
+use crate::error::{Error, SqlState};
 use crate::protocol::{backend, body, frontend, tags};
 use crate::state::settings::tracked_name;
 use crate::state::{ServerState, TxStatus};
@@ -15,30 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 impl Session {
-    /// The pool could not give a server. A FATAL error closes the client; an ERROR fails
-    /// the request that needed the server as PostgreSQL would (error, then skip to Sync).
-    pub(crate) fn handle_acquire_failed(&mut self, err: Error) {
-        self.link = Link::Unlinked;
-        if err.severity == Severity::Fatal {
-            return self.fail(err);
-        }
-        self.busy.acquire_error = Some(Box::new(err));
-    }
-
-    /// The linked server's connection broke.
-    pub(crate) fn handle_server_lost(&mut self) {
-        self.busy.replies.clear();
-        if self.link.unlink().is_some() {
-            self.busy.actions.push_back(Action::ReleaseServer { reusable: false });
-        }
-        // One FATAL per failure: a session already closing has said its last words (the
-        // server's own FATAL, or an error of its own), and the driver may report the loss
-        // again before the close is carried out.
-        if self.busy.phase != Phase::Closing {
-            self.fail(Error::fatal(SqlState::CONNECTION_FAILURE, "server closed the connection unexpectedly"));
-        }
-    }
-
     /// The start (`header`: tag and length) of a server frame too large to hold whole. True
     /// when it is one the session forwards untouched, a DataRow or CopyData answering a
     /// request whose replies go to the client: the header is written to `to_client`, and
@@ -555,43 +531,6 @@ impl Session {
         }
         self.dirty_server_if(true);
         self.enter(Phase::CopyIn);
-    }
-
-    pub(super) fn desync(&mut self, tag: u8) {
-        tracing::warn!(tag = %(tag as char), "server reply does not match any outstanding request");
-        self.busy.replies.clear();
-        if self.link.unlink().is_some() {
-            self.busy.actions.push_back(Action::ReleaseServer { reusable: false });
-        }
-        self.fail(Error::protocol("server sent an unexpected message"));
-    }
-
-    /// Sends `err` and closes the client. A linked server stays linked: what the session
-    /// knows of it is intact, and closing brings it back to idle (`settle`) — a client's
-    /// failure (a protocol error, a timeout) never costs the connection, nor, on a shared
-    /// pipelining connection, the batches of other clients on it. Where the server itself
-    /// failed, the caller gives it up first (`desync`, `handle_server_lost`).
-    pub(crate) fn fail(&mut self, err: Error) {
-        err.write_to(&mut self.to_client);
-        // PostgreSQL flushes an error at once, with everything before it (`flush`).
-        self.busy.held = 0;
-        self.close();
-    }
-
-    /// The server ended the connection (its FATAL is written already), or is in a state
-    /// the session cannot follow: it is given back to be closed, and the client closed.
-    pub(super) fn fail_server(&mut self) {
-        if self.link.unlink().is_some() {
-            self.busy.actions.push_back(Action::ReleaseServer { reusable: false });
-        }
-        self.close();
-    }
-
-    pub(super) fn close(&mut self) {
-        if self.busy.phase != Phase::Closing {
-            self.busy.phase = Phase::Closing;
-            self.busy.actions.push_back(Action::Close);
-        }
     }
 }
 
