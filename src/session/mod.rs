@@ -14,7 +14,8 @@
 //! the client's requests: settings replayed, other clients' timeouts reset first), `tx` (the
 //! client's transaction and the settings made in it), `stmts` (the client's prepared
 //! statements), `retry` (replaying a batch after a stale plan), `pipeline` (lending the
-//! server to other clients' fast reads), `reply_queue` (what each reply in flight is for),
+//! server to other clients' fast reads), `reply_queue` (what each reply in flight is for), `error_text` (a server's error
+//! reworded as the client's own text would have had it),
 //! `settings` (recognizing SQL that changes settings), `pins` (pinning to the server
 //! connection under transaction pooling, and when it ends), `notify` (LISTEN/UNLISTEN answered
 //! here, notifications queued until the client is between transactions), `timeout` (which idle timeout
@@ -28,6 +29,7 @@
 
 mod client;
 mod config;
+mod error_text;
 mod failure;
 mod flush;
 mod inflow;
