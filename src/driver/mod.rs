@@ -21,6 +21,7 @@ mod proxy;
 pub mod reload;
 pub(crate) mod server_auth;
 pub mod server_conn;
+mod server_query;
 pub mod servers;
 pub(crate) mod shards;
 pub(crate) mod split;
