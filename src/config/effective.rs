@@ -28,6 +28,13 @@ impl Config {
         self.databases.get("*").map(|db| (db, name.to_owned()))
     }
 
+    /// The database entry clients reach with `name` (`database` without the server
+    /// database name, so without allocating: `server_lifetime` runs at every checkout and
+    /// release of a server connection).
+    pub(crate) fn database_entry(&self, name: &str) -> Option<&DatabaseConfig> {
+        self.databases.get(name).or_else(|| self.databases.get("*"))
+    }
+
     /// Pool mode for a (database, user) pair: user, then database, then global.
     pub(crate) fn pool_mode_for(&self, db: &DatabaseConfig, user: &str) -> PoolMode {
         self.users.get(user).and_then(|u| u.pool_mode).or(db.pool_mode).unwrap_or(self.pool_mode)
@@ -37,7 +44,7 @@ impl Config {
     /// `user`: `autoprepare` from the user, then the database, then the global key.
     pub(crate) fn stmt_config_for(&self, db: &str, user: &str) -> crate::stmt::StmtConfig {
         let mut c = self.stmt_config();
-        let per_db = self.database(db).and_then(|(d, _)| d.autoprepare);
+        let per_db = self.database_entry(db).and_then(|d| d.autoprepare);
         c.autoprepare = self.users.get(user).and_then(|u| u.autoprepare).or(per_db).unwrap_or(c.autoprepare);
         c
     }
@@ -56,7 +63,7 @@ impl Config {
     /// `min_pool_size` of the pools of database `db` (the name clients use): the
     /// database's, else the global one.
     pub(crate) fn min_pool_size_for(&self, db: &str) -> usize {
-        self.database(db).and_then(|(d, _)| d.min_pool_size).unwrap_or(self.min_pool_size)
+        self.database_entry(db).and_then(|d| d.min_pool_size).unwrap_or(self.min_pool_size)
     }
 
     /// Pool size for a (database, user) pair: user, then database, then global.
@@ -67,7 +74,7 @@ impl Config {
     /// How long clients of database `db` (the name clients use) wait for a server of
     /// the role it needs (`failover_hold_ms`: the database's, else the global one).
     pub(crate) fn failover_hold(&self, db: &str) -> Duration {
-        let per_db = self.database(db).and_then(|(d, _)| d.failover_hold_ms);
+        let per_db = self.database_entry(db).and_then(|d| d.failover_hold_ms);
         Duration::from_millis(per_db.unwrap_or(self.failover_hold_ms))
     }
 
@@ -91,7 +98,7 @@ impl Config {
     }
     /// `server_lifetime_ms` in force for database `db`, in milliseconds.
     pub(crate) fn server_lifetime_ms_for(&self, db: &str) -> u64 {
-        let per_db = self.database(db).and_then(|(d, _)| d.server_lifetime_ms).filter(|v| *v > 0);
+        let per_db = self.database_entry(db).and_then(|d| d.server_lifetime_ms).filter(|v| *v > 0);
         per_db.unwrap_or(self.server_lifetime_ms)
     }
     /// See `server_idle_timeout_ms`.

@@ -18,7 +18,7 @@ impl Config {
     /// (`max_db_connections`, `max_db_client_connections`) of database `db` (the name
     /// clients use; one reached through `[databases."*"]` takes that entry's).
     pub(crate) fn db_limits(&self, db: &str) -> (usize, usize) {
-        let d = self.database(db).map(|(d, _)| d);
+        let d = self.database_entry(db);
         (
             or_global(d.and_then(|d| d.max_db_connections), self.max_db_connections),
             or_global(d.and_then(|d| d.max_db_client_connections), self.max_db_client_connections),

@@ -429,7 +429,7 @@ async fn janitor(shared: Arc<Shared>) {
 /// or of a database with a forced `user`; 0 for any other (so that `server_idle_timeout`
 /// closes its connections and an unused pool can be dropped).
 fn min_wanted(shared: &Shared, p: &Arc<ServerPool>) -> usize {
-    let forced = || shared.cfg.load().database(&p.key.db).is_some_and(|(d, _)| d.user.is_some());
+    let forced = || shared.cfg.load().database_entry(&p.key.db).is_some_and(|d| d.user.is_some());
     if Arc::strong_count(p) > 2 || forced() { p.min_size() } else { 0 }
 }
 

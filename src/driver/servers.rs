@@ -219,7 +219,7 @@ impl ServerConnector {
             return Ok(());
         }
         let cfg = self.cfg.load_full();
-        let Some(sql) = cfg.database(&self.key.db).and_then(|(d, _)| d.connect_query.clone()) else {
+        let Some(sql) = cfg.database_entry(&self.key.db).and_then(|d| d.connect_query.clone()) else {
             return Ok(());
         };
         let lost = || Error::fatal(SqlState::CONNECTION_FAILURE, "server connection lost while running connect_query");

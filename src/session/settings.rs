@@ -173,7 +173,7 @@ fn config_name(arg: &[u8]) -> Option<ConfigName> {
 fn session_config_calls(sql: &[u8]) -> Vec<Option<&[u8]>> {
     let mut calls = Vec::new();
     let mut from = 0;
-    while let Some(p) = sql[from..].iter().position(|&b| b == b'_') {
+    while let Some(p) = memchr::memchr(b'_', &sql[from..]) {
         let at = from + p;
         from = at + 1;
         if at < 3 || !sql[at - 3..at].eq_ignore_ascii_case(b"set") {
@@ -244,7 +244,7 @@ pub(crate) fn maybe_tx_start(sql: &[u8]) -> bool {
 /// (a ';' in a literal): callers then split the text properly.
 #[inline]
 pub(crate) fn may_hold_several(sql: &[u8]) -> bool {
-    match sql.iter().position(|&b| b == b';') {
+    match memchr::memchr(b';', sql) {
         Some(i) => !sql[i + 1..].iter().all(u8::is_ascii_whitespace),
         None => false,
     }

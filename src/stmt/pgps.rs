@@ -58,7 +58,7 @@ pub(crate) enum Types<'a> {
 /// Cheap test on every Parse and Query with the cache on: may the text name the view?
 pub(crate) fn mentions(sql: &[u8]) -> bool {
     let mut from = 0;
-    while let Some(p) = sql[from..].iter().position(|&b| b == b'_') {
+    while let Some(p) = memchr::memchr(b'_', &sql[from..]) {
         let i = from + p;
         if i >= 2 && sql.get(i - 2..i - 2 + VIEW.len()).is_some_and(|w| w.eq_ignore_ascii_case(VIEW)) {
             return true;

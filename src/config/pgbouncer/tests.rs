@@ -98,6 +98,18 @@ fn databases_lines() {
     assert_eq!(c.databases["sock"].port, 5432);
     assert_eq!(c.database("anything").map(|(_, n)| n).as_deref(), Some("anything"));
     assert!(c.databases.contains_key("odd name"));
+    // database_entry is database's entry, without the server name.
+    for name in ["app", "sock", "anything"] {
+        assert!(std::ptr::eq(c.database_entry(name).unwrap(), c.database(name).unwrap().0), "{name}");
+    }
+    assert_eq!(c.database_entry("anything").unwrap().host.joined(), "fallback");
+}
+
+#[test]
+fn database_entry_without_a_wildcard() {
+    let c = config(DB, &[]);
+    assert_eq!(c.database_entry("d").unwrap().port, 5);
+    assert!(c.database_entry("other").is_none() && c.database("other").is_none());
 }
 
 #[test]

@@ -121,7 +121,7 @@ pub(crate) fn is_plain_dml(sql: &[u8]) -> bool {
 /// Whether the text has no `;` but trailing ones (a `;` inside a literal makes it seem not:
 /// callers that must be exact split the text instead).
 fn one_statement(sql: &[u8]) -> bool {
-    match sql.iter().position(|&b| b == b';') {
+    match memchr::memchr(b';', sql) {
         Some(i) => sql[i..].iter().all(|&b| b == b';' || b.is_ascii_whitespace()),
         None => true,
     }
@@ -191,15 +191,22 @@ pub(crate) fn is_plain_read(sql: &[u8]) -> bool {
     if !READ.iter().any(|k| w.eq_ignore_ascii_case(k)) || !is_plain_dml(sql) {
         return false;
     }
-    // Runs on every simple Query outside a transaction: no allocation.
-    let mut after_for = false;
-    for w in sql.split(|c| !c.is_ascii_alphabetic()).filter(|w| !w.is_empty()) {
-        if after_for && [&b"update"[..], b"share", b"no", b"key"].iter().any(|k| w.eq_ignore_ascii_case(k)) {
-            return false;
-        }
-        after_for = w.eq_ignore_ascii_case(b"for");
+    // Runs on every simple Query outside a transaction: no allocation, and only where an
+    // f is (words are runs of ASCII letters).
+    !memchr::memchr2_iter(b'f', b'F', sql).any(|i| locks_after_for(sql, i))
+}
+
+/// Whether the run of ASCII letters at `i` is FOR and the next run of letters after it is
+/// UPDATE, SHARE, NO or KEY (what `is_plain_read` refuses).
+fn locks_after_for(sql: &[u8], i: usize) -> bool {
+    let alpha = |j: usize| sql.get(j).is_some_and(u8::is_ascii_alphabetic);
+    if (i > 0 && alpha(i - 1)) || !sql[i..].get(..3).is_some_and(|w| w.eq_ignore_ascii_case(b"for")) || alpha(i + 3) {
+        return false;
     }
-    true
+    let Some(start) = sql[i + 3..].iter().position(u8::is_ascii_alphabetic).map(|p| i + 3 + p) else { return false };
+    let end = sql[start..].iter().position(|c| !c.is_ascii_alphabetic()).map_or(sql.len(), |p| start + p);
+    let w = &sql[start..end];
+    [&b"update"[..], b"share", b"no", b"key"].iter().any(|k| w.eq_ignore_ascii_case(k))
 }
 
 /// The statement of a `PREPARE` definition ("(types) AS statement" or "AS statement").

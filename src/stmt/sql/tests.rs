@@ -178,3 +178,42 @@ fn reads_as_postgresqls_scanner() {
     // after it is seen.
     assert!(holds_session_state(b"select E'\\'', pg_advisory_lock(1)"));
 }
+
+/// `is_plain_read`'s locking-clause check (only where an f is) answers as reading every
+/// run of letters in turn did.
+#[test]
+fn locking_clause_found_where_an_f_is() {
+    fn by_words(sql: &[u8]) -> bool {
+        let mut after_for = false;
+        for w in sql.split(|c| !c.is_ascii_alphabetic()).filter(|w| !w.is_empty()) {
+            if after_for && [&b"update"[..], b"share", b"no", b"key"].iter().any(|k| w.eq_ignore_ascii_case(k)) {
+                return true;
+            }
+            after_for = w.eq_ignore_ascii_case(b"for");
+        }
+        false
+    }
+    for sql in [
+        "select 1 for\nupdate",
+        "select 1 FOR/**/SHARE",
+        "select * from t for",
+        "select * from t for ",
+        "select for1update",
+        "select forupdate",
+        "select xfor update",
+        "select ffor update",
+        "select * from forks for key share",
+        "select 'for' || 'no'",
+        "select f",
+        "select fo",
+        "SELECT abalance FROM pgbench_accounts WHERE aid = 12345;",
+        "select * from t FoR nO KEY UPDATE",
+        "select * from t for for update",
+        "select * from t for ; update",
+        "select * from t for 12 updates",
+    ] {
+        let b = sql.as_bytes();
+        assert_eq!(is_plain_read(b), is_plain_dml(b) && !by_words(b), "{sql}");
+    }
+    assert!(!is_plain_read(b"select 1 for\nupdate") && is_plain_read(b"select * from forks"));
+}
