@@ -153,6 +153,33 @@ impl LdapOptions {
     }
 }
 
+/// `auth_ldap_options` as shown (`SHOW CONFIG`): the value of `ldapbindpasswd`, quoted or
+/// not, replaced by `********`.
+pub(crate) fn redacted(text: &str) -> String {
+    const KEY: &str = "ldapbindpasswd=";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(KEY) {
+        out.push_str(&rest[..at + KEY.len()]);
+        out.push_str("********");
+        // Skip the value: up to whitespace or a comma outside quotes.
+        let mut quoted = false;
+        let value = &rest[at + KEY.len()..];
+        let end = value
+            .char_indices()
+            .find(|&(_, c)| {
+                if c == '"' {
+                    quoted = !quoted;
+                }
+                !quoted && (c.is_whitespace() || c == ',')
+            })
+            .map_or(value.len(), |(i, _)| i);
+        rest = &value[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn no_tls(what: &str) -> String {
     format!("{what}: parsnip does not support TLS to the LDAP server yet")
 }

@@ -98,3 +98,12 @@ fn user_names_that_could_reach_another_entry_are_refused() {
         assert_eq!(LdapOptions::search_filter("uid", None, bad), None, "{bad:?}");
     }
 }
+
+#[test]
+fn the_bind_password_is_not_shown() {
+    assert_eq!(
+        redacted(r#"ldapserver=h ldapbindpasswd="a b""c" ldapbasedn="dc=x",ldapbindpasswd=plain"#),
+        r#"ldapserver=h ldapbindpasswd=******** ldapbasedn="dc=x",ldapbindpasswd=********"#
+    );
+    assert_eq!(redacted("ldapserver=h ldapprefix=x"), "ldapserver=h ldapprefix=x");
+}
