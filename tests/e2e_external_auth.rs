@@ -24,12 +24,19 @@ const ROOT_PW: &str = "admin-pw";
 struct Slapd {
     child: Child,
     port: u16,
+    /// With TLS: its ldaps port (its ldap port then needs StartTLS for anything).
+    ldaps_port: u16,
     dir: PathBuf,
 }
 
 impl Slapd {
     /// Loads the entries (`app` with APP_PW; `dup1` and `dup2`, both cn=dup) and starts it.
     fn start() -> Slapd {
+        Self::start_with(None)
+    }
+
+    /// With `certs`: also on an ldaps port, and TLS required (`security tls=1`).
+    fn start_with(certs: Option<&Certs>) -> Slapd {
         let slapd = ["/usr/sbin/slapd", "/usr/local/sbin/slapd"].into_iter().find(|p| Path::new(p).exists());
         let Some(slapd) = slapd else {
             panic!("slapd is not installed (Debian: apt-get install slapd ldap-utils; scripts/test.sh does)");
@@ -44,8 +51,14 @@ impl Slapd {
                 "include /etc/ldap/schema/core.schema\ninclude /etc/ldap/schema/cosine.schema\n\
                  include /etc/ldap/schema/inetorgperson.schema\npidfile {d}/slapd.pid\n\
                  modulepath /usr/lib/ldap\nmoduleload back_mdb\ndatabase mdb\nmaxsize 10485760\n\
-                 suffix \"{SUFFIX}\"\nrootdn \"{ROOT_DN}\"\nrootpw {ROOT_PW}\ndirectory {d}/db\n",
-                d = dir.display()
+                 suffix \"{SUFFIX}\"\nrootdn \"{ROOT_DN}\"\nrootpw {ROOT_PW}\ndirectory {d}/db\n{tls}",
+                d = dir.display(),
+                tls = certs.map_or_else(String::new, |c| format!(
+                    "TLSCACertificateFile {}\nTLSCertificateFile {}\nTLSCertificateKeyFile {}\nsecurity tls=1\n",
+                    c.ca(),
+                    c.cert(),
+                    c.key()
+                )),
             ),
         )
         .expect("slapd.conf");
@@ -72,27 +85,33 @@ impl Slapd {
             .expect("running slapadd");
         assert!(out.status.success(), "slapadd: {}", String::from_utf8_lossy(&out.stderr));
         let port = free_port();
+        let ldaps_port = if certs.is_some() { free_port() } else { 0 };
+        let mut urls = format!("ldap://127.0.0.1:{port}/");
+        if certs.is_some() {
+            urls.push_str(&format!(" ldaps://127.0.0.1:{ldaps_port}/"));
+        }
         let child = Command::new(slapd)
             .arg("-f")
             .arg(&conf)
             .arg("-h")
-            .arg(format!("ldap://127.0.0.1:{port}/"))
+            .arg(urls)
             .args(["-d", "0"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("starting slapd");
-        let mut s = Slapd { child, port, dir };
+        let mut s = Slapd { child, port, ldaps_port, dir };
         // Ready once it takes connections (bounded).
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                panic!("slapd exited: {status}");
+        for p in [port, ldaps_port].into_iter().filter(|&p| p != 0) {
+            while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
+                if let Ok(Some(status)) = s.child.try_wait() {
+                    panic!("slapd exited: {status}");
+                }
+                assert!(Instant::now() < deadline, "slapd did not listen on {p} within 20s");
+                std::thread::sleep(Duration::from_millis(50));
             }
-            assert!(Instant::now() < deadline, "slapd did not listen on {port} within 20s");
-            std::thread::sleep(Duration::from_millis(50));
         }
-        s.port = port;
         s
     }
 }
@@ -203,6 +222,55 @@ async fn ldap_simple_and_search_bind() {
     let logs = px.logs();
     assert!(logs.contains("could not connect to the LDAP server"), "the reason is logged: {logs}");
     assert!(logs.contains("is not unique"), "{logs}");
+    let _ = std::fs::remove_file(&hba);
+}
+
+#[tokio::test]
+async fn ldap_over_starttls_and_ldaps() {
+    let certs = Certs::new(&["127.0.0.1"]);
+    let slapd = Slapd::start_with(Some(&certs));
+    let (p, ps) = (slapd.port, slapd.ldaps_port);
+    let hba = temp_path("ldap_tls_hba.conf");
+    let simple = format!("ldapprefix=\"uid=\" ldapsuffix=\",ou=people,{SUFFIX}\"");
+    std::fs::write(
+        &hba,
+        format!(
+            "host all all 127.0.0.1/32 ldap ldapserver=127.0.0.1 ldapport={p} ldaptls=1 {simple}\n\
+             host all all 127.0.0.2/32 ldap ldapurl=\"ldaps://127.0.0.1:{ps}/{SUFFIX}?uid?sub\"\n\
+             host all all 127.0.0.3/32 ldap ldapserver=127.0.0.1 ldapport={p} {simple}\n\
+             host all all 127.0.0.4/32 ldap ldapserver=localhost ldapport={ps} ldapscheme=ldaps {simple}\n"
+        ),
+    )
+    .expect("hba file");
+    let px = Parsnip::with_config(&format!(
+        "auth_type = \"hba\"\nauth_hba_file = \"{}\"\nauth_ldap_tls_ca_file = \"{}\"\n{}",
+        hba.display(),
+        certs.ca(),
+        db_section()
+    ));
+    let port = px.port();
+    bounded(60, "ldap over TLS", async {
+        // StartTLS, and ldaps: in; a wrong password still refused.
+        for source in ["127.0.0.1", "127.0.0.2"] {
+            let (res, _) = login_from(port, source, "app", APP_PW).await;
+            assert_eq!(res.expect(source), "app", "{source}");
+            let (res, _) = login_from(port, source, "app", "wrong").await;
+            ldap_refused(res, "app", &format!("{source}: a wrong password"));
+        }
+        // The server wants TLS: a plaintext bind is refused by it.
+        let (res, _) = login_from(port, "127.0.0.3", "app", APP_PW).await;
+        ldap_refused(res, "app", "plaintext to a server that requires TLS");
+        // A certificate for another name.
+        let (res, _) = login_from(port, "127.0.0.4", "app", APP_PW).await;
+        ldap_refused(res, "app", "the certificate does not name localhost");
+    })
+    .await;
+    let logs = px.logs();
+    assert!(logs.contains("onfidentiality required"), "slapd's reason is logged: {logs}");
+    assert!(
+        logs.contains("certificate not valid for name \"localhost\""),
+        "the certificate name check is logged: {logs}"
+    );
     let _ = std::fs::remove_file(&hba);
 }
 

@@ -1,12 +1,13 @@
 //! LDAP authentication's options, as PostgreSQL's pg_hba.conf gives them (and PgBouncer's
 //! `auth_ldap_options`): `ldapserver` (one or more, space-separated), `ldapport`,
-//! `ldapscheme` (`ldap`), `ldapprefix`/`ldapsuffix` (simple bind: the client binds as
+//! `ldapscheme` (`ldap`, or `ldaps`: TLS from the start), `ldaptls` (1: StartTLS),
+//! `ldapprefix`/`ldapsuffix` (simple bind: the client binds as
 //! prefix + user name + suffix), `ldapbasedn`, `ldapbinddn`, `ldapbindpasswd`,
 //! `ldapsearchattribute`, `ldapsearchfilter` (search+bind: parsnip binds as `ldapbinddn`,
 //! or anonymously, finds the user's one entry under `ldapbasedn`, then binds as it with the
 //! client's password), and `ldapurl` (RFC 4516: server, port, base, attribute, scope and
-//! filter at once). Combinations PostgreSQL refuses are refused. TLS (`ldaptls=1`,
-//! `ldapscheme=ldaps`, `ldaps://`) is refused: parsnip does not speak it to LDAP yet.
+//! filter at once, `ldaps://` for TLS). Combinations PostgreSQL refuses are refused, and
+//! StartTLS inside `ldaps`.
 //!
 //! Owns: reading the options, the DN of a simple bind and the filter of a search, and
 //! which user names are refused before the server is asked. Pure: the driver
@@ -43,13 +44,26 @@ pub(crate) enum Mode {
     },
 }
 
+/// How the connection to the server is protected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Security {
+    /// Plaintext.
+    Plain,
+    /// StartTLS on an `ldap` connection (`ldaptls=1`).
+    StartTls,
+    /// TLS from the start (`ldaps`).
+    Ldaps,
+}
+
 /// An LDAP method's options, checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LdapOptions {
     /// The servers, tried in order.
     pub(crate) servers: Vec<String>,
-    /// Their port.
+    /// Their port (default 389, 636 for ldaps).
     pub(crate) port: u16,
+    /// TLS to them.
+    pub(crate) tls: Security,
     /// How the password is checked.
     pub(crate) mode: Mode,
 }
@@ -68,6 +82,8 @@ struct Raw {
     filter: Option<String>,
     scope: Option<Scope>,
     url: bool,
+    ldaps: bool,
+    starttls: bool,
 }
 
 impl LdapOptions {
@@ -91,11 +107,9 @@ impl LdapOptions {
                     raw.port =
                         Some(value.parse().ok().filter(|&p| p > 0).ok_or(format!("invalid LDAP port \"{value}\""))?)
                 }
-                "ldapscheme" if value == "ldap" => {}
-                "ldapscheme" if value == "ldaps" => return Err(no_tls("ldapscheme=ldaps")),
+                "ldapscheme" if value == "ldap" || value == "ldaps" => raw.ldaps = value == "ldaps",
                 "ldapscheme" => return Err(format!("invalid ldapscheme value: \"{value}\"")),
-                "ldaptls" if value == "0" => {}
-                "ldaptls" if value == "1" => return Err(no_tls("ldaptls=1")),
+                "ldaptls" if value == "0" || value == "1" => raw.starttls = value == "1",
                 "ldaptls" => return Err(format!("invalid ldaptls value: \"{value}\"")),
                 "ldapprefix" => raw.prefix = v,
                 "ldapsuffix" => raw.suffix = v,
@@ -138,15 +152,17 @@ impl LdapOptions {
         })
     }
 
-    /// The URLs of the servers, in order.
+    /// The URLs of the servers, in order (`ldaps://` for ldaps; StartTLS is asked for on
+    /// an `ldap://` one).
     pub(crate) fn urls(&self) -> Vec<String> {
+        let scheme = if self.tls == Security::Ldaps { "ldaps" } else { "ldap" };
         self.servers
             .iter()
             .map(|s| {
                 if s.contains(':') {
-                    format!("ldap://[{s}]:{}", self.port)
+                    format!("{scheme}://[{s}]:{}", self.port)
                 } else {
-                    format!("ldap://{s}:{}", self.port)
+                    format!("{scheme}://{s}:{}", self.port)
                 }
             })
             .collect()
@@ -180,17 +196,16 @@ pub(crate) fn redacted(text: &str) -> String {
     out
 }
 
-fn no_tls(what: &str) -> String {
-    format!("{what}: parsnip does not support TLS to the LDAP server yet")
-}
-
 impl Raw {
     /// `ldapurl`: `ldap://host[:port]/basedn[?attribute[?scope[?filter]]]`.
     fn url(&mut self, url: &str) -> Result<(), String> {
         let bad = |why: &str| format!("invalid LDAP URL \"{url}\": {why}");
         let rest = match url.split_once("://") {
             Some(("ldap", rest)) => rest,
-            Some(("ldaps", _)) => return Err(no_tls("ldaps://")),
+            Some(("ldaps", rest)) => {
+                self.ldaps = true;
+                rest
+            }
             _ => return Err(bad("unsupported LDAP URL scheme")),
         };
         let (hostport, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -280,7 +295,14 @@ impl Raw {
                     .into(),
             );
         };
-        Ok(LdapOptions { servers, port: self.port.unwrap_or(389), mode })
+        let tls = match (self.ldaps, self.starttls) {
+            (true, true) => return Err("cannot use ldaptls=1 together with ldaps (TLS already)".into()),
+            (true, false) => Security::Ldaps,
+            (false, true) => Security::StartTls,
+            (false, false) => Security::Plain,
+        };
+        let port = self.port.unwrap_or(if tls == Security::Ldaps { 636 } else { 389 });
+        Ok(LdapOptions { servers, port, tls, mode })
     }
 }
 

@@ -70,6 +70,9 @@ pub struct Config {
     /// The LDAP options of `auth_type = "ldap"` (PostgreSQL's pg_hba.conf ones, written
     /// as there: `auth::ldap`).
     pub auth_ldap_options: Option<String>,
+    /// The CA certificates an LDAP server's certificate is verified against (`ldaptls=1`,
+    /// `ldaps`); None: the system's trust store.
+    pub auth_ldap_tls_ca_file: Option<String>,
     /// `auth_ldap_options` as read (by `Config::read_hba`).
     #[serde(skip)]
     pub(crate) ldap: Option<std::sync::Arc<crate::auth::ldap::LdapOptions>>,
@@ -242,6 +245,7 @@ impl Default for Config {
             auth_user: None,
             auth_dbname: None,
             auth_ldap_options: None,
+            auth_ldap_tls_ca_file: None,
             ldap: None,
             auth_pam_service: "pgbouncer".into(),
             auth_pam_config_dir: String::new(),

@@ -129,7 +129,10 @@ pub(crate) async fn login(
                 let budget = left.saturating_sub(CHECK_MARGIN.min(left / 2));
                 let check = async {
                     match checker {
-                        Checker::Ldap(opts) => super::ldap::check(&opts, &user, &password.0, budget).await,
+                        Checker::Ldap(opts) => {
+                            let ca_file = shared.cfg.load().auth_ldap_tls_ca_file.clone();
+                            super::ldap::check(&opts, &user, &password.0, budget, ca_file.as_deref()).await
+                        }
                         Checker::Pam { service } => {
                             let dir = shared.cfg.load().auth_pam_config_dir.clone();
                             let rhost = stream.peer_ip().map(|ip| ip.to_canonical().to_string());

@@ -190,7 +190,7 @@ fn bad_lines_fail_the_file_naming_the_line() {
         ("local all", "user field"),
         ("host all all all ldap", "ldapserver"),
         ("host all all all ldap ldapserver=h ldapprefix=x ldapbasedn=y", "together with ldapprefix"),
-        ("host all all all ldap ldapserver=h ldaptls=1 ldapprefix=x", "TLS"),
+        ("host all all all ldap ldapserver=h ldaptls=2 ldapprefix=x", "invalid ldaptls"),
         ("host all all all ldap ldapserver=h ldapprefix=x map=m", "invalid authentication option \"map\""),
         ("host all all all ldap ldapserver=h ldapsuffix=,dc=x", "invalid authentication option \"dc\""),
         ("local all all pam map=x", "only supported on cert and peer"),

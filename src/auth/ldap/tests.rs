@@ -43,6 +43,18 @@ fn search_bind_options() {
 }
 
 #[test]
+fn tls_options() {
+    let o = parse("ldapserver=h ldaptls=1 ldapprefix=x").expect("valid");
+    assert_eq!((o.tls, o.urls()), (Security::StartTls, vec!["ldap://h:389".to_owned()]));
+    let o = parse("ldapserver=h ldapscheme=ldaps ldapprefix=x").expect("valid");
+    assert_eq!((o.tls, o.urls()), (Security::Ldaps, vec!["ldaps://h:636".to_owned()]));
+    let o = parse(r#"ldapurl="ldaps://h:1636/dc=x?uid?sub""#).expect("valid");
+    assert_eq!((o.tls, o.urls()), (Security::Ldaps, vec!["ldaps://h:1636".to_owned()]));
+    let o = parse("ldapserver=h ldaptls=0 ldapprefix=x").expect("valid");
+    assert_eq!(o.tls, Security::Plain);
+}
+
+#[test]
 fn ldap_url() {
     let o = parse(r#"ldapurl="ldap://127.0.0.1:3890/dc=example,dc=net?uid?sub""#).expect("valid");
     assert_eq!(o.urls(), ["ldap://127.0.0.1:3890"]);
@@ -72,9 +84,10 @@ fn refused_options() {
         ("ldapserver=h ldapbinddn=cn=x", "ldapbasedn"),
         ("ldapserver=h ldapport=0 ldapprefix=x", "port"),
         ("ldapserver=h ldapport=x ldapprefix=x", "port"),
-        ("ldapserver=h ldaptls=1 ldapprefix=x", "TLS"),
-        ("ldapserver=h ldapscheme=ldaps ldapprefix=x", "TLS"),
-        ("ldapurl=ldaps://h/dc=x", "TLS"),
+        ("ldapserver=h ldaptls=1 ldapscheme=ldaps ldapprefix=x", "ldaptls=1 together with ldaps"),
+        ("ldapurl=ldaps://h/dc=x ldaptls=1", "ldaptls=1 together with ldaps"),
+        ("ldapserver=h ldaptls=yes ldapprefix=x", "invalid ldaptls"),
+        ("ldapserver=h ldapscheme=ldapi ldapprefix=x", "invalid ldapscheme"),
         ("ldapurl=http://h/dc=x", "scheme"),
         ("ldapurl=ldap:///dc=x", "no host"),
         (r#"ldapurl="ldap://h/dc=x?uid,cn""#, "more than one"),
