@@ -4,7 +4,8 @@
 # pass against Debian's PostgreSQL 15, a second against PostgreSQL 18 from
 # scripts/fetch-pg.sh), and the driver matrix (drivers/run.py: every scenario against
 # PostgreSQL 15, one per driver against 18).
-# Installs what is missing (PostgreSQL server binaries) on a Debian machine.
+# Installs what is missing (PostgreSQL server binaries; libpam0g-dev, which linking parsnip
+# needs; slapd, which the LDAP tests start their own of) on a Debian machine.
 #
 # PARSNIP_SKIP_PG2=1 skips the PostgreSQL 18 pass (and its download);
 # PARSNIP_SKIP_DRIVERS=1 skips the driver matrix;
@@ -20,6 +21,29 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql postgresql-client >/dev/null
+fi
+
+# PAM authentication links libpam; the LDAP tests (tests/e2e_external_auth.rs) start a
+# slapd of their own on a port of their own, so a system slapd the package starts is
+# stopped (it would not interfere, but it is not needed).
+missing=()
+[ -e /usr/include/security/pam_appl.h ] || missing+=(libpam0g-dev)
+[ -x /usr/sbin/slapd ] || missing+=(slapd ldap-utils)
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "== installing ${missing[*]} (apt)"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [[ " ${missing[*]} " == *" slapd "* ]] && command -v systemctl >/dev/null 2>&1 \
+        && systemctl is-active --quiet slapd 2>/dev/null; then
+        $SUDO systemctl disable --now slapd >/dev/null 2>&1 || true
+    fi
+fi
+# Ubuntu confines /usr/sbin/slapd with AppArmor to its own paths: the tests' slapd keeps its
+# files in the temp directory, so the profile is put in complain mode when there is one.
+if [ -e /etc/apparmor.d/usr.sbin.slapd ] && command -v aa-complain >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO aa-complain /usr/sbin/slapd >/dev/null 2>&1 || true
 fi
 
 # The second PostgreSQL major version, fetched first so that a machine without it (no

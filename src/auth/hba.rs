@@ -5,15 +5,20 @@
 //! names, comma lists and `@file` (no `+group`); addresses `all`, IPv4 and IPv6 as CIDR or
 //! address and mask (no host names, `samehost`, `samenet`); methods `trust`, `reject`,
 //! `md5`, `password`, `scram-sha-256`, `cert` and `peer`, the last two with an optional
-//! `map=NAME` (a map of `auth_ident_file`, `auth::ident`). A quoted name is a name, never a
-//! keyword (`"all"` is the database called all); `""` inside quotes is one `"`. The first
-//! line that matches decides; none is a refusal (`refusal`, PostgreSQL's words).
+//! `map=NAME` (a map of `auth_ident_file`, `auth::ident`), `ldap` with PostgreSQL's LDAP
+//! options (`auth::ldap`) and `pam` with an optional `pamservice=NAME`. A quoted name is a
+//! name, never a keyword (`"all"` is the database called all); `""` inside quotes is one
+//! `"`; an option is `name=value`, any part of it quoted (`ldapsuffix=",dc=x"`), and a
+//! comma outside quotes separates options as whitespace does. The first line that matches
+//! decides; none is a refusal (`refusal`, PostgreSQL's words).
 //!
 //! Owns: the file's syntax and the matching. Pure: the file and those it includes are read
 //! by the caller's `read`; the login runs the method the rule names.
 
+use super::ldap::LdapOptions;
 use crate::error::{Error, SqlState};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// What a rule asks of the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +37,10 @@ pub(crate) enum Method {
     Cert,
     /// The operating-system user of a unix-socket peer is the user name.
     Peer,
+    /// A cleartext password, checked by binding to an LDAP server (`Rule::ldap`).
+    Ldap,
+    /// A cleartext password, checked by PAM (`Rule::pam_service`).
+    Pam,
 }
 
 impl Method {
@@ -44,6 +53,8 @@ impl Method {
             "scram-sha-256" => Method::ScramSha256,
             "cert" => Method::Cert,
             "peer" => Method::Peer,
+            "ldap" => Method::Ldap,
+            "pam" => Method::Pam,
             other => return Err(format!("authentication method \"{other}\" is not supported")),
         })
     }
@@ -97,6 +108,10 @@ pub(crate) struct Rule {
     /// `map=NAME` (cert and peer lines): the certificate or OS user name must map to the
     /// user through this map of `auth_ident_file`, instead of being the user name.
     pub(crate) map: Option<String>,
+    /// The options of an `ldap` line.
+    pub(crate) ldap: Option<Arc<LdapOptions>>,
+    /// `pamservice=NAME` of a `pam` line (None: `auth_pam_service`).
+    pub(crate) pam_service: Option<String>,
 }
 
 /// A parsed file: its rules in order.
@@ -193,6 +208,12 @@ fn fields(line: &str) -> Result<Vec<Vec<Token>>, String> {
         out.push(field);
     }
     Ok(out)
+}
+
+/// The options of a line's end, or of `auth_ldap_options`: each `name=value` (quotes
+/// removed), in order.
+pub(crate) fn option_list(text: &str) -> Result<Vec<String>, String> {
+    Ok(fields(text)?.into_iter().flatten().map(|t| t.text).collect())
 }
 
 /// The names of a database or user field, `@file` includes read through `read`.
@@ -329,22 +350,36 @@ impl Hba {
             Some(_) => return Err("the authentication method is a single value".into()),
             None => return Err("end of line before the authentication method".into()),
         };
-        // Options: `map=NAME` on cert and peer lines (PgBouncer's only one), naming a map of
-        // `auth_ident_file`.
-        let mut map = None;
-        for opt in rest[1..].iter().flatten() {
-            match opt.text.split_once('=') {
-                Some(("map", name)) if matches!(method, Method::Cert | Method::Peer) && !name.is_empty() => {
-                    map = Some(name.to_owned())
+        let (mut map, mut ldap, mut pam_service) = (None, None, None);
+        let opts = rest[1..].iter().flatten().map(|t| t.text.as_str());
+        match method {
+            Method::Ldap => ldap = Some(Arc::new(LdapOptions::parse(opts)?)),
+            _ => {
+                // `map=NAME` on cert and peer lines (PgBouncer's), naming a map of
+                // `auth_ident_file`; `pamservice=NAME` on pam lines.
+                for opt in opts {
+                    match (method, opt.split_once('=')) {
+                        (Method::Cert | Method::Peer, Some(("map", name))) if !name.is_empty() => {
+                            map = Some(name.to_owned())
+                        }
+                        (_, Some(("map", _))) => return Err("map= is only supported on cert and peer lines".into()),
+                        (Method::Pam, Some(("pamservice", name))) if !name.is_empty() => {
+                            pam_service = Some(name.to_owned())
+                        }
+                        _ => {
+                            return Err(format!(
+                                "option \"{opt}\" is not supported (map= on cert and peer lines, pamservice= on pam \
+                                 lines, PostgreSQL's ldap options on ldap lines)"
+                            ));
+                        }
+                    }
                 }
-                Some(("map", _)) => return Err("map= is only supported on cert and peer lines".into()),
-                _ => return Err(format!("option \"{}\" is not supported (only map=)", opt.text)),
             }
         }
         if method == Method::Peer && conn != ConnType::Local {
             return Err("peer authentication is only supported on local sockets".into());
         }
-        Ok(Rule { line, conn, dbs, users, addr, method, map })
+        Ok(Rule { line, conn, dbs, users, addr, method, map, ldap, pam_service })
     }
 
     /// The maps the rules name (`map=`), with their line numbers.

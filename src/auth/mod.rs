@@ -22,6 +22,7 @@
 
 pub(crate) mod hba;
 pub(crate) mod ident;
+pub(crate) mod ldap;
 mod md5;
 mod scram;
 mod secret;

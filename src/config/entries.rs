@@ -102,6 +102,13 @@ pub(crate) static KEYS: &[Key] = &[
     key!(auth_query, AtOnce, |c| opt(&c.auth_query)),
     key!(auth_user, AtOnce, |c| opt(&c.auth_user)),
     key!(auth_dbname, AtOnce, |c| opt(&c.auth_dbname)),
+    key!(auth_ldap_options, AtOnce, |c| c
+        .auth_ldap_options
+        .as_deref()
+        .map_or_else(String::new, crate::auth::ldap::redacted)),
+    key!(auth_ldap_tls_ca_file, AtOnce, |c| opt(&c.auth_ldap_tls_ca_file)),
+    key!(auth_pam_service, AtOnce, |c| c.auth_pam_service.clone()),
+    key!(auth_pam_config_dir, AtOnce, |c| c.auth_pam_config_dir.clone()),
     key!(server_connect_timeout_ms, AtOnce, |c| c.server_connect_timeout_ms.to_string(), set parse),
     key!(server_login_retry_ms, AtOnce, |c| c.server_login_retry_ms.to_string(), set parse),
     key!(server_connect_attempts, AtOnce, |c| c.server_connect_attempts.to_string(), set parse),

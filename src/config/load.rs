@@ -76,11 +76,17 @@ impl Config {
     }
 
     /// Reads `auth_hba_file` and `auth_ident_file` when `auth_type` is hba (at start and at
-    /// each reload, as PgBouncer re-reads them); an `@file` the hba file names is relative
-    /// to its directory.
+    /// each reload, as PgBouncer re-reads them; an `@file` the hba file names is relative
+    /// to its directory), and `auth_ldap_options` when it is ldap.
     pub(crate) fn read_hba(&mut self) -> Result<(), ConfigError> {
         self.hba = None;
         self.ident = None;
+        self.ldap = None;
+        if let (AuthType::Ldap, Some(opts)) = (self.auth_type, &self.auth_ldap_options) {
+            let opts = crate::auth::ldap::LdapOptions::from_text(opts)
+                .map_err(|e| ConfigError(format!("auth_ldap_options: {e}")))?;
+            self.ldap = Some(std::sync::Arc::new(opts));
+        }
         if let (AuthType::Hba, Some(path)) = (self.auth_type, &self.auth_ident_file) {
             let fail = |e: String| ConfigError(format!("auth_ident_file {path}: {e}"));
             let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;

@@ -73,6 +73,10 @@ pub enum AuthType {
     /// A TLS client certificate, verified against `client_tls_ca_file`, whose common name
     /// is the user name (PgBouncer's global `cert`).
     Cert,
+    /// A cleartext password, checked by binding to an LDAP server (`auth_ldap_options`).
+    Ldap,
+    /// A cleartext password, checked by PAM (`auth_pam_service`).
+    Pam,
 }
 
 /// Output format of the logs.

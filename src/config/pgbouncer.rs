@@ -155,7 +155,6 @@ const MISSING: &[(&[&str], &str)] = &[
         ],
         "parsnip has no such setting here yet",
     ),
-    (&["auth_ldap_options"], "parsnip has no LDAP authentication yet"),
     (&["unix_socket_group"], "parsnip does not change its socket's group"),
     (&["disable_pqexec", "application_name_add_host", "query_wait_notify"], "parsnip has no such setting"),
 ];

@@ -67,6 +67,21 @@ pub struct Config {
     pub auth_user: Option<String>,
     /// Database `auth_query` runs in (default: the client's database).
     pub auth_dbname: Option<String>,
+    /// The LDAP options of `auth_type = "ldap"` (PostgreSQL's pg_hba.conf ones, written
+    /// as there: `auth::ldap`).
+    pub auth_ldap_options: Option<String>,
+    /// The CA certificates an LDAP server's certificate is verified against (`ldaptls=1`,
+    /// `ldaps`); None: the system's trust store.
+    pub auth_ldap_tls_ca_file: Option<String>,
+    /// `auth_ldap_options` as read (by `Config::read_hba`).
+    #[serde(skip)]
+    pub(crate) ldap: Option<std::sync::Arc<crate::auth::ldap::LdapOptions>>,
+    /// The PAM service of `auth_type = "pam"` (and of hba `pam` lines without
+    /// `pamservice=`).
+    pub auth_pam_service: String,
+    /// Where PAM reads its service files (empty: the system's, /etc/pam.d): for services
+    /// kept outside /etc/pam.d.
+    pub auth_pam_config_dir: String,
     /// Give up connecting to a server after this long.
     pub server_connect_timeout_ms: u64,
     /// Wait this long before retrying a failed server connect.
@@ -233,6 +248,11 @@ impl Default for Config {
             auth_query: None,
             auth_user: None,
             auth_dbname: None,
+            auth_ldap_options: None,
+            auth_ldap_tls_ca_file: None,
+            ldap: None,
+            auth_pam_service: "pgbouncer".into(),
+            auth_pam_config_dir: String::new(),
             server_connect_timeout_ms: 5_000,
             server_login_retry_ms: 500,
             server_connect_attempts: 3,

@@ -89,6 +89,16 @@ impl Config {
                 "auth_type \"cert\" needs client_tls_sslmode verify-ca or verify-full (and client_tls_ca_file)".into(),
             ));
         }
+        if self.auth_type == AuthType::Ldap {
+            let Some(opts) = &self.auth_ldap_options else {
+                return Err(ConfigError("auth_type \"ldap\" needs auth_ldap_options".into()));
+            };
+            crate::auth::ldap::LdapOptions::from_text(opts)
+                .map_err(|e| ConfigError(format!("auth_ldap_options: {e}")))?;
+        }
+        if self.auth_pam_service.is_empty() {
+            return Err(ConfigError("auth_pam_service must not be empty".into()));
+        }
         if self.auth_user.is_some() && self.auth_query.is_none() {
             return Err(ConfigError("auth_user is set but auth_query is not".into()));
         }

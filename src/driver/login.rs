@@ -1,7 +1,7 @@
 //! The login phase's IO: moves bytes for the sans-IO `crate::login::Login` and does what it
 //! asks for (a CancelRequest forwarded to a server or a peer, a secret looked up with
-//! auth_query, the pool and its server defaults, the client's startup settings normalized
-//! on a server).
+//! auth_query, a password checked by LDAP (`driver::ldap`) or PAM (`driver::pam`), the pool
+//! and its server defaults, the client's startup settings normalized on a server).
 
 use super::Shared;
 use super::servers::{self, ServerConnector, ServerPool};
@@ -10,7 +10,7 @@ use crate::auth::{Credentials, Secret};
 use crate::config::DatabaseConfig;
 use crate::driver::server_conn::{self, ServerTarget};
 use crate::error::{Error, SqlState};
-use crate::login::{Entropy, Login, Refusal, Step, Transport};
+use crate::login::{Checker, Entropy, Login, Refusal, Step, Transport};
 use crate::pool::{Pool, PoolKey, PoolPurpose};
 use crate::state::settings::{self, Settings};
 use bytes::BytesMut;
@@ -54,6 +54,10 @@ impl From<Error> for LoginEnd {
     }
 }
 
+/// How long before the login's timeout an LDAP or PAM check is given up (at most half of
+/// what is left), so that the client is refused with 28000 rather than timed out.
+const CHECK_MARGIN: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Reads more client bytes into `buf`. The client gone: the login ends quietly.
 async fn read_more(stream: &mut Stream, buf: &mut BytesMut) -> Result<(), LoginEnd> {
     buf.reserve(1024);
@@ -81,9 +85,10 @@ pub(crate) async fn login(
     buf: &mut BytesMut,
     refusal: Option<Refusal>,
 ) -> Result<LoggedIn, LoginEnd> {
-    let (mode, hba) = {
+    let started = std::time::Instant::now();
+    let (mode, hba, login_timeout) = {
         let cfg = shared.cfg.load();
-        (cfg.client_tls_mode(), cfg.auth_type == crate::config::AuthType::Hba)
+        (cfg.client_tls_mode(), cfg.auth_type == crate::config::AuthType::Hba, cfg.client_login_timeout())
     };
     let transport = Transport {
         tls: shared.tls_clients.load().is_some(),
@@ -115,6 +120,31 @@ pub(crate) async fn login(
                 let Some(target) = m.target.clone() else { return Err(LoginEnd::Close(None)) };
                 let secret = shared.lookup_secret(&m.user, &target.db_cfg, &target.server_db).await?;
                 m.handle_secret(secret)
+            }
+            Step::CheckPassword { checker, user, password } => {
+                // Within the login's timeout (`client::log_in`, started with this
+                // function), and ended a little before it, so that a server that does
+                // not answer still gets the client its 28000 rather than the timeout.
+                let left = login_timeout.saturating_sub(started.elapsed());
+                let budget = left.saturating_sub(CHECK_MARGIN.min(left / 2));
+                let check = async {
+                    match checker {
+                        Checker::Ldap(opts) => {
+                            let ca_file = shared.cfg.load().auth_ldap_tls_ca_file.clone();
+                            super::ldap::check(&opts, &user, &password.0, budget, ca_file.as_deref()).await
+                        }
+                        Checker::Pam { service } => {
+                            let dir = shared.cfg.load().auth_pam_config_dir.clone();
+                            let rhost = stream.peer_ip().map(|ip| ip.to_canonical().to_string());
+                            super::pam::check(service, dir, user.clone(), password.0, rhost).await
+                        }
+                    }
+                };
+                let ok = tokio::time::timeout(budget, check).await.unwrap_or_else(|_| {
+                    tracing::warn!(user, "password check failed: no answer within {budget:?} (client_login_timeout)");
+                    false
+                });
+                m.handle_password_verdict(ok)
             }
             Step::Console { read_only } => {
                 send(stream, &mut m.to_client).await?;

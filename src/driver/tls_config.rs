@@ -42,11 +42,11 @@ pub(crate) struct ClientTls {
     pub(crate) end_point: Option<Vec<u8>>,
 }
 
-fn provider() -> Arc<CryptoProvider> {
+pub(super) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(super) fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
         .and_then(|i| i.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("{path}: {e}"))?;

@@ -7,8 +7,13 @@
 //! name, an md5 challenge, or a cleartext request — and refused with 28P01 at the end, as
 //! PostgreSQL does: nothing on the wire tells which users exist, and no client is asked for
 //! its password in cleartext where SCRAM is configured.
+//!
+//! Under `ldap` and `pam` every user is asked for a cleartext password, which the driver
+//! checks (`Step::CheckPassword`): users need not be known to parsnip, and neither
+//! `[users]` nor `auth_query` is consulted. An empty password is refused before that, as
+//! PostgreSQL refuses it.
 
-use super::{Login, Phase, Step};
+use super::{Checker, Cleartext, Login, Phase, Step};
 use crate::auth::hba::Method;
 use crate::auth::{self, AuthError, Credentials, ScramSecret, ScramServer, Secret, ServerBinding};
 use crate::config::AuthType;
@@ -27,6 +32,8 @@ pub(super) enum Pending {
     Cleartext(Option<Secret>),
     /// The answer to an md5 challenge with `salt`.
     Md5 { secret: Option<Secret>, salt: [u8; 4] },
+    /// A cleartext password for `Login::checker` (ldap, pam).
+    External,
     /// SASLInitialResponse: the mechanism, and client-first-message unless it comes next.
     ScramFirst(Scram),
     /// A SASLResponse carrying client-first-message (the SASLInitialResponse had none).
@@ -130,11 +137,22 @@ impl Login {
     /// Starts authenticating the user of the startup packet.
     pub(super) fn start_auth(&mut self) -> Step {
         let configured = self.configured_secret();
-        if self.cfg.auth_type == AuthType::Hba {
-            match self.hba_method() {
-                Ok((m, identified)) => (self.method, self.identified) = (m, identified),
+        let console = self.target.as_ref().is_some_and(|t| t.console);
+        match self.cfg.auth_type {
+            AuthType::Hba => match self.hba_method() {
+                Ok((m, identified, checker)) => (self.method, self.identified, self.checker) = (m, identified, checker),
                 Err(e) => return self.close(e),
-            }
+            },
+            // The console's users keep to their configured secrets.
+            AuthType::Ldap | AuthType::Pam if console => self.method = AuthType::ScramSha256,
+            AuthType::Ldap => self.checker = self.cfg.ldap.clone().map(Checker::Ldap),
+            AuthType::Pam => self.checker = Some(Checker::Pam { service: self.cfg.auth_pam_service.clone() }),
+            _ => {}
+        }
+        if matches!(self.method, AuthType::Ldap | AuthType::Pam) {
+            backend::auth_cleartext(&mut self.to_client);
+            self.phase = Phase::Password(Pending::External);
+            return Step::NeedBytes;
         }
         // PgBouncer's global cert: the certificate's common name is the user name (no
         // map); the user is let in as under trust, but is no console admin for it.
@@ -170,9 +188,9 @@ impl Login {
     }
 
     /// Under `auth_type = "hba"`: the method of the client's line, `cert` and `peer`
-    /// checked here (and then as trust, marked as identified: no console admin for it); an
-    /// error for `reject` or no line.
-    fn hba_method(&self) -> Result<(AuthType, bool), Error> {
+    /// checked here (and then as trust, marked as identified: no console admin for it), who
+    /// checks the password of an `ldap` or `pam` line; an error for `reject` or no line.
+    fn hba_method(&self) -> Result<(AuthType, bool, Option<Checker>), Error> {
         let client = crate::auth::hba::Client {
             addr: if self.transport.unix { None } else { self.transport.addr },
             tls: self.encrypted,
@@ -197,10 +215,15 @@ impl Login {
                 Method::Password => AuthType::Password,
                 Method::Md5 => AuthType::Md5,
                 Method::ScramSha256 => AuthType::ScramSha256,
+                Method::Ldap => return Ok((AuthType::Ldap, false, rule.ldap.clone().map(Checker::Ldap))),
+                Method::Pam => {
+                    let service = rule.pam_service.clone().unwrap_or_else(|| self.cfg.auth_pam_service.clone());
+                    return Ok((AuthType::Pam, false, Some(Checker::Pam { service })));
+                }
                 Method::Reject => return Err(crate::auth::hba::refusal(&client, true)),
                 Method::Cert => {
                     self.check_cert(rule.map.as_deref())?;
-                    return Ok((AuthType::Trust, true));
+                    return Ok((AuthType::Trust, true, None));
                 }
                 Method::Peer => {
                     let allowed =
@@ -212,10 +235,11 @@ impl Login {
                             format!("Peer authentication failed for user \"{}\"", self.user),
                         ));
                     }
-                    return Ok((AuthType::Trust, true));
+                    return Ok((AuthType::Trust, true, None));
                 }
             },
             false,
+            None,
         ))
     }
 
@@ -353,6 +377,18 @@ impl Login {
                     _ => self.close(wrong_password(&user)),
                 }
             }
+            Pending::External => {
+                let pw = match password_string(data) {
+                    Ok(pw) => Cleartext(pw.to_vec()),
+                    Err(e) => return self.close(e),
+                };
+                let Some(checker) = self.checker.clone() else {
+                    tracing::warn!(user, "ldap authentication without LDAP options read: refusing");
+                    return self.close(self.external_failure());
+                };
+                self.phase = Phase::AwaitVerdict(pw.clone());
+                Step::CheckPassword { checker, user, password: pw }
+            }
             Pending::Md5 { secret, salt } => {
                 let resp = match password_string(data) {
                     Ok(r) => r,
@@ -406,6 +442,28 @@ impl Login {
                 self.authenticated(creds)
             }
         }
+    }
+
+    /// The answer to `Step::CheckPassword`: whether the password is right. Right: the
+    /// client is in, and logs in to the server with that password (unless its database
+    /// names another user); wrong: refused as PostgreSQL refuses it.
+    pub(crate) fn handle_password_verdict(&mut self, ok: bool) -> Step {
+        let Phase::AwaitVerdict(pw) = std::mem::replace(&mut self.phase, Phase::Done) else {
+            return Step::NeedBytes;
+        };
+        if !ok {
+            return self.close(self.external_failure());
+        }
+        self.authenticated(Credentials::Password(String::from_utf8_lossy(&pw.0).into_owned()))
+    }
+
+    /// PostgreSQL's refusal when LDAP or PAM says no (or cannot be asked).
+    fn external_failure(&self) -> Error {
+        let what = if self.method == AuthType::Pam { "PAM" } else { "LDAP" };
+        Error::fatal(
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            format!("{what} authentication failed for user \"{}\"", self.user),
+        )
     }
 
     /// client-first-message: answered with server-first-message.

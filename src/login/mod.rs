@@ -6,11 +6,15 @@
 //! startup packet), the database lookup, authentication (`auth_type`, or under `hba` the
 //! method of the client's pg_hba.conf line, see `auth::hba`, with `cert` and `peer`: trust,
 //! cleartext, md5, SCRAM-SHA-256, and SCRAM-SHA-256-PLUS on TLS; users parsnip does not
-//! know asked as known ones are, see `auth`) and the welcome (AuthenticationOk, ParameterStatus,
-//! BackendKeyData, ReadyForQuery).
+//! know asked as known ones are, see `auth`; `ldap` and `pam`: a cleartext password the
+//! driver checks outside, refused with PostgreSQL's words, 28000, when it fails — console
+//! logins under a global `ldap` or `pam` keep to their configured secrets, as under
+//! `scram-sha-256`) and the welcome (AuthenticationOk, ParameterStatus, BackendKeyData,
+//! ReadyForQuery).
 //!
 //! The driver feeds it the client's bytes (`handle_bytes`) and the answers to what it asks
-//! for (`Step::NeedSecret` → `handle_secret`; `Step::Authenticated` → the pool's server
+//! for (`Step::NeedSecret` → `handle_secret`; `Step::CheckPassword` → an LDAP bind or a
+//! PAM conversation → `handle_password_verdict`; `Step::Authenticated` → the pool's server
 //! defaults and a cancel key → `welcome`; `Step::StartTls` → a handshake, then
 //! `handle_tls_started` with the channel-binding hash of the certificate that handshake
 //! showed), and writes `to_client`. Randomness (the md5
@@ -18,7 +22,8 @@
 //! run without sockets or luck.
 //!
 //! Owns: what is said to a client before its session starts. Must not touch sockets,
-//! pools or the clock: the driver does the IO, the timeout and the secret lookups.
+//! pools or the clock: the driver does the IO, the timeout, the secret lookups and the
+//! external password checks.
 
 mod auth;
 #[cfg(test)]
@@ -57,6 +62,16 @@ pub(crate) enum Step {
     /// Look up the secret of `Login::user` with auth_query (`Login::target`), then call
     /// `handle_secret`.
     NeedSecret,
+    /// Check the cleartext password the client gave with `checker` (an LDAP bind, PAM),
+    /// then call `handle_password_verdict`.
+    CheckPassword {
+        /// How.
+        checker: Checker,
+        /// The user name of the startup packet.
+        user: String,
+        /// The password (not empty).
+        password: Cleartext,
+    },
     /// The client is authenticated (AuthenticationOk is in `to_client`): with `creds`, get
     /// the pool and its server defaults, then call `welcome` and write `to_client`.
     Authenticated(Credentials),
@@ -75,6 +90,28 @@ pub(crate) enum Step {
         /// The client opened with a TLS ClientHello instead of an SSLRequest.
         direct: bool,
     },
+}
+
+/// Who checks a password parsnip cannot check itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Checker {
+    /// Binding to an LDAP server with these options.
+    Ldap(Arc<crate::auth::ldap::LdapOptions>),
+    /// PAM, with this service.
+    Pam {
+        /// The service name (`auth_pam_service`, or an hba line's `pamservice=`).
+        service: String,
+    },
+}
+
+/// A cleartext password, kept out of `Debug` output.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Cleartext(pub(crate) Vec<u8>);
+
+impl std::fmt::Debug for Cleartext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Cleartext(..)")
+    }
 }
 
 /// What the login knows of the connection it runs on.
@@ -161,6 +198,8 @@ enum Phase {
     Startup,
     /// Waiting for `handle_secret`.
     AwaitSecret,
+    /// Waiting for `handle_password_verdict` on this password.
+    AwaitVerdict(Cleartext),
     /// Waiting for a password message (the method and secret it is checked with).
     Password(auth::Pending),
     /// Done: nothing more is fed.
@@ -190,6 +229,8 @@ pub(crate) struct Login {
     /// The common name of the certificate the client showed and parsnip verified (hba's
     /// `cert`).
     cert_name: Option<String>,
+    /// Who checks the password under `method` ldap or pam (set when authentication starts).
+    checker: Option<Checker>,
     /// Bytes to write to the client.
     pub(crate) to_client: BytesMut,
     /// The user name of the startup packet.
@@ -216,6 +257,7 @@ impl Login {
             encrypted: false,
             end_point: None,
             cert_name: None,
+            checker: None,
             to_client: BytesMut::with_capacity(512),
             user: String::new(),
             db: String::new(),
@@ -261,7 +303,7 @@ impl Login {
             Phase::Startup => self.on_startup_bytes(buf),
             Phase::Password(_) => self.on_auth_bytes(buf),
             // Nothing is read meanwhile.
-            Phase::AwaitSecret | Phase::Done => Step::NeedBytes,
+            Phase::AwaitSecret | Phase::AwaitVerdict(_) | Phase::Done => Step::NeedBytes,
         }
     }
 

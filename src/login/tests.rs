@@ -7,6 +7,7 @@ use crate::config::UserConfig;
 use crate::protocol::startup::{cancel_request, startup_message};
 use crate::protocol::{frontend, tags, tags_of};
 
+mod external;
 mod hba;
 mod wire;
 

@@ -2,6 +2,7 @@
 //! one line per connection with the method expected ("reject" for a refusal or no rule).
 
 use super::*;
+use crate::auth::ldap;
 
 const RULES: &str = r#"
 # comments, blank lines and odd whitespace are nothing
@@ -90,6 +91,8 @@ fn name(m: Option<Method>) -> &'static str {
         Some(Method::ScramSha256) => "scram-sha-256",
         Some(Method::Cert) => "cert",
         Some(Method::Peer) => "peer",
+        Some(Method::Ldap) => "ldap",
+        Some(Method::Pam) => "pam",
     }
 }
 
@@ -128,6 +131,43 @@ fn cert_and_peer_lines_may_name_a_map() {
 }
 
 #[test]
+fn ldap_and_pam_lines_carry_their_options() {
+    let text = r#"
+host all l1 all ldap ldapserver=127.0.0.1 ldapport=3890 ldapprefix="uid=" ldapsuffix=",dc=example,dc=net"
+host all l2 all ldap ldapurl="ldap://127.0.0.1:3890/dc=example,dc=net?uid?sub"
+host all l3 all ldap ldapserver="h1 h2",ldapbasedn="dc=x" ldapsearchfilter="(|(uid=$username)(cn=$username))"
+host all l4 all ldap ldapserver=h ldap"prefix"="cn=""q"" "
+local all p1 pam
+local all p2 pam pamservice=parsnip-test
+"#;
+    let hba = Hba::parse(text, &mut read).expect("parses");
+    let r = &hba.rules;
+    assert_eq!(
+        r.iter().map(|r| name(Some(r.method))).collect::<Vec<_>>(),
+        ["ldap", "ldap", "ldap", "ldap", "pam", "pam"]
+    );
+    let o = r[0].ldap.as_deref().expect("options");
+    assert_eq!(
+        (o.urls(), &o.mode),
+        (
+            vec!["ldap://127.0.0.1:3890".to_owned()],
+            &ldap::Mode::Simple { prefix: "uid=".into(), suffix: ",dc=example,dc=net".into() }
+        )
+    );
+    let o = r[1].ldap.as_deref().expect("options");
+    assert!(matches!(&o.mode, ldap::Mode::Search { base, scope: ldap::Scope::Sub, attribute, filter: None, .. }
+        if base == "dc=example,dc=net" && attribute == "uid"));
+    let o = r[2].ldap.as_deref().expect("options");
+    assert_eq!(o.servers, ["h1", "h2"], "a comma outside quotes separates options");
+    assert!(matches!(&o.mode, ldap::Mode::Search { filter: Some(f), .. } if f == "(|(uid=$username)(cn=$username))"));
+    // Quotes anywhere in a token, `""` as a quote; an unquoted comma ends an option.
+    let o = r[3].ldap.as_deref().expect("options");
+    assert_eq!(o.mode, ldap::Mode::Simple { prefix: "cn=\"q\" ".into(), suffix: String::new() });
+    assert_eq!((r[4].pam_service.as_deref(), r[5].pam_service.as_deref()), (None, Some("parsnip-test")));
+    assert!(r.iter().all(|r| r.map.is_none()));
+}
+
+#[test]
 fn bad_lines_fail_the_file_naming_the_line() {
     for (text, why) in [
         ("host all all 1.2.3.4 md5", "invalid IP mask \"md5\""),
@@ -148,6 +188,14 @@ fn bad_lines_fail_the_file_naming_the_line() {
         ("host \"all all all md5", "unterminated"),
         ("host @gone.txt all all md5", "no file gone.txt"),
         ("local all", "user field"),
+        ("host all all all ldap", "ldapserver"),
+        ("host all all all ldap ldapserver=h ldapprefix=x ldapbasedn=y", "together with ldapprefix"),
+        ("host all all all ldap ldapserver=h ldaptls=2 ldapprefix=x", "invalid ldaptls"),
+        ("host all all all ldap ldapserver=h ldapprefix=x map=m", "invalid authentication option \"map\""),
+        ("host all all all ldap ldapserver=h ldapsuffix=,dc=x", "invalid authentication option \"dc\""),
+        ("local all all pam map=x", "only supported on cert and peer"),
+        ("local all all pam pam_use_hostname=1", "option \"pam_use_hostname=1\""),
+        ("local all all md5 pamservice=x", "option \"pamservice=x\""),
     ] {
         let text = format!("# first\n{text}\n");
         match Hba::parse(&text, &mut read) {

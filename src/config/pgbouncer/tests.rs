@@ -148,13 +148,38 @@ fn ignored_and_unknown_settings_are_named() {
     assert!(unknown.refused && unknown.why.contains("unknown"), "{unknown:?}");
     assert!(!t.table.contains_key("frobnicate") && !t.table.contains_key("logfile"));
     // A value parsnip's key does not take is named too.
-    let t = tr(&format!("{DB}[pgbouncer]\nauth_type = ldap\nclient_tls_sslmode = verify-full\n"), &[]);
-    assert!(named(&t, "auth_type = ldap").is_some_and(|n| n.refused), "{:?}", t.notes);
+    let t = tr(&format!("{DB}[pgbouncer]\nauth_type = any\nclient_tls_sslmode = verify-full\n"), &[]);
+    assert!(named(&t, "auth_type = any").is_some_and(|n| n.refused), "{:?}", t.notes);
     assert!(named(&t, "client_tls_sslmode = verify-full").is_none(), "carried over: {:?}", t.notes);
     assert_eq!(t.table.get("client_tls_sslmode").and_then(Value::as_str), Some("verify-full"));
     let t = tr("[databases]\nd = host=h client_encoding=UTF8 bogus=1\n", &[]);
     assert!(named(&t, "databases.d.client_encoding").is_none(), "carried over: {:?}", t.notes);
     assert!(named(&t, "databases.d.bogus").is_some_and(|n| n.refused));
+}
+
+#[test]
+fn ldap_and_pam_are_carried_over() {
+    let c = config(
+        &format!(
+            "{DB}[pgbouncer]\nauth_type = ldap\n\
+             auth_ldap_options = ldapurl=\"ldap://127.0.0.1:3890/dc=example,dc=net?uid?sub\" ldapbinddn=\"cn=r\"\n"
+        ),
+        &[],
+    );
+    assert_eq!(c.auth_type, AuthType::Ldap);
+    assert_eq!(
+        c.auth_ldap_options.as_deref(),
+        Some("ldapurl=\"ldap://127.0.0.1:3890/dc=example,dc=net?uid?sub\" ldapbinddn=\"cn=r\"")
+    );
+    let c = config(&format!("{DB}[pgbouncer]\nauth_type = pam\n"), &[]);
+    assert_eq!((c.auth_type, c.auth_pam_service.as_str()), (AuthType::Pam, "pgbouncer"));
+    // Options parsnip cannot use are an error at load, naming the setting.
+    let t = tr(&format!("{DB}[pgbouncer]\nauth_type = ldap\nauth_ldap_options = ldapserver=h\n"), &[]);
+    let mut c: Config = Value::Table(t.table).try_into().expect("parsnip's configuration");
+    let e = c.validate().expect_err("no ldapprefix nor ldapbasedn");
+    assert!(e.0.starts_with("auth_ldap_options: ") && e.0.contains("ldapbasedn"), "{e}");
+    c.auth_ldap_options = None;
+    assert!(c.validate().expect_err("none").0.contains("needs auth_ldap_options"));
 }
 
 /// Settings parsnip may not have yet (issue 29): while it lacks one, a value other than
