@@ -143,8 +143,9 @@ impl Login {
                 Ok((m, identified, checker)) => (self.method, self.identified, self.checker) = (m, identified, checker),
                 Err(e) => return self.close(e),
             },
-            // The console's users keep to their configured secrets.
-            AuthType::Ldap | AuthType::Pam if console => self.method = AuthType::ScramSha256,
+            // The console's users keep to their configured secrets; one without any is
+            // checked as everyone is (PgBouncer asks PAM or LDAP for every login).
+            AuthType::Ldap | AuthType::Pam if console && configured.is_some() => self.method = AuthType::ScramSha256,
             AuthType::Ldap => self.checker = self.cfg.ldap.clone().map(Checker::Ldap),
             AuthType::Pam => self.checker = Some(Checker::Pam { service: self.cfg.auth_pam_service.clone() }),
             _ => {}

@@ -1,6 +1,7 @@
 //! `ldap` and `pam`: the client is asked for a cleartext password, which the driver checks
 //! (`Step::CheckPassword`); its verdict lets the client in or refuses it with PostgreSQL's
-//! words. Neither `[users]` nor `auth_query` is asked; console users keep their secrets.
+//! words. Neither `[users]` nor `auth_query` is asked; console users keep their secrets, and
+//! one with none is checked as everyone is.
 
 use super::*;
 use crate::auth::ldap::LdapOptions;
@@ -102,6 +103,16 @@ fn console_users_keep_their_configured_secrets() {
         finish_scram(&mut m, crate::auth::SCRAM_SHA_256, &mut client),
         Step::Console { read_only: false }
     ));
+    // An admin with no configured secret (a pgbouncer.ini's auth_file is not read under
+    // pam) is checked as everyone is, and is then the admin it is listed as.
+    let mut cfg = (*external_config(AuthType::Pam)).clone();
+    cfg.admin_users.push("ops".into());
+    let mut m = login(Arc::new(cfg));
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "ops"), ("database", ADMIN_DB)])), Step::NeedBytes));
+    assert_eq!(auth_code(&m.to_client), 3, "a cleartext password for PAM");
+    m.to_client.clear();
+    assert!(matches!(m.handle_bytes(&mut password_msg(b"pw", true)), Step::CheckPassword { .. }));
+    assert!(matches!(m.handle_password_verdict(true), Step::Console { read_only: false }));
 }
 
 #[test]
