@@ -9,11 +9,5 @@ if [ "$#" = 0 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! co
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql postgresql-client >/dev/null
 fi
-if [ ! -e /usr/include/security/pam_appl.h ]; then
-    # Linking parsnip needs libpam (PAM authentication).
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libpam0g-dev >/dev/null
-fi
 cargo build --release --quiet
 exec target/release/parsnip "$@"

@@ -4,8 +4,8 @@
 # pass against Debian's PostgreSQL 15, a second against PostgreSQL 18 from
 # scripts/fetch-pg.sh), and the driver matrix (drivers/run.py: every scenario against
 # PostgreSQL 15, one per driver against 18).
-# Installs what is missing (PostgreSQL server binaries; libpam0g-dev, which linking parsnip
-# needs; slapd, which the LDAP tests start their own of) on a Debian machine.
+# Installs what is missing (PostgreSQL server binaries; slapd, which the LDAP tests start
+# their own of) on a Debian machine.
 #
 # PARSNIP_SKIP_PG2=1 skips the PostgreSQL 18 pass (and its download);
 # PARSNIP_SKIP_DRIVERS=1 skips the driver matrix;
@@ -23,11 +23,10 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql postgresql-client >/dev/null
 fi
 
-# PAM authentication links libpam; the LDAP tests (tests/e2e_external_auth.rs) start a
-# slapd of their own on a port of their own, so a system slapd the package starts is
-# stopped (it would not interfere, but it is not needed).
+# The LDAP tests (tests/e2e_external_auth.rs) start a slapd of their own on a port of their
+# own, so a system slapd the package starts is stopped (it would not interfere, but it is
+# not needed). The PAM test needs only libpam and pam_exec, which every Debian has.
 missing=()
-[ -e /usr/include/security/pam_appl.h ] || missing+=(libpam0g-dev)
 [ -x /usr/sbin/slapd ] || missing+=(slapd ldap-utils)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "== installing ${missing[*]} (apt)"

@@ -6,7 +6,8 @@
 //! is read from that directory (`pam_start_confdir`, Linux-PAM 1.4 and later) instead of
 //! /etc/pam.d.
 //!
-//! Owns: the minimal FFI to the system's libpam, and running its calls, which block, on
+//! Owns: the minimal FFI to the system's libpam (opened at the first check, `PAM`), and
+//! running its calls, which block, on
 //! tokio's blocking threads, at most `MAX_AT_ONCE` at a time. Why a check failed is logged
 //! here; the client only learns that it failed. A check still running when the login's
 //! timeout ends it finishes on its thread, its answer dropped.
@@ -103,22 +104,53 @@ struct PamHandle {
     _private: [u8; 0],
 }
 
-#[link(name = "pam")]
-unsafe extern "C" {
-    fn pam_start(service: *const c_char, user: *const c_char, conv: *const PamConv, pamh: *mut *mut PamHandle)
-    -> c_int;
-    fn pam_start_confdir(
-        service: *const c_char,
-        user: *const c_char,
-        conv: *const PamConv,
-        confdir: *const c_char,
-        pamh: *mut *mut PamHandle,
-    ) -> c_int;
-    fn pam_set_item(pamh: *mut PamHandle, item_type: c_int, item: *const c_void) -> c_int;
-    fn pam_authenticate(pamh: *mut PamHandle, flags: c_int) -> c_int;
-    fn pam_acct_mgmt(pamh: *mut PamHandle, flags: c_int) -> c_int;
-    fn pam_end(pamh: *mut PamHandle, status: c_int) -> c_int;
-    fn pam_strerror(pamh: *mut PamHandle, errnum: c_int) -> *const c_char;
+type StartFn = unsafe extern "C" fn(*const c_char, *const c_char, *const PamConv, *mut *mut PamHandle) -> c_int;
+type StartConfdirFn =
+    unsafe extern "C" fn(*const c_char, *const c_char, *const PamConv, *const c_char, *mut *mut PamHandle) -> c_int;
+type SetItemFn = unsafe extern "C" fn(*mut PamHandle, c_int, *const c_void) -> c_int;
+type FlagsFn = unsafe extern "C" fn(*mut PamHandle, c_int) -> c_int;
+type StrerrorFn = unsafe extern "C" fn(*mut PamHandle, c_int) -> *const c_char;
+
+/// The system's libpam, opened when the first PAM check runs (`dlopen` of libpam.so.0,
+/// which every Linux with PAM has; building parsnip needs no PAM headers or link library).
+struct Pam {
+    start: StartFn,
+    /// Linux-PAM 1.4 and later.
+    start_confdir: Option<StartConfdirFn>,
+    set_item: SetItemFn,
+    authenticate: FlagsFn,
+    acct_mgmt: FlagsFn,
+    end: FlagsFn,
+    strerror: StrerrorFn,
+}
+
+static PAM: LazyLock<Result<Pam, String>> = LazyLock::new(open_libpam);
+
+fn open_libpam() -> Result<Pam, String> {
+    // SAFETY: dlopen/dlsym with NUL-terminated names; each symbol is cast to the signature
+    // libpam's headers give it. The handle is never closed: the functions stay valid.
+    unsafe {
+        let lib = libc::dlopen(c"libpam.so.0".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if lib.is_null() {
+            let why = libc::dlerror();
+            let why = if why.is_null() { "unknown".into() } else { CStr::from_ptr(why).to_string_lossy() };
+            return Err(format!("libpam.so.0 could not be loaded: {why}"));
+        }
+        let sym = |name: &CStr| {
+            let p = libc::dlsym(lib, name.as_ptr());
+            if p.is_null() { None } else { Some(p) }
+        };
+        let need = |name: &CStr| sym(name).ok_or_else(|| format!("libpam has no {}", name.to_string_lossy()));
+        Ok(Pam {
+            start: std::mem::transmute::<*mut c_void, StartFn>(need(c"pam_start")?),
+            start_confdir: sym(c"pam_start_confdir").map(|p| std::mem::transmute::<*mut c_void, StartConfdirFn>(p)),
+            set_item: std::mem::transmute::<*mut c_void, SetItemFn>(need(c"pam_set_item")?),
+            authenticate: std::mem::transmute::<*mut c_void, FlagsFn>(need(c"pam_authenticate")?),
+            acct_mgmt: std::mem::transmute::<*mut c_void, FlagsFn>(need(c"pam_acct_mgmt")?),
+            end: std::mem::transmute::<*mut c_void, FlagsFn>(need(c"pam_end")?),
+            strerror: std::mem::transmute::<*mut c_void, StrerrorFn>(need(c"pam_strerror")?),
+        })
+    }
 }
 
 /// A copy of `s` in memory PAM may `free`.
@@ -195,9 +227,9 @@ unsafe extern "C" fn converse(
 }
 
 /// PAM's words for `code`.
-fn describe(pamh: *mut PamHandle, code: c_int) -> String {
+fn describe(pam: &Pam, pamh: *mut PamHandle, code: c_int) -> String {
     // SAFETY: pam_strerror returns a static string (or NULL).
-    let s = unsafe { pam_strerror(pamh, code) };
+    let s = unsafe { (pam.strerror)(pamh, code) };
     if s.is_null() {
         return format!("PAM error {code}");
     }
@@ -207,6 +239,7 @@ fn describe(pamh: *mut PamHandle, code: c_int) -> String {
 
 /// One check, on a blocking thread.
 fn authenticate(service: &str, dir: &str, user: &str, password: Vec<u8>, rhost: Option<&str>) -> Result<(), Failure> {
+    let pam = PAM.as_ref().map_err(|e| Failure::Broken(e.clone()))?;
     let c = |s: &str, what: &str| CString::new(s).map_err(|_| Failure::Broken(format!("{what} contains a NUL")));
     let service = c(service, "the PAM service name")?;
     let user = c(user, "the user name")?;
@@ -218,34 +251,41 @@ fn authenticate(service: &str, dir: &str, user: &str, password: Vec<u8>, rhost: 
     // SAFETY: every pointer handed to libpam outlives the handle (`pam_end` below is
     // reached on every path once `pam_start` succeeded).
     unsafe {
-        let rc = match &dir {
-            Some(d) => pam_start_confdir(service.as_ptr(), user.as_ptr(), &conv, d.as_ptr(), &mut pamh),
-            None => pam_start(service.as_ptr(), user.as_ptr(), &conv, &mut pamh),
+        let rc = match (&dir, pam.start_confdir) {
+            (Some(d), Some(start_confdir)) => {
+                start_confdir(service.as_ptr(), user.as_ptr(), &conv, d.as_ptr(), &mut pamh)
+            }
+            (Some(_), None) => {
+                return Err(Failure::Broken(
+                    "auth_pam_config_dir needs Linux-PAM 1.4 or later (pam_start_confdir)".into(),
+                ));
+            }
+            (None, _) => (pam.start)(service.as_ptr(), user.as_ptr(), &conv, &mut pamh),
         };
         if rc != PAM_SUCCESS || pamh.is_null() {
-            return Err(Failure::Broken(format!("pam_start failed: {}", describe(pamh, rc))));
+            return Err(Failure::Broken(format!("pam_start failed: {}", describe(pam, pamh, rc))));
         }
         let mut res = Ok(());
         if let Some(h) = &rhost {
-            let rc = pam_set_item(pamh, PAM_RHOST, h.as_ptr().cast());
+            let rc = (pam.set_item)(pamh, PAM_RHOST, h.as_ptr().cast());
             if rc != PAM_SUCCESS {
-                res = Err(Failure::Broken(format!("pam_set_item(PAM_RHOST) failed: {}", describe(pamh, rc))));
+                res = Err(Failure::Broken(format!("pam_set_item(PAM_RHOST) failed: {}", describe(pam, pamh, rc))));
             }
         }
         let mut rc = PAM_SUCCESS;
         if res.is_ok() {
-            rc = pam_authenticate(pamh, 0);
+            rc = (pam.authenticate)(pamh, 0);
             if rc != PAM_SUCCESS {
-                res = Err(failure("pam_authenticate", rc, describe(pamh, rc)));
+                res = Err(failure("pam_authenticate", rc, describe(pam, pamh, rc)));
             }
         }
         if res.is_ok() {
-            rc = pam_acct_mgmt(pamh, 0);
+            rc = (pam.acct_mgmt)(pamh, 0);
             if rc != PAM_SUCCESS {
-                res = Err(failure("pam_acct_mgmt", rc, describe(pamh, rc)));
+                res = Err(failure("pam_acct_mgmt", rc, describe(pam, pamh, rc)));
             }
         }
-        pam_end(pamh, rc);
+        (pam.end)(pamh, rc);
         res
     }
 }
