@@ -5,7 +5,7 @@ ext/pdo/tests/*.phpt, run directly against a throwaway PostgreSQL and through pa
 (transaction pooling, with and without autoprepare), reporting every test that passes
 directly but fails through parsnip.
 
-    python3 scripts/pdo_suite.py --src PHP_SRC [--modes direct,transaction,transaction-autoprepare]
+    python3 scripts/pdo_suite.py --src PHP_SRC [--modes direct,transaction,transaction-autoprepare,...]
         [--native-prepares] [--php PHP] [--pg-bin DIR] [--no-build] [--out DIR] [TEST ...]
 
 PHP_SRC is a php-src tree of the installed PHP's version holding run-tests.php, ext/pdo and
@@ -17,9 +17,10 @@ simple Queries, which is what autoprepare lifts; --native-prepares leaves it uns
 own named prepared statements, the extended protocol). Tests that set the attribute
 themselves, or open a connection of their own, keep theirs.
 
-Modes: direct; transaction (parsnip, transaction pooling); transaction-autoprepare (the
-same with autoprepare = true and autoprepare_after = 1, so every simple-protocol data
-statement with a numeric literal runs from a cached statement from its first sighting).
+Modes: direct; transaction (parsnip, transaction pooling, autoprepare at its default: on,
+after 3 sightings); transaction-autoprepare (the same with autoprepare_after = 1, so every
+simple-protocol data statement with a numeric literal runs from a cached statement from its
+first sighting); transaction-noautoprepare (autoprepare = false).
 After a parsnip mode its console's SHOW PREPARED_STATEMENTS is printed (promotions and
 server_parses say whether autoprepare engaged). Results: OUT/<mode>.txt (run-tests.php's
 -W list), OUT/<mode>-diffs/ (the .diff and .out of each failed test), a summary on stdout;
@@ -131,9 +132,9 @@ def console(pg: Postgres, port: int, command: str) -> list[dict[str, str]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", required=True, type=Path, help="php-src tree (run-tests.php, ext/pdo, ext/pdo_pgsql)")
-    ap.add_argument("--modes", default="direct,transaction,transaction-autoprepare",
-                    help="of direct, session, transaction, transaction-autoprepare (transaction pooling with "
-                         "autoprepare = true, autoprepare_after = 1)")
+    ap.add_argument("--modes", default="direct,transaction,transaction-autoprepare,transaction-noautoprepare",
+                    help="of direct, session, transaction (autoprepare at its default: on), transaction-autoprepare "
+                         "(autoprepare_after = 1), transaction-noautoprepare (autoprepare = false)")
     ap.add_argument("--native-prepares", action="store_true",
                     help="leave PDO_PGSQL_TEST_ATTR unset: PDO's server-side prepares instead of emulated ones")
     ap.add_argument("--php", default=shutil.which("php") or "php")

@@ -78,8 +78,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", required=True, type=Path)
     ap.add_argument("--modes", default="direct,session,transaction",
-                    help="of direct, session, transaction, transaction-autoprepare (transaction pooling with "
-                         "autoprepare = true, autoprepare_after = 1)")
+                    help="of direct, session, transaction (autoprepare at its default: on), transaction-autoprepare "
+                         "(autoprepare_after = 1), transaction-noautoprepare (autoprepare = false)")
     ap.add_argument("--pg-bin")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "target" / "psycopg-suite")

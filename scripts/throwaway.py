@@ -413,13 +413,16 @@ def report_worse(suite: str, mode: str, worse: list[str], known: dict[tuple[str,
 def start_parsnip(binary: Path, pg_port: int, db: str, mode: str, work: Path, *, pool_size: int,
                   max_client_conn: int, log_level: str = "warn") -> tuple[subprocess.Popen, int]:
     """A parsnip (trust auth, TCP only) in front of database `db` of the PostgreSQL on `pg_port`,
-    for the client suites. `mode` is a pool mode, or `transaction-autoprepare`: transaction
-    pooling with every simple-protocol data statement autoprepared from its first sighting.
+    for the client suites. `mode` is a pool mode (autoprepare at its default: on, after 3
+    sightings), `transaction-autoprepare`: transaction pooling with every simple-protocol
+    data statement autoprepared from its first sighting, or `transaction-noautoprepare`:
+    autoprepare off.
     Config and log go to `work`. Returns the process and its port."""
     port = free_port()
     cfg = work / f"parsnip-{mode}.toml"
     pool_mode, _, extra = mode.partition("-")
-    more = "autoprepare = true\nautoprepare_after = 1\n" if extra == "autoprepare" else ""
+    more = {"autoprepare": "autoprepare = true\nautoprepare_after = 1\n",
+            "noautoprepare": "autoprepare = false\n"}.get(extra, "")
     cfg.write_text(f'pool_mode = "{pool_mode}"\npool_size = {pool_size}\nauth_type = "trust"\n'
                    f'max_client_conn = {max_client_conn}\nlog_level = "{log_level}"\nunix_socket_dir = ""\n' + more)
     logf = open(work / f"parsnip-{mode}.log", "ab")

@@ -229,7 +229,10 @@ async fn a_terminated_backend_gives_its_client_one_fatal() {
     for mode in ["transaction", "session"] {
         let p = Parsnip::with_config(&trust_config(&format!("pool_mode = \"{mode}\"\npool_size = 2")));
         bounded(60, "terminated backend", async {
-            for (proto, sleep) in [("simple", "SELECT pg_sleep(30.1)"), ("extended", "SELECT pg_sleep(30.2)")] {
+            // Found by their comments: autoprepare sends the simple one as `pg_sleep($1)`.
+            let cases = [("simple", "/* terminated simple */"), ("extended", "/* terminated extended */")];
+            for (proto, marker) in cases {
+                let sleep = &format!("SELECT pg_sleep(30) {marker}");
                 let case = format!("{mode}, {proto}");
                 let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
                 let bytes = match proto {
@@ -237,10 +240,13 @@ async fn a_terminated_backend_gives_its_client_one_fatal() {
                     _ => [parse("", sleep), bind("", ""), execute(""), sync()].concat(),
                 };
                 raw.send(&bytes).await.unwrap();
-                wait_query_active(sleep, Duration::from_secs(10)).await.unwrap();
+                wait_query_active(marker, Duration::from_secs(10)).await.unwrap();
                 psql_async(
                     "postgres",
-                    &format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = '{sleep}'"),
+                    &format!(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE strpos(query, '{marker}') > 0 AND pid <> pg_backend_pid()"
+                    ),
                 )
                 .await;
                 let frames = raw.read_until_closed(Duration::from_secs(10)).await;

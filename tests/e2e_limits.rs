@@ -92,7 +92,9 @@ async fn beyond_max_client_conn_the_ssl_answer_comes_first_and_cancels_still_wor
         // The one client's query is cancelled through a connection beyond the limit.
         let token = c.cancel_token();
         let sleeper = tokio::spawn(async move { c.simple_query(SLEEP).await.map(|_| ()) });
-        wait_query_active(SLEEP, Duration::from_secs(10)).await.unwrap_or_else(|e| panic!("{e}\n{}", p.log_tail()));
+        wait_query_active("-- beyond max_client_conn", Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", p.log_tail()));
         token.cancel_query(tokio_postgres::NoTls).await.unwrap_or_else(|e| panic!("cancel_query: {e}"));
         let r = within(Duration::from_secs(10), sleeper)
             .await

@@ -112,15 +112,23 @@ fn run(mut raw: Raw, sql: &str) -> tokio::task::JoinHandle<(Result<Option<String
     })
 }
 
-/// Waits (bounded) until `n` backends of database `db` run `sql`.
-async fn wait_active(db: &str, sql: &str, n: usize) {
+/// A query the test cancels, and one that finishes; each found on the server by its
+/// comment (`*_MARK`): autoprepare sends the number in `pg_sleep(30)` as `$1`.
+const LONG: &str = "select pg_sleep(30) /* long */";
+const LONG_MARK: &str = "/* long */";
+const SHORT: &str = "select 'finished' from pg_sleep(3) /* short */";
+const SHORT_MARK: &str = "/* short */";
+
+/// Waits (bounded) until `n` backends of database `db` run a query containing `marker`.
+async fn wait_active(db: &str, marker: &str, n: usize) {
     let check = format!(
-        "select count(*) from pg_stat_activity where datname = '{db}' and query = '{}' and state = 'active'",
-        sql.replace('\'', "''")
+        "select count(*) from pg_stat_activity where datname = '{db}' and strpos(query, '{}') > 0 \
+         and state = 'active'",
+        marker.replace('\'', "''")
     );
     let deadline = Instant::now() + Duration::from_secs(15);
     while psql_async("postgres", &check).await.trim() != n.to_string() {
-        assert!(Instant::now() < deadline, "{sql:?} not active {n} times");
+        assert!(Instant::now() < deadline, "{marker:?} not active {n} times");
         tokio::task::yield_now().await;
     }
 }
@@ -161,19 +169,17 @@ async fn processes_sharing_a_port_forward_cancels_to_the_one_serving_the_client(
         assert_eq!((peer_of(a_key), peer_of(b_key)), (1, 2), "each key names its instance");
         assert_eq!(a_pid, b_pid, "each process hands out the same first pid: only the key tells them apart");
 
-        let long = "select pg_sleep(30)";
-        let short = "select 'finished' from pg_sleep(3)";
-        let qa = run(a, long);
-        let qb = run(b, short);
-        let qa2 = run(a2, short);
-        wait_active(DB, long, 1).await;
-        wait_active(DB, short, 2).await;
+        let qa = run(a, LONG);
+        let qb = run(b, SHORT);
+        let qa2 = run(a2, SHORT);
+        wait_active(DB, LONG_MARK, 1).await;
+        wait_active(DB, SHORT_MARK, 2).await;
         // To the third process: it forwards to the first.
         send_cancel(private[2], a_pid, a_key).await;
         let ra = bounded(10, "a's cancelled query", qa).await.expect("task");
         assert_cancelled(ra, "a's query, cancel sent to process 3", &logs());
         // The others were running when the cancel was handled, and finish normally.
-        wait_active(DB, short, 2).await;
+        wait_active(DB, SHORT_MARK, 2).await;
         for (q, who) in [(qb, "process 2's client (same pid)"), (qa2, "process 1's other client")] {
             let (r, _) = bounded(15, who, q).await.expect("task");
             assert_eq!(r.unwrap_or_else(|e| panic!("{who}: {e}\n{}", logs())).as_deref(), Some("finished"), "{who}");
@@ -183,8 +189,8 @@ async fn processes_sharing_a_port_forward_cancels_to_the_one_serving_the_client(
         // connection to, it reaches process 1's client.
         for round in 0..4 {
             let (a, pid, key) = raw_client(private[0], DB).await;
-            let q = run(a, long);
-            wait_active(DB, long, 1).await;
+            let q = run(a, LONG);
+            wait_active(DB, LONG_MARK, 1).await;
             send_cancel(shared, pid, key).await;
             let r = bounded(10, "cancel via the shared port", q).await.expect("task");
             assert_cancelled(r, &format!("round {round}, cancel sent to the shared port"), &logs());
@@ -256,18 +262,16 @@ async fn a_cancel_landing_on_the_other_instance_is_forwarded_and_bad_ones_are_dr
         let (y, _, _) = raw_client(f.then(ports[0]), DB).await;
         let (z, _, z_key) = raw_client(f.then(ports[1]), DB).await;
         assert_eq!((peer_of(x_key), peer_of(z_key)), (1, 2));
-        let long = "select pg_sleep(30)";
-        let short = "select 'finished' from pg_sleep(3)";
-        let qx = run(x, long);
-        let qy = run(y, short);
-        let qz = run(z, short);
-        wait_active(DB, long, 1).await;
-        wait_active(DB, short, 2).await;
+        let qx = run(x, LONG);
+        let qy = run(y, SHORT);
+        let qz = run(z, SHORT);
+        wait_active(DB, LONG_MARK, 1).await;
+        wait_active(DB, SHORT_MARK, 2).await;
         // The cancel connection lands on b, which forwards it to a.
         send_cancel(f.then(ports[1]), x_pid, x_key).await;
         let rx = bounded(10, "x's cancelled query", qx).await.expect("task");
         assert_cancelled(rx, "x's query, cancel landed on the other instance", &logs());
-        wait_active(DB, short, 2).await;
+        wait_active(DB, SHORT_MARK, 2).await;
         for (q, who) in [(qy, "a's other client"), (qz, "b's client")] {
             let (r, _) = bounded(15, who, q).await.expect("task");
             assert_eq!(r.unwrap_or_else(|e| panic!("{who}: {e}\n{}", logs())).as_deref(), Some("finished"), "{who}");
@@ -275,8 +279,8 @@ async fn a_cancel_landing_on_the_other_instance_is_forwarded_and_bad_ones_are_dr
 
         // Cancels that must do nothing, each sent to b while x runs a short query.
         let (x, x_pid, x_key) = raw_client(f.then(ports[0]), DB).await;
-        let q = run(x, short);
-        wait_active(DB, short, 1).await;
+        let q = run(x, SHORT);
+        wait_active(DB, SHORT_MARK, 1).await;
         // The right peer (forwarded to a), the wrong key.
         send_cancel(f.then(ports[1]), x_pid, x_key ^ 1).await;
         // A peer id not in [peers].
@@ -284,7 +288,7 @@ async fn a_cancel_landing_on_the_other_instance_is_forwarded_and_bad_ones_are_dr
         // The right key, marked as forwarded by a peer already: b never forwards it again.
         send_cancel(f.then(ports[1]), (x_pid as u32 | 1 << 31) as i32, x_key).await;
         // All three handled (their connections closed) while the query still runs.
-        wait_active(DB, short, 1).await;
+        wait_active(DB, SHORT_MARK, 1).await;
         let (r, took) = bounded(15, "x's short query", q).await.expect("task");
         assert_eq!(
             r.unwrap_or_else(|e| panic!("a dropped cancel cancelled x: {e}\n{}", logs())).as_deref(),
@@ -311,9 +315,8 @@ async fn a_cancel_over_tls_is_forwarded_too() {
     let ports = [a.port(), b.port()];
     bounded(60, "cancel over TLS", async {
         let (x, pid, key) = raw_client(ports[0], DB).await;
-        let long = "select pg_sleep(30)";
-        let q = run(x, long);
-        wait_active(DB, long, 1).await;
+        let q = run(x, LONG);
+        wait_active(DB, LONG_MARK, 1).await;
         let (port, ca) = (ports[1], certs.ca_file.clone());
         tokio::task::spawn_blocking(move || tls_cancel(port, &ca, pid, key)).await.expect("TLS cancel");
         let r = bounded(10, "the cancelled query", q).await.expect("task");
@@ -420,9 +423,8 @@ async fn a_stopping_instance_still_takes_the_cancels_its_peers_forward() {
     let a = &mut ps[0];
     bounded(60, "cancel to a stopping peer", async {
         let (x, pid, key) = raw_client(a.port(), DB).await;
-        let long = "select pg_sleep(30)";
-        let q = run(x, long);
-        wait_active(DB, long, 1).await;
+        let q = run(x, LONG);
+        wait_active(DB, LONG_MARK, 1).await;
         let console = a.connect("postgres", SUPER_PW, "parsnip").await;
         console.simple_query("SHUTDOWN WAIT_FOR_CLIENTS").await.expect("SHUTDOWN WAIT_FOR_CLIENTS");
         // Logins at its peer address are refused from now on (once the accept loop has

@@ -270,7 +270,11 @@ async fn a_cancel_with_a_batch_behind_signals_once_and_spares_it() {
 #[tokio::test]
 async fn a_simple_read_is_pipelined_and_a_simple_write_is_not() {
     const DB: &str = "pipesimpledb";
-    let p = trust_db(DB, "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10);", POOL);
+    // About simple Queries reaching the server as such: with autoprepare (on by default)
+    // a read seen for the first time becomes a Parse/Bind/Execute batch, which is never
+    // written behind another.
+    let top = format!("{POOL}\nautoprepare = false");
+    let p = trust_db(DB, "CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10);", &top);
     bounded(60, "a_simple_read_is_pipelined_and_a_simple_write_is_not", async {
         let console = p.connect("postgres", SUPER_PW, "parsnip").await;
         let a = p.connect("postgres", SUPER_PW, DB).await;

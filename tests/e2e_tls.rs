@@ -293,14 +293,16 @@ async fn cancel_reaches_a_query_on_a_tls_server() {
         let c = p.connect("postgres", SUPER_PW, "postgres").await;
         let token = c.cancel_token();
         let q = tokio::spawn(async move {
-            let r = c.client.simple_query("select pg_sleep(30)").await;
+            let r = c.client.simple_query("select pg_sleep(30) /* tls server cancel */").await;
             (c, r)
         });
-        // Cancel once the query is running on the server.
+        // Cancel once the query is running on the server (found by its comment: autoprepare
+        // sends `pg_sleep($1)`).
         loop {
             let n = TLS_PG.psql(
                 "postgres",
-                "select count(*) from pg_stat_activity where query = 'select pg_sleep(30)' and state = 'active'",
+                "select count(*) from pg_stat_activity where strpos(query, '/* tls server cancel */') > 0 \
+                 and state = 'active' and pid <> pg_backend_pid()",
             );
             if n.map(|s| s.trim() == "1").unwrap_or(false) {
                 break;
@@ -516,8 +518,9 @@ async fn tokio_postgres_over_tls_prepares_and_cancels() {
         }
         client.batch_execute("begin; select 1; commit").await.expect("tx");
         let token = client.cancel_token();
-        let sleeper = tokio::spawn(async move { client.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-        wait_query_active("select pg_sleep(30)", std::time::Duration::from_secs(10))
+        let sql = "select pg_sleep(30) /* tls prepares and cancels */";
+        let sleeper = tokio::spawn(async move { client.simple_query(sql).await.map(|_| ()) });
+        wait_query_active("/* tls prepares and cancels */", std::time::Duration::from_secs(10))
             .await
             .unwrap_or_else(|e| panic!("{e}\n{}", p.log_tail()));
         token.cancel_query(tls).await.expect("cancel over TLS");

@@ -185,6 +185,9 @@ const PGBOUNCER_DEFAULTS: &[(&str, &str)] = &[
     ("max_prepared_statements", "200"),
     ("unix_socket_dir", "/tmp"),
     ("client_tls_sslmode", "disable"),
+    // PgBouncer sends queries as written; parsnip's autoprepare (on by default) would
+    // show the server `$1` where a literal was (pg_stat_activity, log_statement).
+    ("autoprepare", "0"),
 ];
 
 /// PgBouncer's `auth_query` when `auth_user` is set without one.

@@ -274,7 +274,7 @@ impl Default for Config {
             max_cached_statements: 100_000,
             promote_unnamed_after: 3,
             describe_from_cache: false,
-            autoprepare: false,
+            autoprepare: true,
             autoprepare_after: 3,
             plan_guard: true,
             plan_guard_sample: 256,

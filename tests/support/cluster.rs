@@ -158,17 +158,21 @@ pub async fn wait_backends(
     }
 }
 
-/// Waits (bounded) until the shared cluster runs exactly one backend whose active query is
-/// `sql` (a query sent through the pooler has reached a server), e.g. before a cancel.
-pub async fn wait_query_active(sql: &str, within: Duration) -> Result<(), String> {
+/// Waits (bounded) until the shared cluster runs exactly one backend (other than the one
+/// asking) whose active query contains `marker` (a query sent through the pooler has
+/// reached a server), e.g. before a cancel. The marker is a part of the query that
+/// autoprepare leaves in place (a comment, a name, a string): a server sees the numbers of
+/// an autoprepared simple Query as `$1`, `$2`.
+pub async fn wait_query_active(marker: &str, within: Duration) -> Result<(), String> {
     let check = format!(
-        "select count(*) from pg_stat_activity where query = '{}' and state = 'active'",
-        sql.replace('\'', "''")
+        "select count(*) from pg_stat_activity where strpos(query, '{}') > 0 and state = 'active' \
+         and pid <> pg_backend_pid()",
+        marker.replace('\'', "''")
     );
     let deadline = Instant::now() + within;
     while psql_async("postgres", &check).await.trim() != "1" {
         if Instant::now() > deadline {
-            return Err(format!("{sql:?} not active after {within:?}"));
+            return Err(format!("no query with {marker:?} active after {within:?}"));
         }
         tokio::task::yield_now().await;
     }

@@ -46,6 +46,10 @@ fn pgbouncer_defaults_where_parsnips_differ() {
     // Without listen_addr, PgBouncer listens on its unix socket only.
     assert_eq!(c.listen, ["/tmp/.s.PGSQL.6432"]);
     assert_eq!(c.unix_socket_dir, "");
+    // PgBouncer sends every query as the client wrote it: an ini keeps autoprepare off
+    // (parsnip's own default is on), and can turn it on with parsnip's key.
+    assert!(!c.autoprepare, "queries reach the server as sent, as through PgBouncer");
+    assert!(config(&format!("{DB}[pgbouncer]\nautoprepare = 1\n"), &[]).autoprepare);
 }
 
 #[test]

@@ -121,3 +121,32 @@ fn a_pinned_client_idle_past_pinned_timeout_is_told_why() {
     assert!(out.contains("FATAL") && out.contains("57P05"), "{out}");
     assert!(out.contains("pinned_timeout (pinned by advisory_lock)"), "{out}");
 }
+
+/// An autoprepared unlock (the Query becomes Parse/Bind/Describe/Execute/Sync of the
+/// lifted text) asks the server what remains, as the simple Query would: the client is
+/// no longer pinned once none is left (it stayed pinned for good with autoprepare on).
+#[test]
+fn an_autoprepared_unlock_asks_and_unpins() {
+    let cfg = crate::stmt::registry::StmtConfig { autoprepare: true, ..Default::default() };
+    let mut h = H::new(PoolMode::Transaction, Some(Arc::new(crate::stmt::registry::Registry::new(cfg))));
+    let batch = |h: &mut H| {
+        let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        assert_eq!(tags, "PBDES", "autoprepared");
+        h.server(msg(b'1', b""));
+        h.server(msg(b'2', b""));
+        h.server(rowdesc(&["r"], 0));
+        h.server(msg(b'D', b"\0\x01\0\0\0\0"));
+        h.server(msg(b'C', b"SELECT 1\0"));
+        h.server(rfq(b'I'));
+    };
+    h.client(query("select pg_advisory_lock(1)"));
+    batch(&mut h);
+    assert_eq!(h.client_out(), "TDCZ");
+    asked(&mut h, [true, false, false, false]);
+    assert!(h.linked && h.s.is_pinned());
+    h.client(query("select pg_advisory_unlock(1)"));
+    batch(&mut h);
+    assert_eq!(h.client_out(), "TDCZ");
+    asked(&mut h, [false; 4]);
+    assert!(!h.linked && !h.s.is_pinned());
+}
