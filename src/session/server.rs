@@ -444,10 +444,12 @@ impl Session {
             && !matches!(self.busy.phase, Phase::CopyIn | Phase::ServerSkipping)
             && !self.busy.replies.is_unsynced()
             && self.kept.mode != PoolMode::Session
+            // The cache answered an autoprepared Query's Parse: its Bind follows at once.
+            // Looked at before the checks below, which send their questions now: asked
+            // between that Parse and its Bind, they would be answered before the Query ran.
+            && !self.autoprep_feeding()
             && !self.config_keeps_server()
             && !self.pins_keep_server()
-            // The cache answered an autoprepared Query's Parse: its Bind follows at once.
-            && !self.autoprep_feeding()
         {
             let reusable = self.link.unlink().is_some_and(|l| !l.dirty);
             if !reusable {

@@ -150,3 +150,44 @@ fn an_autoprepared_unlock_asks_and_unpins() {
     asked(&mut h, [false; 4]);
     assert!(!h.linked && !h.s.is_pinned());
 }
+
+/// Unlocks whose lifted statement is prepared on the pinned server: the cache may answer
+/// their Parse, and the question must still follow the unlock's Execute, not come between
+/// the cached Parse and the Bind (asked there, the server still holds the lock, and the
+/// client stayed pinned after its last unlock).
+#[test]
+fn a_cached_autoprepared_unlock_is_asked_about_after_it_ran() {
+    let cfg = crate::stmt::registry::StmtConfig { autoprepare: true, ..Default::default() };
+    let mut h = H::new(PoolMode::Transaction, Some(Arc::new(crate::stmt::registry::Registry::new(cfg))));
+    // One autoprepared statement and the question after it; the question's answer says
+    // whether an advisory lock remains.
+    let run_one = |h: &mut H, sql: &str, lock_left: bool| {
+        h.client(query(sql));
+        let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        assert!(!tags.contains('Q'), "{sql}: the question came before the statement ran: {tags}");
+        assert!(tags.ends_with("ES"), "{sql}: {tags}");
+        if tags.starts_with('P') {
+            h.server(msg(b'1', b""));
+        }
+        h.server(msg(b'2', b""));
+        if tags.contains('D') {
+            h.server(rowdesc(&["r"], 0));
+        }
+        h.server(msg(b'D', b"\0\x01\0\0\0\0"));
+        h.server(msg(b'C', b"SELECT 1\0"));
+        h.server(rfq(b'I'));
+        assert_eq!(h.client_out(), "TDCZ", "{sql}");
+        asked(h, [lock_left, false, false, false]);
+        tags
+    };
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        run_one(&mut h, "select pg_advisory_lock(1)", true);
+    }
+    for i in 0..5 {
+        seen.push(run_one(&mut h, "select pg_advisory_unlock(1)", i < 4));
+        assert_eq!(h.s.is_pinned(), i < 4);
+    }
+    assert!(!h.linked);
+    assert!(seen.iter().any(|t| !t.starts_with('P')), "no unlock had its Parse answered by the cache: {seen:?}");
+}
