@@ -59,8 +59,8 @@ TABLES["many"] = [(8, "select", ("simple", "extended", "prepared"), (64, 1000, 1
                   (8, "tpcb", ("simple", "extended", "prepared"), (64, 1000, 10000)),
                   (8, "planheavy", ("simple", "extended"), (64, 1000, 10000))]
 TABLE_CLIENT = {"many": "loadgen"}
-TABLE_SYSTEMS = {"issue13": ("direct", "parsnip", "parsnip-nocache", "parsnip-autoprepare", "pgbouncer"),
-                 "issue24": ("direct", "parsnip", "parsnip-noguard", "parsnip-autoprepare", "pgbouncer")}
+TABLE_SYSTEMS = {"issue13": ("direct", "parsnip", "parsnip-nocache", "parsnip-noautoprepare", "pgbouncer"),
+                 "issue24": ("direct", "parsnip", "parsnip-noguard", "parsnip-noautoprepare", "pgbouncer")}
 
 
 class Bench:
@@ -281,7 +281,7 @@ def main(argv: list[str]) -> int:
                          "x 1,64,256 clients with -S plus x 64 clients with TPC-B, systems "
                          "direct,parsnip,parsnip-nocache,pgbouncer; issue24 = pool 8, 64 clients, the plan-heavy read "
                          "(simple, extended) and -S (every mode), systems direct,parsnip,parsnip-noguard,"
-                         "parsnip-autoprepare,pgbouncer; many = pool 8, 64, 1000 and 10000 clients, -S and TPC-B "
+                         "parsnip-noautoprepare,pgbouncer; many = pool 8, 64, 1000 and 10000 clients, -S and TPC-B "
                          "in every mode, the plan-heavy read simple and extended, with examples/loadgen.rs as the "
                          "client; all = issue2 + issue3 (default)")
     ap.add_argument("--client", choices=["pgbench", "loadgen"], help="the client program: pgbench (default), "
@@ -297,8 +297,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--clients", type=lambda s: parse_list(s, int), help="client counts, e.g. 16,64,256")
     ap.add_argument("--modes", type=parse_list, help="pgbench -M modes: simple,extended,prepared")
     ap.add_argument("--systems", type=parse_list,
-                    help="of direct,parsnip,parsnip-noguard,parsnip-nocache,parsnip-autoprepare,parsnip-w1,parsnip-stealing,pgbouncer "
-                    "(parsnip-noguard: plan_guard = false; parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; "
+                    help="of direct,parsnip,parsnip-noguard,parsnip-nocache,parsnip-autoprepare,parsnip-noautoprepare,parsnip-w1,"
+                    "parsnip-stealing,pgbouncer "
+                    "(parsnip-noguard: plan_guard = false; parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; parsnip-noautoprepare: autoprepare = false; "
                     "parsnip-w1: PARSNIP_WORKERS=1; parsnip-stealing: PARSNIP_SCHEDULER=stealing; relay: examples/relay.rs, "
                     "a byte relay with no protocol work, the floor of a hop); "
                          "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
@@ -530,6 +531,8 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
                          if "parsnip-nocache" in systems else "")
                       + ("; parsnip-autoprepare: the same with `autoprepare = true`"
                          if "parsnip-autoprepare" in systems else "")
+                      + ("; parsnip-noautoprepare: the same with `autoprepare = false`"
+                         if "parsnip-noautoprepare" in systems else "")
                       + ("; parsnip-w1: the same with `PARSNIP_WORKERS=1` (one event loop for everything)"
                          if "parsnip-w1" in systems else "")
                       + ("; parsnip-stealing: the same on tokio's work-stealing runtime (`PARSNIP_SCHEDULER=stealing`)"

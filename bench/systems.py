@@ -23,7 +23,8 @@ from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SYSTEMS = ("direct", "parsnip", "parsnip-noguard", "parsnip-nocache", "parsnip-autoprepare", "parsnip-w1",
+ALL_SYSTEMS = ("direct", "parsnip", "parsnip-noguard", "parsnip-nocache", "parsnip-autoprepare",
+               "parsnip-noautoprepare", "parsnip-w1",
                "parsnip-stealing", "pgbouncer", "relay")
 # relay: examples/relay.rs, a one-thread byte relay with one upstream connection per client and
 # no protocol work: the CPU any proxy pays the kernel for the extra hop (the floor).
@@ -33,8 +34,10 @@ ALL_SYSTEMS = ("direct", "parsnip", "parsnip-noguard", "parsnip-nocache", "parsn
 THREADING = {"parsnip-w1": {"PARSNIP_WORKERS": "1"}, "parsnip-stealing": {"PARSNIP_SCHEDULER": "stealing"}}
 # parsnip-nocache: parsnip with its statement cache off, to show what the cache costs and saves.
 # parsnip-autoprepare: parsnip with `autoprepare = true` (simple-protocol queries from cached
-# statements).
+# statements; the default since issue 24, kept so older commands run);
+# parsnip-noautoprepare: with `autoprepare = false`, to show what autoprepare gives.
 AUTOPREPARE = "autoprepare = true"
+NOAUTOPREPARE = "autoprepare = false"
 # parsnip-noguard: parsnip with `plan_guard = false`, to show what the guard's sampling costs.
 NOGUARD = "plan_guard = false"
 
@@ -230,9 +233,9 @@ class Parsnip(Pooler):
         if name == "parsnip-nocache":
             keep = [l for l in extra_config if not l.strip().startswith("prepared_statements")]
             self.extra_config = keep + [NOCACHE]
-        if name == "parsnip-autoprepare":
+        if name in ("parsnip-autoprepare", "parsnip-noautoprepare"):
             keep = [l for l in extra_config if not l.strip().startswith("autoprepare ")]
-            self.extra_config = keep + [AUTOPREPARE]
+            self.extra_config = keep + [AUTOPREPARE if name == "parsnip-autoprepare" else NOAUTOPREPARE]
         if name == "parsnip-noguard":
             keep = [l for l in extra_config if not l.strip().startswith("plan_guard ")]
             self.extra_config = keep + [NOGUARD]
