@@ -97,7 +97,7 @@ fn settings() -> Settings {
 }
 
 fn config(phase: u64, pool_size: u32) -> String {
-    let auto = if phase == 1 { "autoprepare = true\nautoprepare_after = 1\n" } else { "" };
+    let auto = if phase == 1 { "autoprepare = true\nautoprepare_after = 1\n" } else { "autoprepare = false\n" };
     trust_config(&format!(
         "pool_mode = \"transaction\"\npool_size = {pool_size}\nmax_message_size = 1048576\n\
          client_login_timeout_ms = 1000\nquery_wait_timeout_ms = 30000\n{auto}"

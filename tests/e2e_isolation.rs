@@ -344,6 +344,54 @@ async fn a_timeout_that_fires_in_a_batch_left_open_does_not_reach_the_next_clien
     .await;
 }
 
+/// A copy message outside any COPY, in the middle of an extended batch, after the statement
+/// timeout armed by the batch's Parse has fired: PostgreSQL raises the timeout's
+/// error as it reads the message, and since a copy message is no extended-protocol one, it
+/// follows the error with a ReadyForQuery and does not skip to Sync — the Execute after it
+/// then fails on its own and the Sync gets a second ReadyForQuery. parsnip, counting one
+/// ReadyForQuery for the batch, handed the second to whatever it asked next (the concurrent
+/// hostile-client test: "server sent an unexpected message"). PostgreSQL ignores such a
+/// message anyway: parsnip does not send it on. The client must get one ReadyForQuery for
+/// its one Sync, and the connection must serve a plain query after.
+#[tokio::test]
+async fn a_copy_message_outside_copy_does_not_end_a_batch_early() {
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    bounded(60, "a_copy_message_outside_copy_does_not_end_a_batch_early", async {
+        for round in 0..3 {
+            let mut c = p.raw().await;
+            // Longer than 100 ms, so the connection is reused after (a shorter timeout closes it).
+            let params = [("user", "postgres"), ("database", "postgres"), ("options", "-c statement_timeout=150")];
+            c.startup(&params, Some(SUPER_PW)).await.unwrap_or_else(|e| panic!("login: {e}"));
+            c.send(&[parse("", "COPY (SELECT generate_series(1, 3000)) TO STDOUT"), flush()].concat()).await.unwrap();
+            let f = within(Duration::from_secs(10), c.read_frame()).await.unwrap().expect("ParseComplete");
+            assert_eq!(f.tag, b'1', "round {round}");
+            // The scenario itself, not a synchronization: let the timer armed by the Parse fire.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            // The LISTEN (skipped by the server after the Execute's error) makes parsnip ask
+            // the server about session state once the batch is over: the question is what
+            // met the second ReadyForQuery.
+            c.send(&[msg(b'c', b""), execute("nosuch"), query_msg("LISTEN parsnip_copy_msg"), sync()].concat())
+                .await
+                .unwrap();
+            let (frames, end) = within(Duration::from_secs(10), c.read_until_ready()).await.unwrap();
+            assert!(matches!(end, End::Ready(b'I')), "round {round}: {}", summarize(&frames));
+            // Nothing more for that Sync, and the next query gets its own answer.
+            c.send(&query_msg("SELECT 42")).await.unwrap();
+            let (frames, _) = within(Duration::from_secs(10), c.read_until_ready()).await.unwrap();
+            let tags: String = frames.iter().map(|f| f.tag as char).collect();
+            // Its own timeout may cancel it on a busy machine; nothing else may answer it.
+            let cancelled = tags == "EZ" && summarize(&frames).contains("57014");
+            assert!(tags == "TDCZ" || cancelled, "round {round}: the next query's answer: {}", summarize(&frames));
+            if tags == "TDCZ" {
+                assert_eq!(frames[1].body.get(6..8), Some(&b"42"[..]), "round {round}: {}", summarize(&frames));
+            }
+            drop(c);
+            next_client_is_served(&p, &format!("after a copy message outside copy, round {round}")).await;
+        }
+    })
+    .await;
+}
+
 /// PostgreSQL cancels a statement past `statement_timeout` by signalling its own backend.
 /// When the timer fires just as the statement ends, the signal outlives it and cancels the
 /// session's next statement ("canceling statement due to user request"; seen directly on

@@ -336,6 +336,16 @@ impl Session {
             }
             tags::FLUSH => self.to_server.extend_from_slice(frame),
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {
+                if self.busy.phase != Phase::CopyIn
+                    && !self.busy.replies.iter().any(|p| matches!(p.req, Req::Execute | Req::Query) && !p.is_synth())
+                {
+                    // Outside any COPY, and no request outstanding that may start one:
+                    // PostgreSQL ignores it, so it is not sent. Sent, it would end an
+                    // extended batch early when a timer's error (statement_timeout, a
+                    // cancel) is raised as the server reads it: an ERROR there is followed
+                    // by a ReadyForQuery and no skip to Sync, as after a simple Query.
+                    return;
+                }
                 self.to_server.extend_from_slice(frame);
                 if tag != tags::COPY_DATA {
                     if self.busy.phase == Phase::CopyIn {

@@ -313,3 +313,30 @@ fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
         assert_eq!(tags(&mut h), "ES", "the suspended portal runs on");
     }
 }
+
+/// A copy message outside any COPY, with nothing outstanding that may start one, is not sent
+/// on (PostgreSQL ignores it; sent, a timer's error raised as the server reads it would end
+/// the batch with a ReadyForQuery of its own). Behind an Execute that may start a COPY FROM
+/// STDIN, it is sent on.
+#[test]
+fn a_copy_message_outside_copy_is_not_sent_unless_a_copy_may_have_started() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(parse("", "select 1"));
+    h.client(msg(b'c', b""));
+    h.client(msg(b'd', b"x"));
+    h.client(msg(b'f', b"no\0"));
+    h.client(sync());
+    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "PS", "only the Parse and the Sync");
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1Z");
+    h.client(parse("", "copy t from stdin"));
+    h.client(bind(""));
+    h.client(execute());
+    h.client(msg(b'd', b"1\n"));
+    h.client(msg(b'c', b""));
+    h.client(sync());
+    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "PBEdcS", "copy data pipelined behind its Execute");
+}
