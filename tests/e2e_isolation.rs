@@ -392,6 +392,24 @@ async fn a_copy_message_outside_copy_does_not_end_a_batch_early() {
     .await;
 }
 
+/// A Flush with a body: PostgreSQL answers it with an ERROR, which, sent on, would answer no
+/// request parsnip knows of and be taken for the next one's reply (on a shared connection,
+/// another client's: the concurrent hostile-client test found an honest Bind answered with
+/// "invalid message format"). The client is refused with PostgreSQL's words, and the
+/// connection serves the next client.
+#[tokio::test]
+async fn a_flush_with_a_body_is_refused_and_answers_nobody_else() {
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    bounded(60, "a_flush_with_a_body_is_refused_and_answers_nobody_else", async {
+        let mut c = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        c.send(&[parse("", "SELECT 1"), msg(b'H', b"junk"), sync()].concat()).await.unwrap();
+        let e = c.expect_error_and_close(Duration::from_secs(10), "a Flush with a body").await;
+        assert_eq!((e.code(), e.message()), ("08P01", "invalid message format"), "{e}\n{}", p.log_tail());
+        next_client_is_served(&p, "after a Flush with a body").await;
+    })
+    .await;
+}
+
 /// PostgreSQL cancels a statement past `statement_timeout` by signalling its own backend.
 /// When the timer fires just as the statement ends, the signal outlives it and cancels the
 /// session's next statement ("canceling statement due to user request"; seen directly on

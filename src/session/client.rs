@@ -119,6 +119,7 @@ impl Session {
         match frame[0] {
             // Nothing outstanding and no transaction open: answer without a server.
             tags::SYNC => backend::ready_for_query(&mut self.to_client, b'I'),
+            tags::FLUSH if frame.len() > 5 => self.bad_flush(),
             tags::FLUSH => {}
             tags::TERMINATE => self.close(),
             // PostgreSQL ignores copy messages outside COPY.
@@ -334,6 +335,7 @@ impl Session {
                     self.busy.replies.push(Pending::client(Req::Sync));
                 }
             }
+            tags::FLUSH if frame.len() > 5 => self.bad_flush(),
             tags::FLUSH => self.to_server.extend_from_slice(frame),
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {
                 if self.busy.phase != Phase::CopyIn
@@ -360,6 +362,15 @@ impl Session {
             tags::TERMINATE => self.close(),
             t => self.fail(Error::protocol(format!("invalid frontend message type {t}"))),
         }
+    }
+
+    /// A Flush with a body. PostgreSQL answers it with an ERROR, and no other message that
+    /// gets no reply of its own can make it answer: were it sent on, that error would be
+    /// taken for the reply of whatever request comes next (another client's, on a shared
+    /// connection; the concurrent hostile-client test found it). The client is closed
+    /// instead, with PostgreSQL's words.
+    fn bad_flush(&mut self) {
+        self.fail(Error::protocol("invalid message format"));
     }
 
     pub(super) fn need_server(&mut self, frame: &[u8]) -> bool {

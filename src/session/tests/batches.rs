@@ -340,3 +340,22 @@ fn a_copy_message_outside_copy_is_not_sent_unless_a_copy_may_have_started() {
     let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
     assert_eq!(tags, "PBEdcS", "copy data pipelined behind its Execute");
 }
+
+/// A Flush with a body is refused as PostgreSQL words it, and never sent on: the server's
+/// ERROR for it would answer no request the session knows of.
+#[test]
+fn a_flush_with_a_body_closes_the_client_and_is_not_sent_on() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(parse("", "select 1"));
+    h.client(msg(b'H', b"junk"));
+    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "P", "the Parse only");
+    let out = text(&h.s.to_client);
+    assert!(out.contains("08P01") && out.contains("invalid message format"), "{out}");
+    assert!(h.s.is_closing());
+    // Unlinked too.
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(msg(b'H', b"x"));
+    assert!(text(&h.s.to_client).contains("invalid message format"));
+    assert!(h.s.is_closing());
+}
