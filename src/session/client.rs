@@ -10,6 +10,7 @@ use crate::config::PoolMode;
 use crate::error::Error;
 use crate::protocol::{backend, body, frontend, tags};
 use crate::state::{ServerState, TxStatus};
+use crate::stmt::sql::Marks;
 
 impl Session {
     /// One whole frame from the client (length already checked by the driver), with the
@@ -43,6 +44,28 @@ impl Session {
     }
 
     pub(super) fn on_client_frame(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
+        if frame[0] == tags::QUERY
+            && let Some(text) = frontend::query_text(body(frame))
+        {
+            self.busy.frame_marks.text = Some((text.as_ptr() as usize, text.len()));
+        }
+        let consumed = self.on_client_frame_marked(frame, server);
+        self.busy.frame_marks = Default::default();
+        consumed
+    }
+
+    /// The marks of a Query text (`stmt::sql::Marks`): those of the client frame being
+    /// handled are worked out once, whichever classifier asks first; any other text's
+    /// (a rewritten Query) anew.
+    pub(super) fn query_marks(&mut self, text: &[u8]) -> Marks {
+        let fm = &mut self.busy.frame_marks;
+        if fm.text != Some((text.as_ptr() as usize, text.len())) {
+            return Marks::of(text);
+        }
+        *fm.marks.get_or_insert_with(|| Marks::of(text))
+    }
+
+    fn on_client_frame_marked(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
         if self.busy.phase == Phase::Closing {
             return true;
         }
@@ -378,7 +401,7 @@ impl Session {
             p.plain_read = self.busy.tx.status == TxStatus::Idle
                 && self.stmts.registry.is_some()
                 && p.tracked_sql.is_none()
-                && crate::stmt::sql::is_plain_read(text);
+                && crate::stmt::sql::is_plain_read_marked(text, || self.query_marks(text));
         }
         self.to_server.extend_from_slice(frame);
         self.busy.replies.push(p);

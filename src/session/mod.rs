@@ -276,6 +276,19 @@ struct Busy {
     /// When the client's transaction (or its statement outside one) started, as far as the
     /// driver's polls saw (`timeout`: `transaction_timeout_ms`).
     tx_since: Option<std::time::Instant>,
+    /// The marks of the Query text of the client frame being handled (`query_marks`).
+    frame_marks: FrameMarks,
+}
+
+/// The marks (`stmt::sql::Marks`) of the Query text of the client frame being handled,
+/// worked out once for the classifiers that read it (`Session::query_marks`). Set and
+/// cleared around each client frame (`on_client_frame`): the text is known by its address
+/// and length, which no other text has while the frame is borrowed.
+#[derive(Clone, Copy, Debug, Default)]
+struct FrameMarks {
+    /// The frame's Query text: address and length.
+    text: Option<(usize, usize)>,
+    marks: Option<crate::stmt::sql::Marks>,
 }
 
 impl Busy {
@@ -301,6 +314,8 @@ impl Busy {
             clock_us: _,
             // Cleared when the session parks.
             tx_since: _,
+            // Cleared after each client frame.
+            frame_marks: _,
         } = self;
         replies.is_empty()
             && !replies.is_unsynced()

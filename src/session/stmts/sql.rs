@@ -9,7 +9,7 @@ use crate::session::Session;
 use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Purpose, Rename, Req, Synth};
 use crate::state::{ServerState, TxStatus};
 use crate::stmt::registry::{StmtKind, make_key};
-use crate::stmt::sql::{Classified, SqlStmt, classify, is_plain_dml, prepare_body};
+use crate::stmt::sql::{Classified, SqlStmt, classify_marked, is_plain_dml, prepare_body};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -19,7 +19,7 @@ impl Session {
     /// sent before it.
     pub(in crate::session) fn on_query_cached(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
         let text = frontend::query_text(body(frame)).unwrap_or_default();
-        let class = classify(text);
+        let class = classify_marked(text, self.query_marks(text));
         if self.stmts.fresh_in_tx.is_some() {
             let dml = self.may_write(&class, text);
             self.stmts.note_statement_run(dml);
