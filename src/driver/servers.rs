@@ -45,6 +45,20 @@ pub struct ServerConnector {
     /// When a server closed one of this pool's connections last (`split::now_ms`; 0:
     /// not lately): for `SUSPECT_FOR` after, idle connections are checked before use.
     lost_at: std::sync::atomic::AtomicU64,
+    /// Its clients' timeouts in milliseconds, looked up once per configuration generation
+    /// (`Proxy::timeouts` reads them on every turn of a client's loop).
+    pub(crate) timeouts: KeptTimeouts,
+}
+
+/// A pool's clients' timeouts (`session::Timeouts`), in milliseconds (0: off), each kept
+/// for the configuration generation it was looked up in.
+#[derive(Debug, Default)]
+pub(crate) struct KeptTimeouts {
+    pub(crate) client_idle: crate::config::PerGeneration,
+    pub(crate) idle_in_transaction: crate::config::PerGeneration,
+    pub(crate) pinned: crate::config::PerGeneration,
+    pub(crate) query: crate::config::PerGeneration,
+    pub(crate) transaction: crate::config::PerGeneration,
 }
 
 /// How long after a server closed one of a pool's connections its idle connections are
@@ -67,6 +81,7 @@ impl ServerConnector {
             notifier: Default::default(),
             hunt: Default::default(),
             lost_at: Default::default(),
+            timeouts: Default::default(),
         }
     }
 
