@@ -374,7 +374,8 @@ pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool
     let info = &conn.cancel.info;
     info.released_us.store(super::census::unix_us(), Ordering::Relaxed);
     info.prepared.store(conn.state.stmts.len() as u32, Ordering::Relaxed);
-    if reusable && !pool.expired(&conn) && conn.cancel.in_flight.load(Ordering::Acquire) > 0 {
+    // (The cancel first: the lifetime is looked at again when the connection goes back.)
+    if reusable && conn.cancel.in_flight.load(Ordering::Acquire) > 0 && !pool.expired(&conn) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return pool.release(conn, false);
         };
