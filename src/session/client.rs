@@ -47,11 +47,22 @@ impl Session {
         if frame[0] == tags::QUERY
             && let Some(text) = frontend::query_text(body(frame))
         {
+            self.busy.frame_marks.frame = Some((frame.as_ptr() as usize, frame.len()));
             self.busy.frame_marks.text = Some((text.as_ptr() as usize, text.len()));
         }
         let consumed = self.on_client_frame_marked(frame, server);
         self.busy.frame_marks = Default::default();
         consumed
+    }
+
+    /// The text of a Query frame (`frontend::query_text`): that of the client frame being
+    /// handled was found once (`on_client_frame`); any other frame's is read anew.
+    pub(super) fn query_text_of<'a>(&self, frame: &'a [u8]) -> Option<&'a [u8]> {
+        let fm = &self.busy.frame_marks;
+        match (fm.frame, fm.text) {
+            (Some(f), Some((_, len))) if f == (frame.as_ptr() as usize, frame.len()) => body(frame).get(..len),
+            _ => frontend::query_text(body(frame)),
+        }
     }
 
     /// The marks of a Query text (`stmt::sql::Marks`): those of the client frame being
@@ -225,7 +236,7 @@ impl Session {
             return;
         }
         let (text, named) = match frame[0] {
-            tags::QUERY => (frontend::query_text(body(frame)), false),
+            tags::QUERY => (self.query_text_of(frame), false),
             _ => match frontend::parse_fields(body(frame)) {
                 Some(p) => (Some(p.query), !p.name.is_empty()),
                 None => (None, false),
@@ -386,7 +397,7 @@ impl Session {
 
     pub(super) fn forward_query(&mut self, frame: &[u8]) {
         let mut p = Pending::client(Req::Query);
-        if let Some(text) = frontend::query_text(body(frame)) {
+        if let Some(text) = self.query_text_of(frame) {
             if settings::maybe_setting_stmt(text) || (!self.busy.tx.settings.is_empty() && settings::maybe_tx_end(text))
             {
                 p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);

@@ -276,17 +276,21 @@ struct Busy {
     /// When the client's transaction (or its statement outside one) started, as far as the
     /// driver's polls saw (`timeout`: `transaction_timeout_ms`).
     tx_since: Option<std::time::Instant>,
-    /// The marks of the Query text of the client frame being handled (`query_marks`).
+    /// The Query text of the client frame being handled and its marks (`query_text_of`,
+    /// `query_marks`).
     frame_marks: FrameMarks,
 }
 
-/// The marks (`stmt::sql::Marks`) of the Query text of the client frame being handled,
-/// worked out once for the classifiers that read it (`Session::query_marks`). Set and
-/// cleared around each client frame (`on_client_frame`): the text is known by its address
-/// and length, which no other text has while the frame is borrowed.
+/// Where the Query text of the client frame being handled is (`Session::query_text_of`:
+/// its end found once, not by each reader) and its marks (`stmt::sql::Marks`, worked out
+/// once for the classifiers that read them: `Session::query_marks`). Set and cleared around
+/// each client frame (`on_client_frame`): the frame and its text are known by their
+/// addresses and lengths, which nothing else has while the frame is borrowed.
 #[derive(Clone, Copy, Debug, Default)]
 struct FrameMarks {
-    /// The frame's Query text: address and length.
+    /// The frame: address and length.
+    frame: Option<(usize, usize)>,
+    /// Its Query text: address and length.
     text: Option<(usize, usize)>,
     marks: Option<crate::stmt::sql::Marks>,
 }
