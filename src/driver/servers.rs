@@ -54,6 +54,8 @@ pub struct ServerConnector {
 /// for the configuration generation it was looked up in.
 #[derive(Debug, Default)]
 pub(crate) struct KeptTimeouts {
+    /// Which of them are set (bits in field order): none, in the default configuration.
+    pub(crate) set: crate::config::PerGeneration,
     pub(crate) client_idle: crate::config::PerGeneration,
     pub(crate) idle_in_transaction: crate::config::PerGeneration,
     pub(crate) pinned: crate::config::PerGeneration,

@@ -351,6 +351,19 @@ impl Proxy {
             let ms = k.get(live, |c| f(c).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
             (ms > 0).then(|| Duration::from_millis(ms))
         };
+        let set = kept.set.get(live, |c| {
+            let all = [
+                c.client_idle_timeout(user),
+                c.idle_transaction_timeout(user),
+                c.pinned_timeout(db),
+                c.query_timeout(user),
+                c.transaction_timeout(user),
+            ];
+            all.iter().enumerate().fold(0, |m, (i, t)| if t.is_some() { m | 1 << i } else { m })
+        });
+        if set == 0 {
+            return Timeouts::default();
+        }
         Timeouts {
             client_idle: get(&kept.client_idle, &|c| c.client_idle_timeout(user)),
             idle_in_transaction: get(&kept.idle_in_transaction, &|c| c.idle_transaction_timeout(user)),
