@@ -34,7 +34,7 @@ pub(crate) use queue::{Checkout, Lease, Queued};
 pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKETS};
 
 use crate::config::{LiveConfig, PerGeneration, PoolMode};
-use crate::error::{Error, SqlState};
+use crate::error::Error;
 use crate::state::settings::Settings;
 use capped::Locked;
 use queue::{Handoff, Waiter};
@@ -294,17 +294,6 @@ impl<K: Connector> Pool<K> {
         }
     }
 
-    fn wait_timed_out(&self) -> Error {
-        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
-        Error::new(
-            SqlState::QUERY_CANCELED,
-            format!(
-                "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
-                self.cfg.load().query_wait_timeout_ms
-            ),
-        )
-    }
-
     /// Checks out a connection: an idle one, a new one if below size, or the next one
     /// returned, waiting at most `query_wait_timeout` (give or take the janitor's period,
     /// see `expire_waiters`).
@@ -401,22 +390,6 @@ impl<K: Connector> Pool<K> {
                 Err(e)
             }
         }
-    }
-
-    /// Whether `c` is past `server_lifetime`.
-    pub(crate) fn expired(&self, c: &K::Conn) -> bool {
-        self.expired_at(c, Instant::now())
-    }
-
-    /// Whether `c` is past `server_lifetime` at `now` (a clock read shared with the caller).
-    fn expired_at(&self, c: &K::Conn, now: Instant) -> bool {
-        let ms = self.lifetime_ms.get(&self.cfg, |c| c.server_lifetime_ms_for(&self.key.db));
-        ms > 0 && now.saturating_duration_since(c.created()) >= Duration::from_millis(ms)
-    }
-
-    /// Whether `c` was opened before the last `reconnect`.
-    fn outdated(&self, c: &K::Conn) -> bool {
-        c.epoch() != self.epoch.load(Ordering::Relaxed)
     }
 
     /// A connection slot was given up: let one waiter open a new connection.

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::config::Config;
+use crate::error::SqlState;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
