@@ -16,6 +16,7 @@ mod load;
 mod pgbouncer;
 pub use hosts::{HostList, LoadBalanceHosts, TargetSessionAttrs};
 pub use live::LiveConfig;
+pub(crate) use live::PerGeneration;
 mod effective;
 mod sections;
 mod settings;

@@ -45,6 +45,22 @@ pub struct ServerConnector {
     /// When a server closed one of this pool's connections last (`split::now_ms`; 0:
     /// not lately): for `SUSPECT_FOR` after, idle connections are checked before use.
     lost_at: std::sync::atomic::AtomicU64,
+    /// Its clients' timeouts in milliseconds, looked up once per configuration generation
+    /// (`Proxy::timeouts` reads them on every turn of a client's loop).
+    pub(crate) timeouts: KeptTimeouts,
+}
+
+/// A pool's clients' timeouts (`session::Timeouts`), in milliseconds (0: off), each kept
+/// for the configuration generation it was looked up in.
+#[derive(Debug, Default)]
+pub(crate) struct KeptTimeouts {
+    /// Which of them are set (bits in field order): none, in the default configuration.
+    pub(crate) set: crate::config::PerGeneration,
+    pub(crate) client_idle: crate::config::PerGeneration,
+    pub(crate) idle_in_transaction: crate::config::PerGeneration,
+    pub(crate) pinned: crate::config::PerGeneration,
+    pub(crate) query: crate::config::PerGeneration,
+    pub(crate) transaction: crate::config::PerGeneration,
 }
 
 /// How long after a server closed one of a pool's connections its idle connections are
@@ -67,6 +83,7 @@ impl ServerConnector {
             notifier: Default::default(),
             hunt: Default::default(),
             lost_at: Default::default(),
+            timeouts: Default::default(),
         }
     }
 
@@ -359,7 +376,8 @@ pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool
     let info = &conn.cancel.info;
     info.released_us.store(super::census::unix_us(), Ordering::Relaxed);
     info.prepared.store(conn.state.stmts.len() as u32, Ordering::Relaxed);
-    if reusable && !pool.expired(&conn) && conn.cancel.in_flight.load(Ordering::Acquire) > 0 {
+    // (The cancel first: the lifetime is looked at again when the connection goes back.)
+    if reusable && conn.cancel.in_flight.load(Ordering::Acquire) > 0 && !pool.expired(&conn) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return pool.release(conn, false);
         };

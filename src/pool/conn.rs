@@ -1,13 +1,15 @@
 //! What the pool needs of the connections it holds, and of whoever opens them: the two
-//! traits the driver implements for its server connections. The pool knows nothing else
-//! about them (no sockets, no protocol).
+//! traits the driver implements for its server connections, and whether a connection is
+//! past its lifetime or from before a `reconnect`. The pool knows nothing else about them
+//! (no sockets, no protocol).
 
 use super::stats::PoolStats;
 use crate::error::Error;
 use crate::state::Settings;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 /// A connection as the pool sees it.
 pub trait Pooled: Send + 'static {
@@ -49,4 +51,22 @@ pub trait Connector: Send + Sync + 'static {
     /// Opens a connection, with the retries the configuration asks for, counting
     /// connects and failures in `stats`.
     fn connect<'a>(&'a self, stats: &'a PoolStats) -> Connecting<'a, Self::Conn>;
+}
+
+impl<K: Connector> super::Pool<K> {
+    /// Whether `c` is past `server_lifetime`.
+    pub(crate) fn expired(&self, c: &K::Conn) -> bool {
+        self.expired_at(c, Instant::now())
+    }
+
+    /// Whether `c` is past `server_lifetime` at `now` (a clock read shared with the caller).
+    pub(super) fn expired_at(&self, c: &K::Conn, now: Instant) -> bool {
+        let ms = self.lifetime_ms.get(&self.cfg, |c| c.server_lifetime_ms_for(&self.key.db));
+        ms > 0 && now.saturating_duration_since(c.created()) >= Duration::from_millis(ms)
+    }
+
+    /// Whether `c` was opened before the last `reconnect`.
+    pub(super) fn outdated(&self, c: &K::Conn) -> bool {
+        c.epoch() != self.epoch.load(Ordering::Relaxed)
+    }
 }

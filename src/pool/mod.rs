@@ -33,8 +33,8 @@ pub use pause::Pauses;
 pub(crate) use queue::{Checkout, Lease, Queued};
 pub(crate) use stats::{Figures, LastPeriod, PoolSnapshot, PoolStats, WAIT_BUCKETS};
 
-use crate::config::{LiveConfig, PoolMode};
-use crate::error::{Error, SqlState};
+use crate::config::{LiveConfig, PerGeneration, PoolMode};
+use crate::error::Error;
 use crate::state::settings::Settings;
 use capped::Locked;
 use queue::{Handoff, Waiter};
@@ -101,6 +101,10 @@ pub struct Pool<K: Connector> {
     /// Connections it may open beyond its size once a client waited
     /// `reserve_pool_timeout` (a reload may change it).
     reserve: AtomicUsize,
+    /// `server_lifetime_ms` of its database and `query_wait_timeout_ms`, looked up once
+    /// per configuration generation (both are read per transaction).
+    lifetime_ms: PerGeneration,
+    wait_timeout_ms: PerGeneration,
 }
 
 impl<K: Connector> std::fmt::Debug for Pool<K> {
@@ -137,6 +141,8 @@ impl<K: Connector> Pool<K> {
             caps: Vec::new(),
             client_caps: Vec::new(),
             reserve: AtomicUsize::new(0),
+            lifetime_ms: PerGeneration::default(),
+            wait_timeout_ms: PerGeneration::default(),
         }
     }
 
@@ -219,7 +225,8 @@ impl<K: Connector> Pool<K> {
         }
         let (tx, rx) = oneshot::channel();
         let since = Instant::now();
-        let deadline = self.cfg.load().query_wait_timeout().map(|t| since + t);
+        let wait_ms = self.wait_timeout_ms.get(&self.cfg, |c| c.query_wait_timeout_ms);
+        let deadline = (wait_ms > 0).then(|| since + Duration::from_millis(wait_ms));
         g.waiters.push_back(Waiter { tx, deadline, since, takes_ticket: true });
         drop(g);
         self.stats.waits.fetch_add(1, Ordering::Relaxed);
@@ -285,17 +292,6 @@ impl<K: Connector> Pool<K> {
             Err(Handoff::Ticket(back)) => Err(back),
             Err(_) => Ok(false),
         }
-    }
-
-    fn wait_timed_out(&self) -> Error {
-        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
-        Error::new(
-            SqlState::QUERY_CANCELED,
-            format!(
-                "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
-                self.cfg.load().query_wait_timeout_ms
-            ),
-        )
     }
 
     /// Checks out a connection: an idle one, a new one if below size, or the next one
@@ -396,16 +392,6 @@ impl<K: Connector> Pool<K> {
         }
     }
 
-    /// Whether `c` is past `server_lifetime`.
-    pub(crate) fn expired(&self, c: &K::Conn) -> bool {
-        self.cfg.load().server_lifetime(&self.key.db).is_some_and(|l| c.created().elapsed() >= l)
-    }
-
-    /// Whether `c` was opened before the last `reconnect`.
-    fn outdated(&self, c: &K::Conn) -> bool {
-        c.epoch() != self.epoch.load(Ordering::Relaxed)
-    }
-
     /// A connection slot was given up: let one waiter open a new connection.
     fn slot_freed(&self) {
         let mut g = self.lock();
@@ -422,21 +408,28 @@ impl<K: Connector> Pool<K> {
 
     /// Returns a connection. Not reusable or past its lifetime: it is closed.
     pub(crate) fn release(&self, conn: Box<K::Conn>, reusable: bool) {
-        if !reusable || self.expired(&conn) || self.outdated(&conn) {
+        // One clock read for the lifetime check and the idle time's start.
+        let now = Instant::now();
+        if !reusable || self.expired_at(&conn, now) || self.outdated(&conn) {
             drop(conn);
             return self.slot_freed();
         }
-        self.release_now(conn, true);
+        self.release_at(conn, true, now);
     }
 
     /// Returns a connection as it is (lifetime not checked): to the first waiter, else to
     /// the idle list. Not reusable: it is closed.
-    pub(crate) fn release_now(&self, mut conn: Box<K::Conn>, reusable: bool) {
+    pub(crate) fn release_now(&self, conn: Box<K::Conn>, reusable: bool) {
+        self.release_at(conn, reusable, Instant::now());
+    }
+
+    /// `release_now`, idle from `now`.
+    fn release_at(&self, mut conn: Box<K::Conn>, reusable: bool, now: Instant) {
         if !reusable || self.outdated(&conn) {
             drop(conn);
             return self.slot_freed();
         }
-        conn.touch(Instant::now());
+        conn.touch(now);
         let mut g = self.lock();
         if g.open > self.size() + self.reserve() {
             // A reload made the pool smaller: this one goes.

@@ -1,7 +1,9 @@
-//! The wait queue: what a checkout finds, what a queued client is woken with, and the
-//! waiter entries.
+//! The wait queue: what a checkout finds, what a queued client is woken with, the
+//! waiter entries, and the error a wait that timed out ends with.
 
 use super::conn::Connector;
+use crate::error::{Error, SqlState};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
@@ -52,5 +54,18 @@ pub(super) struct Waiter<K: Connector> {
 impl<K: Connector> std::fmt::Debug for Waiter<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Waiter").field("deadline", &self.deadline).finish()
+    }
+}
+
+impl<K: Connector> super::Pool<K> {
+    pub(super) fn wait_timed_out(&self) -> Error {
+        self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+        Error::new(
+            SqlState::QUERY_CANCELED,
+            format!(
+                "canceling statement due to query_wait_timeout: no server connection became free within {} ms",
+                self.cfg.load().query_wait_timeout_ms
+            ),
+        )
     }
 }

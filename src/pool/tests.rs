@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::config::Config;
+use crate::error::SqlState;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
@@ -126,6 +127,23 @@ async fn waiters_are_served_first_come_first_served() {
     assert_eq!(p.counts(), (0, 1, 1), "the second still waits");
     p.release(c, true);
     assert!(matches!(p.wait_queued(&mut second).await, Ok(Some(Lease::Own(_)))));
+}
+
+#[tokio::test]
+async fn a_reloaded_lifetime_applies_at_once() {
+    // The pool keeps the lifetime it looked up per configuration generation.
+    let live = crate::config::LiveConfig::new(Arc::new(Config { server_lifetime_ms: 0, ..Config::default() }));
+    let opener = Opener { age: Duration::from_secs(3600), ..Opener::default() };
+    let p = Arc::new(Pool::new(PoolKey::clients("db", "u"), PoolMode::Transaction, 2, opener, live.clone()));
+    let c = p.acquire().await.expect("an old one");
+    assert!(!p.expired(&c), "no lifetime");
+    assert!(!p.expired(&c), "no lifetime, as kept");
+    live.store(Arc::new(Config { server_lifetime_ms: 60_000, ..Config::default() }));
+    assert!(p.expired(&c), "the reloaded lifetime");
+    live.store(Arc::new(Config { server_lifetime_ms: 0, ..Config::default() }));
+    assert!(!p.expired(&c), "off again");
+    p.release(c, true);
+    assert_eq!(p.counts(), (1, 1, 0), "kept at release");
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use crate::config::PoolMode;
 use crate::error::Error;
 use crate::protocol::{backend, body, frontend, tags};
 use crate::state::{ServerState, TxStatus};
+use crate::stmt::sql::Marks;
 
 impl Session {
     /// One whole frame from the client (length already checked by the driver), with the
@@ -43,6 +44,39 @@ impl Session {
     }
 
     pub(super) fn on_client_frame(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
+        if frame[0] == tags::QUERY
+            && let Some(text) = frontend::query_text(body(frame))
+        {
+            self.busy.frame_marks.frame = Some((frame.as_ptr() as usize, frame.len()));
+            self.busy.frame_marks.text = Some((text.as_ptr() as usize, text.len()));
+        }
+        let consumed = self.on_client_frame_marked(frame, server);
+        self.busy.frame_marks = Default::default();
+        consumed
+    }
+
+    /// The text of a Query frame (`frontend::query_text`): that of the client frame being
+    /// handled was found once (`on_client_frame`); any other frame's is read anew.
+    pub(super) fn query_text_of<'a>(&self, frame: &'a [u8]) -> Option<&'a [u8]> {
+        let fm = &self.busy.frame_marks;
+        match (fm.frame, fm.text) {
+            (Some(f), Some((_, len))) if f == (frame.as_ptr() as usize, frame.len()) => body(frame).get(..len),
+            _ => frontend::query_text(body(frame)),
+        }
+    }
+
+    /// The marks of a Query text (`stmt::sql::Marks`): those of the client frame being
+    /// handled are worked out once, whichever classifier asks first; any other text's
+    /// (a rewritten Query) anew.
+    pub(super) fn query_marks(&mut self, text: &[u8]) -> Marks {
+        let fm = &mut self.busy.frame_marks;
+        if fm.text != Some((text.as_ptr() as usize, text.len())) {
+            return Marks::of(text);
+        }
+        *fm.marks.get_or_insert_with(|| Marks::of(text))
+    }
+
+    fn on_client_frame_marked(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
         if self.busy.phase == Phase::Closing {
             return true;
         }
@@ -203,7 +237,7 @@ impl Session {
             return;
         }
         let (text, named) = match frame[0] {
-            tags::QUERY => (frontend::query_text(body(frame)), false),
+            tags::QUERY => (self.query_text_of(frame), false),
             _ => match frontend::parse_fields(body(frame)) {
                 Some(p) => (Some(p.query), !p.name.is_empty()),
                 None => (None, false),
@@ -384,7 +418,7 @@ impl Session {
 
     pub(super) fn forward_query(&mut self, frame: &[u8]) {
         let mut p = Pending::client(Req::Query);
-        if let Some(text) = frontend::query_text(body(frame)) {
+        if let Some(text) = self.query_text_of(frame) {
             if settings::maybe_setting_stmt(text) || (!self.busy.tx.settings.is_empty() && settings::maybe_tx_end(text))
             {
                 p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
@@ -399,7 +433,7 @@ impl Session {
             p.plain_read = self.busy.tx.status == TxStatus::Idle
                 && self.stmts.registry.is_some()
                 && p.tracked_sql.is_none()
-                && crate::stmt::sql::is_plain_read(text);
+                && crate::stmt::sql::is_plain_read_marked(text, || self.query_marks(text));
         }
         self.to_server.extend_from_slice(frame);
         self.busy.replies.push(p);

@@ -276,6 +276,23 @@ struct Busy {
     /// When the client's transaction (or its statement outside one) started, as far as the
     /// driver's polls saw (`timeout`: `transaction_timeout_ms`).
     tx_since: Option<std::time::Instant>,
+    /// The Query text of the client frame being handled and its marks (`query_text_of`,
+    /// `query_marks`).
+    frame_marks: FrameMarks,
+}
+
+/// Where the Query text of the client frame being handled is (`Session::query_text_of`:
+/// its end found once, not by each reader) and its marks (`stmt::sql::Marks`, worked out
+/// once for the classifiers that read them: `Session::query_marks`). Set and cleared around
+/// each client frame (`on_client_frame`): the frame and its text are known by their
+/// addresses and lengths, which nothing else has while the frame is borrowed.
+#[derive(Clone, Copy, Debug, Default)]
+struct FrameMarks {
+    /// The frame: address and length.
+    frame: Option<(usize, usize)>,
+    /// Its Query text: address and length.
+    text: Option<(usize, usize)>,
+    marks: Option<crate::stmt::sql::Marks>,
 }
 
 impl Busy {
@@ -301,6 +318,8 @@ impl Busy {
             clock_us: _,
             // Cleared when the session parks.
             tx_since: _,
+            // Cleared after each client frame.
+            frame_marks: _,
         } = self;
         replies.is_empty()
             && !replies.is_unsynced()

@@ -16,7 +16,7 @@
 use super::{Action, Phase, Session};
 use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
-use crate::protocol::{backend, body, frontend, split_frame, tags};
+use crate::protocol::{backend, body, split_frame, tags};
 use crate::state::TxStatus;
 use crate::stmt::sql::listen::{ListenCmd, maybe_listen, parse_listen};
 use bytes::BytesMut;
@@ -126,7 +126,7 @@ impl Session {
         if self.kept.mode == PoolMode::Session || self.busy.phase != Phase::Ready {
             return None;
         }
-        let text = frontend::query_text(body(frame))?;
+        let text = self.query_text_of(frame)?;
         if !maybe_listen(text) || self.autoprep_feeding() || self.busy.replies.is_unsynced() {
             return None;
         }

@@ -100,7 +100,8 @@ impl Session {
     /// a Parse of a named statement with the cache off, whose Binds are not looked at.
     pub(super) fn look_for_pins(&mut self, text: &[u8], named_parse: bool) {
         let pinned = self.kept.pins.reasons != 0;
-        let seen = crate::stmt::sql::session_state(text, pinned);
+        let marks = self.query_marks(text);
+        let seen = crate::stmt::sql::session_state_marked(text, pinned, marks);
         if named_parse && seen.check {
             self.kept.pins.set(Pins::BINDS_CHECK, true);
         }

@@ -30,6 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// Stop reading one side while this much is waiting to be written to the other.
@@ -340,16 +341,36 @@ impl Proxy {
     }
 
     /// The session's timeouts, from the configuration (not kept in the loop's state: every
-    /// idle client's task would carry them).
+    /// idle client's task would carry them): each looked up once per configuration
+    /// generation for the pool (`servers::KeptTimeouts`), not on every turn of the loop.
     fn timeouts(&self) -> Timeouts {
-        let cfg = self.shared.cfg.load();
+        let live = &self.shared.cfg;
+        let (user, db) = (self.pool.key.user.as_str(), self.pool.key.db.as_str());
+        let kept = &self.pool.connector().timeouts;
+        let get = |k: &crate::config::PerGeneration, f: &dyn Fn(&crate::config::Config) -> Option<Duration>| {
+            let ms = k.get(live, |c| f(c).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+            (ms > 0).then(|| Duration::from_millis(ms))
+        };
+        let set = kept.set.get(live, |c| {
+            let all = [
+                c.client_idle_timeout(user),
+                c.idle_transaction_timeout(user),
+                c.pinned_timeout(db),
+                c.query_timeout(user),
+                c.transaction_timeout(user),
+            ];
+            all.iter().enumerate().fold(0, |m, (i, t)| if t.is_some() { m | 1 << i } else { m })
+        });
+        if set == 0 {
+            return Timeouts::default();
+        }
         Timeouts {
-            client_idle: cfg.client_idle_timeout(&self.pool.key.user),
-            idle_in_transaction: cfg.idle_transaction_timeout(&self.pool.key.user),
+            client_idle: get(&kept.client_idle, &|c| c.client_idle_timeout(user)),
+            idle_in_transaction: get(&kept.idle_in_transaction, &|c| c.idle_transaction_timeout(user)),
             // Looked up only for a pinned client (a parked session never is one).
-            pinned: if self.session.is_pinned() { cfg.pinned_timeout(&self.pool.key.db) } else { None },
-            query: cfg.query_timeout(&self.pool.key.user),
-            transaction: cfg.transaction_timeout(&self.pool.key.user),
+            pinned: if self.session.is_pinned() { get(&kept.pinned, &|c| c.pinned_timeout(db)) } else { None },
+            query: get(&kept.query, &|c| c.query_timeout(user)),
+            transaction: get(&kept.transaction, &|c| c.transaction_timeout(user)),
         }
     }
 }

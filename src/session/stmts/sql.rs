@@ -4,12 +4,12 @@
 
 use super::guard::GuardCmd;
 use super::{Unnamed, char_len, duplicate, missing, stale_plan, too_many};
-use crate::protocol::{body, frontend};
+use crate::protocol::frontend;
 use crate::session::Session;
 use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Purpose, Rename, Req, Synth};
 use crate::state::{ServerState, TxStatus};
 use crate::stmt::registry::{StmtKind, make_key};
-use crate::stmt::sql::{Classified, SqlStmt, classify, is_plain_dml, prepare_body};
+use crate::stmt::sql::{Classified, SqlStmt, classify_marked, is_plain_dml, prepare_body};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -18,8 +18,8 @@ impl Session {
     /// one handler each. Returns false when the Query must wait for replies to what was
     /// sent before it.
     pub(in crate::session) fn on_query_cached(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
-        let text = frontend::query_text(body(frame)).unwrap_or_default();
-        let class = classify(text);
+        let text = self.query_text_of(frame).unwrap_or_default();
+        let class = classify_marked(text, self.query_marks(text));
         if self.stmts.fresh_in_tx.is_some() {
             let dml = self.may_write(&class, text);
             self.stmts.note_statement_run(dml);

@@ -219,3 +219,24 @@ impl H {
 fn text(f: &[u8]) -> String {
     String::from_utf8_lossy(f).into_owned()
 }
+
+/// The Query text of the frame being handled is read once and kept only for that frame
+/// (`query_text_of`, `query_marks`): any other frame's or text's is read anew, and nothing
+/// is kept after the frame.
+#[test]
+fn a_frame_query_text_is_kept_for_that_frame_only() {
+    let mut s = Session::new(PoolMode::Transaction, Arc::default(), 1, None);
+    let (a, b) = (query("select 1 for update"), query("listen x"));
+    let a_text = frontend::query_text(crate::protocol::body(&a)).expect("text");
+    s.busy.frame_marks.frame = Some((a.as_ptr() as usize, a.len()));
+    s.busy.frame_marks.text = Some((a_text.as_ptr() as usize, a_text.len()));
+    assert_eq!(s.query_text_of(&a), Some(&b"select 1 for update"[..]));
+    assert_eq!(s.query_text_of(&b), Some(&b"listen x"[..]), "another frame");
+    assert!(s.query_marks(a_text).has(crate::stmt::sql::Marks::LOCKING));
+    assert!(s.busy.frame_marks.marks.is_some(), "kept for the frame's text");
+    let b_text = frontend::query_text(crate::protocol::body(&b)).expect("text");
+    assert!(s.query_marks(b_text).has(crate::stmt::sql::Marks::KEYWORD), "another text: its own");
+    // Handled: nothing is kept.
+    s.on_client_frame(&b, None);
+    assert!(s.busy.frame_marks.frame.is_none() && s.busy.frame_marks.marks.is_none());
+}

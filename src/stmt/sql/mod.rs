@@ -4,10 +4,10 @@
 //! `session_state`, what a text may do to state that outlives its transaction), and the SQL-level prepared-statement commands
 //! in a simple Query (`classify`: `PREPARE`, `EXECUTE` (also inside `EXPLAIN … EXECUTE` and
 //! `CREATE TABLE … AS EXECUTE`), `DEALLOCATE [PREPARE] name|ALL`, `DISCARD ALL`, read in
-//! `commands`), found even inside multi-statement strings. The per-Query prefilters
-//! (`contains_keyword`, the word scans of `is_plain_read` and `session_state`) are
-//! byte scans that err on the careful side (a word in a literal counts); the lexer reads
-//! the text only where they cannot decide.
+//! `commands`), found even inside multi-statement strings. The per-Query prefilters (the
+//! keyword, locking-clause and session-state words at word starts: one byte pass,
+//! `marks`) err on the careful side (a word in a literal counts); the lexer reads the text
+//! only where they cannot decide.
 
 use super::lex::{self, Kind};
 use std::ops::Range;
@@ -50,55 +50,6 @@ pub(crate) enum Classified {
     /// parser counts them: whitespace and comments alone are none) with its byte range, and
     /// what it is if ours (`session::stmts::script`).
     Multi(Vec<(Range<usize>, Option<SqlStmt>)>),
-}
-
-/// Byte classes for `contains_keyword`: 0 ends a word, 1 continues one, 2 continues one
-/// and may start a keyword (p, e, d in either case).
-const CLASS: [u8; 256] = {
-    let mut t = [0u8; 256];
-    let mut b = 0;
-    while b < 256 {
-        let c = b as u8;
-        if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80 {
-            t[b] = 1;
-        }
-        b += 1;
-    }
-    t[b'p' as usize] = 2;
-    t[b'P' as usize] = 2;
-    t[b'e' as usize] = 2;
-    t[b'E' as usize] = 2;
-    t[b'd' as usize] = 2;
-    t[b'D' as usize] = 2;
-    t[b'l' as usize] = 2;
-    t[b'L' as usize] = 2;
-    t[b'u' as usize] = 2;
-    t[b'U' as usize] = 2;
-    t
-};
-
-fn contains_keyword(sql: &[u8]) -> bool {
-    // Runs on every Query with the cache on: a table lookup per byte; a keyword is compared
-    // only where a word starts with one of their first letters.
-    let mut prev = 0u8;
-    for (i, &b) in sql.iter().enumerate() {
-        let class = CLASS[b as usize];
-        if class == 2 && prev == 0 {
-            let rest = &sql[i..];
-            let hit = |kw: &[u8]| rest.len() >= kw.len() && rest[..kw.len()].eq_ignore_ascii_case(kw);
-            if hit(b"prepare")
-                || hit(b"execute")
-                || hit(b"deallocate")
-                || hit(b"discard")
-                || hit(b"listen")
-                || hit(b"unlisten")
-            {
-                return true;
-            }
-        }
-        prev = class;
-    }
-    false
 }
 
 /// Whether the (single-statement) text starts with DEALLOCATE: a Parse can hold only one
@@ -186,27 +137,16 @@ pub(crate) fn may_change_schema(sql: &[u8]) -> bool {
 /// (`FOR UPDATE`, `FOR NO KEY UPDATE`, `FOR SHARE`, `FOR KEY SHARE`), even in a literal,
 /// makes it not one.
 pub(crate) fn is_plain_read(sql: &[u8]) -> bool {
-    const READ: [&[u8]; 3] = [b"select", b"values", b"table"];
-    let Some(w) = first_word(sql) else { return false };
-    if !READ.iter().any(|k| w.eq_ignore_ascii_case(k)) || !is_plain_dml(sql) {
-        return false;
-    }
-    // Runs on every simple Query outside a transaction: no allocation, and only where an
-    // f is (words are runs of ASCII letters).
-    !memchr::memchr2_iter(b'f', b'F', sql).any(|i| locks_after_for(sql, i))
+    is_plain_read_marked(sql, || Marks::of(sql))
 }
 
-/// Whether the run of ASCII letters at `i` is FOR and the next run of letters after it is
-/// UPDATE, SHARE, NO or KEY (what `is_plain_read` refuses).
-fn locks_after_for(sql: &[u8], i: usize) -> bool {
-    let alpha = |j: usize| sql.get(j).is_some_and(u8::is_ascii_alphabetic);
-    if (i > 0 && alpha(i - 1)) || !sql[i..].get(..3).is_some_and(|w| w.eq_ignore_ascii_case(b"for")) || alpha(i + 3) {
-        return false;
-    }
-    let Some(start) = sql[i + 3..].iter().position(u8::is_ascii_alphabetic).map(|p| i + 3 + p) else { return false };
-    let end = sql[start..].iter().position(|c| !c.is_ascii_alphabetic()).map_or(sql.len(), |p| start + p);
-    let w = &sql[start..end];
-    [&b"update"[..], b"share", b"no", b"key"].iter().any(|k| w.eq_ignore_ascii_case(k))
+/// `is_plain_read`, with the text's marks (`Marks::of`) asked for only when its first word
+/// and statement count leave the question open.
+pub(crate) fn is_plain_read_marked(sql: &[u8], marks: impl FnOnce() -> Marks) -> bool {
+    const READ: [&[u8]; 3] = [b"select", b"values", b"table"];
+    let Some(w) = first_word(sql) else { return false };
+    // (Each of these is one of `is_plain_dml`'s words.)
+    READ.iter().any(|k| w.eq_ignore_ascii_case(k)) && one_statement(sql) && !marks().has(Marks::LOCKING)
 }
 
 /// The statement of a `PREPARE` definition ("(types) AS statement" or "AS statement").
@@ -223,7 +163,13 @@ pub(crate) fn prepare_body(def: &[u8]) -> Option<&[u8]> {
 
 /// Classifies a Query text.
 pub(crate) fn classify(sql: &[u8]) -> Classified {
-    if !contains_keyword(sql) {
+    classify_marked(sql, Marks::of(sql))
+}
+
+/// `classify`, with the text's marks (`Marks::of`).
+pub(crate) fn classify_marked(sql: &[u8], marks: Marks) -> Classified {
+    // Only a text with a word starting with one of the commands' keywords is split.
+    if !marks.has(Marks::KEYWORD) {
         return Classified::Plain;
     }
     let mut stmts: Vec<(Range<usize>, Option<SqlStmt>)> = split(sql)
@@ -306,10 +252,12 @@ fn first_word(s: &[u8]) -> Option<&[u8]> {
 
 mod commands;
 pub(crate) mod listen;
+mod marks;
 mod session_state;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use marks::Marks;
 #[cfg(test)]
 pub(crate) use session_state::holds_session_state;
-pub(crate) use session_state::{Seen, scan as session_state};
+pub(crate) use session_state::{Seen, scan as session_state, scan_marked as session_state_marked};

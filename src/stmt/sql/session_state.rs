@@ -3,7 +3,7 @@
 //! transaction pooling the session asks the server what remains when such a transaction
 //! ends (`session::pins`), and keeps the client on its server connection while any does.
 
-use super::{split, words};
+use super::{Marks, split, words};
 use crate::stmt::pins::PinReasons;
 
 /// What `scan` found in a text.
@@ -16,69 +16,30 @@ pub(crate) struct Seen {
     pub(crate) check: bool,
 }
 
-/// Per byte: is it a word character (bit 0); can a word starting with it begin session
-/// state (bit 1: l, t, h, p in either case); can one end it (bit 2: u, c, d, p).
-const CLASS: [u8; 256] = {
-    let mut t = [0u8; 256];
-    let mut c = 0;
-    while c < 256 {
-        let b = c as u8;
-        if b.is_ascii_alphanumeric() || b == b'_' {
-            t[c] = 1;
-            if matches!(b | 0x20, b'l' | b't' | b'h' | b'p') {
-                t[c] |= 2;
-            }
-            if matches!(b | 0x20, b'u' | b'c' | b'd' | b'p') {
-                t[c] |= 4;
-            }
-        }
-        c += 1;
-    }
-    t
-};
-
 /// What `sql` may do to session state that outlives its transaction and that parsnip does
 /// not carry from one server connection to the next: `LISTEN`, a temporary table (view,
 /// sequence, anything in `pg_temp`), a cursor `WITH HOLD`, a session-level advisory lock
 /// (`pg_advisory_lock`, `pg_try_advisory_lock` and their `_shared` forms, found anywhere in
 /// the text, so also in a `DO` block or a function body); with `pinned`, also what may end
 /// one (`UNLISTEN`, `CLOSE`, `DROP`, `DISCARD`, `pg_advisory_unlock*`, anywhere). A cheap
-/// scan of word starts first: most texts name none of these words. It errs on the careful
-/// side (a word in a literal counts): a needless check costs one round trip, a missed one
-/// a server handed on with a client's state.
+/// scan of word starts first (`Marks`): most texts name none of these words. It errs on the
+/// careful side (a word in a literal counts): a needless check costs one round trip, a
+/// missed one a server handed on with a client's state.
 pub(crate) fn scan(sql: &[u8], pinned: bool) -> Seen {
+    scan_marked(sql, pinned, Marks::of(sql))
+}
+
+/// `scan`, with the text's marks (`Marks::of`).
+pub(crate) fn scan_marked(sql: &[u8], pinned: bool, marks: Marks) -> Seen {
     let mut seen = Seen::default();
-    let mut prev_word = false;
-    let mut maybe = false;
-    for (i, &b) in sql.iter().enumerate() {
-        let class = CLASS[b as usize];
-        if class > 1 && !prev_word {
-            let rest = &sql[i..];
-            let hit = |kw: &[u8]| rest.len() >= kw.len() && rest[..kw.len()].eq_ignore_ascii_case(kw);
-            // The keyword as a whole word.
-            let word = |kw: &[u8]| hit(kw) && rest.get(kw.len()).is_none_or(|&c| CLASS[c as usize] & 1 == 0);
-            if class & 2 != 0 {
-                if hit(b"pg_advisory_lock") || hit(b"pg_try_advisory_lock") {
-                    seen.reasons |= PinReasons::ADVISORY_LOCK;
-                    seen.check = true;
-                } else if hit(b"listen") || hit(b"temp") || hit(b"hold") || hit(b"pg_temp") {
-                    maybe = true;
-                }
-            }
-            if pinned
-                && class & 4 != 0
-                && (word(b"unlisten")
-                    || word(b"close")
-                    || word(b"drop")
-                    || word(b"discard")
-                    || hit(b"pg_advisory_unlock"))
-            {
-                seen.check = true;
-            }
-        }
-        prev_word = class & 1 != 0;
+    if marks.has(Marks::ADVISORY) {
+        seen.reasons |= PinReasons::ADVISORY_LOCK;
+        seen.check = true;
     }
-    if maybe {
+    if pinned && marks.has(Marks::ENDS_STATE) {
+        seen.check = true;
+    }
+    if marks.has(Marks::MAYBE_STATE) {
         for r in split(sql) {
             let (reasons, check) = statement_reasons(&sql[r]);
             seen.reasons |= reasons;
