@@ -91,6 +91,16 @@ async fn unix_socket_beside_tcp_with_its_mode() {
 
     let p = Parsnip::trust(&format!("unix_socket_dir = \"{d}\"\nunix_socket_mode = \"0700\""));
     assert_eq!(mode_of(&dir.0.join(format!(".s.PGSQL.{}", p.port()))), 0o700);
+    drop(p);
+
+    // unix_socket_group (PgBouncer's), by name: a group other than the process's own when
+    // it may give the file one (root may give any: daemon's, gid 1 on Debian).
+    // SAFETY: getegid/geteuid only read the process's ids.
+    let (egid, euid) = unsafe { (libc::getegid(), libc::geteuid()) };
+    let (name, gid) = if euid == 0 { ("daemon".to_string(), 1) } else { (egid.to_string(), egid) };
+    let p = Parsnip::trust(&format!("unix_socket_dir = \"{d}\"\nunix_socket_group = \"{name}\""));
+    let meta = std::fs::metadata(dir.0.join(format!(".s.PGSQL.{}", p.port()))).expect("socket file");
+    assert_eq!(std::os::unix::fs::MetadataExt::gid(&meta), gid, "the socket file's group");
 }
 
 #[tokio::test]

@@ -82,6 +82,7 @@ pub(crate) static KEYS: &[Key] = &[
     key!(listen, Restart, |c| c.listen.join(",")),
     key!(unix_socket_dir, Restart, |c| c.unix_socket_dir.clone()),
     key!(unix_socket_mode, Restart, |c| c.unix_socket_mode.clone()),
+    key!(unix_socket_group, Restart, |c| c.unix_socket_group.clone()),
     key!(so_reuseport, Restart, |c| c.so_reuseport.to_string()),
     key!(peer_id, Restart, |c| c.peer_id.to_string()),
     // Not restart-only: each cancel request reads the current table.

@@ -155,7 +155,6 @@ const MISSING: &[(&[&str], &str)] = &[
         ],
         "parsnip has no such setting here yet",
     ),
-    (&["unix_socket_group"], "parsnip does not change its socket's group"),
     (&["disable_pqexec", "application_name_add_host", "query_wait_notify"], "parsnip has no such setting"),
 ];
 
@@ -172,7 +171,6 @@ const AT_DEFAULT: &[(&str, &str)] = &[
     ("disable_pqexec", "0"),
     ("application_name_add_host", "0"),
     ("query_wait_notify", "5"),
-    ("unix_socket_group", ""),
 ];
 
 /// PgBouncer's defaults where parsnip's differ, read before the file's lines.

@@ -20,6 +20,8 @@ pub struct Config {
     pub unix_socket_dir: String,
     /// Permissions of the unix socket files, octal as in PgBouncer ("0777").
     pub unix_socket_mode: String,
+    /// Group of the unix socket files, a name or a number (PgBouncer's; "": the process's).
+    pub unix_socket_group: String,
     /// TCP listeners set SO_REUSEPORT: several parsnip processes may listen on one port
     /// and the kernel spreads new connections over them (docs/scaling.md).
     pub so_reuseport: bool,
@@ -228,6 +230,7 @@ impl Default for Config {
             listen: vec!["127.0.0.1:6432".into()],
             unix_socket_dir: "auto".into(),
             unix_socket_mode: "0777".into(),
+            unix_socket_group: String::new(),
             so_reuseport: false,
             peer_id: 0,
             pool_mode: PoolMode::Transaction,

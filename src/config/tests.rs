@@ -84,3 +84,14 @@ fn printed_toml_reads_back_the_same() {
     assert_eq!(format!("{:?}", back.databases), format!("{:?}", cfg.databases));
     assert_eq!(format!("{:?}", back.users), format!("{:?}", cfg.users));
 }
+
+#[test]
+fn unix_socket_group_by_name_or_number() {
+    let with = |g: &str| Config { unix_socket_group: g.into(), ..Config::default() };
+    assert_eq!(with("").socket_group().expect("unset"), None);
+    assert_eq!(with("0").socket_group().expect("a number"), Some(0));
+    assert_eq!(with("root").socket_group().expect("a name"), Some(0));
+    let e = with("no_such_group_parsnip").socket_group().expect_err("unknown");
+    assert!(e.0.contains("no_such_group_parsnip"), "{}", e.0);
+    assert!(with("no_such_group_parsnip").validate().is_err());
+}

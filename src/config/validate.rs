@@ -19,12 +19,26 @@ impl Config {
         )
     }
 
+    /// `unix_socket_group` as a group id (None: the process's own): a number, or a name
+    /// the system's group database knows.
+    pub(crate) fn socket_group(&self) -> Result<Option<u32>, ConfigError> {
+        let g = self.unix_socket_group.trim();
+        if g.is_empty() {
+            return Ok(None);
+        }
+        if let Ok(n) = g.parse::<u32>() {
+            return Ok(Some(n));
+        }
+        group_id(g).map(Some).ok_or_else(|| ConfigError(format!("unix_socket_group: no group named {g:?}")))
+    }
+
     /// Checks cross-field rules.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.listen.is_empty() {
             return Err(ConfigError("listen: at least one address is needed".into()));
         }
         self.socket_mode()?;
+        self.socket_group()?;
         if self.pool_size == 0 {
             return Err(ConfigError("pool_size must be at least 1".into()));
         }
@@ -133,5 +147,19 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+/// The id of the group named `name` (`getgrnam_r`), if there is one.
+fn group_id(name: &str) -> Option<u32> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: getgrnam_r fills `grp` and `buf` (of the length given) and sets `result` to
+    // `grp` when found, to null otherwise; nothing is kept past the call.
+    unsafe {
+        let mut grp: libc::group = std::mem::zeroed();
+        let mut result: *mut libc::group = std::ptr::null_mut();
+        let rc = libc::getgrnam_r(cname.as_ptr(), &mut grp, buf.as_mut_ptr().cast(), buf.len(), &mut result);
+        (rc == 0 && !result.is_null()).then_some(grp.gr_gid)
     }
 }

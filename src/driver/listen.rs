@@ -125,6 +125,8 @@ const DEBIAN_SOCKET_DIR: &str = "/var/run/postgresql";
 /// Binds every address of `cfg`.
 pub(crate) async fn bind_all(cfg: &Config) -> io::Result<Vec<Listener>> {
     let mode = cfg.socket_mode().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
+    let group = cfg.socket_group().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
+    let mode = SocketPerms { mode, group };
     // TCP sockets are bound first (the unix socket's name takes the first one's port) but
     // listen last: a client that can connect over TCP finds the unix socket there too.
     let mut tcp = Vec::new();
@@ -217,7 +219,15 @@ fn default_dirs(setting: &str) -> Vec<PathBuf> {
 /// when nothing listens on it, or, with `take_over` (`so_reuseport`), atomically (a socket
 /// bound beside it, then renamed over it: a client finds one of the two processes there at
 /// every moment, and the other process keeps what it accepted).
-fn bind_unix(path: &Path, mode: u32, take_over: bool) -> io::Result<Listener> {
+/// The permissions and group a unix socket file gets.
+#[derive(Clone, Copy)]
+struct SocketPerms {
+    mode: u32,
+    /// None: the process's own group.
+    group: Option<u32>,
+}
+
+fn bind_unix(path: &Path, file: SocketPerms, take_over: bool) -> io::Result<Listener> {
     let with_path = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
     let mut bind_at = path.to_path_buf();
     if path.exists() {
@@ -240,7 +250,8 @@ fn bind_unix(path: &Path, mode: u32, take_over: bool) -> io::Result<Listener> {
         }
     }
     let l = UnixListener::bind(&bind_at).map_err(with_path)?;
-    let placed = std::fs::set_permissions(&bind_at, std::fs::Permissions::from_mode(mode))
+    let placed = std::fs::set_permissions(&bind_at, std::fs::Permissions::from_mode(file.mode))
+        .and_then(|()| file.group.map_or(Ok(()), |g| std::os::unix::fs::chown(&bind_at, None, Some(g))))
         .and_then(|()| if bind_at != path { std::fs::rename(&bind_at, path) } else { Ok(()) });
     if let Err(e) = placed {
         let _ = std::fs::remove_file(&bind_at);
