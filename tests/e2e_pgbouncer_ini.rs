@@ -170,6 +170,30 @@ async fn an_ini_with_auth_query() {
     expect_code(wrong, "28P01", "a wrong password for an auth_query user");
 }
 
+/// `auth_type = any`: no password is asked, whatever the user name; the database's `user`
+/// (and `password`) is who the server sees; any user reaches the console as admin.
+#[tokio::test]
+async fn an_ini_with_auth_type_any() {
+    let dir = temp_path("ini-any");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let ini = dir.join("pgbouncer.ini");
+    let port = cluster().port();
+    let listen_port = free_port();
+    std::fs::write(
+        &ini,
+        format!(
+            "[databases]\npostgres = host=127.0.0.1 port={port} user=postgres password={SUPER_PW}\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen_port}\nunix_socket_dir =\nauth_type = any\n"
+        ),
+    )
+    .expect("writing the ini");
+    let p = Parsnip::start(&["--pgbouncer-ini", ini.to_str().expect("utf-8 path")]);
+    let c = p.connect("nobody_in_particular", "not a password", "postgres").await;
+    assert_eq!(c.scalar("select current_user").await.unwrap(), "postgres");
+    let console = p.connect("someone_else", "", "pgbouncer").await;
+    console.simple_query("RELOAD").await.unwrap_or_else(|e| panic!("an admin command: {}", describe(&e)));
+}
+
 #[test]
 fn an_unknown_setting_is_named_and_refused_without_lenient() {
     let dir = temp_path("ini-unknown");

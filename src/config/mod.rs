@@ -78,6 +78,9 @@ pub enum AuthType {
     Ldap,
     /// A cleartext password, checked by PAM (`auth_pam_service`).
     Pam,
+    /// PgBouncer's `any`: as `trust`, and the user name does not matter: every database
+    /// logs in to its server as the `user` it names, and any user is a console admin.
+    Any,
 }
 
 /// Output format of the logs.

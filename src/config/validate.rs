@@ -95,6 +95,13 @@ impl Config {
                 "max_prepared_statements and max_client_prepared_statements must be at least 1".into(),
             ));
         }
+        if self.auth_type == AuthType::Any
+            && let Some((name, _)) = self.databases.iter().find(|(_, d)| d.user.is_none())
+        {
+            return Err(ConfigError(format!(
+                "auth_type = \"any\" needs every database to name the user it logs in as: [databases.{name}] has no user"
+            )));
+        }
         if self.auth_type == AuthType::Hba && self.auth_hba_file.is_none() {
             return Err(ConfigError("auth_type \"hba\" needs auth_hba_file".into()));
         }

@@ -148,6 +148,8 @@ impl Login {
             AuthType::Ldap | AuthType::Pam if console && configured.is_some() => self.method = AuthType::ScramSha256,
             AuthType::Ldap => self.checker = self.cfg.ldap.clone().map(Checker::Ldap),
             AuthType::Pam => self.checker = Some(Checker::Pam { service: self.cfg.auth_pam_service.clone() }),
+            // The database names the server's user; the client's is not checked.
+            AuthType::Any => self.method = AuthType::Trust,
             _ => {}
         }
         if matches!(self.method, AuthType::Ldap | AuthType::Pam) {

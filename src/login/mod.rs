@@ -463,7 +463,8 @@ impl Login {
     fn console_welcome(&mut self) -> Step {
         let cfg = &self.cfg;
         let admin = cfg.admin_users.contains(&self.user)
-            || (cfg.admin_users.is_empty() && self.method == AuthType::Trust && !self.identified);
+            || (cfg.admin_users.is_empty() && self.method == AuthType::Trust && !self.identified)
+            || cfg.auth_type == AuthType::Any;
         let read_only = !admin && cfg.stats_users.contains(&self.user);
         if !admin && !read_only {
             let user = self.user.clone();

@@ -513,3 +513,24 @@ fn a_certificate_without_a_hash_offers_no_plus() {
     assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
     assert_eq!(sasl_mechanisms(&m.to_client), ["SCRAM-SHA-256"]);
 }
+
+/// PgBouncer's `auth_type = any`: nobody is asked for a password, the database names the
+/// server's user, and any user is a console admin.
+#[test]
+fn auth_type_any_asks_nothing_and_admits_anyone_to_the_console() {
+    let mut cfg = (*config(AuthType::Any, &[])).clone();
+    cfg.databases.get_mut("*").expect("the wildcard entry").user = Some("app".into());
+    let cfg = Arc::new(cfg);
+    let mut m = login(cfg.clone());
+    assert!(matches!(m.handle_bytes(&mut startup(&[("user", "whoever"), ("database", "d")])), Step::Authenticated(_)));
+    assert_eq!(auth_code(&m.to_client), 0, "AuthenticationOk at once");
+    let mut m = login(cfg);
+    let step = m.handle_bytes(&mut startup(&[("user", "whoever"), ("database", ADMIN_DB)]));
+    assert!(matches!(step, Step::Console { read_only: false }), "{step:?}");
+    // A database that names no user cannot serve under `any`.
+    let mut cfg = (*config(AuthType::Any, &[])).clone();
+    cfg.databases.get_mut("*").expect("the wildcard entry").host = "h".into();
+    cfg.databases.get_mut("*").expect("the wildcard entry").port = 5432;
+    let e = cfg.validate().expect_err("no user named");
+    assert!(e.0.contains("[databases.*] has no user"), "{}", e.0);
+}
