@@ -6,7 +6,7 @@
 # the statement is cached (autoprepared simple queries, promoted unnamed extended ones), and
 # after five executions PostgreSQL's plan cache may keep a generic plan made for an average
 # range; the plan guard should then demote it. Prints the narrow query's times: direct,
-# through parsnip as simple queries (autoprepare on), with plan_cache_mode =
+# through parsnip as simple queries (autoprepare, on by default), with plan_cache_mode =
 # force_custom_plan, and as unnamed extended statements (pgbench -M extended, default
 # settings). With REPEAT=N (default 3) the narrow query runs N times; with more than 3 the
 # mean of executions 1-10, 11-50 and 51-N is printed instead of the last three. EXTRA adds
@@ -26,7 +26,8 @@ start_parsnip() {
     "$REPO/target/release/parsnip" postgres://postgres@127.0.0.1:55499/postgres --listen 127.0.0.1:56499 --pool-size 1 -c "$D/p.toml" > "$D/parsnip.log" 2>&1 & PN=$!
     for i in $(seq 50); do (echo > /dev/tcp/127.0.0.1/56499) 2>/dev/null && break; sleep 0.1; done
 }
-printf 'log_level = "warn"\nauth_type = "trust"\nunix_socket_dir = ""\nautoprepare = true\nautoprepare_after = 1\n%s\n' "${EXTRA:-}" > "$D/p.toml"
+# parsnip's defaults (autoprepare is on by default since issue 24), plus EXTRA.
+printf 'log_level = "warn"\nauth_type = "trust"\nunix_socket_dir = ""\n%s\n' "${EXTRA:-}" > "$D/p.toml"
 start_parsnip
 queries() { echo '\timing on'; for n in 10 20 30 40 50 60; do echo "select count(payload) from orders where id > $n;"; done
             for i in $(seq "$REPEAT"); do echo "select count(payload) from orders where id > 1999990;"; done; }
