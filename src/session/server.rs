@@ -202,10 +202,14 @@ impl Session {
         } else if let Some(s) = head.fx.uses.as_ref().or(head.fx.portal_of.as_ref())
             && matches!(head.on_reply, OnReply::Forward)
         {
-            // What this client is told the statement returns.
+            // What this client is told the statement returns (an autoprepared Query's
+            // client decodes nothing by it later: every Query gets its own description).
             let s = s.clone();
+            let autoprepared = head.simple.is_some();
             if same_shape(s.shape.get_or_init(|| frame.into()), frame) {
-                self.stmts.described.insert(s.id);
+                if !autoprepared {
+                    self.stmts.described.insert(s.id);
+                }
                 if let Some(pd) = param_desc
                     && head.fx.uses.is_some()
                     && head.fx.epoch != 0

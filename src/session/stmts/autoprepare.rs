@@ -38,6 +38,9 @@ pub(in crate::session) struct Memo {
     /// The Query just handled was bound directly (`fastbind`): nothing of a simple Query
     /// reached the server (its unnamed statement is still there).
     pub(super) bound: bool,
+    /// While its client is parked (`session::park`): the client's registry and Parse
+    /// sequence, carried in this box instead of a box of their own.
+    pub(in crate::session) parked: (Option<Arc<crate::stmt::Registry>>, u64),
     /// Tests: never bind directly (the batch is always fed as frames).
     #[cfg(test)]
     pub(in crate::session) frames_only: bool,
@@ -90,6 +93,11 @@ impl Memo {
         let Some(t) = Template::new(text, l, escapes_everywhere) else { return };
         self.templates.truncate(MEMO_TEMPLATES - 1);
         self.templates.insert(0, Kept { t, known: None });
+    }
+
+    /// Gives back the spare room of the template list (an idle client's memory).
+    pub(in crate::session) fn shrink(&mut self) {
+        self.templates.shrink_to_fit();
     }
 
     /// See the field `bound` (cleared).
