@@ -10,7 +10,7 @@ fn autoprepared() -> H {
 
 /// The server's replies to one autoprepared Query's batch (statement cached: no
 /// ParseComplete from the server).
-fn answer(h: &mut H, parse: bool) {
+pub(super) fn answer(h: &mut H, parse: bool) {
     if parse {
         h.server(msg(b'1', b""));
     }

@@ -132,12 +132,7 @@ fn an_autoprepared_unlock_asks_and_unpins() {
     let batch = |h: &mut H| {
         let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
         assert_eq!(tags, "PBDES", "autoprepared");
-        h.server(msg(b'1', b""));
-        h.server(msg(b'2', b""));
-        h.server(rowdesc(&["r"], 0));
-        h.server(msg(b'D', b"\0\x01\0\0\0\0"));
-        h.server(msg(b'C', b"SELECT 1\0"));
-        h.server(rfq(b'I'));
+        super::autoprepare::answer(h, true);
     };
     h.client(query("select pg_advisory_lock(1)"));
     batch(&mut h);
@@ -166,16 +161,8 @@ fn a_cached_autoprepared_unlock_is_asked_about_after_it_ran() {
         let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
         assert!(!tags.contains('Q'), "{sql}: the question came before the statement ran: {tags}");
         assert!(tags.ends_with("ES"), "{sql}: {tags}");
-        if tags.starts_with('P') {
-            h.server(msg(b'1', b""));
-        }
-        h.server(msg(b'2', b""));
-        if tags.contains('D') {
-            h.server(rowdesc(&["r"], 0));
-        }
-        h.server(msg(b'D', b"\0\x01\0\0\0\0"));
-        h.server(msg(b'C', b"SELECT 1\0"));
-        h.server(rfq(b'I'));
+        assert!(tags.contains('D'), "{sql}: each Query gets its row description: {tags}");
+        super::autoprepare::answer(h, tags.starts_with('P'));
         assert_eq!(h.client_out(), "TDCZ", "{sql}");
         asked(h, [lock_left, false, false, false]);
         tags
