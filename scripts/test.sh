@@ -89,6 +89,8 @@ cargo_pass() {
     set -e
     grep -E "^(test result|     Running|failures:|---- |thread .* panicked)|FAILED" "$log" || true
     if [ "$status" != 0 ]; then
+        echo "== test failures: the panic messages"
+        grep -E -A6 "^thread .* panicked" "$log" | head -n 80 || true
         echo "== test failures (tail of the log)"
         tail -n 150 "$log"
         cargo_status=$status
