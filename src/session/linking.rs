@@ -31,11 +31,7 @@ impl Session {
         if std::mem::take(&mut server.cancel_risk) {
             // A cancel signal its last user's statement may have left on the backend cancels
             // this instead of the client's first statement (`state::timers`).
-            frontend::query(&mut self.to_server, "SELECT 1");
-            self.busy.replies.push(Pending::internal(Req::Query, Purpose::Absorb));
-            // A simple Query drops the server's unnamed statement: a client's plain one is
-            // parsed again before its next Bind.
-            server.stmts.unnamed_owner = None;
+            self.own_query("SELECT 1", Purpose::Absorb, server);
         }
         if self.kept.settings.key() == server.settings.key() {
             return;
@@ -54,9 +50,7 @@ impl Session {
         if sql.is_empty() {
             return false;
         }
-        frontend::query(&mut self.to_server, &sql);
-        self.busy.replies.push(Pending::internal(Req::Query, Purpose::ClearTimeouts));
-        server.stmts.unnamed_owner = None;
+        self.own_query(&sql, Purpose::ClearTimeouts, server);
         true
     }
 
@@ -68,10 +62,16 @@ impl Session {
         let sql = self.kept.settings.diff_sql(&server.settings);
         server.settings.copy_extra_from(&self.kept.settings);
         if !sql.is_empty() {
-            frontend::query(&mut self.to_server, &sql);
-            self.busy.replies.push(Pending::internal(Req::Query, Purpose::SyncSettings));
-            server.stmts.unnamed_owner = None;
+            self.own_query(&sql, Purpose::SyncSettings, server);
         }
+    }
+
+    /// Sends a simple Query of the pooler's own, its replies hidden. It drops the server's
+    /// unnamed statement: a client's plain one is parsed again before its next Bind.
+    fn own_query(&mut self, sql: &str, purpose: Purpose, server: &mut ServerState) {
+        frontend::query(&mut self.to_server, sql);
+        self.busy.replies.push(Pending::internal(Req::Query, purpose));
+        server.stmts.unnamed_owner = None;
     }
 
     /// An error answered the reset of another client's timeouts: true when it is to be
