@@ -112,34 +112,46 @@ impl Template {
     /// other integers of the same types in place of its literals; None otherwise (it may
     /// still lift: ask `lift`).
     pub fn apply(&self, text: &[u8], escapes_everywhere: bool) -> Option<Applied> {
-        if escapes_everywhere != self.escapes_everywhere {
+        // Checked first without building anything: a client's texts are tried against
+        // every kept template, and most do not match.
+        if escapes_everywhere != self.escapes_everywhere || !self.literals(text, |_, _| {}) {
             return None;
         }
         let mut values = Vec::with_capacity(self.types.len());
         let mut edits = self.edits.clone();
-        let mut at = 0;
         // Client characters (= bytes: digits) the new literals add, so far.
         let mut shift = 0i64;
+        self.literals(text, |k, r| {
+            let e = &mut edits[k];
+            let old = e[3] - e[2];
+            e[2] += shift;
+            shift += r.len() as i64 - old;
+            e[3] = e[2] + r.len() as i64;
+            values.push(r);
+        });
+        Some(Applied { values, edits })
+    }
+
+    /// Whether `text` is this template's text with other integers of the same types in
+    /// place of its literals; `each(k, range)` is told where its `k`th literal is, as far as
+    /// it matched.
+    fn literals(&self, text: &[u8], mut each: impl FnMut(usize, Range<usize>)) -> bool {
+        let mut at = 0;
         for (k, piece) in self.pieces.iter().enumerate() {
             let piece = &self.client[piece.clone()];
             if !text[at..].starts_with(piece) {
-                return None;
+                return false;
             }
             at += piece.len();
             let Some(&ty) = self.types.get(k) else { break };
             let n = text[at..].iter().take_while(|d| d.is_ascii_digit()).count();
             if integer_type(&text[at..at + n]) != Some(ty) {
-                return None;
+                return false;
             }
-            let e = &mut edits[k];
-            let old = e[3] - e[2];
-            e[2] += shift;
-            shift += n as i64 - old;
-            e[3] = e[2] + n as i64;
-            values.push(at..at + n);
+            each(k, at..at + n);
             at += n;
         }
-        (at == text.len()).then_some(Applied { values, edits })
+        at == text.len()
     }
 }
 
