@@ -104,10 +104,21 @@ impl ClientStmts {
     }
 }
 
+/// `stmt` was described as returning no rows (NoData).
+fn returns_nothing(stmt: &Statement) -> bool {
+    stmt.shape.get().is_some_and(|f| f.first() == Some(&b'n'))
+}
+
 impl Session {
-    /// A Parse inside a transaction block was answered from the cache with `stmt`.
+    /// A Parse inside a transaction block was answered from the cache with `stmt`: its
+    /// first use is guarded, unless it is known to return no rows (its shape is NoData: an
+    /// INSERT, UPDATE or DELETE without RETURNING). PostgreSQL raises 0A000 only when a
+    /// replanned statement's result type differs from the one it was prepared with, and a
+    /// statement that returns nothing has none to differ (its replan is silent, as the
+    /// client's own fresh Parse would be). A rule created meanwhile that makes such a
+    /// statement return rows is the exception this leaves out.
     pub(super) fn note_fresh_parse(&mut self, stmt: &Statement) {
-        if self.busy.tx.in_block() {
+        if self.busy.tx.in_block() && !returns_nothing(stmt) {
             let ids = self.stmts.fresh_in_tx.get_or_insert_with(Default::default);
             if !ids.contains(&stmt.id) {
                 ids.push(stmt.id);

@@ -389,3 +389,38 @@ fn unnamed_reads_of_pg_prepared_statements_are_rewritten_and_never_promoted() {
     }
     assert_eq!(reg.stats.promotions.load(Ordering::Relaxed), 0);
 }
+
+/// Inside a transaction block, a Parse the cache answers is guarded at its first use
+/// (SAVEPOINT before it), unless the statement is known to return no rows: a replan of a
+/// statement without a result type cannot fail with 0A000, so there is nothing to retry.
+#[test]
+fn a_cached_parse_in_a_block_is_guarded_unless_it_returns_nothing() {
+    for (sql, returns_rows) in [("UPDATE t SET a = 1", false), ("SELECT a FROM t", true)] {
+        let mut h = H::cached();
+        let describe_s = |name: &str| msg(b'D', format!("S{name}\0").as_bytes());
+        // Described and run once outside a block: its shape is known, and the server has it.
+        for f in [parse("s1", sql), describe_s("s1"), bind("s1"), execute(), sync()] {
+            h.client(f);
+        }
+        let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        assert!(sent.ends_with("PDBES"), "{sent}");
+        h.server(msg(b'1', b""));
+        h.server(msg(b't', b"\0\0"));
+        h.server(if returns_rows { rowdesc(&["a"], 16400) } else { msg(b'n', b"") });
+        h.server(msg(b'2', b""));
+        h.server(msg(b'C', if returns_rows { b"SELECT 0\0" } else { b"UPDATE 0\0" }));
+        h.server(rfq(b'I'));
+        h.client(query("BEGIN"));
+        h.server_out();
+        h.server(msg(b'C', b"BEGIN\0"));
+        h.server(rfq(b'T'));
+        // Parsed again in the block under another name: the cache answers it.
+        for f in [parse("s2", sql), bind("s2"), execute(), sync()] {
+            h.client(f);
+        }
+        let out = h.server_out();
+        let guarded = out.iter().any(|f| text(f).contains("parsnip_guard"));
+        assert_eq!(guarded, returns_rows, "{sql}: {:?}", out.iter().map(|f| text(f)).collect::<Vec<_>>());
+        assert!(!out.iter().any(|f| f[0] == b'P' && text(f).contains(sql)), "{sql}: answered by the cache");
+    }
+}
