@@ -7,17 +7,17 @@
 # load. Needs root for perf and, once, the libc probes:
 #   perf probe -x /lib/x86_64-linux-gnu/libc.so.6 malloc   (and free, realloc)
 # RECORD=EVENTS [RECOPTS='--call-graph dwarf,16384']: perf record 2 s instead.
-# usage: bench/counts.sh BIN LABEL [CLIENTS] [MODE]   (output in /tmp/parsnip-counts/LABEL)
+# usage: [DURATION=14 (loadgen -T)] [CONFIG="autoprepare = false\n"] [WORKLOAD=select|tpcb|planheavy] bench/counts.sh BIN LABEL [CLIENTS] [MODE]   (output in /tmp/parsnip-counts/LABEL)
 BIN=$1; LABEL=$2; C=${3:-1000}; M=${4:-simple}
 LG=${LG:-$(dirname "$0")/../target/release/examples/loadgen}
 PORT=56871; OUT=/tmp/parsnip-counts/$LABEL; mkdir -p $OUT
-printf 'log_level = "warn"\nauth_type = "trust"\n' > $OUT/p.toml
+printf 'log_level = "warn"\nauth_type = "trust"\n%b' "${CONFIG:-}" > $OUT/p.toml
 setsid $BIN postgres://postgres@127.0.0.1:${PGPORT:-55871}/bench --listen 127.0.0.1:$PORT --pool-size 8 \
   --pool-mode transaction --max-client-conn 12000 -c $OUT/p.toml > $OUT/parsnip.log 2>&1 &
 P=$!
 for i in $(seq 50); do psql -h 127.0.0.1 -p $PORT -U postgres -d bench -Atc 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
 xacts() { psql -h 127.0.0.1 -p $PORT -U postgres -d pgbouncer -Atc 'SHOW STATS' -F' ' 2>/dev/null | awk '$1=="bench"{print $3}'; }
-$LG -p $PORT -U postgres -d bench -c $C -T 14 -s 10 -M $M --watch-pid $P > $OUT/loadgen.json 2>$OUT/loadgen.err &
+$LG -p $PORT -U postgres -d bench -c $C -T ${DURATION:-14} -s 10 -M $M --workload ${WORKLOAD:-select} --watch-pid $P > $OUT/loadgen.json 2>$OUT/loadgen.err &
 L=$!
 # wait until transactions flow (after the ramp and the idle settle)
 base=$(xacts); while :; do sleep 0.5; x=$(xacts); [ $((x - base)) -gt $((C + 5000)) ] && break; done
