@@ -311,7 +311,7 @@ impl Session {
                     srv.stmts.unnamed_owner = unnamed_owner;
                     return Some(false);
                 }
-                if self.to_server.len() == sent || self.stmts.lifts.as_mut().is_some_and(|m| m.take_bound()) {
+                if self.to_server.len() == sent || self.busy.lifts.as_mut().is_some_and(|m| m.take_bound()) {
                     // Answered here, or bound directly as the cached statement an
                     // autoprepared Query runs as (`stmts::fastbind`): the server's unnamed
                     // statement is untouched (and no longer the client's).

@@ -271,6 +271,10 @@ struct Busy {
     spare_stmts: Option<Box<ClientStmts>>,
     /// Scratch space for statement cache keys.
     key_buf: Vec<u8>,
+    /// Lift templates of autoprepared Queries (`stmts::autoprepare::Memo`). A template
+    /// belongs to a text, not to a client: it stays with this busy half when its client
+    /// parks, for whichever client it serves next (an idle client keeps none).
+    lifts: Option<Box<stmts::autoprepare::Memo>>,
     /// The driver's clock as last told (`timing`), µs.
     clock_us: u64,
     /// When the client's transaction (or its statement outside one) started, as far as the
@@ -315,6 +319,7 @@ impl Busy {
             // Storage and scratch, nobody's.
             spare_stmts: _,
             key_buf: _,
+            lifts: _,
             clock_us: _,
             // Cleared when the session parks.
             tx_since: _,

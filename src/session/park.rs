@@ -22,17 +22,11 @@ pub struct Parked {
 
 /// An idle client's prepared statements: without any (the client sends simple Queries, or
 /// only unnamed statements it has closed), two words; otherwise all of them, boxed.
+/// Autoprepare's lift templates are not the client's: they stay with the busy half
+/// (`Busy::lifts`).
 #[derive(Debug)]
 enum ParkedStmts {
-    None {
-        registry: Option<Arc<Registry>>,
-        unnamed_seq: u64,
-    },
-    /// As `None`, with autoprepare's templates (`stmts::autoprepare::Memo`), kept so the
-    /// client's next Queries still bind directly, without the rest of its statements' state.
-    /// The memo's box carries the registry and the Parse sequence meanwhile
-    /// (`Memo::parked`): parking and unparking allocate nothing.
-    Lifts(Box<super::stmts::autoprepare::Memo>),
+    None { registry: Option<Arc<Registry>>, unnamed_seq: u64 },
     Some(Box<ClientStmts>),
 }
 
@@ -63,14 +57,7 @@ impl Session {
         let stmts = if self.stmts.holds_nothing() {
             let registry = self.stmts.registry.take();
             let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);
-            match self.stmts.lifts.take() {
-                Some(mut m) => {
-                    m.shrink();
-                    m.parked = (registry, unnamed_seq);
-                    ParkedStmts::Lifts(m)
-                }
-                None => ParkedStmts::None { registry, unnamed_seq },
-            }
+            ParkedStmts::None { registry, unnamed_seq }
         } else {
             // The spare box (a blank set of statements) takes the place of the client's.
             let spare = self.busy.spare_stmts.take().unwrap_or_default();
@@ -85,12 +72,6 @@ impl Session {
         debug_assert!(self.at_rest() && self.stmts.holds_nothing());
         self.kept = p.kept;
         match p.stmts {
-            ParkedStmts::Lifts(mut m) => {
-                let (registry, unnamed_seq) = std::mem::take(&mut m.parked);
-                self.stmts.registry = registry;
-                self.stmts.unnamed_seq = unnamed_seq;
-                self.stmts.lifts = Some(m);
-            }
             ParkedStmts::None { registry, unnamed_seq } => {
                 self.stmts.registry = registry;
                 self.stmts.unnamed_seq = unnamed_seq;

@@ -1,12 +1,12 @@
-//! Autoprepare: a simple Query holding one data statement, outside a transaction block or
-//! inside one that has not failed, runs as a cached statement. Its numeric literals are
-//! lifted into typed parameters (`stmt::lift`), and the Query becomes the extended-protocol
-//! batch a driver would send for it (Parse of the lifted text, Bind of the literals as
-//! text, Describe of the portal, Execute, Sync), fed through the session like the client's
-//! own frames: the unnamed statement's promotion (counted by `autoprepare_after`) caches
-//! it, the shape guard and the transparent retry after a stale plan apply as they do to any
-//! unnamed statement (inside a transaction block, under the savepoint guard of a statement
-//! the cache answered).
+//! Autoprepare: a simple Query holding one data statement, outside a transaction block,
+//! runs as a cached statement. Its numeric literals are lifted into typed parameters
+//! (`stmt::lift`), and the Query becomes the extended-protocol batch a driver would send
+//! for it (Parse of the lifted text, Bind of the literals as text, Describe of the portal,
+//! Execute, Sync), fed through the session like the client's own frames: the unnamed
+//! statement's promotion (counted by `autoprepare_after`) caches it, the shape guard and
+//! the transparent retry after a stale plan apply as they do to any unnamed statement.
+//! Inside a transaction block the Query goes as it is: the cache serves no unnamed Parse
+//! there (`parse::lookup_unnamed`), and the batch would cost more than the Query.
 //! The client sees the replies of its simple Query: the batch's ParseComplete,
 //! BindComplete and NoData are dropped (`Pending::simple`), errors are mapped back to its
 //! text (positions, and a lifted literal's placeholder quoted in a message: `Origin`), and
@@ -30,17 +30,17 @@ pub(in crate::session) struct AutoPrep {
     pushes_before: u32,
 }
 
-/// Lifts a client made, reused for its next texts that differ only in their integers
-/// (`stmt::lift::template`): the most recent first, at most `MEMO_TEMPLATES`.
+/// Lifts made for the Queries of the clients a busy half served (`Busy::lifts`), reused for
+/// any next text that differs only in its integers (`stmt::lift::template`): the most
+/// recent first, at most `MEMO_TEMPLATES`. A template is a fact about texts, whoever sends
+/// them; what its lifted text was found cached as (`Kept::known`) is checked against the
+/// registry and search_path of the client using it.
 #[derive(Debug, Default)]
 pub(in crate::session) struct Memo {
     pub(super) templates: Vec<Kept>,
     /// The Query just handled was bound directly (`fastbind`): nothing of a simple Query
     /// reached the server (its unnamed statement is still there).
     pub(super) bound: bool,
-    /// While its client is parked (`session::park`): the client's registry and Parse
-    /// sequence, carried in this box instead of a box of their own.
-    pub(in crate::session) parked: (Option<Arc<crate::stmt::Registry>>, u64),
     /// Tests: never bind directly (the batch is always fed as frames).
     #[cfg(test)]
     pub(in crate::session) frames_only: bool,
@@ -56,8 +56,8 @@ pub(super) struct Kept {
     pub(super) known: Option<super::fastbind::Known>,
 }
 
-/// Templates a client keeps.
-const MEMO_TEMPLATES: usize = 8;
+/// Templates a busy half keeps: room for the shapes of an application's Queries.
+const MEMO_TEMPLATES: usize = 16;
 /// Texts longer than this are lifted every time (the template keeps a copy).
 const MEMO_TEXT_MAX: usize = 4096;
 
@@ -95,11 +95,6 @@ impl Memo {
         self.templates.insert(0, Kept { t, known: None });
     }
 
-    /// Gives back the spare room of the template list (an idle client's memory).
-    pub(in crate::session) fn shrink(&mut self) {
-        self.templates.shrink_to_fit();
-    }
-
     /// See the field `bound` (cleared).
     pub(in crate::session) fn take_bound(&mut self) -> bool {
         std::mem::take(&mut self.bound)
@@ -117,9 +112,11 @@ impl Session {
     pub(in crate::session) fn try_autoprepare(&mut self, text: &[u8], srv: &mut ServerState) -> bool {
         let Some(registry) = self.stmts.registry.as_ref() else { return false };
         if !registry.cfg.autoprepare
-            // In a failed transaction block the server refuses anything; the Query goes as
-            // it is, so that its error is PostgreSQL's own.
-            || self.busy.tx.status == TxStatus::Failed
+            // Inside a transaction block an unnamed Parse is never served by the cache
+            // (`parse::lookup_unnamed`: a stale plan could not be retried there), so the
+            // batch would only cost more than the Query: it goes as it is. (In a failed
+            // block the server refuses anything, and its error is PostgreSQL's own.)
+            || self.busy.tx.status != TxStatus::Idle
             || !self.busy.replies.is_empty()
             || self.busy.replies.is_unsynced()
             || self.busy.retry.replay.is_some()
@@ -129,9 +126,9 @@ impl Session {
         }
         let escapes_everywhere = self.kept.settings.reported("standard_conforming_strings") == Some("off");
         // Out of `self` while it is used (put back below).
-        let mut memo = self.stmts.lifts.take().unwrap_or_default();
+        let mut memo = self.busy.lifts.take().unwrap_or_default();
         let done = self.autoprepare_with(&mut memo, text, escapes_everywhere, srv);
-        self.stmts.lifts = Some(memo);
+        self.busy.lifts = Some(memo);
         done
     }
 

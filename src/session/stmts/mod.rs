@@ -85,8 +85,6 @@ pub(in crate::session) struct ClientStmts {
     /// `Kept`, so that it costs an idle client that never listens nothing: this box is
     /// parked with the client only when it holds something (`holds_nothing`).
     pub(in crate::session) listen: Option<Box<crate::session::notify::Listening>>,
-    /// Lifts of autoprepared Queries kept for the client's next ones (`autoprepare`).
-    pub(in crate::session) lifts: Option<Box<autoprepare::Memo>>,
 }
 
 impl ClientStmts {

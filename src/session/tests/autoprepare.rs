@@ -54,7 +54,7 @@ fn later_numbers_in_the_same_text_reuse_the_first_querys_lift() {
         bound.push(tags);
     }
     assert_eq!(bound, ["PBDES", "BDES"], "prepared once, then bound");
-    assert_eq!(h.s.stmts.lifts.as_ref().map(|m| m.len()), Some(1), "one template");
+    assert_eq!(h.s.busy.lifts.as_ref().map(|m| m.len()), Some(1), "one template");
 }
 
 /// The batch an autoprepared Query becomes is one request of the client's: its server
@@ -90,5 +90,84 @@ fn an_autoprepared_read_runs_on_its_standby() {
     assert_eq!(tags, "PBDES");
     assert!(h.pending.is_empty(), "every frame fed");
     answer(&mut h, true);
+    assert_eq!(h.client_out(), "TDCZ");
+}
+
+/// A lift template belongs to its text, not to the client that made it: it stays with the
+/// busy half when that client parks, and the next client served by that half binds its
+/// own numbers through it at once. An idle client keeps no template.
+#[test]
+fn a_template_serves_the_next_client_of_its_busy_half() {
+    let mut h = autoprepared();
+    let sql = |aid: u32| query(&format!("SELECT abalance FROM pgbench_accounts WHERE aid = {aid};"));
+    let mut tags = vec![];
+    for aid in [1, 2, 3] {
+        h.client(sql(aid));
+        let t: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        answer(&mut h, t.starts_with('P'));
+        assert_eq!(h.client_out(), "TDCZ");
+        tags.push(t);
+    }
+    assert_eq!(tags, ["PBDES", "PBDES", "BDES"]);
+    let bound_before = h.s.busy.lifts.as_ref().map_or(0, |m| m.fast_binds);
+    assert!(bound_before >= 1, "the third Query was bound directly");
+
+    // The first client parks; another client of the same pool, idle and holding no
+    // template (it never sent a Query), is unparked into the busy half it left.
+    let registry = h.s.stmts.registry.clone();
+    let first = h.s.park().expect("at rest");
+    let mut other = Session::new(PoolMode::Transaction, Arc::new(Settings::default()), 8, registry);
+    let second = other.park().expect("a new session is at rest");
+    assert!(other.busy.lifts.is_none(), "nothing was lifted for the second client");
+    h.s.unpark(second);
+    h.client(sql(4444));
+    let out = h.server_out();
+    assert_eq!(out.iter().map(|f| f[0] as char).collect::<String>(), "BDES", "bound at its first Query");
+    assert!(text(&out[0]).ends_with("4444\0\0"), "{:?}", text(&out[0]));
+    answer(&mut h, false);
+    assert_eq!(h.client_out(), "TDCZ");
+    assert_eq!(h.s.busy.lifts.as_ref().map_or(0, |m| m.fast_binds), bound_before + 1);
+    drop(first);
+}
+
+/// Inside a transaction block the cache serves no unnamed Parse (a stale plan could not be
+/// retried there), so a Query is not lifted into a batch that would only cost more: it
+/// goes to the server as it is, and runs as a cached statement again after the block.
+#[test]
+fn inside_a_transaction_block_a_query_goes_as_it_is() {
+    let mut h = autoprepared();
+    let sql = |aid: u32| query(&format!("SELECT abalance FROM pgbench_accounts WHERE aid = {aid};"));
+    let mut sent = vec![];
+    for aid in [1, 2] {
+        h.client(sql(aid));
+        let t: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        answer(&mut h, t.starts_with('P'));
+        assert_eq!(h.client_out(), "TDCZ");
+        sent.push(t);
+    }
+    assert_eq!(sent, ["PBDES", "PBDES"], "cached at the second");
+    h.client(query("BEGIN"));
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "Q");
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.client_out(), "CZ");
+    h.client(sql(3));
+    let out = h.server_out();
+    assert_eq!(out.iter().map(|f| f[0] as char).collect::<String>(), "Q", "the Query as it is");
+    assert!(text(&out[0]).contains("aid = 3"), "{}", text(&out[0]));
+    h.server(rowdesc(&["abalance"], 16400));
+    h.server(msg(b'D', b"\0\x01\0\0\0\x010"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.client_out(), "TDCZ");
+    h.client(query("COMMIT"));
+    h.server_out();
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZ");
+    h.client(sql(4));
+    let t: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(t, "BDES", "the cached statement again after the block");
+    answer(&mut h, false);
     assert_eq!(h.client_out(), "TDCZ");
 }

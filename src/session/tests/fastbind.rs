@@ -166,12 +166,12 @@ fn both(cfg: StmtConfig, conversation: impl Fn(&mut H, &Arc<Registry>, &mut Vec<
     for frames_only in [false, true] {
         let reg = Arc::new(Registry::new(cfg.clone()));
         let mut h = H::new(PoolMode::Transaction, Some(reg.clone()));
-        h.s.stmts.lifts = Some(Box::new(Memo::with_frames_only(frames_only)));
+        h.s.busy.lifts = Some(Box::new(Memo::with_frames_only(frames_only)));
         let mut log = vec![];
         conversation(&mut h, &reg, &mut log);
         log.extend(counts(&reg));
         log.push(format!("server statements {}", h.srv.stmts.len()));
-        let fast = h.s.stmts.lifts.as_ref().map_or(0, |m| m.fast_binds);
+        let fast = h.s.busy.lifts.as_ref().map_or(0, |m| m.fast_binds);
         runs.push((h, reg, log, fast));
     }
     let (slow, fast) = (runs.pop(), runs.pop());

@@ -182,13 +182,17 @@ impl H {
         let Some(p) = self.s.park() else { return };
         assert!(self.s.at_rest());
         let blank = BLANK.with(|b| b.borrow_mut().take());
-        let old = match blank {
+        let mut old = match blank {
             Some(mut b) => {
                 b.unpark(p);
                 std::mem::replace(&mut self.s, b)
             }
             None => std::mem::replace(&mut self.s, Session::unparked(p)),
         };
+        // Lift templates stay with a busy half, whoever it serves next (`Busy::lifts`); here
+        // they follow the conversation, so that tests counting direct binds count them all
+        // (`autoprepare::a_template_serves_the_next_client_of_its_busy_half` swaps them).
+        self.s.busy.lifts = old.busy.lifts.take();
         BLANK.with(|b| *b.borrow_mut() = Some(old));
         self.parks += 1;
     }
