@@ -52,7 +52,7 @@ impl Session {
     pub(crate) fn fail(&mut self, err: Error) {
         err.write_to(&mut self.to_client);
         // PostgreSQL flushes an error at once, with everything before it (`flush`).
-        self.busy.held = 0;
+        self.release_held();
         self.close();
     }
 

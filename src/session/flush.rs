@@ -7,7 +7,10 @@
 //! itself (a Parse of a known statement, a Close) and asks the server to flush to check a
 //! statement's shape: output of either kind is held at the end of `to_client` until the
 //! client's own Sync or Flush (or an error or notice) lets it go, and the driver writes
-//! only what comes before it (`writable_to_client`).
+//! only what comes before it (`writable_to_client`). A Sync whose batch the server still
+//! has to answer lets it go with the server's first answer instead: PostgreSQL would have
+//! sent it with its replies to the same batch, in one write, and the client, which reads
+//! to the batch's ReadyForQuery, gets one wake-up instead of two.
 
 use super::Session;
 use crate::protocol::{split_frame, tags};
@@ -23,7 +26,14 @@ impl Session {
     /// Drops everything meant for the client (it is gone).
     pub(crate) fn drop_client_output(&mut self) {
         self.to_client.clear();
+        self.release_held();
+    }
+
+    /// Lets everything held go.
+    #[inline]
+    pub(super) fn release_held(&mut self) {
         self.busy.held = 0;
+        self.busy.held_for_server = false;
     }
 
     /// After a client frame (`consumed`, with tag `tag`) whose handling found `to_client`
@@ -32,7 +42,12 @@ impl Session {
     pub(super) fn note_client_output(&mut self, before: usize, tag: u8, consumed: bool) {
         if consumed && matches!(tag, tags::SYNC | tags::FLUSH | tags::QUERY | tags::FUNCTION_CALL) {
             self.busy.replies.client_flushed();
-            self.busy.held = 0;
+            if tag == tags::SYNC && self.busy.held > 0 && self.busy.replies.iter().any(|p| !p.is_synth()) {
+                // Goes with the server's first answer (`note_server_output`).
+                self.busy.held_for_server = true;
+            } else {
+                self.release_held();
+            }
         } else if self.to_client.len() > before {
             // The pooler's own answer to a request the client has not flushed yet.
             self.hold_new(before, true);
@@ -43,8 +58,10 @@ impl Session {
     /// client's last flush if `unflushed`, whose handling found `to_client` at `before`.
     #[inline]
     pub(super) fn note_server_output(&mut self, before: usize, tag: u8, unflushed: bool) {
-        if matches!(tag, tags::ERROR_RESPONSE | tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE) {
-            self.busy.held = 0;
+        if self.busy.held_for_server
+            || matches!(tag, tags::ERROR_RESPONSE | tags::NOTICE_RESPONSE | tags::NOTIFICATION_RESPONSE)
+        {
+            self.release_held();
         } else if self.to_client.len() > before && (unflushed || self.busy.held > 0) {
             self.hold_new(before, false);
         }
@@ -56,7 +73,7 @@ impl Session {
     fn hold_new(&mut self, before: usize, scan: bool) {
         let new = &self.to_client[before..];
         if scan && flushes_at_once(new) {
-            self.busy.held = 0;
+            self.release_held();
         } else {
             self.busy.held += new.len();
         }

@@ -131,7 +131,7 @@ impl Session {
     pub fn handle_server_over_budget(&mut self, err: crate::error::Error) {
         self.busy.replies.clear();
         err.write_to(&mut self.to_client);
-        self.busy.held = 0;
+        self.release_held();
         self.fail_server();
     }
 

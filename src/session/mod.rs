@@ -251,6 +251,9 @@ struct Busy {
     /// How many bytes at the end of `to_client` wait for the client's next Sync or Flush
     /// (`flush`).
     held: usize,
+    /// The held bytes go with the server's next answer: the client's Sync came, and the
+    /// server has yet to answer its batch (`flush`).
+    held_for_server: bool,
     actions: VecDeque<Action>,
     /// Where the conversation stands (COPY, skipping to Sync, held, closing).
     phase: Phase,
@@ -308,6 +311,8 @@ impl Busy {
             replies,
             // Counts bytes of `to_client`, which is empty when this is asked.
             held: _,
+            // Cleared with `held` (`release_held`).
+            held_for_server: _,
             actions,
             phase,
             acquire_error,

@@ -49,6 +49,8 @@ impl Session {
             return None;
         }
         self.busy.retry.forget_last_batch();
+        // Nothing is held (`to_client` is empty): no server answer is waited for either.
+        self.release_held();
         // Portals end with their transaction: none is left to describe.
         self.stmts.forget_portals();
         // What the last link was (a read pool's) is set afresh at the next one.

@@ -208,7 +208,10 @@ fn sql_deallocate_all_is_answered_locally_and_clears_the_namespace() {
     h.client(bind("s1"));
     h.client(execute());
     h.client(sync());
-    assert_eq!(h.client_out(), "1", "statement known and valid: Parse answered locally");
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert!(sent.ends_with("BES") && !sent.ends_with("PBES"), "{sent}: Parse answered locally");
+    assert_eq!(tags_of(&h.s.to_client), "1", "statement known and valid: Parse answered locally");
+    assert_eq!(h.client_out(), "", "its ParseComplete goes with the server's answers to the batch");
 }
 
 #[test]
@@ -423,4 +426,43 @@ fn a_cached_parse_in_a_block_is_guarded_unless_it_returns_nothing() {
         assert_eq!(guarded, returns_rows, "{sql}: {:?}", out.iter().map(|f| text(f)).collect::<Vec<_>>());
         assert!(!out.iter().any(|f| f[0] == b'P' && text(f).contains(sql)), "{sql}: answered by the cache");
     }
+}
+
+/// A Parse the cache answers: its ParseComplete waits for the client's Sync, and then for
+/// the server's first answer to the batch, and goes with it (PostgreSQL sends a batch's
+/// replies together at its Sync): one write to the client, not two. A Flush lets it go at
+/// once, as PostgreSQL would.
+#[test]
+fn a_local_parse_complete_goes_with_the_servers_first_answer() {
+    let mut h = H::cached();
+    h.client(parse("s1", "select 1"));
+    h.client(sync());
+    h.server_out();
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1Z");
+    for f in [parse("s2", "select 1"), bind("s2"), execute(), sync()] {
+        h.client(f);
+    }
+    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(sent, "BES", "answered locally");
+    assert_eq!(h.client_out(), "", "held for the server's answer");
+    h.server(msg(b'2', b""));
+    assert_eq!(h.client_out(), "12", "with the server's first answer");
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "CZ");
+    // An error as the first answer lets it go too.
+    for f in [parse("s3", "select 1"), bind("s3"), execute(), sync()] {
+        h.client(f);
+    }
+    h.server_out();
+    assert_eq!(h.client_out(), "");
+    h.server(err("22012"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1EZ");
+    // A Flush asks for it now.
+    h.client(parse("s4", "select 1"));
+    h.client(msg(b'H', b""));
+    assert_eq!(h.client_out(), "1");
 }
