@@ -406,9 +406,15 @@ impl Session {
         self.leave(Phase::CopyIn);
         if !self.busy.tx.ext_done.is_empty() {
             // SET/RESET/DISCARD and transaction control run through the extended protocol.
-            let sql = std::mem::take(&mut self.busy.tx.ext_done).join(";\n");
-            let failed = self.busy.tx.ext_failed;
-            self.track_settings(&sql, failed, before != TxStatus::Idle, status, server);
+            let tx = &mut self.busy.tx;
+            if tx.settings.is_empty() && !tx.ext_done.iter().any(|s| super::settings::may_hold_setting(s.as_bytes())) {
+                // BEGIN, COMMIT and the like with no setting to keep or drop (`track_settings`).
+                tx.ext_done.clear();
+            } else {
+                let sql = std::mem::take(&mut tx.ext_done).join(";\n");
+                let failed = tx.ext_failed;
+                self.track_settings(&sql, failed, before != TxStatus::Idle, status, server);
+            }
         } else if let Some(sql) = &p.tracked_sql {
             self.track_settings(sql, p.failed, before != TxStatus::Idle, status, server);
         } else if status == TxStatus::Idle {

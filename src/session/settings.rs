@@ -84,6 +84,13 @@ pub(crate) fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
     }
 }
 
+/// Whether the text may hold a setting statement (`parse_setting_stmt`: SET, RESET,
+/// DISCARD ALL): false when neither word is in it, whatever the case (a transaction
+/// control statement alone, BEGIN or COMMIT, is settled without lexing it).
+pub(crate) fn may_hold_setting(sql: &[u8]) -> bool {
+    sql.windows(3).any(|w| w.eq_ignore_ascii_case(b"set")) || sql.windows(7).any(|w| w.eq_ignore_ascii_case(b"discard"))
+}
+
 /// Every setting statement in a (possibly multi-statement) Query text.
 pub(crate) fn setting_stmts(sql: &[u8]) -> Vec<SettingStmt> {
     session_stmts(sql).into_iter().filter_map(|t| if let TxStmt::Setting(s) = t { Some(s) } else { None }).collect()
@@ -305,6 +312,16 @@ mod tests {
         assert!(maybe_setting_stmt(b"select 1; set x=1") && maybe_setting_stmt(b"select ';';reset x"));
         assert!(!maybe_setting_stmt(b"select 1; \n") && !maybe_setting_stmt(b"select 1;select 2"));
         assert!(maybe_tx_end(b"select 1; commit") && !maybe_tx_end(b"select 1;") && maybe_tx_end(b"END;"));
+        // Every text that holds a setting statement may hold one; transaction control alone not.
+        for t in
+            ["SET x = 1", "reset all", "RESET work_mem", "Discard ALL", "begin; set x=1", "SET SESSION AUTHORIZATION u"]
+        {
+            assert!(may_hold_setting(t.as_bytes()), "{t}");
+        }
+        for t in ["BEGIN", "END", "commit", "ROLLBACK", "START TRANSACTION ISOLATION LEVEL SERIALIZABLE", "abort"] {
+            assert!(!may_hold_setting(t.as_bytes()), "{t}");
+            assert!(session_stmts(t.as_bytes()).iter().all(|s| !matches!(s, TxStmt::Setting(_))), "{t}");
+        }
     }
 
     #[test]

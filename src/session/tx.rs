@@ -83,6 +83,11 @@ impl Session {
         status: TxStatus,
         server: &mut ServerState,
     ) {
+        if self.busy.tx.settings.is_empty() && !settings::may_hold_setting(sql.as_bytes()) {
+            // Transaction control alone, and no setting made in the transaction: nothing to
+            // keep or drop.
+            return;
+        }
         let mut in_tx = was_in_tx;
         let mut apply = Vec::new();
         for t in settings::session_stmts(sql.as_bytes()) {
