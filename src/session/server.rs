@@ -425,6 +425,13 @@ impl Session {
         }
         self.busy.tx.ext_failed = false;
         let done = self.busy.replies.is_empty();
+        if status == TxStatus::Idle && done && !self.busy.replies.is_unsynced() {
+            // Portals end with their transaction, and no later batch of the client's has
+            // bound one yet: none is tracked any more (a tracked one kept the session from
+            // ever being at rest, so a client whose last statement was a BEGIN or COMMIT
+            // through the extended protocol kept its whole busy half while idle).
+            self.busy.tx.tracked_portal = None;
+        }
         if self.kept.mode == PoolMode::Statement && status != TxStatus::Idle && p.purpose == Purpose::Client && done {
             // A transaction block was opened: refuse it, roll it back on the server.
             Error::new(SqlState::FEATURE_NOT_SUPPORTED, "transaction blocks are not allowed in statement pooling mode")

@@ -87,3 +87,30 @@ fn an_idle_session_is_parked_and_comes_back_whole() {
     assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBES");
     assert_eq!(h.s.prepared_count(), 1);
 }
+
+/// A transaction run through the extended protocol (pgbench `-M extended` and `prepared`,
+/// drivers' BEGIN and COMMIT): the portal of its COMMIT, tracked for the settings it may
+/// end, ends with the transaction, and the idle client is parked like any other.
+#[test]
+fn a_client_idle_after_an_extended_commit_is_parked() {
+    for named in [false, true] {
+        let mut h = H::cached();
+        h.pump();
+        let parks = h.parks;
+        for (sql, tag, status) in [("BEGIN", "BEGIN", b'T'), ("UPDATE t SET a = 1", "UPDATE 1", b'T'), ("END", "COMMIT", b'I')] {
+            let name = if named { format!("s_{tag}") } else { String::new() };
+            for f in [parse(&name, sql), bind(&name), execute(), sync()] {
+                h.client(f);
+            }
+            let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+            if sent.starts_with('P') {
+                h.server(msg(b'1', b""));
+            }
+            h.server(msg(b'2', b""));
+            h.server(msg(b'C', format!("{tag}\0").as_bytes()));
+            h.server(rfq(status));
+            assert!(h.client_out().ends_with("2CZ"), "{sql}");
+        }
+        assert_eq!(h.parks, parks + 1, "named {named}: parked once the transaction ended");
+    }
+}
