@@ -26,8 +26,24 @@ pub struct Parked {
 /// (`Busy::lifts`).
 #[derive(Debug)]
 enum ParkedStmts {
-    None { registry: Option<Arc<Registry>>, unnamed_seq: u64 },
+    None {
+        registry: Option<Arc<Registry>>,
+        unnamed_seq: u64,
+    },
+    /// Nothing but the unnamed statement (and the descriptions given of it): what a client
+    /// of the extended protocol without named statements keeps, in a box of its own
+    /// instead of a whole set of statements.
+    Unnamed(Box<ParkedUnnamed>),
     Some(Box<ClientStmts>),
+}
+
+/// See `ParkedStmts::Unnamed`.
+#[derive(Debug)]
+struct ParkedUnnamed {
+    registry: Option<Arc<Registry>>,
+    unnamed_seq: u64,
+    unnamed: Unnamed,
+    described: crate::stmt::idmap::IdSet,
 }
 
 impl Session {
@@ -60,6 +76,13 @@ impl Session {
             let registry = self.stmts.registry.take();
             let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);
             ParkedStmts::None { registry, unnamed_seq }
+        } else if self.stmts.holds_only_unnamed() {
+            ParkedStmts::Unnamed(Box::new(ParkedUnnamed {
+                registry: self.stmts.registry.take(),
+                unnamed_seq: std::mem::take(&mut self.stmts.unnamed_seq),
+                unnamed: std::mem::take(&mut self.stmts.unnamed),
+                described: std::mem::take(&mut self.stmts.described),
+            }))
         } else {
             // The spare box (a blank set of statements) takes the place of the client's.
             let spare = self.busy.spare_stmts.take().unwrap_or_default();
@@ -78,6 +101,13 @@ impl Session {
                 self.stmts.registry = registry;
                 self.stmts.unnamed_seq = unnamed_seq;
             }
+            ParkedStmts::Unnamed(u) => {
+                let ParkedUnnamed { registry, unnamed_seq, unnamed, described } = *u;
+                self.stmts.registry = registry;
+                self.stmts.unnamed_seq = unnamed_seq;
+                self.stmts.unnamed = unnamed;
+                self.stmts.described = described;
+            }
             ParkedStmts::Some(b) => {
                 // The blank statements stay as the spare: the next client to park keeps
                 // its own in their place.
@@ -87,6 +117,12 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Tests: `p` keeps nothing of its statements but its unnamed one (`ParkedStmts::Unnamed`).
+    #[cfg(test)]
+    pub(crate) fn parked_unnamed_only(p: &Parked) -> bool {
+        matches!(p.stmts, ParkedStmts::Unnamed(_))
     }
 
     /// A new session for the client that parked `p` (when no blank one is at hand).
@@ -109,10 +145,14 @@ impl ClientStmts {
     /// Nothing but the registry and the Parse sequence: no named, unnamed or SQL-level
     /// statement, nothing described or remembered about one.
     pub(super) fn holds_nothing(&self) -> bool {
+        matches!(self.unnamed, Unnamed::None) && self.described.is_empty() && self.holds_only_unnamed()
+    }
+
+    /// Nothing but the registry, the Parse sequence, the unnamed statement and the
+    /// descriptions given (`ParkedStmts::Unnamed`).
+    fn holds_only_unnamed(&self) -> bool {
         self.named.is_empty()
             && self.sql_prefix.is_empty()
-            && matches!(self.unnamed, Unnamed::None)
-            && self.described.is_empty()
             && self.last_bind.is_none()
             && self.last_plain.is_none()
             && self.as_sent_next.is_none()

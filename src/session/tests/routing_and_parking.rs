@@ -97,7 +97,9 @@ fn a_client_idle_after_an_extended_commit_is_parked() {
         let mut h = H::cached();
         h.pump();
         let parks = h.parks;
-        for (sql, tag, status) in [("BEGIN", "BEGIN", b'T'), ("UPDATE t SET a = 1", "UPDATE 1", b'T'), ("END", "COMMIT", b'I')] {
+        for (sql, tag, status) in
+            [("BEGIN", "BEGIN", b'T'), ("UPDATE t SET a = 1", "UPDATE 1", b'T'), ("END", "COMMIT", b'I')]
+        {
             let name = if named { format!("s_{tag}") } else { String::new() };
             for f in [parse(&name, sql), bind(&name), execute(), sync()] {
                 h.client(f);
@@ -113,4 +115,38 @@ fn a_client_idle_after_an_extended_commit_is_parked() {
         }
         assert_eq!(h.parks, parks + 1, "named {named}: parked once the transaction ended");
     }
+}
+
+/// A client of the extended protocol with no named statement parks its unnamed statement
+/// (and the descriptions it was given) alone, not a whole set of statements, and gets it
+/// back whole: a later Bind of it runs, re-parsed on a server that does not have it.
+#[test]
+fn an_idle_client_with_only_its_unnamed_statement_parks_it_alone() {
+    let mut h = H::cached();
+    for f in [parse("", "select 1"), msg(b'D', b"S\0"), sync()] {
+        h.client(f);
+    }
+    h.server_out();
+    h.server(msg(b'1', b""));
+    h.server(msg(b't', b"\0\0"));
+    h.server(rowdesc(&["a"], 0));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1tTZ");
+    let p = h.s.park().expect("at rest");
+    assert!(Session::parked_unnamed_only(&p), "parked alone");
+    h.s.unpark(p);
+    h.srv = ServerState::default();
+    for f in [bind(""), execute(), sync()] {
+        h.client(f);
+    }
+    // Re-parsed from what it kept, its shape checked against the description it was given.
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PDH");
+    h.server(msg(b'1', b""));
+    h.server(msg(b't', b"\0\0"));
+    h.server(rowdesc(&["a"], 0));
+    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BES");
+    h.server(msg(b'2', b""));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "2CZ");
 }
