@@ -35,13 +35,7 @@ static SYSTEM_ROOTS: LazyLock<Arc<RootCertStore>> = LazyLock::new(|| {
 /// The TLS configuration of a check: the certificates of `ca_file`, else the system's.
 fn tls_config(ca_file: Option<&str>) -> Result<Arc<ClientConfig>, String> {
     let roots = match ca_file {
-        Some(path) => {
-            let mut roots = RootCertStore::empty();
-            for c in super::tls_config::certs(path)? {
-                roots.add(c).map_err(|e| format!("{path}: {e}"))?;
-            }
-            Arc::new(roots)
-        }
+        Some(path) => Arc::new(super::tls_config::roots(path)?),
         None => SYSTEM_ROOTS.clone(),
     };
     let config = ClientConfig::builder_with_provider(super::tls_config::provider())

@@ -46,7 +46,16 @@ pub(super) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-pub(super) fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The certificates of the PEM file `path`, as trusted roots.
+pub(super) fn roots(path: &str) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for c in certs(path)? {
+        roots.add(c).map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(roots)
+}
+
+fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
         .and_then(|i| i.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("{path}: {e}"))?;
@@ -80,11 +89,7 @@ pub(crate) fn for_clients(cfg: &Config) -> Result<Option<Arc<ClientTls>>, String
     let builder = match &cfg.client_tls_ca_file {
         // Certificates asked for and checked when shown; required under verify-ca/-full.
         Some(path) => {
-            let mut roots = RootCertStore::empty();
-            for c in certs(path)? {
-                roots.add(c).map_err(|e| format!("{path}: {e}"))?;
-            }
-            let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+            let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(path)?), provider());
             let v = if cfg.client_tls_mode().verifies() { v } else { v.allow_unauthenticated() };
             builder.with_client_cert_verifier(v.build().map_err(|e| format!("client_tls_ca_file: {e}"))?)
         }
@@ -116,10 +121,7 @@ pub(crate) fn for_servers(cfg: &Config) -> Result<ServerTls, String> {
     let algs = provider.signature_verification_algorithms;
     let roots = match &cfg.server_tls_ca_file {
         Some(path) => {
-            let mut roots = RootCertStore::empty();
-            for c in certs(path)? {
-                roots.add(c).map_err(|e| format!("{path}: {e}"))?;
-            }
+            let roots = roots(path)?;
             // As libpq: with a root certificate, require checks the chain (verify-ca).
             if mode == ServerTlsMode::Require {
                 mode = ServerTlsMode::VerifyCa;
