@@ -83,9 +83,7 @@ impl Config {
         self.ident = None;
         self.ldap = None;
         if let (AuthType::Ldap, Some(opts)) = (self.auth_type, &self.auth_ldap_options) {
-            let opts = crate::auth::ldap::LdapOptions::from_text(opts)
-                .map_err(|e| ConfigError(format!("auth_ldap_options: {e}")))?;
-            self.ldap = Some(std::sync::Arc::new(opts));
+            self.ldap = Some(std::sync::Arc::new(super::validate::ldap_options(opts)?));
         }
         if let (AuthType::Hba, Some(path)) = (self.auth_type, &self.auth_ident_file) {
             let fail = |e: String| ConfigError(format!("auth_ident_file {path}: {e}"));

@@ -114,8 +114,7 @@ impl Config {
             let Some(opts) = &self.auth_ldap_options else {
                 return Err(ConfigError("auth_type \"ldap\" needs auth_ldap_options".into()));
             };
-            crate::auth::ldap::LdapOptions::from_text(opts)
-                .map_err(|e| ConfigError(format!("auth_ldap_options: {e}")))?;
+            ldap_options(opts)?;
         }
         if self.auth_pam_service.is_empty() {
             return Err(ConfigError("auth_pam_service must not be empty".into()));
@@ -155,6 +154,11 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `auth_ldap_options` read (by `validate`, and by `read_hba` to keep).
+pub(super) fn ldap_options(text: &str) -> Result<crate::auth::ldap::LdapOptions, ConfigError> {
+    crate::auth::ldap::LdapOptions::from_text(text).map_err(|e| ConfigError(format!("auth_ldap_options: {e}")))
 }
 
 /// The id of the group named `name` (`getgrnam_r`), if there is one.
