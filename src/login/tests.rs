@@ -49,9 +49,13 @@ fn password_msg(data: &[u8], nul: bool) -> BytesMut {
     b
 }
 
-fn closed_with(step: Step, code: &str) {
+/// The error `step` closes the login with, asserted to carry SQLSTATE `code`.
+fn closed_with(step: Step, code: &str) -> Error {
     match step {
-        Step::Close(Some(e)) => assert_eq!(e.code.0, code, "{e}"),
+        Step::Close(Some(e)) => {
+            assert_eq!(e.code.0, code, "{e}");
+            e
+        }
         other => panic!("expected a close with {code}, got {other:?}"),
     }
 }
@@ -155,7 +159,9 @@ fn cleartext_password_right_and_wrong() {
         let step = m.handle_bytes(&mut password_msg(given.as_bytes(), true));
         match (step, ok) {
             (Step::Authenticated(Credentials::Password(p)), true) => assert_eq!(p, "secret"),
-            (step, false) => closed_with(step, "28P01"),
+            (step, false) => {
+                closed_with(step, "28P01");
+            }
             (other, _) => panic!("{other:?}"),
         }
     }
@@ -173,7 +179,9 @@ fn md5_challenge_uses_the_injected_salt() {
         let step = m.handle_bytes(&mut password_msg(answer.as_bytes(), true));
         match (step, ok) {
             (Step::Authenticated(Credentials::Md5Secret(s)), true) => assert_eq!(s, stored),
-            (step, false) => closed_with(step, "28P01"),
+            (step, false) => {
+                closed_with(step, "28P01");
+            }
             (other, _) => panic!("{other:?}"),
         }
     }

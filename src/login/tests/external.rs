@@ -53,13 +53,8 @@ fn ldap_asks_cleartext_and_the_verdict_decides() {
     assert!(matches!(m.handle_password_verdict(true), Step::NeedBytes));
 
     let (mut m, _) = up_to_the_check(AuthType::Ldap, "ghost", "pw");
-    match m.handle_password_verdict(false) {
-        Step::Close(Some(e)) => {
-            assert_eq!(e.code.0, "28000", "{e}");
-            assert_eq!(e.message, "LDAP authentication failed for user \"ghost\"");
-        }
-        other => panic!("{other:?}"),
-    }
+    let e = closed_with(m.handle_password_verdict(false), "28000");
+    assert_eq!(e.message, "LDAP authentication failed for user \"ghost\"");
 }
 
 #[test]
@@ -68,13 +63,8 @@ fn pam_asks_cleartext_and_the_verdict_decides() {
     assert_eq!(checker, Checker::Pam { service: "svc".into() });
     assert!(matches!(m.handle_password_verdict(true), Step::Authenticated(Credentials::Password(_))));
     let (mut m, _) = up_to_the_check(AuthType::Pam, "u", "s3cret");
-    match m.handle_password_verdict(false) {
-        Step::Close(Some(e)) => {
-            assert_eq!(e.code.0, "28000", "{e}");
-            assert_eq!(e.message, "PAM authentication failed for user \"u\"");
-        }
-        other => panic!("{other:?}"),
-    }
+    let e = closed_with(m.handle_password_verdict(false), "28000");
+    assert_eq!(e.message, "PAM authentication failed for user \"u\"");
 }
 
 #[test]
@@ -82,13 +72,8 @@ fn an_empty_password_is_refused_without_a_check() {
     for auth in [AuthType::Ldap, AuthType::Pam] {
         let mut m = login(external_config(auth));
         assert!(matches!(m.handle_bytes(&mut startup(&[("user", "u")])), Step::NeedBytes));
-        match m.handle_bytes(&mut password_msg(b"", true)) {
-            Step::Close(Some(e)) => {
-                assert_eq!(e.code.0, "28P01", "{e}");
-                assert_eq!(e.message, "empty password returned by client");
-            }
-            other => panic!("{auth:?}: {other:?}"),
-        }
+        let e = closed_with(m.handle_bytes(&mut password_msg(b"", true)), "28P01");
+        assert_eq!(e.message, "empty password returned by client", "{auth:?}");
     }
 }
 
@@ -136,7 +121,7 @@ fn hba_ldap_and_pam_lines_name_their_checker() {
             Step::CheckPassword { checker, .. } => assert_eq!(checker, want, "{addr}"),
             other => panic!("{addr}: {other:?}"),
         }
-        let Step::Close(Some(e)) = m.handle_password_verdict(false) else { panic!("refused") };
+        let e = closed_with(m.handle_password_verdict(false), "28000");
         let what = if addr == "10.0.0.1" { "LDAP" } else { "PAM" };
         assert_eq!(e.message, format!("{what} authentication failed for user \"u\""));
     }
