@@ -29,7 +29,7 @@ impl Driver {
                     self.linked = true;
                 }
                 Action::ReleaseServer { .. } => self.linked = false,
-                Action::Subscribe => {}
+                Action::Subscribe | Action::RetireServers => {}
                 Action::Close => panic!("the session closed"),
             }
         }

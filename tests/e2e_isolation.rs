@@ -263,6 +263,58 @@ async fn a_terminated_backend_gives_its_client_one_fatal() {
     }
 }
 
+/// A fast shutdown terminates every backend at once, and each says so (FATAL 57P01) in its
+/// own time. The first one parsnip reads retires the pool's other connections: the next
+/// client must not be handed one whose FATAL has not arrived yet, and get it as the answer
+/// to its first query (stops 35 and 36 saw failover writers get a second 57P01 so). Here
+/// the late backend is held back by SIGSTOP, its termination pending.
+#[tokio::test]
+async fn a_server_going_down_leaves_none_of_its_old_connections_to_the_next_client() {
+    if direct_mode() {
+        return;
+    }
+    let p = Parsnip::with_config(&trust_config("pool_mode = \"transaction\"\npool_size = 2"));
+    bounded(60, "a server going down", async {
+        let mut a = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        a.send(&query_msg("BEGIN")).await.unwrap();
+        let (frames, _) = within(Duration::from_secs(10), a.read_until_ready()).await.unwrap();
+        assert!(frames.iter().all(|f| f.tag != b'E'), "{}", summarize(&frames));
+        let pid_a = a.scalar("SELECT pg_backend_pid()").await.unwrap().unwrap();
+        // B's server goes back to the pool; A keeps its own in the transaction.
+        let mut b = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        let pid_b = b.scalar("SELECT pg_backend_pid()").await.unwrap().unwrap();
+        assert_ne!(pid_a, pid_b);
+        let late: i32 = pid_b.parse().unwrap();
+        // Resumed however the test ends: a stopped backend would hold up the cluster.
+        struct Resume(i32);
+        impl Drop for Resume {
+            fn drop(&mut self) {
+                // SAFETY: kill(2) with a pid and a signal number; no memory is involved.
+                unsafe { libc::kill(self.0, libc::SIGCONT) };
+            }
+        }
+        let resume = Resume(late);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(late, libc::SIGSTOP) }, 0, "stopping backend {late}");
+        psql_async("postgres", &format!("SELECT pg_terminate_backend({pid_b})")).await;
+        psql_async("postgres", &format!("SELECT pg_terminate_backend({pid_a})")).await;
+        let frames = a.read_until_closed(Duration::from_secs(10)).await;
+        let errors: Vec<_> = frames.iter().filter_map(|f| f.fields()).collect();
+        assert_eq!(errors.len(), 1, "{}", summarize(&frames));
+        assert_eq!(errors[0].code(), "57P01", "{}", errors[0]);
+        // The next client's query: B's old backend, still stopped, would never answer it.
+        let mut c = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        c.send(&query_msg("SELECT pg_backend_pid()")).await.unwrap();
+        let answer = within(Duration::from_secs(10), c.read_until_ready()).await;
+        drop(resume);
+        let (frames, _) = answer.unwrap_or_else(|_| panic!("no answer: handed B's old server\n{}", p.log_tail()));
+        let errors: Vec<_> = frames.iter().filter_map(|f| f.fields()).collect();
+        assert!(errors.is_empty(), "the next client got its answer: {}\n{}", summarize(&frames), p.log_tail());
+        drop(b);
+    })
+    .await;
+}
+
 /// PostgreSQL 18 answers a simple Query or a FunctionCall sent inside an extended-protocol
 /// batch not ended by Sync, then fails the backend's next transaction start with XX000
 /// "StartTransactionCommand: unexpected state STARTED" (15 does not). A client that does

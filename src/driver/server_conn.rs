@@ -394,6 +394,21 @@ impl ServerConn {
         matches!(self.stream.try_read_buf(&mut self.rbuf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
+    /// What it sent while idle (read by `is_healthy`) says its server is going down
+    /// (`backend::says_going_down`). The last frame may be read only in part: the SQLSTATE
+    /// comes early in it.
+    pub(crate) fn says_going_down(&self) -> bool {
+        let mut rest = &self.rbuf[..];
+        while let [tag, a, b, c, d, ..] = *rest {
+            let end = (1 + u32::from_be_bytes([a, b, c, d]) as usize).min(rest.len()).max(5);
+            if matches!(tag, tags::ERROR_RESPONSE | tags::NOTICE_RESPONSE) && backend::says_going_down(&rest[5..end]) {
+                return true;
+            }
+            rest = &rest[end..];
+        }
+        false
+    }
+
     /// Whether the server closed the connection (end of stream, or a reset), as far as can
     /// be told without blocking; what it sent before is read and dropped with it.
     pub(crate) fn peer_closed(&mut self) -> bool {

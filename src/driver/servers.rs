@@ -333,6 +333,9 @@ impl Pooled for ServerConn {
     fn is_healthy(&mut self) -> bool {
         ServerConn::is_healthy(self)
     }
+    fn says_going_down(&self) -> bool {
+        ServerConn::says_going_down(self)
+    }
     fn created(&self) -> Instant {
         self.created
     }

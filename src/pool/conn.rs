@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 pub trait Pooled: Send + 'static {
     /// Still usable: not broken, nothing unread.
     fn is_healthy(&mut self) -> bool;
+    /// Found not healthy (`is_healthy`), what it had sent says its server is going down:
+    /// the pool's other connections are likely ending too, and are retired.
+    fn says_going_down(&self) -> bool {
+        false
+    }
     /// When it was opened (`server_lifetime`).
     fn created(&self) -> Instant;
     /// When it was last given back (`server_idle_timeout`).

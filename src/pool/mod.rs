@@ -198,6 +198,12 @@ impl<K: Connector> Pool<K> {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 return Some(c);
             }
+            if c.says_going_down() && !self.outdated(&c) {
+                // The others of its epoch are closed as they are met here or come back
+                // (`outdated`), as after a `reconnect`.
+                tracing::info!(db = %self.key.db, user = %self.key.user, "an idle server connection said its server is going down: the pool's connections are opened again");
+                self.epoch.fetch_add(1, Ordering::Relaxed);
+            }
             g.close_slots(1);
         }
         None

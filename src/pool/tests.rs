@@ -10,6 +10,8 @@ use std::time::Duration;
 struct Dummy {
     id: usize,
     healthy: bool,
+    /// Unhealthy for having said its server is going down.
+    going_down: bool,
     created: Instant,
     last_used: Instant,
     settings: Settings,
@@ -20,6 +22,9 @@ struct Dummy {
 impl Pooled for Dummy {
     fn is_healthy(&mut self) -> bool {
         self.healthy
+    }
+    fn says_going_down(&self) -> bool {
+        self.going_down
     }
     fn created(&self) -> Instant {
         self.created
@@ -72,6 +77,7 @@ impl Connector for Opener {
             Ok(Box::new(Dummy {
                 id,
                 healthy: true,
+                going_down: false,
                 created,
                 last_used: now,
                 settings: Settings::default(),
@@ -168,6 +174,40 @@ async fn broken_and_old_connections_are_closed_not_handed_out() {
     assert_eq!(p.counts(), (1, 1, 0));
     p.prune(0);
     assert_eq!(p.counts(), (0, 0, 0), "pruned");
+}
+
+#[tokio::test]
+async fn an_idle_connection_saying_its_server_goes_down_retires_its_generation() {
+    // Three connections; one idle says its server is going down (a fast shutdown's FATAL
+    // read at checkout): the other idle one and the busy one are of the same server, and
+    // are closed, not handed out, even though they look healthy.
+    let p = pool(3);
+    let (mut a, b, c) = (p.acquire().await.expect("a"), p.acquire().await.expect("b"), p.acquire().await.expect("c"));
+    a.healthy = false;
+    a.going_down = true;
+    p.release(a, true);
+    p.release(b, true);
+    assert_eq!(p.counts(), (2, 3, 0));
+    // b is taken first (the most recent), and is fine: a stays idle.
+    let Checkout::Ready(b) = p.checkout() else { panic!("b is ready") };
+    p.release(b, true);
+    let mut g = p.lock();
+    let a_first = g.idle.iter().position(|d| d.going_down).expect("a idle");
+    let last = g.idle.len() - 1;
+    g.idle.swap(a_first, last);
+    drop(g);
+    // Now a is met first: it says the server is going down, so b is not handed out.
+    assert!(matches!(p.checkout(), Checkout::Slow), "a new connection, not b");
+    assert_eq!(p.counts(), (0, 1, 0), "a and b closed; c still out");
+    p.release(c, true);
+    assert_eq!(p.counts(), (0, 0, 0), "c, of the old server, is closed when it comes back");
+    // A broken connection that says nothing of its server retires nobody.
+    let p = pool(2);
+    let (mut a, b) = (p.acquire().await.expect("a"), p.acquire().await.expect("b"));
+    a.healthy = false;
+    p.release(b, true);
+    p.release(a, true);
+    let Checkout::Ready(_b) = p.checkout() else { panic!("b is still handed out") };
 }
 
 #[tokio::test]

@@ -173,6 +173,14 @@ pub(crate) fn error_severity(body: &[u8]) -> Option<&[u8]> {
     error_field(body, b'V').or_else(|| error_field(body, b'S'))
 }
 
+/// An ErrorResponse or NoticeResponse body saying the server is going down or this backend
+/// was terminated: 57P01 (admin shutdown: a fast or immediate shutdown, or
+/// `pg_terminate_backend`) or 57P02 (crash shutdown). The server's other backends are
+/// likely ending too.
+pub(crate) fn says_going_down(body: &[u8]) -> bool {
+    matches!(error_field(body, b'C'), Some(b"57P01" | b"57P02"))
+}
+
 /// An ErrorResponse or NoticeResponse body shown for logs: "FATAL 57P01: message" (never
 /// raw bytes).
 pub(crate) struct ErrorText<'a>(pub(crate) &'a [u8]);

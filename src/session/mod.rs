@@ -81,6 +81,12 @@ pub enum Action {
         /// The server is idle, outside a transaction, with nothing outstanding.
         reusable: bool,
     },
+    /// The server said it is going down (a FATAL or warning 57P01 or 57P02: a fast or
+    /// immediate shutdown, a crash, a terminated backend): every connection of the pool
+    /// opened before now is closed instead of reused (`reconnect`). The others' own FATAL
+    /// may not have been read yet, and a client must not get it as the answer to its next
+    /// request. Comes before the `ReleaseServer` of the connection that said it.
+    RetireServers,
     /// Write out `to_client`, then close the client connection.
     Close,
     /// The client's LISTEN channels changed (`notify`): apply `take_subscriptions` to the

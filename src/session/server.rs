@@ -67,6 +67,7 @@ impl Session {
             // idle, or is shutting down): the client gets it as PostgreSQL sent it, and the
             // connection ends as it would have directly.
             tracing::info!(error = %backend::ErrorText(body(frame)), "server closed the connection");
+            self.retire_if_going_down(body(frame));
             self.busy.replies.clear();
             self.to_client.extend_from_slice(frame);
             return self.fail_server();
@@ -82,6 +83,7 @@ impl Session {
             let forwarded = matches!(head.on_reply, OnReply::Forward | OnReply::Inject | OnReply::ReplaceError(_))
                 || matches!(head.purpose, Purpose::SyncSettings | Purpose::ClearTimeouts);
             tracing::info!(error = %backend::ErrorText(body(frame)), "server ended the connection");
+            self.retire_if_going_down(body(frame));
             self.on_error(frame, server);
             if !forwarded {
                 self.to_client.extend_from_slice(frame);
@@ -106,6 +108,11 @@ impl Session {
     /// NoticeResponse and NotificationResponse: the client gets notifications always, and
     /// notices unless they answer a request of the pooler's own.
     fn on_notice(&mut self, frame: &[u8]) {
+        if frame[0] == tags::NOTICE_RESPONSE {
+            // An immediate shutdown or a crash warns each client (57P01, 57P02), then ends
+            // the connection with no FATAL.
+            self.retire_if_going_down(body(frame));
+        }
         if frame[0] == tags::NOTIFICATION_RESPONSE
             || self.busy.replies.head().is_none_or(|h| matches!(h.on_reply, OnReply::Forward))
         {
@@ -550,6 +557,18 @@ impl Session {
         }
         self.dirty_server_if(true);
         self.enter(Phase::CopyIn);
+    }
+}
+
+impl Session {
+    /// An ErrorResponse or NoticeResponse body saying the server is going down, or that
+    /// this backend was terminated (57P01 admin shutdown, 57P02 crash shutdown): its
+    /// pool's other connections are retired (`Action::RetireServers`), once per link.
+    fn retire_if_going_down(&mut self, body: &[u8]) {
+        if backend::says_going_down(body) && !self.busy.actions.contains(&Action::RetireServers) {
+            tracing::info!("server going down: the pool's connections opened before now are retired");
+            self.busy.actions.push_back(Action::RetireServers);
+        }
     }
 }
 

@@ -179,6 +179,7 @@ impl Proxy {
                     // Never reused with part of a client frame on it.
                     Action::ReleaseServer { reusable } => self.release(reusable && !self.midway()),
                     Action::Subscribe => Box::pin(self.subscribe()).await,
+                    Action::RetireServers => self.pool.reconnect(),
                     Action::Close => {
                         self.abandon_inflow();
                         return Box::pin(self.close()).await;

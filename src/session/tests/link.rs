@@ -95,7 +95,7 @@ fn fatal_from_an_idle_server_reaches_the_client_as_sent() {
         assert_eq!(h.client_out(), "CZ");
         let _ = h.actions();
         h.server(fatal.clone());
-        assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+        assert_eq!(h.actions(), vec![Action::RetireServers, Action::ReleaseServer { reusable: false }, Action::Close]);
         let out = h.s.to_client.split().to_vec();
         assert_eq!(out, fatal, "the server's own frame, not a pooler error");
     }
@@ -108,6 +108,40 @@ fn fatal_from_an_idle_server_reaches_the_client_as_sent() {
     h.server(err("42000"));
     assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
     assert!(text(&h.s.to_client.split()).contains("unexpected"));
+}
+
+#[test]
+fn a_server_going_down_retires_its_pools_connections_and_nothing_else_does() {
+    // A fast shutdown terminates every backend: the FATAL read on one connection says the
+    // pool's others are dying too, their own FATAL perhaps not read yet. So does the warning
+    // of an immediate shutdown or a crash. Another FATAL (an idle-session timeout) does not.
+    let say = |severity: &str, code: &str| {
+        msg(
+            if severity == "FATAL" { b'E' } else { b'N' },
+            format!("S{severity}\0V{severity}\0C{code}\0Mgone\0\0").as_bytes(),
+        )
+    };
+    for (severity, code, retires) in
+        [("FATAL", "57P01", true), ("WARNING", "57P02", true), ("WARNING", "57P01", true), ("FATAL", "57P05", false)]
+    {
+        let mut h = H::new(PoolMode::Transaction, None);
+        h.client(query("insert into t values (1)"));
+        let _ = h.actions();
+        h.server(say(severity, code));
+        let mut actions = h.actions();
+        if severity == "WARNING" {
+            // The connection ends with no FATAL.
+            h.s.handle_server_lost();
+            actions.extend(std::iter::from_fn(|| h.s.poll_action()));
+        }
+        assert_eq!(actions.contains(&Action::RetireServers), retires, "{severity} {code}: {actions:?}");
+        let release = actions.iter().position(|a| matches!(a, Action::ReleaseServer { .. }));
+        assert!(release.is_some(), "{severity} {code}: {actions:?}");
+        if retires {
+            assert_eq!(actions.iter().filter(|a| **a == Action::RetireServers).count(), 1);
+            assert!(actions.iter().position(|a| *a == Action::RetireServers) < release, "retired first: {actions:?}");
+        }
+    }
 }
 
 #[test]

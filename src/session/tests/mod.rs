@@ -154,6 +154,7 @@ impl H {
                     }
                     Action::ReleaseServer { .. } => self.linked = false,
                     Action::Subscribe => self.subscribed.extend(self.s.take_subscriptions()),
+                    Action::RetireServers => {}
                     Action::Close => {}
                 }
             }
