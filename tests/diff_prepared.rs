@@ -51,6 +51,7 @@ scenarios! {
         autoprepare_in_transaction_blocks,
         autoprepare_grammar_constants,
         autoprepare_syntax_errors,
+        autoprepare_writes_in_blocks_follow_ddl,
     ],
     named => [
         named_one_batch,

@@ -725,12 +725,13 @@ async fn server_parses_each_statement_once_per_server_connection() {
         }
         assert!(parsnip_prep.script() <= stmts * parsnip_prep.pids().len() as u64, "{ctx}");
 
-        // -M extended with promotion: unnamed statements are promoted only outside
-        // transactions (inside one, a promoted statement gone stale under DDL could not be
-        // retried, where PostgreSQL re-parses unnamed statements and never fails). In the
-        // TPC-B script that is BEGIN: its first PROMOTE_AFTER - 1 sightings are parsed as
-        // plain unnamed statements, then once per server connection. The statements inside
-        // the transaction are parsed at every execution, as PostgreSQL itself does.
+        // -M extended with promotion. Outside transactions that is BEGIN: its first
+        // PROMOTE_AFTER - 1 sightings are parsed as plain unnamed statements, then once per
+        // server connection. Inside a transaction the cache serves only statements that need
+        // no savepoint guard there (docs/design.md): those that return nothing (the UPDATEs,
+        // the INSERT, END), parsed a few times per server connection (promotion, and the
+        // plan guard's executions as sent), not at each execution. The SELECT returns a row:
+        // it is parsed at every execution, as PostgreSQL itself does.
         let ctx = parsnip_promo.detail();
         let conns = parsnip_promo.pids().len() as u64;
         for (text, n) in parsnip_promo.per_statement() {
@@ -740,8 +741,10 @@ async fn server_parses_each_statement_once_per_server_connection() {
                     n <= bound,
                     "{text:?} parsed {n} times over {conns} server connections (at most {bound})\n{ctx}"
                 );
-            } else {
+            } else if text.starts_with("SELECT") {
                 assert!(n >= txns, "{text:?} inside transactions parsed {n} times for {txns} executions\n{ctx}");
+            } else {
+                assert!(n <= txns / 4, "{text:?} inside transactions parsed {n} times for {txns} executions\n{ctx}");
             }
         }
 

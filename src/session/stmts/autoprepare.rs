@@ -5,8 +5,10 @@
 //! Execute, Sync), fed through the session like the client's own frames: the unnamed
 //! statement's promotion (counted by `autoprepare_after`) caches it, the shape guard and
 //! the transparent retry after a stale plan apply as they do to any unnamed statement.
-//! Inside a transaction block the Query goes as it is: the cache serves no unnamed Parse
-//! there (`parse::lookup_unnamed`), and the batch would cost more than the Query.
+//! Inside a transaction block the cache serves only statements that need no savepoint
+//! guard there (`parse::lookup_unnamed`: those that return nothing, or are parsed afresh);
+//! a Query whose kept template's statement returns rows goes as it is, as the batch
+//! would cost more than the Query.
 //! The client sees the replies of its simple Query: the batch's ParseComplete,
 //! BindComplete and NoData are dropped (`Pending::simple`), errors are mapped back to its
 //! text (positions, and a lifted literal's placeholder quoted in a message: `Origin`), and
@@ -112,11 +114,9 @@ impl Session {
     pub(in crate::session) fn try_autoprepare(&mut self, text: &[u8], srv: &mut ServerState) -> bool {
         let Some(registry) = self.stmts.registry.as_ref() else { return false };
         if !registry.cfg.autoprepare
-            // Inside a transaction block an unnamed Parse is never served by the cache
-            // (`parse::lookup_unnamed`: a stale plan could not be retried there), so the
-            // batch would only cost more than the Query: it goes as it is. (In a failed
-            // block the server refuses anything, and its error is PostgreSQL's own.)
-            || self.busy.tx.status != TxStatus::Idle
+            // Inside a transaction block, see `serves_in_block`. (In a failed block the
+            // server refuses anything, and its error is PostgreSQL's own.)
+            || !matches!(self.busy.tx.status, TxStatus::Idle | TxStatus::InBlock)
             || !self.busy.replies.is_empty()
             || self.busy.replies.is_unsynced()
             || self.busy.retry.replay.is_some()
@@ -151,6 +151,10 @@ impl Session {
                         memo.fast_binds += 1;
                     }
                     return true;
+                }
+                if self.busy.tx.status == TxStatus::InBlock && !self.serves_in_block(memo) {
+                    // The cache would not serve it here: the Query costs less as it is.
+                    return false;
                 }
                 fresh = None;
                 let origin = a.origin(text);
@@ -187,6 +191,15 @@ impl Session {
         let frames_left = FRAMES + 1;
         self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left, origin, pushes_before: 0 }));
         true
+    }
+
+    /// Inside a transaction block, whether the cache may serve the lifted text of
+    /// `memo.templates[0]` (`parse::lookup_unnamed`): unless the registry holds its
+    /// statement, known to return rows and run before (it would need the savepoint guard),
+    /// the batch is worth feeding. Not yet promoted, it is a sighting towards that.
+    fn serves_in_block(&mut self, memo: &mut Memo) -> bool {
+        let Some(registry) = self.stmts.registry.clone() else { return false };
+        self.known_statement(memo, &registry).is_none_or(|s| super::guard::returns_nothing(&s) || !s.is_valid())
     }
 
     /// True while an autoprepared Query's frames are fed: what is answered now is part of

@@ -10,7 +10,8 @@
 //! `send_use`: the server's LRU touch, the portal bookkeeping, the retry point), the
 //! Execute's (`time_execute`), the retry's record of the batch (a transparent retry
 //! replays it as frames) and the `Pending::simple` marks of `autoprep_after_frame`.
-//! Anything else — a transaction block, an earlier batch kept for a retry, a statement
+//! Anything else — a transaction block (unless the statement returns nothing, so that
+//! no savepoint guard is needed), an earlier batch kept for a retry, a statement
 //! that must be prepared or checked first, one the plan guard runs as sent this time, a
 //! text that sets or pins anything — is left to the frames.
 //!
@@ -71,8 +72,9 @@ impl Session {
             return false;
         }
         let Some(registry) = self.stmts.registry.clone() else { return false };
+        let in_block = self.busy.tx.status == TxStatus::InBlock;
         if registry.cfg.autoprepare_after == 0
-            || self.busy.tx.status != TxStatus::Idle
+            || !(self.busy.tx.status == TxStatus::Idle || in_block)
             || self.busy.phase != Phase::Ready
             || self.busy.replies.portal_leftover()
             || !self.busy.retry.batch.is_empty()
@@ -84,6 +86,8 @@ impl Session {
         let Some(s) = self.known_statement(memo, &registry) else { return false };
         if !srv.stmts.has(&s)
             || !s.is_valid()
+            // In a block, only what needs no savepoint guard (`guard::note_fresh_parse`).
+            || in_block && !super::guard::returns_nothing(&s)
             || self.stmts.as_sent_next == Some(s.id)
             || self.stmts.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &s))
         {
@@ -105,7 +109,7 @@ impl Session {
     /// now, if the registry holds it (no sighting counted): the one found last while the
     /// registry has not moved, or looked up again. None also when its text is not
     /// `plain_text`.
-    fn known_statement(&mut self, memo: &mut Memo, registry: &Arc<Registry>) -> Option<Arc<Statement>> {
+    pub(super) fn known_statement(&mut self, memo: &mut Memo, registry: &Arc<Registry>) -> Option<Arc<Statement>> {
         let changes = registry.changes();
         let kept = memo.templates.first_mut()?;
         if let Some(k) = &kept.known

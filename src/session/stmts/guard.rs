@@ -105,7 +105,7 @@ impl ClientStmts {
 }
 
 /// `stmt` was described as returning no rows (NoData).
-fn returns_nothing(stmt: &Statement) -> bool {
+pub(super) fn returns_nothing(stmt: &Statement) -> bool {
     stmt.shape.get().is_some_and(|f| f.first() == Some(&crate::protocol::tags::NO_DATA))
 }
 

@@ -4,7 +4,7 @@
 
 use super::view::Viewed;
 use super::{
-    ClientStmts, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many,
+    ClientStmts, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, guard, missing, stale_plan, too_many,
 };
 use crate::error::Error;
 use crate::protocol::frontend::ParseFields;
@@ -141,10 +141,20 @@ impl Session {
     /// What serves an unnamed Parse of the statement `key`: the client's promoted statement,
     /// a promotion now (seen often enough), or the server's own unnamed statement.
     fn lookup_unnamed(&self, key: &[u8], registry: &Registry, p: &ParseFields<'_>, linked: bool) -> Lookup {
-        let idle = self.busy.tx.status == TxStatus::Idle && !self.earlier_batch_in_flight();
+        let settled = !self.earlier_batch_in_flight();
+        let idle = self.busy.tx.status == TxStatus::Idle && settled;
+        // Inside a block, a cached statement serves only where no guard is needed: one that
+        // returns nothing (`guard::returns_nothing`: its replan cannot fail with 0A000), or
+        // one no server has run yet (prepared now on this one: a fresh parse). A guard's
+        // savepoint would cost more than the parse it saves.
+        let in_block = self.busy.tx.status == TxStatus::InBlock && settled;
+        let serves_in_block = |s: &Statement| guard::returns_nothing(s) || !s.is_valid();
         match &self.stmts.unnamed {
             Unnamed::Cached(s)
-                if s.has_key(key) && !s.stale.load(Ordering::Relaxed) && !s.infers_stale_types() && idle =>
+                if s.has_key(key)
+                    && !s.stale.load(Ordering::Relaxed)
+                    && !s.infers_stale_types()
+                    && (idle || in_block && guard::returns_nothing(s)) =>
             {
                 return self.guarded(s.clone(), registry);
             }
@@ -154,17 +164,20 @@ impl Session {
             // Decided once, with a server: sightings must not be counted twice.
             return Lookup::NeedServer;
         }
-        // Promoted only outside transactions, with no earlier batch in flight: a promoted
+        // Promoted outside transactions, with no earlier batch in flight: a promoted
         // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and only
-        // there can that be retried transparently.
+        // there can that be retried transparently. Inside a block, as above.
         // An autoprepared Query's statement is cached after `autoprepare_after` sightings.
         let after = if self.busy.retry.autoprep.is_some() {
             registry.cfg.autoprepare_after
         } else {
             registry.cfg.promote_unnamed_after
         };
-        if idle && registry.see_unnamed_after(key, after) {
-            return self.guarded(registry.for_parse(key, StmtKind::Protocol, p.query, p.param_types), registry);
+        if (idle || in_block) && registry.see_unnamed_after(key, after) {
+            let s = registry.for_parse(key, StmtKind::Protocol, p.query, p.param_types);
+            if idle || serves_in_block(&s) {
+                return self.guarded(s, registry);
+            }
         }
         Lookup::Plain
     }

@@ -11,14 +11,21 @@ fn autoprepared() -> H {
 /// The server's replies to one autoprepared Query's batch (statement cached: no
 /// ParseComplete from the server).
 pub(super) fn answer(h: &mut H, parse: bool) {
+    let rows = [rowdesc(&["abalance"], 16400), msg(b'D', b"\0\x01\0\0\0\x010"), msg(b'C', b"SELECT 1\0")];
+    answer_with(h, parse, &rows, b'I');
+}
+
+/// The server's replies to an autoprepared batch: its ParseComplete if `parse`, its
+/// BindComplete, `rest`, and ReadyForQuery with `status`.
+fn answer_with(h: &mut H, parse: bool, rest: &[Vec<u8>], status: u8) {
     if parse {
         h.server(msg(b'1', b""));
     }
     h.server(msg(b'2', b""));
-    h.server(rowdesc(&["abalance"], 16400));
-    h.server(msg(b'D', b"\0\x01\0\0\0\x010"));
-    h.server(msg(b'C', b"SELECT 1\0"));
-    h.server(rfq(b'I'));
+    for f in rest {
+        h.server(f.clone());
+    }
+    h.server(rfq(status));
 }
 
 #[test]
@@ -130,9 +137,10 @@ fn a_template_serves_the_next_client_of_its_busy_half() {
     drop(first);
 }
 
-/// Inside a transaction block the cache serves no unnamed Parse (a stale plan could not be
-/// retried there), so a Query is not lifted into a batch that would only cost more: it
-/// goes to the server as it is, and runs as a cached statement again after the block.
+/// Inside a transaction block the cache serves no statement that returns rows and has run
+/// before (a stale plan would need a savepoint guard there), so such a Query is not lifted
+/// into a batch that would only cost more: it goes to the server as it is, and runs as a
+/// cached statement again after the block.
 #[test]
 fn inside_a_transaction_block_a_query_goes_as_it_is() {
     let mut h = autoprepared();
@@ -170,4 +178,53 @@ fn inside_a_transaction_block_a_query_goes_as_it_is() {
     assert_eq!(t, "BDES", "the cached statement again after the block");
     answer(&mut h, false);
     assert_eq!(h.client_out(), "TDCZ");
+}
+
+/// The server's replies to one autoprepared UPDATE's batch inside a block.
+fn answer_update(h: &mut H, parse: bool) {
+    answer_with(h, parse, &[msg(b'n', b""), msg(b'C', b"UPDATE 1\0")], b'T');
+}
+
+/// A write inside a transaction block (TPC-B's UPDATEs and INSERT, which run only there)
+/// is promoted and then served by the cache in the block: it returns nothing, so its
+/// replan can never fail with 0A000 and it needs no savepoint guard. Each statement is
+/// parsed and planned once per server, not once per transaction.
+#[test]
+fn a_write_inside_a_transaction_block_is_served_by_the_cache_without_a_guard() {
+    let mut h = autoprepared();
+    let sql = |aid: u32| query(&format!("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = {aid};"));
+    h.client(query("BEGIN"));
+    h.server_out();
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.client_out(), "CZ");
+    let mut sent = vec![];
+    for aid in [1, 2, 3, 4] {
+        h.client(sql(aid));
+        let out = h.server_out();
+        let t: String = out.iter().map(|f| f[0] as char).collect();
+        assert!(!out.iter().any(|f| text(f).contains("SAVEPOINT")), "no guard: {t}");
+        let b = out.iter().find(|f| f[0] == b'B').expect("a Bind");
+        assert!(text(b).ends_with(&format!("{aid}\0\0")), "{:?}", text(b));
+        answer_update(&mut h, t.starts_with('P'));
+        assert_eq!(h.client_out(), "CZ", "{aid}: the Query's replies");
+        sent.push(t);
+    }
+    assert_eq!(sent, ["PBDES", "PBDES", "BDES", "BDES"], "promoted at the second, then bound");
+    let parses = |out: &[Vec<u8>]| out.iter().filter(|f| f[0] == b'P').count();
+    // The next transaction binds it at once, on this server.
+    h.client(query("COMMIT"));
+    h.server_out();
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    h.client(query("BEGIN"));
+    h.server_out();
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    let _ = h.client_out();
+    h.client(sql(5));
+    let out = h.server_out();
+    assert_eq!(parses(&out), 0, "no Parse: {}", out.iter().map(|f| f[0] as char).collect::<String>());
+    answer_update(&mut h, false);
+    assert_eq!(h.client_out(), "CZ");
 }
