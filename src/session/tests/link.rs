@@ -269,10 +269,11 @@ fn a_reset_the_old_timeout_cancels_is_tried_again_then_the_client_is_told() {
     // that failed, and the server is not reused.
     let mut h = with_foreign_timeout();
     h.client(query("select 1"));
-    for _ in 0..2 {
+    for _ in 0..super::super::linking::CLEAR_TRIES - 1 {
         assert_eq!(h.server_out().len(), 1);
         h.server(err("57014"));
         h.server(rfq(b'I'));
+        assert_eq!(h.client_out(), "", "tried again");
     }
     assert_eq!(h.server_out().len(), 1);
     h.server(err("57014"));
