@@ -77,6 +77,7 @@ impl Session {
             let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);
             ParkedStmts::None { registry, unnamed_seq }
         } else if self.stmts.holds_only_unnamed() {
+            self.stmts.keep_unnamed_description();
             ParkedStmts::Unnamed(Box::new(ParkedUnnamed {
                 registry: self.stmts.registry.take(),
                 unnamed_seq: std::mem::take(&mut self.stmts.unnamed_seq),
@@ -146,6 +147,20 @@ impl ClientStmts {
     /// statement, nothing described or remembered about one.
     pub(super) fn holds_nothing(&self) -> bool {
         matches!(self.unnamed, Unnamed::None) && self.described.is_empty() && self.holds_only_unnamed()
+    }
+
+    /// With no named statement, the descriptions the client was given of statements other
+    /// than its unnamed one are moot (a Parse "" of one of them forgets its description
+    /// again): only that one's is kept, in a set no larger than it needs.
+    fn keep_unnamed_description(&mut self) {
+        let keep = match &self.unnamed {
+            Unnamed::Cached(s) => Some(s.id),
+            _ => None,
+        };
+        if self.described.len() > usize::from(keep.is_some_and(|id| self.described.contains(&id))) {
+            self.described.retain(|id| Some(*id) == keep);
+            self.described.shrink_to_fit();
+        }
     }
 
     /// Nothing but the registry, the Parse sequence, the unnamed statement and the

@@ -150,3 +150,34 @@ fn an_idle_client_with_only_its_unnamed_statement_parks_it_alone() {
     h.server(rfq(b'I'));
     assert_eq!(h.client_out(), "2CZ");
 }
+
+/// A client of unnamed statements only (TPC-B through `-M extended`: a few texts in turn)
+/// is told the rows of each; parked (as the harness parks it at each ReadyForQuery, and
+/// here once more), it keeps the description of its last one only: it can name no other
+/// without a Parse, which forgets that description anyway. (Kept, the set grew with every
+/// text the client used.)
+#[test]
+fn a_parked_unnamed_client_keeps_only_its_last_statements_description() {
+    let mut h = H::cached();
+    for text in ["select 1 as a", "select 2 as b"] {
+        for _ in 0..3 {
+            for f in [parse("", text), bind(""), msg(b'D', b"P\0"), execute(), sync()] {
+                h.client(f);
+            }
+            let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+            if tags.starts_with('P') {
+                h.server(msg(b'1', b""));
+            }
+            h.server(msg(b'2', b""));
+            h.server(rowdesc(&[&text[text.len() - 1..]], 0));
+            h.server(msg(b'C', b"SELECT 1\0"));
+            h.server(rfq(b'I'));
+            assert_eq!(h.client_out(), "12TCZ");
+        }
+    }
+    let p = h.s.park().expect("at rest");
+    assert!(Session::parked_unnamed_only(&p));
+    h.s.unpark(p);
+    let crate::session::stmts::Unnamed::Cached(last) = &h.s.stmts.unnamed else { panic!("the last one is cached") };
+    assert_eq!(h.s.stmts.described.iter().copied().collect::<Vec<_>>(), [last.id]);
+}
