@@ -77,7 +77,11 @@ class Bench:
         self.runs: list[Run] = []
 
     def make_pooler(self, system: str, pool: int, clients: int = 0) -> Pooler:
-        if system.startswith("parsnip"):
+        if system == "parsnip-base":
+            if not self.args.parsnip_base_bin:
+                raise BenchError("parsnip-base needs --parsnip-base-bin")
+            p = Parsnip(self.pg, self.tmp, pool, Path(self.args.parsnip_base_bin), self.args.parsnip_config, system)
+        elif system.startswith("parsnip"):
             p = Parsnip(self.pg, self.tmp, pool, self.parsnip_bin, self.args.parsnip_config, system)
         elif system == "relay":
             p = Relay(self.pg, self.tmp, pool, self.relay_bin)
@@ -300,7 +304,7 @@ def main(argv: list[str]) -> int:
                     help="of direct,parsnip,parsnip-noguard,parsnip-nocache,parsnip-autoprepare,parsnip-noautoprepare,parsnip-w1,"
                     "parsnip-stealing,pgbouncer "
                     "(parsnip-noguard: plan_guard = false; parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; parsnip-noautoprepare: autoprepare = false; "
-                    "parsnip-w1: PARSNIP_WORKERS=1; parsnip-stealing: PARSNIP_SCHEDULER=stealing; relay: examples/relay.rs, "
+                    "parsnip-w1: PARSNIP_WORKERS=1; parsnip-base: --parsnip-base-bin; parsnip-stealing: PARSNIP_SCHEDULER=stealing; relay: examples/relay.rs, "
                     "a byte relay with no protocol work, the floor of a hop); "
                          "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
     ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
@@ -326,6 +330,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", help="append the tables, with date, machine and command, to this Markdown file")
     ap.add_argument("--json", help="write every run's raw figures to this JSON file")
     ap.add_argument("--parsnip-bin", help="parsnip binary (default: target/release/parsnip, built first)")
+    ap.add_argument("--parsnip-base-bin", help="the binary of system parsnip-base: another build (e.g. the "
+                    "commit before a change) run side by side with parsnip in the same rounds")
     ap.add_argument("--parsnip-config", action="append", default=[], metavar="'KEY = VALUE'",
                     help="extra line for parsnip's TOML config, e.g. 'prepared_statements = false' (repeatable)")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release first")

@@ -233,7 +233,7 @@ impl<K: Connector> Pool<K> {
         let since = Instant::now();
         let wait_ms = self.wait_timeout_ms.get(&self.cfg, |c| c.query_wait_timeout_ms);
         let deadline = (wait_ms > 0).then(|| since + Duration::from_millis(wait_ms));
-        g.waiters.push_back(Waiter { tx, deadline, since, takes_ticket: true });
+        g.waiters.push_back(Waiter::new(tx, deadline, since, true));
         drop(g);
         self.stats.waits.fetch_add(1, Ordering::Relaxed);
         Checkout::Queued(Queued(rx))
@@ -322,7 +322,7 @@ impl<K: Connector> Pool<K> {
                     // wait like for a full pool (a cap's slot given back wakes it).
                     evict = room;
                     let (tx, rx) = oneshot::channel();
-                    g.waiters.push_back(Waiter { tx, deadline, since: Instant::now(), takes_ticket: false });
+                    g.waiters.push_back(Waiter::new(tx, deadline, Instant::now(), false));
                     Some(rx)
                 }
             };
@@ -445,7 +445,7 @@ impl<K: Connector> Pool<K> {
             return;
         }
         while !self.is_paused()
-            && let Some(w) = g.waiters.pop_front()
+            && let Some(w) = queue::pick(&mut g.waiters, conn.home())
         {
             match w.tx.send(Handoff::Conn(conn)) {
                 Ok(()) => return,

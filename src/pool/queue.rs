@@ -3,6 +3,7 @@
 
 use super::conn::Connector;
 use crate::error::{Error, SqlState};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::oneshot;
@@ -49,6 +50,44 @@ pub(super) struct Waiter<K: Connector> {
     pub(super) since: Instant,
     /// A client's checkout (`checkout`), which can take a ticket on a shared connection.
     pub(super) takes_ticket: bool,
+    /// The worker thread it waits on (`home::here`): a connection given back on that
+    /// thread goes to it before waiters ahead of it on other threads (`pick`), within
+    /// `MAX_PASSED_OVER`.
+    pub(super) home: u16,
+    /// How many times a waiter behind it was handed a connection first.
+    pub(super) passed_over: u8,
+}
+
+/// How many times a waiter may be passed over for one behind it on the connection's own
+/// thread before it is served first come, first served.
+pub(super) const MAX_PASSED_OVER: u8 = 2;
+/// How far into the queue a connection looks for a waiter of its own thread.
+const LOOK_AHEAD: usize = 4;
+
+impl<K: Connector> Waiter<K> {
+    pub(super) fn new(
+        tx: oneshot::Sender<Handoff<K>>,
+        deadline: Option<Instant>,
+        since: Instant,
+        takes_ticket: bool,
+    ) -> Self {
+        Waiter { tx, deadline, since, takes_ticket, home: super::home::here(), passed_over: 0 }
+    }
+}
+
+/// The waiter a connection of thread `home` goes to: the first waiter of that thread among
+/// the first `LOOK_AHEAD`, unless one ahead of it has been passed over `MAX_PASSED_OVER`
+/// times already (then the first such). A connection and its next client then stay on one
+/// thread (no cross-thread wake-up, no move of the socket's registration: `shards`),
+/// while no waiter waits more than `MAX_PASSED_OVER` hand-overs longer than first come,
+/// first served. The ones passed over are counted.
+pub(super) fn pick<K: Connector>(waiters: &mut VecDeque<Waiter<K>>, home: u16) -> Option<Waiter<K>> {
+    let end = waiters.len().min(LOOK_AHEAD);
+    let at = (0..end).find(|&i| waiters[i].passed_over >= MAX_PASSED_OVER || waiters[i].home == home).unwrap_or(0);
+    for w in waiters.iter_mut().take(at) {
+        w.passed_over += 1;
+    }
+    waiters.remove(at)
 }
 
 impl<K: Connector> std::fmt::Debug for Waiter<K> {

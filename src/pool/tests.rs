@@ -431,3 +431,35 @@ async fn min_pool_size_is_opened_ahead_and_outlives_the_idle_timeout() {
     let aq = Pool::new(key, PoolMode::Transaction, 3, Opener::default(), Arc::new(cfg));
     assert_eq!(aq.min_size(), 0);
 }
+
+/// A connection given back goes to a waiter of its own thread among the first few (no
+/// cross-thread wake-up, no move of its socket), and no waiter is passed over more than
+/// `MAX_PASSED_OVER` times: then it is served first.
+#[test]
+fn a_connection_goes_to_a_waiter_of_its_own_thread_within_a_bound() {
+    let base = Instant::now();
+    let mut q: VecDeque<Waiter<Opener>> = [1u16, 1, 2, 1, 2, 2]
+        .iter()
+        .enumerate()
+        .map(|(i, &home)| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::mem::forget(rx);
+            let mut w = Waiter::new(tx, None, base + Duration::from_millis(i as u64), true);
+            w.home = home;
+            w
+        })
+        .collect();
+    let order: Vec<u128> =
+        std::iter::from_fn(|| queue::pick(&mut q, 2)).map(|w| (w.since - base).as_millis()).collect();
+    // 2 and 4 (thread 2) pass 0 and 1 twice; then 0 and 1 go first; 5 passes 3 once.
+    assert_eq!(order, [2, 4, 0, 1, 5, 3]);
+    let mut q: VecDeque<Waiter<Opener>> = (0..3)
+        .map(|i| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::mem::forget(rx);
+            Waiter::new(tx, None, base + Duration::from_millis(i), true)
+        })
+        .collect();
+    let fifo: Vec<u128> = std::iter::from_fn(|| queue::pick(&mut q, 7)).map(|w| (w.since - base).as_millis()).collect();
+    assert_eq!(fifo, [0, 1, 2], "none of its thread: first come, first served");
+}
