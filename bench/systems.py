@@ -23,7 +23,7 @@ from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SYSTEMS = ("direct", "parsnip", "parsnip-noguard", "parsnip-nocache", "parsnip-autoprepare",
+ALL_SYSTEMS = ("direct", "parsnip", "parsnip-base", "parsnip-noguard", "parsnip-nocache", "parsnip-autoprepare",
                "parsnip-noautoprepare", "parsnip-w1",
                "parsnip-stealing", "pgbouncer", "relay")
 # relay: examples/relay.rs, a one-thread byte relay with one upstream connection per client and

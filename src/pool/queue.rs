@@ -63,6 +63,11 @@ pub(super) struct Waiter<K: Connector> {
 pub(super) const MAX_PASSED_OVER: u8 = 2;
 /// How far into the queue a connection looks for a waiter of its own thread.
 const LOOK_AHEAD: usize = 4;
+/// Shorter queues are served strictly first come, first served: the thread a connection
+/// happens to be on must not reorder a few clients (the pipelining of a read queued first
+/// with one queued behind it depends on that order), while a saturated pool's queue of
+/// hundreds saves a wake-up and a move per hand-over.
+const AFFINE_FROM: usize = 8;
 
 impl<K: Connector> Waiter<K> {
     pub(super) fn new(
@@ -75,13 +80,16 @@ impl<K: Connector> Waiter<K> {
     }
 }
 
-/// The waiter a connection of thread `home` goes to: the first waiter of that thread among
-/// the first `LOOK_AHEAD`, unless one ahead of it has been passed over `MAX_PASSED_OVER`
+/// The waiter a connection of thread `home` goes to: in a queue of `AFFINE_FROM` or more,
+/// the first waiter of that thread among the first `LOOK_AHEAD`, unless one ahead of it has been passed over `MAX_PASSED_OVER`
 /// times already (then the first such). A connection and its next client then stay on one
 /// thread (no cross-thread wake-up, no move of the socket's registration: `shards`),
 /// while no waiter waits more than `MAX_PASSED_OVER` hand-overs longer than first come,
 /// first served. The ones passed over are counted.
 pub(super) fn pick<K: Connector>(waiters: &mut VecDeque<Waiter<K>>, home: u16) -> Option<Waiter<K>> {
+    if waiters.len() < AFFINE_FROM {
+        return waiters.pop_front();
+    }
     let end = waiters.len().min(LOOK_AHEAD);
     let at = (0..end).find(|&i| waiters[i].passed_over >= MAX_PASSED_OVER || waiters[i].home == home).unwrap_or(0);
     for w in waiters.iter_mut().take(at) {

@@ -432,34 +432,32 @@ async fn min_pool_size_is_opened_ahead_and_outlives_the_idle_timeout() {
     assert_eq!(aq.min_size(), 0);
 }
 
-/// A connection given back goes to a waiter of its own thread among the first few (no
-/// cross-thread wake-up, no move of its socket), and no waiter is passed over more than
-/// `MAX_PASSED_OVER` times: then it is served first.
+/// A connection given back to a long queue goes to a waiter of its own thread among the
+/// first few (no cross-thread wake-up, no move of its socket), and no waiter is passed
+/// over more than `MAX_PASSED_OVER` times: then it is served first. A short queue is
+/// served first come, first served.
 #[test]
 fn a_connection_goes_to_a_waiter_of_its_own_thread_within_a_bound() {
     let base = Instant::now();
-    let mut q: VecDeque<Waiter<Opener>> = [1u16, 1, 2, 1, 2, 2]
-        .iter()
-        .enumerate()
-        .map(|(i, &home)| {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            std::mem::forget(rx);
-            let mut w = Waiter::new(tx, None, base + Duration::from_millis(i as u64), true);
-            w.home = home;
-            w
-        })
-        .collect();
-    let order: Vec<u128> =
-        std::iter::from_fn(|| queue::pick(&mut q, 2)).map(|w| (w.since - base).as_millis()).collect();
-    // 2 and 4 (thread 2) pass 0 and 1 twice; then 0 and 1 go first; 5 passes 3 once.
-    assert_eq!(order, [2, 4, 0, 1, 5, 3]);
-    let mut q: VecDeque<Waiter<Opener>> = (0..3)
-        .map(|i| {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            std::mem::forget(rx);
-            Waiter::new(tx, None, base + Duration::from_millis(i), true)
-        })
-        .collect();
-    let fifo: Vec<u128> = std::iter::from_fn(|| queue::pick(&mut q, 7)).map(|w| (w.since - base).as_millis()).collect();
-    assert_eq!(fifo, [0, 1, 2], "none of its thread: first come, first served");
+    let queue = |homes: &[u16]| -> VecDeque<Waiter<Opener>> {
+        homes
+            .iter()
+            .enumerate()
+            .map(|(i, &home)| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                std::mem::forget(rx);
+                let mut w = Waiter::new(tx, None, base + Duration::from_millis(i as u64), true);
+                w.home = home;
+                w
+            })
+            .collect()
+    };
+    let order = |mut q: VecDeque<Waiter<Opener>>, home: u16| -> Vec<u128> {
+        std::iter::from_fn(|| queue::pick(&mut q, home)).map(|w| (w.since - base).as_millis()).collect()
+    };
+    // 2 and 4 (thread 2) pass 0 and 1 twice, and 3 once; then 0 goes first, and the queue
+    // is short from there on.
+    assert_eq!(order(queue(&[1, 1, 2, 1, 2, 2, 1, 1, 1, 1]), 2), [2, 4, 0, 1, 3, 5, 6, 7, 8, 9]);
+    assert_eq!(order(queue(&[1; 10]), 7), (0..10).collect::<Vec<_>>(), "none of its thread: in order");
+    assert_eq!(order(queue(&[1, 2, 2]), 2), [0, 1, 2], "a short queue: in order");
 }
