@@ -81,11 +81,12 @@ impl<K: Connector> Waiter<K> {
 }
 
 /// The waiter a connection of thread `home` goes to: in a queue of `AFFINE_FROM` or more,
-/// the first waiter of that thread among the first `LOOK_AHEAD`, unless one ahead of it has been passed over `MAX_PASSED_OVER`
-/// times already (then the first such). A connection and its next client then stay on one
-/// thread (no cross-thread wake-up, no move of the socket's registration: `shards`),
-/// while no waiter waits more than `MAX_PASSED_OVER` hand-overs longer than first come,
-/// first served. The ones passed over are counted.
+/// the first waiter of that thread among the first `LOOK_AHEAD`, unless one ahead of it
+/// has been passed over `MAX_PASSED_OVER` times already (then the first such); in a
+/// shorter queue, the first. A connection and its next client then stay on one thread (no
+/// cross-thread wake-up, no move of the socket's registration: `shards`), while no waiter
+/// waits more than `MAX_PASSED_OVER` hand-overs longer than first come, first served. The
+/// ones passed over are counted.
 pub(super) fn pick<K: Connector>(waiters: &mut VecDeque<Waiter<K>>, home: u16) -> Option<Waiter<K>> {
     if waiters.len() < AFFINE_FROM {
         return waiters.pop_front();
