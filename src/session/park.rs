@@ -10,7 +10,7 @@
 
 use super::stmts::{ClientStmts, Unnamed};
 use super::{Kept, Link, Session};
-use crate::stmt::Registry;
+use crate::stmt::{Registry, Statement};
 use std::sync::Arc;
 
 /// What an idle client keeps of its session (see the module doc).
@@ -34,7 +34,20 @@ enum ParkedStmts {
     /// of the extended protocol without named statements keeps, in a box of its own
     /// instead of a whole set of statements.
     Unnamed(Box<ParkedUnnamed>),
+    /// Nothing but an unnamed statement the cache serves (a `-M extended` client of
+    /// promoted statements): the statement and whether the client was told its rows, in
+    /// four words.
+    Cached(Box<ParkedCached>),
     Some(Box<ClientStmts>),
+}
+
+/// See `ParkedStmts::Cached`.
+#[derive(Debug)]
+struct ParkedCached {
+    registry: Option<Arc<Registry>>,
+    unnamed_seq: u64,
+    stmt: Arc<Statement>,
+    described: bool,
 }
 
 /// See `ParkedStmts::Unnamed`.
@@ -76,6 +89,16 @@ impl Session {
             let registry = self.stmts.registry.take();
             let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);
             ParkedStmts::None { registry, unnamed_seq }
+        } else if let Some(stmt) = self.stmts.take_only_cached_unnamed() {
+            let described = self.stmts.described.contains(&stmt.id);
+            // The busy half keeps the set's room for its next client.
+            self.stmts.described.clear();
+            ParkedStmts::Cached(Box::new(ParkedCached {
+                registry: self.stmts.registry.take(),
+                unnamed_seq: std::mem::take(&mut self.stmts.unnamed_seq),
+                stmt,
+                described,
+            }))
         } else if self.stmts.holds_only_unnamed() {
             self.stmts.keep_unnamed_description();
             ParkedStmts::Unnamed(Box::new(ParkedUnnamed {
@@ -109,6 +132,15 @@ impl Session {
                 self.stmts.unnamed = unnamed;
                 self.stmts.described = described;
             }
+            ParkedStmts::Cached(c) => {
+                let ParkedCached { registry, unnamed_seq, stmt, described } = *c;
+                if described {
+                    self.stmts.described.insert(stmt.id);
+                }
+                self.stmts.registry = registry;
+                self.stmts.unnamed_seq = unnamed_seq;
+                self.stmts.unnamed = Unnamed::Cached(stmt);
+            }
             ParkedStmts::Some(b) => {
                 // The blank statements stay as the spare: the next client to park keeps
                 // its own in their place.
@@ -123,7 +155,13 @@ impl Session {
     /// Tests: `p` keeps nothing of its statements but its unnamed one (`ParkedStmts::Unnamed`).
     #[cfg(test)]
     pub(crate) fn parked_unnamed_only(p: &Parked) -> bool {
-        matches!(p.stmts, ParkedStmts::Unnamed(_))
+        matches!(p.stmts, ParkedStmts::Unnamed(_) | ParkedStmts::Cached(_))
+    }
+
+    /// Tests: `p` keeps only an unnamed statement the cache serves (`ParkedStmts::Cached`).
+    #[cfg(test)]
+    pub(crate) fn parked_cached_unnamed(p: &Parked) -> bool {
+        matches!(p.stmts, ParkedStmts::Cached(_))
     }
 
     /// A new session for the client that parked `p` (when no blank one is at hand).
@@ -147,6 +185,21 @@ impl ClientStmts {
     /// statement, nothing described or remembered about one.
     pub(super) fn holds_nothing(&self) -> bool {
         matches!(self.unnamed, Unnamed::None) && self.described.is_empty() && self.holds_only_unnamed()
+    }
+
+    /// The unnamed statement, taken, when it is one the cache serves and the client holds
+    /// nothing else (`holds_only_unnamed`).
+    fn take_only_cached_unnamed(&mut self) -> Option<Arc<Statement>> {
+        if !self.holds_only_unnamed() || !matches!(self.unnamed, Unnamed::Cached(_)) {
+            return None;
+        }
+        match std::mem::take(&mut self.unnamed) {
+            Unnamed::Cached(s) => Some(s),
+            other => {
+                self.unnamed = other;
+                None
+            }
+        }
     }
 
     /// With no named statement, the descriptions the client was given of statements other

@@ -134,6 +134,7 @@ fn an_idle_client_with_only_its_unnamed_statement_parks_it_alone() {
     assert_eq!(h.client_out(), "1tTZ");
     let p = h.s.park().expect("at rest");
     assert!(Session::parked_unnamed_only(&p), "parked alone");
+    assert!(!Session::parked_cached_unnamed(&p), "a plain statement keeps its frame");
     h.s.unpark(p);
     h.srv = ServerState::default();
     for f in [bind(""), execute(), sync()] {
@@ -176,7 +177,7 @@ fn a_parked_unnamed_client_keeps_only_its_last_statements_description() {
         }
     }
     let p = h.s.park().expect("at rest");
-    assert!(Session::parked_unnamed_only(&p));
+    assert!(Session::parked_cached_unnamed(&p), "in its small box");
     h.s.unpark(p);
     let crate::session::stmts::Unnamed::Cached(last) = &h.s.stmts.unnamed else { panic!("the last one is cached") };
     assert_eq!(h.s.stmts.described.iter().copied().collect::<Vec<_>>(), [last.id]);
