@@ -144,6 +144,10 @@ impl Session {
         let fresh: Option<(Vec<u8>, Vec<u8>)>;
         let (values, origin) = match memo.find(text, escapes_everywhere) {
             Some(mut a) => {
+                if self.busy.tx.status == TxStatus::InBlock && !self.serves_in_block(memo) {
+                    // The cache would not serve it here: the Query costs less as it is.
+                    return false;
+                }
                 if self.bind_fast(memo, text, &mut a, srv) {
                     memo.bound = true;
                     #[cfg(test)]
@@ -151,10 +155,6 @@ impl Session {
                         memo.fast_binds += 1;
                     }
                     return true;
-                }
-                if self.busy.tx.status == TxStatus::InBlock && !self.serves_in_block(memo) {
-                    // The cache would not serve it here: the Query costs less as it is.
-                    return false;
                 }
                 fresh = None;
                 let origin = a.origin(text);
@@ -194,12 +194,13 @@ impl Session {
     }
 
     /// Inside a transaction block, whether the cache may serve the lifted text of
-    /// `memo.templates[0]` (`parse::lookup_unnamed`): unless the registry holds its
-    /// statement, known to return rows and run before (it would need the savepoint guard),
-    /// the batch is worth feeding. Not yet promoted, it is a sighting towards that.
+    /// `memo.templates[0]` (`guard::serves_in_block`): unless the registry holds its
+    /// statement and it needs a guard there, the batch is worth feeding. Not yet promoted,
+    /// it is a sighting towards that. (Asked before `bind_fast`, whose own lookup then
+    /// finds the statement this one kept.)
     fn serves_in_block(&mut self, memo: &mut Memo) -> bool {
         let Some(registry) = self.stmts.registry.clone() else { return false };
-        self.known_statement(memo, &registry).is_none_or(|s| super::guard::returns_nothing(&s) || !s.is_valid())
+        self.known_statement(memo, &registry).is_none_or(|s| super::guard::serves_in_block(&s))
     }
 
     /// True while an autoprepared Query's frames are fed: what is answered now is part of

@@ -109,6 +109,15 @@ pub(super) fn returns_nothing(stmt: &Statement) -> bool {
     stmt.shape.get().is_some_and(|f| f.first() == Some(&crate::protocol::tags::NO_DATA))
 }
 
+/// Whether the cache may serve `stmt` inside a transaction block with no guard: it returns
+/// nothing (its replan cannot fail with 0A000), or no server has run it yet (it is prepared
+/// afresh where it is used). A guard's savepoint would cost more than the parse it saves, so
+/// a statement that needs one goes as the client sent it there (`parse::lookup_unnamed`,
+/// `autoprepare`, `fastbind`).
+pub(super) fn serves_in_block(stmt: &Statement) -> bool {
+    returns_nothing(stmt) || !stmt.is_valid()
+}
+
 impl Session {
     /// A Parse inside a transaction block was answered from the cache with `stmt`: its
     /// first use is guarded, unless it is known to return no rows (its shape is NoData: an

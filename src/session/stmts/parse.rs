@@ -143,12 +143,8 @@ impl Session {
     fn lookup_unnamed(&self, key: &[u8], registry: &Registry, p: &ParseFields<'_>, linked: bool) -> Lookup {
         let settled = !self.earlier_batch_in_flight();
         let idle = self.busy.tx.status == TxStatus::Idle && settled;
-        // Inside a block, a cached statement serves only where no guard is needed: one that
-        // returns nothing (`guard::returns_nothing`: its replan cannot fail with 0A000), or
-        // one no server has run yet (prepared now on this one: a fresh parse). A guard's
-        // savepoint would cost more than the parse it saves.
+        // Inside a block, only what needs no guard there (`guard::serves_in_block`).
         let in_block = self.busy.tx.status == TxStatus::InBlock && settled;
-        let serves_in_block = |s: &Statement| guard::returns_nothing(s) || !s.is_valid();
         match &self.stmts.unnamed {
             Unnamed::Cached(s)
                 if s.has_key(key)
@@ -175,7 +171,7 @@ impl Session {
         };
         if (idle || in_block) && registry.see_unnamed_after(key, after) {
             let s = registry.for_parse(key, StmtKind::Protocol, p.query, p.param_types);
-            if idle || serves_in_block(&s) {
+            if idle || guard::serves_in_block(&s) {
                 return self.guarded(s, registry);
             }
         }
