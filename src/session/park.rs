@@ -30,9 +30,9 @@ enum ParkedStmts {
         registry: Option<Arc<Registry>>,
         unnamed_seq: u64,
     },
-    /// Nothing but the unnamed statement (and the descriptions given of it): what a client
-    /// of the extended protocol without named statements keeps, in a box of its own
-    /// instead of a whole set of statements.
+    /// Nothing but a plain unnamed statement (its frame and the shape the client was told):
+    /// what a client of the extended protocol without named statements keeps, in a box of
+    /// its own instead of a whole set of statements.
     Unnamed(Box<ParkedUnnamed>),
     /// Nothing but an unnamed statement the cache serves (a `-M extended` client of
     /// promoted statements): the statement and whether the client was told its rows, in
@@ -56,7 +56,6 @@ struct ParkedUnnamed {
     registry: Option<Arc<Registry>>,
     unnamed_seq: u64,
     unnamed: Unnamed,
-    described: crate::stmt::idmap::IdSet,
 }
 
 impl Session {
@@ -85,13 +84,10 @@ impl Session {
         // What the last link was (a read pool's) is set afresh at the next one.
         self.busy.wants_reads = false;
         self.busy.tx_since = None;
-        let stmts = if self.stmts.holds_nothing() {
-            let registry = self.stmts.registry.take();
-            let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);
-            ParkedStmts::None { registry, unnamed_seq }
-        } else if let Some(stmt) = self.stmts.take_only_cached_unnamed() {
+        let stmts = if let Some(stmt) = self.stmts.take_only_cached_unnamed() {
             let described = self.stmts.described.contains(&stmt.id);
-            // The busy half keeps the set's room for its next client.
+            // Any other description is moot (see below); the busy half keeps the set's room
+            // for its next client.
             self.stmts.described.clear();
             ParkedStmts::Cached(Box::new(ParkedCached {
                 registry: self.stmts.registry.take(),
@@ -100,13 +96,16 @@ impl Session {
                 described,
             }))
         } else if self.stmts.holds_only_unnamed() {
-            self.stmts.keep_unnamed_description();
-            ParkedStmts::Unnamed(Box::new(ParkedUnnamed {
-                registry: self.stmts.registry.take(),
-                unnamed_seq: std::mem::take(&mut self.stmts.unnamed_seq),
-                unnamed: std::mem::take(&mut self.stmts.unnamed),
-                described: std::mem::take(&mut self.stmts.described),
-            }))
+            // With no named statement and no cached unnamed one, the descriptions the
+            // client was given are of statements it can no longer name without a Parse,
+            // which forgets them anyway.
+            self.stmts.described.clear();
+            let registry = self.stmts.registry.take();
+            let unnamed_seq = std::mem::take(&mut self.stmts.unnamed_seq);
+            match std::mem::take(&mut self.stmts.unnamed) {
+                Unnamed::None => ParkedStmts::None { registry, unnamed_seq },
+                unnamed => ParkedStmts::Unnamed(Box::new(ParkedUnnamed { registry, unnamed_seq, unnamed })),
+            }
         } else {
             // The spare box (a blank set of statements) takes the place of the client's.
             let spare = self.busy.spare_stmts.take().unwrap_or_default();
@@ -126,11 +125,10 @@ impl Session {
                 self.stmts.unnamed_seq = unnamed_seq;
             }
             ParkedStmts::Unnamed(u) => {
-                let ParkedUnnamed { registry, unnamed_seq, unnamed, described } = *u;
+                let ParkedUnnamed { registry, unnamed_seq, unnamed } = *u;
                 self.stmts.registry = registry;
                 self.stmts.unnamed_seq = unnamed_seq;
                 self.stmts.unnamed = unnamed;
-                self.stmts.described = described;
             }
             ParkedStmts::Cached(c) => {
                 let ParkedCached { registry, unnamed_seq, stmt, described } = *c;
@@ -190,7 +188,7 @@ impl ClientStmts {
     /// The unnamed statement, taken, when it is one the cache serves and the client holds
     /// nothing else (`holds_only_unnamed`).
     fn take_only_cached_unnamed(&mut self) -> Option<Arc<Statement>> {
-        if !self.holds_only_unnamed() || !matches!(self.unnamed, Unnamed::Cached(_)) {
+        if !self.holds_only_unnamed() {
             return None;
         }
         match std::mem::take(&mut self.unnamed) {
@@ -202,22 +200,8 @@ impl ClientStmts {
         }
     }
 
-    /// With no named statement, the descriptions the client was given of statements other
-    /// than its unnamed one are moot (a Parse "" of one of them forgets its description
-    /// again): only that one's is kept, in a set no larger than it needs.
-    fn keep_unnamed_description(&mut self) {
-        let keep = match &self.unnamed {
-            Unnamed::Cached(s) => Some(s.id),
-            _ => None,
-        };
-        if self.described.len() > usize::from(keep.is_some_and(|id| self.described.contains(&id))) {
-            self.described.retain(|id| Some(*id) == keep);
-            self.described.shrink_to_fit();
-        }
-    }
-
     /// Nothing but the registry, the Parse sequence, the unnamed statement and the
-    /// descriptions given (`ParkedStmts::Unnamed`).
+    /// descriptions given (`ParkedStmts::Cached`, `Unnamed` or `None`).
     fn holds_only_unnamed(&self) -> bool {
         self.named.is_empty()
             && self.sql_prefix.is_empty()
