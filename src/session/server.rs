@@ -105,6 +105,16 @@ impl Session {
         }
     }
 
+    /// An ErrorResponse or NoticeResponse body saying the server is going down, or that
+    /// this backend was terminated (57P01 admin shutdown, 57P02 crash shutdown): its
+    /// pool's other connections are retired (`Action::RetireServers`), once per link.
+    fn retire_if_going_down(&mut self, body: &[u8]) {
+        if backend::says_going_down(body) && !self.busy.actions.contains(&Action::RetireServers) {
+            tracing::info!("server going down: the pool's connections opened before now are retired");
+            self.busy.actions.push_back(Action::RetireServers);
+        }
+    }
+
     /// NoticeResponse and NotificationResponse: the client gets notifications always, and
     /// notices unless they answer a request of the pooler's own.
     fn on_notice(&mut self, frame: &[u8]) {
@@ -557,18 +567,6 @@ impl Session {
         }
         self.dirty_server_if(true);
         self.enter(Phase::CopyIn);
-    }
-}
-
-impl Session {
-    /// An ErrorResponse or NoticeResponse body saying the server is going down, or that
-    /// this backend was terminated (57P01 admin shutdown, 57P02 crash shutdown): its
-    /// pool's other connections are retired (`Action::RetireServers`), once per link.
-    fn retire_if_going_down(&mut self, body: &[u8]) {
-        if backend::says_going_down(body) && !self.busy.actions.contains(&Action::RetireServers) {
-            tracing::info!("server going down: the pool's connections opened before now are retired");
-            self.busy.actions.push_back(Action::RetireServers);
-        }
     }
 }
 
