@@ -5,7 +5,7 @@
 #
 #   bench/instructions.sh MODE [CONFIG-LINE]     e.g. bench/instructions.sh extended 'prepared_statements = false'
 #
-# Env: PGPORT (default 5432) and PGUSER (postgres) of that PostgreSQL; PARSNIP_BIN (default
+# Env: WORKLOAD (select, the default: pgbench -S; tpcb: pgbench's TPC-B-like script); PGPORT (default 5432) and PGUSER (postgres) of that PostgreSQL; PARSNIP_BIN (default
 # target/release/parsnip); KEEP (a directory: the callgrind outputs are copied there, for
 # callgrind_annotate). Runs parsnip (one worker thread, pool 4) under callgrind twice, with
 # 16 clients x 20 and x 60 transactions, and prints (Ir(60) - Ir(20)) / 640: logins, start-up
@@ -13,6 +13,8 @@
 set -euo pipefail
 mode=${1:?usage: bench/instructions.sh simple|extended|prepared [config line]}
 cfgline=${2:-}
+script=-S
+[ "${WORKLOAD:-select}" = tpcb ] && script=
 cd "$(dirname "$0")/.."
 bin=${PARSNIP_BIN:-target/release/parsnip}
 pgport=${PGPORT:-5432}
@@ -29,7 +31,7 @@ instructions() {
         --pool-mode transaction -c "$work/parsnip.toml" >"$work/parsnip.log" 2>&1 &
     local pid=$!
     for _ in $(seq 100); do pg_isready -q -h 127.0.0.1 -p "$port" && break; sleep 0.2; done
-    pgbench -n -S -M "$mode" -c 16 -j 1 -t "$1" -h 127.0.0.1 -p "$port" -U "$pguser" bench >"$work/pgbench.log" 2>&1 ||
+    pgbench -n $script -M "$mode" -c 16 -j 1 -t "$1" -h 127.0.0.1 -p "$port" -U "$pguser" bench >"$work/pgbench.log" 2>&1 ||
         { cat "$work/pgbench.log" >&2; exit 1; }
     kill -INT "$pid"
     wait "$pid" || true
@@ -38,4 +40,4 @@ instructions() {
 
 a=$(instructions 20)
 b=$(instructions 60)
-echo "-M $mode${cfgline:+ [$cfgline]}: $(((b - a) / 640)) instructions per transaction in parsnip"
+echo "${WORKLOAD:-select} -M $mode${cfgline:+ [$cfgline]}: $(((b - a) / 640)) instructions per transaction in parsnip"

@@ -261,7 +261,9 @@ async fn cancel_reaches_a_query_waiting_for_a_server() {
     let p = trust_db(DB, "", "pool_size = 1");
     bounded(60, "cancel_reaches_a_query_waiting_for_a_server", async {
         let holder = p.connect("postgres", SUPER_PW, DB).await;
-        holder.batch_execute("BEGIN").await.unwrap();
+        // A transaction that ran something holds the only server (a lone BEGIN would not:
+        // `defer_begin`).
+        holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
         let a = p.connect("postgres", SUPER_PW, DB).await;
         let token = a.cancel_token();
         let waiting = tokio::spawn(async move {
@@ -448,6 +450,50 @@ async fn session_state_pins_the_client_under_transaction_pooling() {
         }
         let e = c.simple_query("select count(*) from pinned_t").await.expect_err("c saw a's temp table");
         assert_eq!(sqlstate(&e).as_deref(), Some("42P01"));
+    })
+    .await;
+}
+
+/// A lone BEGIN (transaction pooling, `defer_begin` on by default) holds no server until the
+/// transaction runs something, and still opens the block on the server that runs it: with
+/// one server, another client runs while the first sits after its BEGIN, and the first's
+/// INSERT is rolled back by its ROLLBACK.
+#[tokio::test]
+async fn a_lone_begin_holds_no_server_until_its_transaction_runs_something() {
+    const DB: &str = "deferbegin";
+    let p = trust_db(
+        DB,
+        "CREATE TABLE t (x int); GRANT ALL ON t TO PUBLIC;",
+        "pool_size = 1\npool_mode = \"transaction\"\nquery_wait_timeout_ms = 3000",
+    );
+    bounded(60, "a_lone_begin_holds_no_server_until_its_transaction_runs_something", async {
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        a.batch_execute("SET application_name = 'deferred'").await.unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        // The only server is free: b runs (it would wait 3 s and fail if a's BEGIN held it).
+        let n = b
+            .scalar("SELECT count(*) FROM t")
+            .await
+            .unwrap_or_else(|e| panic!("b: {}\n{}", describe(&e), p.log_tail()));
+        assert_eq!(n, "0");
+        a.batch_execute("INSERT INTO t VALUES (1)").await.unwrap();
+        // Inside a block on the server: the setting made before it is there, and the
+        // transaction is open.
+        assert_eq!(a.scalar("SELECT current_setting('application_name')").await.unwrap(), "deferred");
+        let open = a.scalar("SELECT now() <> statement_timestamp()").await.unwrap();
+        assert_eq!(open, "t", "the INSERT and this SELECT run in one transaction");
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(b.scalar("SELECT count(*) FROM t").await.unwrap(), "0", "the INSERT was rolled back");
+        assert_eq!(a.scalar("SELECT current_setting('application_name')").await.unwrap(), "deferred");
+        // BEGIN then COMMIT with nothing between, and a transaction through the driver's API.
+        a.batch_execute("BEGIN").await.unwrap();
+        a.batch_execute("COMMIT").await.unwrap();
+        let mut a = a;
+        let tx = a.client.transaction().await.unwrap();
+        tx.batch_execute("INSERT INTO t VALUES (2)").await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(b.scalar("SELECT count(*) FROM t").await.unwrap(), "1");
     })
     .await;
 }

@@ -139,6 +139,7 @@ pub(crate) static KEYS: &[Key] = &[
     key!(stats_top_statements, AtOnce, |c| c.stats_top_statements.to_string()),
     key!(pipeline_depth, AtOnce, |c| c.pipeline_depth.to_string(), set parse),
     key!(pipeline_max_statement_ms, AtOnce, |c| c.pipeline_max_statement_ms.to_string(), set parse),
+    key!(defer_begin, AtOnce, |c| c.defer_begin.to_string(), set parse),
     key!(server_reset_query, AtOnce, |c| c.server_reset_query.clone(), set text),
     key!(server_fast_close, AtOnce, |c| c.server_fast_close.to_string()),
     key!(shutdown_timeout_ms, AtOnce, |c| c.shutdown_timeout_ms.to_string(), set parse),
@@ -253,9 +254,10 @@ mod tests {
 
     /// A value `SET` should take for a key shown as `shown`, and differing from it.
     fn other_value(shown: &str) -> String {
-        match shown.parse::<f64>() {
-            Ok(n) => (n.trunc() as u64 + 1).to_string(),
-            Err(_) => format!("{shown}x"),
+        match (shown.parse::<f64>(), shown.parse::<bool>()) {
+            (Ok(n), _) => (n.trunc() as u64 + 1).to_string(),
+            (_, Ok(b)) => (!b).to_string(),
+            _ => format!("{shown}x"),
         }
     }
 

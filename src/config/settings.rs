@@ -158,6 +158,11 @@ pub struct Config {
     /// another client's qualifying batch may be written behind the one whose replies are
     /// still coming (`driver::pipe`). 1 = one batch at a time (no pipelining).
     pub pipeline_depth: usize,
+    /// A lone BEGIN from a client with no server (transaction pooling) is answered by the
+    /// pooler and sent with the transaction's first statement (`session::begin`): the
+    /// transaction costs one server round trip less, and holds no server until it runs
+    /// something.
+    pub defer_begin: bool,
     /// A batch is pipelined behind only when each statement it runs recently took at
     /// most this long on a server (so a client queued behind it waits no longer).
     pub pipeline_max_statement_ms: f64,
@@ -284,6 +289,7 @@ impl Default for Config {
             plan_guard_ratio: 1.5,
             stats_top_statements: 20,
             pipeline_depth: 8,
+            defer_begin: true,
             pipeline_max_statement_ms: 2.0,
             server_reset_query: "DISCARD ALL".into(),
             server_fast_close: false,

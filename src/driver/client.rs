@@ -85,6 +85,7 @@ async fn log_in(mut stream: Stream, shared: Arc<Shared>, refusal: Option<Refusal
         (pool.mode != PoolMode::Session && shared.cfg.load().prepared_statements).then(|| pool.stmts.clone());
     let mut session = Session::new(pool.mode, settings, pid as u64, registry);
     session.set_read_split(pool.connector().split().is_some());
+    session.set_defer_begin(shared.cfg.load().defer_begin);
     let mut p = Proxy::new(stream, buf, session, pool, slot, shared);
     if let Some(s) = server {
         p.link_at_login(s);

@@ -126,6 +126,9 @@ impl Session {
         {
             return consumed;
         }
+        if tag == tags::QUERY && self.link == Link::Unlinked && self.on_lone_begin(frame) {
+            return true;
+        }
         // The SQL is looked at once per frame: a frame that waits for a server is fed
         // again once linked and looked at then (a Parse the cache may answer without a
         // server is looked at now); the Parse an autoprepared Query becomes is not looked
@@ -141,7 +144,7 @@ impl Session {
                 self.on_client_linked(frame, srv)
             }
             None => {
-                if sql && tag == tags::PARSE && self.stmts.registry.is_some() {
+                if sql && tag == tags::PARSE && self.answers_unlinked() {
                     self.look_at_sql(frame);
                 }
                 self.on_client_unlinked(frame)
@@ -151,16 +154,17 @@ impl Session {
 
     pub(super) fn on_client_unlinked(&mut self, frame: &[u8]) -> bool {
         match frame[0] {
-            // Nothing outstanding and no transaction open: answer without a server.
-            tags::SYNC => backend::ready_for_query(&mut self.to_client, b'I'),
+            // Nothing outstanding and no transaction open on a server: answer without one
+            // (in a block only a deferred BEGIN opened: `begin`).
+            tags::SYNC => backend::ready_for_query(&mut self.to_client, self.busy.tx.status.as_byte()),
             tags::FLUSH if frame.len() > 5 => self.bad_flush(),
             tags::FLUSH => {}
             tags::TERMINATE => self.close(),
             // PostgreSQL ignores copy messages outside COPY.
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {}
-            tags::CLOSE if self.stmts.registry.is_some() => self.on_close(frame, None),
-            tags::PARSE if self.stmts.registry.is_some() => return self.on_parse(frame, None),
-            tags::DESCRIBE if self.stmts.registry.is_some() && self.on_describe_unlinked(frame) => {}
+            tags::CLOSE if self.answers_unlinked() => self.on_close(frame, None),
+            tags::PARSE if self.answers_unlinked() => return self.on_parse(frame, None),
+            tags::DESCRIBE if self.answers_unlinked() && self.on_describe_unlinked(frame) => {}
             tags::QUERY
             | tags::PARSE
             | tags::BIND
@@ -405,6 +409,13 @@ impl Session {
     /// instead, with PostgreSQL's words.
     fn bad_flush(&mut self) {
         self.fail(Error::protocol("invalid message format"));
+    }
+
+    /// Whether the cache answers statement messages with no server linked: not inside a
+    /// block only a deferred BEGIN opened (`begin`), where an error must fail the
+    /// transaction on the server that holds it.
+    fn answers_unlinked(&self) -> bool {
+        self.stmts.registry.is_some() && !self.begin_deferred()
     }
 
     pub(super) fn need_server(&mut self, frame: &[u8]) -> bool {

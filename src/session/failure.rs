@@ -16,6 +16,12 @@ impl Session {
         if err.severity == Severity::Fatal {
             return self.fail(err);
         }
+        if self.begin_deferred() {
+            // The client is in a transaction block no server has seen (`begin`): an error
+            // would have to leave it failed with nothing to roll back. PgBouncer closes a
+            // client whose wait for a server failed; so does this.
+            return self.fail(Error { severity: Severity::Fatal, ..err });
+        }
         self.busy.acquire_error = Some(Box::new(err));
     }
 

@@ -36,14 +36,15 @@ impl Session {
             // this instead of the client's first statement (`state::timers`).
             self.own_query("SELECT 1", Purpose::Absorb, server);
         }
-        if self.kept.settings.key() == server.settings.key() {
-            return;
+        if self.kept.settings.key() != server.settings.key() {
+            if self.send_timeouts_clear(server) {
+                // The client's frames wait (`Phase::Held`); the rest follows the reset.
+                return self.enter(Phase::Held);
+            }
+            self.replay_settings(server);
         }
-        if self.send_timeouts_clear(server) {
-            // The client's frames wait (`Phase::Held`); the rest follows the reset.
-            return self.enter(Phase::Held);
-        }
-        self.replay_settings(server);
+        // After the settings: a BEGIN before them would take them back on a ROLLBACK.
+        self.send_deferred_begin(server);
     }
 
     /// Sends the reset of the timeouts `server` has and the client does not have alike,
@@ -71,7 +72,7 @@ impl Session {
 
     /// Sends a simple Query of the pooler's own, its replies hidden. It drops the server's
     /// unnamed statement: a client's plain one is parsed again before its next Bind.
-    fn own_query(&mut self, sql: &str, purpose: Purpose, server: &mut ServerState) {
+    pub(super) fn own_query(&mut self, sql: &str, purpose: Purpose, server: &mut ServerState) {
         frontend::query(&mut self.to_server, sql);
         self.busy.replies.push(Pending::internal(Req::Query, purpose));
         server.stmts.unnamed_owner = None;
@@ -99,6 +100,7 @@ impl Session {
         }
         server.settings.forget_timeouts_unlike(&self.kept.settings);
         self.replay_settings(server);
+        self.send_deferred_begin(server);
         self.leave(Phase::Held);
     }
 }

@@ -4,11 +4,12 @@
 //! socket, a clock or the pool; the driver does that and calls back.
 //!
 //! Owns: the reply queue of the linked server, transaction boundaries (from ReadyForQuery
-//! only, never from parsing SQL), pool-mode rules, replaying session settings onto
+//! only, never from parsing SQL, but for a lone BEGIN answered here: `begin`), pool-mode rules, replaying session settings onto
 //! whichever server the client is given, and the client's view of its prepared statements
 //! over the shared statement cache.
 //!
-//! The parts, one file each: `client` (frames from the client), `flush` (when output may
+//! The parts, one file each: `client` (frames from the client), `begin` (a lone BEGIN
+//! answered here, sent with the transaction's first statement), `flush` (when output may
 //! reach the client), `server` (frames from the server, releasing), `failure` (how a session fails
 //! or ends: one FATAL per failure), `linking` (what runs on a server before
 //! the client's requests: settings replayed, other clients' timeouts reset first), `tx` (the
@@ -27,6 +28,7 @@
 //! how long it lives (see `Session`): the link's (`Link`, `LinkState`), the client's kept
 //! across transactions (`Kept`, its statements), and a busy client's (`Busy`).
 
+mod begin;
 mod client;
 mod config;
 mod error_text;
@@ -232,6 +234,9 @@ struct Kept {
     /// The client's pool splits plain reads to standbys (`set_read_split`): only then is a
     /// batch asking for a server looked at for being one (`is_read_batch`).
     read_split: bool,
+    /// A lone BEGIN with no server linked is answered here and sent with the transaction's
+    /// first statement (`begin`, `set_defer_begin`).
+    defer_begin: bool,
     /// Under transaction pooling, why the client keeps its server connection (session
     /// advisory locks, WITH HOLD cursors, temporary tables, a LISTEN parsnip does not
     /// answer itself), and when that is asked again (`pins`).
@@ -400,7 +405,15 @@ impl Session {
             to_client: BytesMut::new(),
             to_server: BytesMut::new(),
             link: Link::Unlinked,
-            kept: Kept { mode, settings, uid, tally: Tally::default(), read_split: false, pins: pins::Pins::default() },
+            kept: Kept {
+                mode,
+                settings,
+                uid,
+                tally: Tally::default(),
+                read_split: false,
+                defer_begin: false,
+                pins: pins::Pins::default(),
+            },
             stmts: Box::new(ClientStmts::new(registry)),
             busy: Busy::default(),
         }

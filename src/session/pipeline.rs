@@ -147,6 +147,11 @@ impl Session {
         self.kept.read_split = on;
     }
 
+    /// Whether a lone BEGIN with no server linked is answered here (`defer_begin`).
+    pub(crate) fn set_defer_begin(&mut self, on: bool) {
+        self.kept.defer_begin = on;
+    }
+
     /// The driver linked a standby's connection (after `handle_server_linked`) for the
     /// plain read that asked for a server: until it is given back, only plain reads go to
     /// it.

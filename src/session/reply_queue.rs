@@ -122,6 +122,9 @@ pub(crate) enum Purpose {
     /// The reset of timeouts another client left on the server, run before the replay
     /// (`session::linking`).
     ClearTimeouts,
+    /// The BEGIN the session answered itself, sent ahead of the transaction's first
+    /// statement (`session::begin`).
+    Begin,
     /// A ROLLBACK the pooler sent (statement mode).
     Rollback,
     /// The client's Sync ending a batch that is being retried: its ReadyForQuery is not

@@ -57,7 +57,10 @@ impl Session {
     /// Which timeout applies in the session's state; `client_buffered`: the driver holds
     /// client bytes not fed yet.
     fn idle_kind(&self, client_buffered: bool) -> Option<Idle> {
-        if !self.is_linked() && !self.is_acquiring() && !client_buffered {
+        if self.begin_deferred() && !self.is_linked() && !self.is_acquiring() && !client_buffered {
+            // In a transaction block no server has seen yet (`begin`).
+            Some(Idle::InTransaction)
+        } else if !self.is_linked() && !self.is_acquiring() && !client_buffered {
             Some(Idle::Session)
         } else if self.is_idle_in_transaction() && self.to_server.is_empty() {
             Some(Idle::InTransaction)

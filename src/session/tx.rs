@@ -18,6 +18,9 @@ pub(super) struct TxState {
     /// A BEGIN (or START TRANSACTION) was sent since the last ReadyForQuery: what follows
     /// it runs in a transaction block although no ReadyForQuery has said so yet.
     pub(super) opening: bool,
+    /// A BEGIN was answered here and no server has seen it yet (`begin`): it goes to the
+    /// next server linked, ahead of the client's frames.
+    pub(super) begin_deferred: bool,
     /// Settings made inside the open transaction: kept if it commits.
     pub(super) settings: Vec<SettingStmt>,
     /// The portal bound to a SET/RESET/DISCARD or transaction-control statement, and its
@@ -60,9 +63,20 @@ impl TxState {
     /// Nothing of a transaction: idle, none opening, nothing tracked or pending for its end.
     /// Names every field, so that a new one is not forgotten.
     pub(super) fn is_blank(&self) -> bool {
-        let TxState { status, opening, settings, tracked_portal, ext_done, ext_failed, schema_change, config } = self;
+        let TxState {
+            status,
+            opening,
+            begin_deferred,
+            settings,
+            tracked_portal,
+            ext_done,
+            ext_failed,
+            schema_change,
+            config,
+        } = self;
         *status == TxStatus::Idle
             && !opening
+            && !begin_deferred
             && settings.is_empty()
             && tracked_portal.is_none()
             && ext_done.is_empty()

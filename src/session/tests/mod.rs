@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 
 mod autoprepare;
 mod batches;
+mod begin;
 mod fastbind;
 mod link;
 mod model;
@@ -218,6 +219,18 @@ impl H {
     }
     fn actions(&mut self) -> Vec<Action> {
         std::mem::take(&mut self.log)
+    }
+}
+
+/// Idle timeouts of 10 s outside a transaction and 3 s inside one, nothing else.
+fn idle_timeouts() -> Timeouts {
+    use std::time::Duration;
+    Timeouts {
+        client_idle: Some(Duration::from_secs(10)),
+        idle_in_transaction: Some(Duration::from_secs(3)),
+        pinned: None,
+        query: None,
+        transaction: None,
     }
 }
 

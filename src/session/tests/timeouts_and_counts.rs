@@ -5,13 +5,7 @@ use super::*;
 #[test]
 fn timeouts_are_decided_by_the_session_from_the_time_the_driver_reports() {
     use std::time::{Duration, Instant};
-    let t = Timeouts {
-        client_idle: Some(Duration::from_secs(10)),
-        idle_in_transaction: Some(Duration::from_secs(3)),
-        pinned: None,
-        query: None,
-        transaction: None,
-    };
+    let t = idle_timeouts();
     let t0 = Instant::now();
     // Idle without a server: the idle-session timeout applies, not before it is due.
     let mut h = H::new(PoolMode::Transaction, None);

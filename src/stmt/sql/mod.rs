@@ -207,6 +207,32 @@ pub(crate) fn split(sql: &[u8]) -> Vec<Range<usize>> {
     out
 }
 
+/// One BEGIN (BEGIN WORK, BEGIN TRANSACTION, START TRANSACTION) with no transaction
+/// modes, and nothing after it but a ';' (`session::begin`).
+pub(crate) fn is_lone_begin(sql: &[u8]) -> bool {
+    let i = skip_space(sql);
+    if !sql.get(i).is_some_and(|b| matches!(b.to_ascii_lowercase(), b'b' | b's')) {
+        return false;
+    }
+    let is = |w: Option<&[u8]>, k: &[u8]| w.is_some_and(|w| w.eq_ignore_ascii_case(k));
+    let mut w = words(sql);
+    let first = w.next();
+    let mut next = w.next();
+    if is(first, b"begin") {
+        if is(next, b"work") || is(next, b"transaction") {
+            next = w.next();
+        }
+    } else if is(first, b"start") && is(next, b"transaction") {
+        next = w.next();
+    } else {
+        return false;
+    }
+    if next == Some(&b";"[..]) {
+        next = w.next();
+    }
+    next.is_none()
+}
+
 /// Where the first token of `sql` starts: whitespace and comments skipped.
 pub(crate) fn skip_space(sql: &[u8]) -> usize {
     skip_ws(sql, 0, sql.len())

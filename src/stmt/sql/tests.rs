@@ -217,3 +217,37 @@ fn locking_clause_found_where_an_f_is() {
     }
     assert!(!is_plain_read(b"select 1 for\nupdate") && is_plain_read(b"select * from forks"));
 }
+
+#[test]
+fn lone_begins() {
+    for yes in [
+        &b"BEGIN"[..],
+        b"begin;",
+        b"  Begin ;  ",
+        b"BEGIN WORK",
+        b"begin transaction;",
+        b"START TRANSACTION",
+        b"/* app */ BEGIN",
+        b"BEGIN -- open\n",
+    ] {
+        assert!(is_lone_begin(yes), "{}", String::from_utf8_lossy(yes));
+    }
+    for no in [
+        &b""[..],
+        b";",
+        b"BEGIN ISOLATION LEVEL SERIALIZABLE",
+        b"BEGIN READ ONLY",
+        b"START TRANSACTION READ WRITE",
+        b"START",
+        b"BEGIN; SELECT 1",
+        b"BEGIN;;",
+        b"BEGINNING",
+        b"begin_x",
+        b"COMMIT",
+        b"SELECT 'BEGIN'",
+        b"BEGIN WORK TRANSACTION",
+        b"BEGIN TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    ] {
+        assert!(!is_lone_begin(no), "{}", String::from_utf8_lossy(no));
+    }
+}

@@ -1,0 +1,60 @@
+//! A lone BEGIN answered here (`defer_begin`, transaction pooling): a client with no server
+//! that sends a simple Query holding only BEGIN (or START TRANSACTION) gets PostgreSQL's
+//! answer at once, and the BEGIN goes to the server the transaction's first statement is
+//! linked to, in the same write, ahead of it (after the client's settings: `linking`). The
+//! transaction then costs one server round trip less, and holds no server while the
+//! client has not sent anything else. PostgreSQL takes a transaction's snapshot at its
+//! first statement, not at BEGIN, so nothing the transaction reads changes; only its start
+//! timestamp (`now()`, `xact_start`) is taken when the BEGIN reaches the server.
+//!
+//! Owns: the deferred BEGIN, from the answer to the link that sends it. Must not touch
+//! what a linked session does with a BEGIN (it goes to its server as written).
+
+use super::reply_queue::Purpose;
+use super::{Phase, Session};
+use crate::config::PoolMode;
+use crate::protocol::backend;
+use crate::state::{ServerState, TxStatus};
+
+impl Session {
+    /// A simple Query from a client with no server: if it is a lone BEGIN the session may
+    /// answer (see the module), it is answered; true then.
+    pub(super) fn on_lone_begin(&mut self, frame: &[u8]) -> bool {
+        if !self.kept.defer_begin
+            || self.kept.mode != PoolMode::Transaction
+            || self.link.is_linked()
+            || self.busy.phase != Phase::Ready
+            || self.busy.tx.status != TxStatus::Idle
+            || self.busy.tx.opening
+            || !self.busy.replies.is_empty()
+            || self.busy.replies.is_unsynced()
+            || self.autoprep_feeding()
+        {
+            return false;
+        }
+        if !self.query_text_of(frame).is_some_and(crate::stmt::sql::is_lone_begin) {
+            return false;
+        }
+        // PostgreSQL drops the unnamed statement at every simple Query.
+        self.stmts.unnamed = super::stmts::Unnamed::None;
+        backend::command_complete(&mut self.to_client, "BEGIN");
+        backend::ready_for_query(&mut self.to_client, TxStatus::InBlock.as_byte());
+        self.busy.tx.status = TxStatus::InBlock;
+        self.busy.tx.begin_deferred = true;
+        self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
+        true
+    }
+
+    /// A server was linked, and the client's settings are on it (or on their way, ahead):
+    /// the BEGIN answered here goes now, its replies hidden.
+    pub(super) fn send_deferred_begin(&mut self, server: &mut ServerState) {
+        if std::mem::take(&mut self.busy.tx.begin_deferred) {
+            self.own_query("BEGIN", Purpose::Begin, server);
+        }
+    }
+
+    /// Whether the client is in a transaction block no server has seen yet.
+    pub(crate) fn begin_deferred(&self) -> bool {
+        self.busy.tx.begin_deferred
+    }
+}

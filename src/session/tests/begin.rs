@@ -1,0 +1,150 @@
+//! A lone BEGIN answered without a server and sent with the transaction's first statement
+//! (`session::begin`).
+
+use super::*;
+
+fn deferring() -> H {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.s.set_defer_begin(true);
+    h
+}
+
+/// The client's output as whole frames (not only what may be written yet).
+fn client_frames(h: &mut H) -> Vec<Vec<u8>> {
+    frames(&h.s.to_client.split())
+}
+
+#[test]
+fn a_lone_begin_is_answered_without_a_server_and_goes_ahead_of_the_first_statement() {
+    let mut h = deferring();
+    h.client(query("BEGIN"));
+    assert!(h.actions().is_empty(), "no server taken for the BEGIN");
+    assert_eq!(client_frames(&mut h), vec![msg(b'C', b"BEGIN\0"), rfq(b'T')]);
+    assert!(h.s.in_transaction() && h.s.begin_deferred());
+    assert!(h.s.park().is_none(), "a client in a transaction block is not at rest");
+    h.client(query("UPDATE t SET x = 1"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    let out = h.server_out();
+    assert_eq!(out, vec![query("BEGIN"), query("UPDATE t SET x = 1")], "one write, BEGIN first");
+    assert!(!h.s.begin_deferred());
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), msg(b'C', b"UPDATE 1\0"), rfq(b'T')] {
+        h.server(m);
+    }
+    assert_eq!(client_frames(&mut h), vec![msg(b'C', b"UPDATE 1\0"), rfq(b'T')], "the BEGIN's replies hidden");
+    assert!(h.actions().is_empty(), "kept inside the block");
+    h.client(query("COMMIT"));
+    for m in [msg(b'C', b"COMMIT\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: true }]);
+    assert_eq!(client_frames(&mut h), vec![msg(b'C', b"COMMIT\0"), rfq(b'I')]);
+    assert!(!h.s.in_transaction());
+}
+
+#[test]
+fn the_deferred_begin_follows_the_clients_settings_on_the_server() {
+    let mut h = deferring();
+    h.client(query("SET search_path = app"));
+    h.server_out();
+    for m in [msg(b'C', b"SET\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    h.client_out();
+    h.client(query("begin;"));
+    assert!(h.actions().is_empty());
+    // Another server, without the client's setting.
+    h.srv = ServerState::default();
+    h.client(query("SELECT 1"));
+    let out = h.server_out();
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert!(text(&out[0]).contains("search_path"), "the setting first: {}", text(&out[0]));
+    assert_eq!(out[1], query("BEGIN"), "then the BEGIN: a ROLLBACK must not take the setting back");
+    assert_eq!(out[2], query("SELECT 1"));
+}
+
+#[test]
+fn only_a_lone_begin_with_no_server_is_answered_here() {
+    // With options, or with another statement: to the server as written.
+    for sql in ["BEGIN ISOLATION LEVEL SERIALIZABLE", "BEGIN; SELECT 1", "START TRANSACTION READ ONLY"] {
+        let mut h = deferring();
+        h.client(query(sql));
+        assert_eq!(h.actions(), vec![Action::AcquireServer], "{sql}");
+        assert_eq!(h.server_out(), vec![query(sql)], "{sql}");
+    }
+    // Turned off, and in session mode.
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("BEGIN"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    let mut h = H::new(PoolMode::Session, None);
+    h.s.set_defer_begin(true);
+    h.client(query("BEGIN"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    // A second BEGIN inside the deferred block goes to the server behind the first, which
+    // warns as PostgreSQL does.
+    let mut h = deferring();
+    h.client(query("BEGIN"));
+    h.client(query("BEGIN"));
+    assert_eq!(h.server_out(), vec![query("BEGIN"), query("BEGIN")]);
+}
+
+#[test]
+fn a_failed_wait_for_a_server_closes_a_client_in_a_deferred_block() {
+    let mut h = deferring();
+    h.client(query("BEGIN"));
+    h.client_out();
+    // As the driver: the pool could not give a server for the next statement.
+    h.pending.push(query("SELECT 1"));
+    let srv = None;
+    assert_eq!(h.s.handle_client(&h.pending[0], srv), Fed::NeedsServer);
+    assert_eq!(h.s.poll_action(), Some(Action::AcquireServer));
+    h.s.handle_acquire_failed(Error::new(SqlState::QUERY_CANCELED, "query_wait_timeout"));
+    assert!(h.s.is_closing());
+    let out = text(&h.s.to_client);
+    assert!(out.contains("SFATAL") && out.contains("C57014"), "{out}");
+}
+
+#[test]
+fn an_error_answering_the_deferred_begin_reaches_the_client_and_gives_the_server_up() {
+    let mut h = deferring();
+    h.client(query("BEGIN"));
+    h.client_out();
+    h.client(query("SELECT 1"));
+    h.actions();
+    h.server(err("XX000"));
+    assert!(h.s.is_closing());
+    assert!(text(&h.s.to_client).contains("CXX000"));
+    assert_eq!(h.actions(), vec![Action::ReleaseServer { reusable: false }, Action::Close]);
+}
+
+#[test]
+fn idle_in_a_deferred_block_is_idle_in_a_transaction() {
+    use std::time::{Duration, Instant};
+    let t = idle_timeouts();
+    let t0 = Instant::now();
+    let mut h = deferring();
+    h.client(query("BEGIN"));
+    h.client_out();
+    assert_eq!(h.s.poll_timeout(&t, t0, false), Some(t0 + Duration::from_secs(3)));
+    h.s.handle_timeout(&t, t0, false, t0 + Duration::from_secs(3));
+    assert!(text(&h.s.to_client).contains("C25P03"), "{}", text(&h.s.to_client));
+}
+
+/// With the cache on, statement messages the cache answers without a server outside a
+/// block take one inside a deferred block (an error there must fail the server's
+/// transaction), and a lone Sync reports the block.
+#[test]
+fn the_cache_answers_nothing_locally_inside_a_deferred_block() {
+    let mut h = H::cached();
+    h.s.set_defer_begin(true);
+    h.client(query("BEGIN"));
+    assert!(h.actions().is_empty());
+    h.client_out();
+    h.client(sync());
+    assert_eq!(client_frames(&mut h), vec![rfq(b'T')], "a Sync in the block");
+    h.client(close_s("nope"));
+    h.client(sync());
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    let out = h.server_out();
+    assert_eq!(out[0], query("BEGIN"), "{out:?}");
+}
