@@ -7,11 +7,15 @@
 //! first statement, not at BEGIN, so nothing the transaction reads changes; only its start
 //! timestamp (`now()`, `xact_start`) is taken when the BEGIN reaches the server.
 //!
-//! Owns: the deferred BEGIN, from the answer to the link that sends it. Must not touch
+//! A block ended before anything ran in it (BEGIN, then COMMIT or ROLLBACK) needs no
+//! server at all: its end is answered here too.
+//!
+//! Owns: the deferred BEGIN, from the answer to the link that sends it (or the answer to
+//! the block's end). Must not touch
 //! what a linked session does with a BEGIN (it goes to its server as written).
 
 use super::reply_queue::Purpose;
-use super::{Phase, Session};
+use super::{Link, Phase, Session};
 use crate::config::PoolMode;
 use crate::protocol::backend;
 use crate::state::{ServerState, TxStatus};
@@ -42,6 +46,32 @@ impl Session {
         self.busy.tx.status = TxStatus::InBlock;
         self.busy.tx.begin_deferred = true;
         self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
+        true
+    }
+
+    /// A simple Query that only ends a block nothing ran in yet (a deferred BEGIN, then
+    /// COMMIT, END, ROLLBACK or ABORT): answered here as PostgreSQL answers it, with no
+    /// server. True then.
+    pub(super) fn on_deferred_end(&mut self, frame: &[u8]) -> bool {
+        if !self.busy.tx.begin_deferred
+            || self.link != Link::Unlinked
+            || self.busy.phase != Phase::Ready
+            || self.busy.tx.status != TxStatus::InBlock
+            || !self.busy.replies.is_empty()
+            || self.listen_pending_in_tx()
+        {
+            return false;
+        }
+        let Some(tag) = self.query_text_of(frame).and_then(crate::stmt::sql::lone_tx_end) else { return false };
+        self.stmts.unnamed = super::stmts::Unnamed::None;
+        backend::command_complete(&mut self.to_client, tag);
+        self.busy.tx.status = TxStatus::Idle;
+        self.busy.tx.begin_deferred = false;
+        // PostgreSQL sends the notifications that came meanwhile before ReadyForQuery 'I'.
+        self.deliver_notifications();
+        backend::ready_for_query(&mut self.to_client, TxStatus::Idle.as_byte());
+        self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
+        self.kept.tally.xacts = self.kept.tally.xacts.wrapping_add(1);
         true
     }
 

@@ -287,6 +287,11 @@ impl Session {
         }
     }
 
+    /// LISTEN/UNLISTEN sent inside the open block or batch wait for its end.
+    pub(super) fn listen_pending_in_tx(&self) -> bool {
+        self.stmts.listen.as_ref().is_some_and(|l| !l.in_tx.is_empty() || !l.batch.is_empty())
+    }
+
     /// A CommandComplete the client gets: the COMMIT of a block with LISTEN/UNLISTEN in it
     /// applies them at its ReadyForQuery.
     #[inline]

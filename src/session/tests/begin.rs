@@ -148,3 +148,35 @@ fn the_cache_answers_nothing_locally_inside_a_deferred_block() {
     let out = h.server_out();
     assert_eq!(out[0], query("BEGIN"), "{out:?}");
 }
+
+/// BEGIN, then COMMIT or ROLLBACK with nothing between: no server at all, PostgreSQL's
+/// answers; with a LISTEN between, the end goes to a server as before (the block's LISTEN
+/// takes effect at its COMMIT).
+#[test]
+fn a_block_that_ran_nothing_ends_without_a_server() {
+    for (end, tag) in
+        [("COMMIT", &b"COMMIT\0"[..]), ("end;", b"COMMIT\0"), ("ROLLBACK", b"ROLLBACK\0"), ("abort", b"ROLLBACK\0")]
+    {
+        let mut h = deferring();
+        h.client(query("BEGIN"));
+        h.client_out();
+        h.client(query(end));
+        assert!(h.actions().is_empty(), "{end}: no server");
+        assert_eq!(client_frames(&mut h), vec![msg(b'C', tag), rfq(b'I')], "{end}");
+        assert!(!h.s.in_transaction() && !h.s.begin_deferred());
+        assert!(h.s.take_tally().is_some_and(|t| t.xacts == 1 && t.queries == 2), "{end}");
+    }
+    // A LISTEN in the block: its COMMIT goes to a server.
+    let mut h = deferring();
+    h.client(query("BEGIN"));
+    h.client(query("LISTEN x"));
+    h.client(query("COMMIT"));
+    assert!(h.actions().contains(&Action::AcquireServer));
+    assert_eq!(h.server_out(), vec![query("BEGIN"), query("COMMIT")]);
+    // COMMIT AND CHAIN keeps a block open: the server runs it.
+    let mut h = deferring();
+    h.client(query("BEGIN"));
+    h.client(query("COMMIT AND CHAIN"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    assert_eq!(h.server_out(), vec![query("BEGIN"), query("COMMIT AND CHAIN")]);
+}

@@ -251,3 +251,25 @@ fn lone_begins() {
         assert!(!is_lone_begin(no), "{}", String::from_utf8_lossy(no));
     }
 }
+
+#[test]
+fn lone_transaction_ends() {
+    for (sql, tag) in [
+        ("COMMIT", Some("COMMIT")),
+        ("end;", Some("COMMIT")),
+        ("commit work", Some("COMMIT")),
+        (" END TRANSACTION ; ", Some("COMMIT")),
+        ("ROLLBACK", Some("ROLLBACK")),
+        ("abort;", Some("ROLLBACK")),
+        ("rollback transaction", Some("ROLLBACK")),
+        ("COMMIT AND CHAIN", None),
+        ("ROLLBACK TO SAVEPOINT a", None),
+        ("COMMIT PREPARED 'x'", None),
+        ("commit; select 1", None),
+        ("ENDING", None),
+        ("BEGIN", None),
+        ("", None),
+    ] {
+        assert_eq!(lone_tx_end(sql.as_bytes()), tag, "{sql}");
+    }
+}
