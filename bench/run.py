@@ -301,9 +301,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--clients", type=lambda s: parse_list(s, int), help="client counts, e.g. 16,64,256")
     ap.add_argument("--modes", type=parse_list, help="pgbench -M modes: simple,extended,prepared")
     ap.add_argument("--systems", type=parse_list,
-                    help="of direct,parsnip,parsnip-noguard,parsnip-nocache,parsnip-autoprepare,parsnip-noautoprepare,parsnip-w1,"
+                    help="of direct,parsnip,parsnip-noguard,parsnip-nodefer,parsnip-nocache,parsnip-autoprepare,parsnip-noautoprepare,parsnip-w1,"
                     "parsnip-stealing,pgbouncer "
-                    "(parsnip-noguard: plan_guard = false; parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; parsnip-noautoprepare: autoprepare = false; "
+                    "(parsnip-noguard: plan_guard = false; parsnip-nodefer: defer_begin = false; parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; parsnip-noautoprepare: autoprepare = false; "
                     "parsnip-w1: PARSNIP_WORKERS=1; parsnip-base: --parsnip-base-bin; parsnip-stealing: PARSNIP_SCHEDULER=stealing; relay: examples/relay.rs, "
                     "a byte relay with no protocol work, the floor of a hop); "
                          "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
@@ -533,6 +533,8 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         header.append(f"- {parsnip_version}, transaction mode{extra}"
                       + ("; parsnip-noguard: the same with `plan_guard = false`"
                          if "parsnip-noguard" in systems else "")
+                      + ("; parsnip-nodefer: the same with `defer_begin = false`"
+                         if "parsnip-nodefer" in systems else "")
                       + ("; parsnip-nocache: the same with `prepared_statements = false`"
                          if "parsnip-nocache" in systems else "")
                       + ("; parsnip-autoprepare: the same with `autoprepare = true`"

@@ -23,7 +23,7 @@ from throwaway import CLEANUPS as PROCS  # noqa: E402
 from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SYSTEMS = ("direct", "parsnip", "parsnip-base", "parsnip-noguard", "parsnip-nocache", "parsnip-autoprepare",
+ALL_SYSTEMS = ("direct", "parsnip", "parsnip-base", "parsnip-noguard", "parsnip-nodefer", "parsnip-nocache", "parsnip-autoprepare",
                "parsnip-noautoprepare", "parsnip-w1",
                "parsnip-stealing", "pgbouncer", "relay")
 # relay: examples/relay.rs, a one-thread byte relay with one upstream connection per client and
@@ -40,6 +40,8 @@ AUTOPREPARE = "autoprepare = true"
 NOAUTOPREPARE = "autoprepare = false"
 # parsnip-noguard: parsnip with `plan_guard = false`, to show what the guard's sampling costs.
 NOGUARD = "plan_guard = false"
+# parsnip-nodefer: parsnip with `defer_begin = false`, to show what answering a lone BEGIN gives.
+NODEFER = "defer_begin = false"
 
 DEFAULT_SYSTEMS = ("direct", "parsnip", "pgbouncer")
 NOCACHE = "prepared_statements = false"
@@ -239,6 +241,9 @@ class Parsnip(Pooler):
         if name == "parsnip-noguard":
             keep = [l for l in extra_config if not l.strip().startswith("plan_guard ")]
             self.extra_config = keep + [NOGUARD]
+        if name == "parsnip-nodefer":
+            keep = [l for l in extra_config if not l.strip().startswith("defer_begin ")]
+            self.extra_config = keep + [NODEFER]
 
     def command(self):
         cfg = self.tmp / f"{self.name}.toml"
