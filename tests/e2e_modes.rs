@@ -253,6 +253,26 @@ async fn an_autoprepared_query_is_cancelled_like_any_other() {
     .await;
 }
 
+/// Returns once the console shows one client of `db` waiting for the pool.
+async fn until_one_waits(p: &Parsnip, db: &str) {
+    let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rows = console.simple_query("SHOW POOLS").await.unwrap();
+        let waiting_clients = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some(db) => {
+                r.get("cl_waiting").map(str::to_owned)
+            }
+            _ => None,
+        });
+        if waiting_clients.as_deref() == Some("1") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no client ever waited for the pool\n{}", p.log_tail());
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A cancel for a query still waiting for a server connection cancels it (57014), as
 /// PostgreSQL cancels a query that is running; the client goes on working.
 #[tokio::test]
@@ -270,23 +290,7 @@ async fn cancel_reaches_a_query_waiting_for_a_server() {
             let r = a.simple_query("select pg_sleep(3)").await;
             (r.map(|_| ()), a)
         });
-        // Wait until the console shows a client waiting for the pool.
-        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let rows = console.simple_query("SHOW POOLS").await.unwrap();
-            let waiting_clients = rows.iter().find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some(DB) => {
-                    r.get("cl_waiting").map(str::to_owned)
-                }
-                _ => None,
-            });
-            if waiting_clients.as_deref() == Some("1") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "no client ever waited for the pool\n{}", p.log_tail());
-            tokio::task::yield_now().await;
-        }
+        until_one_waits(&p, DB).await;
         let t0 = Instant::now();
         token.cancel_query(NoTls).await.unwrap();
         let (r, a) = within(Duration::from_secs(5), waiting).await.expect("cancelled in time").unwrap();
@@ -497,6 +501,50 @@ async fn a_lone_begin_holds_no_server_until_its_transaction_runs_something() {
         tx.batch_execute("INSERT INTO t VALUES (2)").await.unwrap();
         tx.commit().await.unwrap();
         assert_eq!(b.scalar("SELECT count(*) FROM t").await.unwrap(), "1");
+    })
+    .await;
+}
+
+/// Sends `sql` from `a` while no server is free, cancels it once it waits, and checks that it
+/// failed with 57014.
+async fn cancelled_while_queued(p: &Parsnip, db: &str, a: Pg, sql: &'static str) -> Pg {
+    let token = a.cancel_token();
+    let waiting = tokio::spawn(async move {
+        let r = a.simple_query(sql).await;
+        (r.map(|_| ()), a)
+    });
+    until_one_waits(p, db).await;
+    token.cancel_query(NoTls).await.unwrap();
+    let (r, a) = within(Duration::from_secs(5), waiting).await.expect("cancelled in time").unwrap();
+    expect_code(r, "57014", sql);
+    a
+}
+
+/// A cancel of the first statement after a lone BEGIN, while it waits for a server, fails
+/// the block as PostgreSQL would (57014, then the block refuses statements until its
+/// ROLLBACK); the client is not closed (postgres.js crashed on that close).
+#[tokio::test]
+async fn a_cancel_while_a_deferred_block_waits_for_a_server_fails_the_block() {
+    const DB: &str = "deferbegincancel";
+    let p = trust_db(DB, "", "pool_size = 1");
+    bounded(60, "a_cancel_while_a_deferred_block_waits_for_a_server_fails_the_block", async {
+        let holder = p.connect("postgres", SUPER_PW, DB).await;
+        holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        a.batch_execute("BEGIN").await.unwrap();
+        let a = cancelled_while_queued(&p, DB, a, "select pg_sleep(3)").await;
+        // The block is failed: a statement is refused once a server is free, ROLLBACK ends it.
+        holder.batch_execute("COMMIT").await.unwrap();
+        expect_code(a.simple_query("select 1").await, "25P02", "statement in the failed block");
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(a.scalar("select 1").await.unwrap(), "1");
+        // And a failed block ended at once: ROLLBACK with no server free.
+        holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        let a = cancelled_while_queued(&p, DB, a, "select 2").await;
+        a.batch_execute("ROLLBACK").await.unwrap();
+        holder.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(a.scalar("select 3").await.unwrap(), "3");
     })
     .await;
 }

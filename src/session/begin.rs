@@ -20,6 +20,10 @@ use crate::config::PoolMode;
 use crate::protocol::backend;
 use crate::state::{ServerState, TxStatus};
 
+/// Fails the server's block for a deferred block the client saw fail; its error is hidden.
+const FAIL_BLOCK: &str =
+    "DO $$BEGIN RAISE EXCEPTION 'parsnip: this client''s wait for a server failed in this transaction'; END$$";
+
 impl Session {
     /// A simple Query from a client with no server: if it is a lone BEGIN the session may
     /// answer (see the module), it is answered; true then.
@@ -56,13 +60,15 @@ impl Session {
         if !self.busy.tx.begin_deferred
             || self.link != Link::Unlinked
             || self.busy.phase != Phase::Ready
-            || self.busy.tx.status != TxStatus::InBlock
+            || self.busy.tx.status == TxStatus::Idle
             || !self.busy.replies.is_empty()
             || self.listen_pending_in_tx()
         {
             return false;
         }
         let Some(tag) = self.query_text_of(frame).and_then(crate::stmt::sql::lone_tx_end) else { return false };
+        // PostgreSQL answers a COMMIT of a failed block with ROLLBACK.
+        let tag = if self.busy.tx.status == TxStatus::Failed { "ROLLBACK" } else { tag };
         self.stmts.unnamed = super::stmts::Unnamed::None;
         backend::command_complete(&mut self.to_client, tag);
         self.busy.tx.status = TxStatus::Idle;
@@ -80,6 +86,12 @@ impl Session {
     pub(super) fn send_deferred_begin(&mut self, server: &mut ServerState) {
         if std::mem::take(&mut self.busy.tx.begin_deferred) {
             self.own_query("BEGIN", Purpose::Begin, server);
+            if self.busy.tx.status == TxStatus::Failed {
+                // The client's wait for a server failed inside the block (`failure`): the
+                // server's block fails too, so that what the client sends next is refused
+                // (25P02) and its end rolls back, as PostgreSQL would have had it.
+                self.own_query(FAIL_BLOCK, Purpose::FailBlock, server);
+            }
         }
     }
 

@@ -90,7 +90,8 @@ impl Session {
             // The pool could not serve this request: fail it as PostgreSQL fails a request.
             err.write_to(&mut self.to_client);
             if tag == tags::QUERY || tag == tags::SYNC {
-                backend::ready_for_query(&mut self.to_client, b'I');
+                // Idle, or a block only a deferred BEGIN opened, failed now (`begin`).
+                backend::ready_for_query(&mut self.to_client, self.busy.tx.status.as_byte());
             } else {
                 self.enter(Phase::ClientSkipping);
             }

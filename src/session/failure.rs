@@ -17,10 +17,9 @@ impl Session {
             return self.fail(err);
         }
         if self.begin_deferred() {
-            // The client is in a transaction block no server has seen (`begin`): an error
-            // would have to leave it failed with nothing to roll back. PgBouncer closes a
-            // client whose wait for a server failed; so does this.
-            return self.fail(Error { severity: Severity::Fatal, ..err });
+            // Inside a block no server has seen yet (`begin`): the error fails the block,
+            // as PostgreSQL's would.
+            self.busy.tx.status = crate::state::TxStatus::Failed;
         }
         self.busy.acquire_error = Some(Box::new(err));
     }

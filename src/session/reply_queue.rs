@@ -125,6 +125,9 @@ pub(crate) enum Purpose {
     /// The BEGIN the session answered itself, sent ahead of the transaction's first
     /// statement (`session::begin`).
     Begin,
+    /// The statement that fails the server's block after a deferred BEGIN whose block the
+    /// client saw fail (`session::begin`): its error is expected and hidden.
+    FailBlock,
     /// A ROLLBACK the pooler sent (statement mode).
     Rollback,
     /// The client's Sync ending a batch that is being retried: its ReadyForQuery is not

@@ -88,20 +88,46 @@ fn only_a_lone_begin_with_no_server_is_answered_here() {
     assert_eq!(h.server_out(), vec![query("BEGIN"), query("BEGIN")]);
 }
 
+/// A failed wait for a server (a cancel, `query_wait_timeout`) inside a deferred block fails
+/// the block as PostgreSQL's error would: ERROR and ReadyForQuery 'E'; its ROLLBACK (or
+/// COMMIT) is answered ROLLBACK without a server, and anything else reaches a server whose
+/// block was made to fail the same way, which refuses it.
 #[test]
-fn a_failed_wait_for_a_server_closes_a_client_in_a_deferred_block() {
-    let mut h = deferring();
-    h.client(query("BEGIN"));
-    h.client_out();
-    // As the driver: the pool could not give a server for the next statement.
-    h.pending.push(query("SELECT 1"));
-    let srv = None;
-    assert_eq!(h.s.handle_client(&h.pending[0], srv), Fed::NeedsServer);
-    assert_eq!(h.s.poll_action(), Some(Action::AcquireServer));
-    h.s.handle_acquire_failed(Error::new(SqlState::QUERY_CANCELED, "query_wait_timeout"));
-    assert!(h.s.is_closing());
-    let out = text(&h.s.to_client);
-    assert!(out.contains("SFATAL") && out.contains("C57014"), "{out}");
+fn a_failed_wait_for_a_server_fails_a_deferred_block() {
+    for next in ["ROLLBACK", "COMMIT", "SELECT 1"] {
+        let mut h = deferring();
+        h.client(query("BEGIN"));
+        h.client_out();
+        // As the driver: the pool could not give a server for the statement.
+        h.pending.push(query("UPDATE t SET x = 1"));
+        assert_eq!(h.s.handle_client(&h.pending[0], None), Fed::NeedsServer);
+        assert_eq!(h.s.poll_action(), Some(Action::AcquireServer));
+        h.s.handle_acquire_failed(Error::new(SqlState::QUERY_CANCELED, "canceling statement due to user request"));
+        h.pump();
+        assert!(!h.s.is_closing());
+        let out = client_frames(&mut h);
+        assert!(text(&out[0]).contains("C57014"), "{out:?}");
+        assert_eq!(out[1], rfq(b'E'));
+        h.client(query(next));
+        if next == "SELECT 1" {
+            assert_eq!(h.actions(), vec![Action::AcquireServer]);
+            let out = h.server_out();
+            assert_eq!(out.len(), 3, "{out:?}");
+            assert_eq!(out[0], query("BEGIN"));
+            assert!(text(&out[1]).contains("RAISE EXCEPTION"), "{}", text(&out[1]));
+            assert_eq!(out[2], query("SELECT 1"));
+            for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), err("P0001"), rfq(b'E'), err("25P02"), rfq(b'E')] {
+                h.server(m);
+            }
+            let out = client_frames(&mut h);
+            assert_eq!(out.len(), 2, "only the client's own answer: {out:?}");
+            assert!(text(&out[0]).contains("C25P02"));
+            assert_eq!(out[1], rfq(b'E'));
+        } else {
+            assert!(h.actions().is_empty(), "{next}: no server");
+            assert_eq!(client_frames(&mut h), vec![msg(b'C', b"ROLLBACK\0"), rfq(b'I')], "{next}");
+        }
+    }
 }
 
 #[test]
