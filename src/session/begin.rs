@@ -11,8 +11,8 @@
 //! server at all: its end is answered here too.
 //!
 //! Owns: the deferred BEGIN, from the answer to the link that sends it (or the answer to
-//! the block's end). Must not touch
-//! what a linked session does with a BEGIN (it goes to its server as written).
+//! the block's end). Must not touch what a linked session does with a BEGIN (it goes to
+//! its server as written).
 
 use super::reply_queue::Purpose;
 use super::{Link, Phase, Session};
