@@ -15,6 +15,7 @@
 //! its server as written).
 
 use super::reply_queue::Purpose;
+use super::settings::{TxStmt, bare_tx_stmt, maybe_tx_end, maybe_tx_start};
 use super::{Link, Phase, Session};
 use crate::config::PoolMode;
 use crate::protocol::backend;
@@ -40,7 +41,8 @@ impl Session {
         {
             return false;
         }
-        if !self.query_text_of(frame).is_some_and(crate::stmt::sql::is_lone_begin) {
+        let begin = self.query_text_of(frame).filter(|t| maybe_tx_start(t)).and_then(bare_tx_stmt);
+        if begin != Some(TxStmt::Begin) {
             return false;
         }
         // PostgreSQL drops the unnamed statement at every simple Query.
@@ -66,7 +68,11 @@ impl Session {
         {
             return false;
         }
-        let Some(tag) = self.query_text_of(frame).and_then(crate::stmt::sql::lone_tx_end) else { return false };
+        let tag = match self.query_text_of(frame).filter(|t| maybe_tx_end(t)).and_then(bare_tx_stmt) {
+            Some(TxStmt::Commit) => "COMMIT",
+            Some(TxStmt::Rollback) => "ROLLBACK",
+            _ => return false,
+        };
         // PostgreSQL answers a COMMIT of a failed block with ROLLBACK.
         let tag = if self.busy.tx.status == TxStatus::Failed { "ROLLBACK" } else { tag };
         self.stmts.unnamed = super::stmts::Unnamed::None;

@@ -118,22 +118,47 @@ pub(crate) fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
             out.push(TxStmt::Setting(s));
             continue;
         }
-        let mut words = sql::words(stmt);
-        let is = |w: Option<&[u8]>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k.as_bytes()));
-        let (first, second) = (words.next(), words.next());
-        if is(first, "begin") || (is(first, "start") && is(second, "transaction")) {
-            out.push(TxStmt::Begin);
-        } else if (is(first, "commit") || is(first, "end")) && !is(second, "prepared") {
-            out.push(TxStmt::Commit);
-        } else if (is(first, "rollback") || is(first, "abort"))
-            && !is(second, "prepared")
-            && !is(second, "to")
-            && !words.any(|w| w.eq_ignore_ascii_case(b"to"))
-        {
-            out.push(TxStmt::Rollback);
-        }
+        out.extend(tx_control(stmt));
     }
     out
+}
+
+/// The transaction-control statement `stmt` (one statement) is, if any: BEGIN, COMMIT or
+/// ROLLBACK (not COMMIT/ROLLBACK PREPARED, not ROLLBACK TO SAVEPOINT).
+fn tx_control(stmt: &[u8]) -> Option<TxStmt> {
+    let mut words = sql::words(stmt);
+    let is = |w: Option<&[u8]>, k: &str| w.is_some_and(|w| w.eq_ignore_ascii_case(k.as_bytes()));
+    let (first, second) = (words.next(), words.next());
+    if is(first, "begin") || (is(first, "start") && is(second, "transaction")) {
+        Some(TxStmt::Begin)
+    } else if (is(first, "commit") || is(first, "end")) && !is(second, "prepared") {
+        Some(TxStmt::Commit)
+    } else if (is(first, "rollback") || is(first, "abort"))
+        && !is(second, "prepared")
+        && !is(second, "to")
+        && !words.any(|w| w.eq_ignore_ascii_case(b"to"))
+    {
+        Some(TxStmt::Rollback)
+    } else {
+        None
+    }
+}
+
+/// A Query text that is one transaction-control statement written bare (`tx_control`): its
+/// keyword, at most WORK or TRANSACTION after it, then nothing but a ';' (no transaction
+/// modes, no AND CHAIN): what the session answers itself around a deferred BEGIN
+/// (`session::begin`).
+pub(crate) fn bare_tx_stmt(sql: &[u8]) -> Option<TxStmt> {
+    let mut w = sql::words(sql);
+    w.next()?;
+    let mut next = w.next();
+    if next.is_some_and(|n| n.eq_ignore_ascii_case(b"work") || n.eq_ignore_ascii_case(b"transaction")) {
+        next = w.next();
+    }
+    if next == Some(&b";"[..]) {
+        next = w.next();
+    }
+    next.is_none().then(|| tx_control(sql)).flatten()
 }
 
 /// Whether the text may call `set_config(name, value, is_local)` with `is_local` not a
@@ -399,5 +424,62 @@ mod tests {
         let v = setting_stmts(b"SET statement_timeout = '300ms'; SET search_path = s_a");
         assert_eq!(v.len(), 2);
         assert_eq!(setting_stmts(b"SET x = 1; SELECT 1").len(), 1);
+    }
+
+    #[test]
+    fn bare_begins() {
+        let begin = |sql: &[u8]| bare_tx_stmt(sql) == Some(TxStmt::Begin);
+        for yes in [
+            &b"BEGIN"[..],
+            b"begin;",
+            b"  Begin ;  ",
+            b"BEGIN WORK",
+            b"begin transaction;",
+            b"START TRANSACTION",
+            b"/* app */ BEGIN",
+            b"BEGIN -- open\n",
+        ] {
+            assert!(begin(yes), "{}", String::from_utf8_lossy(yes));
+        }
+        for no in [
+            &b""[..],
+            b";",
+            b"BEGIN ISOLATION LEVEL SERIALIZABLE",
+            b"BEGIN READ ONLY",
+            b"START TRANSACTION READ WRITE",
+            b"START",
+            b"BEGIN; SELECT 1",
+            b"BEGIN;;",
+            b"BEGINNING",
+            b"begin_x",
+            b"COMMIT",
+            b"SELECT 'BEGIN'",
+            b"BEGIN WORK TRANSACTION",
+            b"BEGIN TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        ] {
+            assert!(!begin(no), "{}", String::from_utf8_lossy(no));
+        }
+    }
+
+    #[test]
+    fn bare_transaction_ends() {
+        for (sql, stmt) in [
+            ("COMMIT", Some(TxStmt::Commit)),
+            ("end;", Some(TxStmt::Commit)),
+            ("commit work", Some(TxStmt::Commit)),
+            (" END TRANSACTION ; ", Some(TxStmt::Commit)),
+            ("ROLLBACK", Some(TxStmt::Rollback)),
+            ("abort;", Some(TxStmt::Rollback)),
+            ("rollback transaction", Some(TxStmt::Rollback)),
+            ("COMMIT AND CHAIN", None),
+            ("ROLLBACK TO SAVEPOINT a", None),
+            ("COMMIT PREPARED 'x'", None),
+            ("commit; select 1", None),
+            ("ENDING", None),
+            ("", None),
+        ] {
+            assert_eq!(bare_tx_stmt(sql.as_bytes()), stmt, "{sql}");
+        }
+        assert_eq!(bare_tx_stmt(b"BEGIN"), Some(TxStmt::Begin), "not an end");
     }
 }

@@ -207,60 +207,6 @@ pub(crate) fn split(sql: &[u8]) -> Vec<Range<usize>> {
     out
 }
 
-/// One BEGIN (BEGIN WORK, BEGIN TRANSACTION, START TRANSACTION) with no transaction
-/// modes, and nothing after it but a ';' (`session::begin`).
-pub(crate) fn is_lone_begin(sql: &[u8]) -> bool {
-    if !first_byte_in(sql, b"bs") {
-        return false;
-    }
-    match tx_command(sql) {
-        Some((first, _)) if first.eq_ignore_ascii_case(b"begin") => true,
-        Some((first, Some(noise))) => {
-            first.eq_ignore_ascii_case(b"start") && noise.eq_ignore_ascii_case(b"transaction")
-        }
-        _ => false,
-    }
-}
-
-/// One COMMIT, END, ROLLBACK or ABORT (WORK or TRANSACTION after it allowed, nothing else
-/// but a ';'): the command tag PostgreSQL answers it with in an open block, COMMIT or
-/// ROLLBACK (`session::begin`).
-pub(crate) fn lone_tx_end(sql: &[u8]) -> Option<&'static str> {
-    if !first_byte_in(sql, b"cera") {
-        return None;
-    }
-    let (first, _) = tx_command(sql)?;
-    let is = |k: &[u8]| first.eq_ignore_ascii_case(k);
-    if is(b"commit") || is(b"end") {
-        Some("COMMIT")
-    } else if is(b"rollback") || is(b"abort") {
-        Some("ROLLBACK")
-    } else {
-        None
-    }
-}
-
-/// Whether the first token of `sql` starts with one of `lower` (ASCII letters, any case).
-fn first_byte_in(sql: &[u8], lower: &[u8]) -> bool {
-    sql.get(skip_space(sql)).is_some_and(|b| lower.contains(&b.to_ascii_lowercase()))
-}
-
-/// A statement of one word and an optional WORK or TRANSACTION, with nothing after them
-/// but a ';': that word and the optional one.
-fn tx_command(sql: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
-    let mut w = words(sql);
-    let first = w.next()?;
-    let mut next = w.next();
-    let noise = next.filter(|n| n.eq_ignore_ascii_case(b"work") || n.eq_ignore_ascii_case(b"transaction"));
-    if noise.is_some() {
-        next = w.next();
-    }
-    if next == Some(&b";"[..]) {
-        next = w.next();
-    }
-    next.is_none().then_some((first, noise))
-}
-
 /// Where the first token of `sql` starts: whitespace and comments skipped.
 pub(crate) fn skip_space(sql: &[u8]) -> usize {
     skip_ws(sql, 0, sql.len())
