@@ -18,7 +18,6 @@ use super::reply_queue::Purpose;
 use super::settings::{TxStmt, bare_tx_stmt, maybe_tx_end, maybe_tx_start};
 use super::{Link, Phase, Session};
 use crate::config::PoolMode;
-use crate::protocol::backend;
 use crate::state::{ServerState, TxStatus};
 
 /// Fails the server's block for a deferred block the client saw fail; its error is hidden.
@@ -45,13 +44,8 @@ impl Session {
         if begin != Some(TxStmt::Begin) {
             return false;
         }
-        // PostgreSQL drops the unnamed statement at every simple Query.
-        self.stmts.unnamed = super::stmts::Unnamed::None;
-        backend::command_complete(&mut self.to_client, "BEGIN");
-        backend::ready_for_query(&mut self.to_client, TxStatus::InBlock.as_byte());
-        self.busy.tx.status = TxStatus::InBlock;
+        self.answered_here(Some("BEGIN"), TxStatus::InBlock);
         self.busy.tx.begin_deferred = true;
-        self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
         true
     }
 
@@ -75,15 +69,8 @@ impl Session {
         };
         // PostgreSQL answers a COMMIT of a failed block with ROLLBACK.
         let tag = if self.busy.tx.status == TxStatus::Failed { "ROLLBACK" } else { tag };
-        self.stmts.unnamed = super::stmts::Unnamed::None;
-        backend::command_complete(&mut self.to_client, tag);
-        self.busy.tx.status = TxStatus::Idle;
         self.busy.tx.begin_deferred = false;
-        // PostgreSQL sends the notifications that came meanwhile before ReadyForQuery 'I'.
-        self.deliver_notifications();
-        backend::ready_for_query(&mut self.to_client, TxStatus::Idle.as_byte());
-        self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
-        self.kept.tally.xacts = self.kept.tally.xacts.wrapping_add(1);
+        self.answered_here(Some(tag), TxStatus::Idle);
         true
     }
 

@@ -415,6 +415,26 @@ impl Session {
         self.fail(Error::protocol("invalid message format"));
     }
 
+    /// A simple Query answered by the session (`notify`, `begin`): its CommandComplete `tag`
+    /// (None: an error was written instead), the notifications due if `status` is idle (as
+    /// PostgreSQL sends them before ReadyForQuery 'I'), then ReadyForQuery with `status`,
+    /// which is the client's from now. Counted as a query, and as a transaction when it
+    /// leaves the client idle.
+    pub(super) fn answered_here(&mut self, tag: Option<&str>, status: TxStatus) {
+        // PostgreSQL drops the unnamed statement at every simple Query.
+        self.stmts.unnamed = super::stmts::Unnamed::None;
+        if let Some(tag) = tag {
+            backend::command_complete(&mut self.to_client, tag);
+        }
+        self.busy.tx.status = status;
+        if status == TxStatus::Idle {
+            self.deliver_notifications();
+        }
+        backend::ready_for_query(&mut self.to_client, status.as_byte());
+        self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
+        self.kept.tally.xacts = self.kept.tally.xacts.wrapping_add(u32::from(status == TxStatus::Idle));
+    }
+
     /// Whether the cache answers statement messages with no server linked: not inside a
     /// block only a deferred BEGIN opened (`begin`), where an error must fail the
     /// transaction on the server that holds it.

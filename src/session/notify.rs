@@ -16,7 +16,7 @@
 use super::{Action, Phase, Session};
 use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
-use crate::protocol::{backend, body, split_frame, tags};
+use crate::protocol::{body, split_frame, tags};
 use crate::state::TxStatus;
 use crate::stmt::sql::listen::{ListenCmd, maybe_listen, parse_listen};
 use bytes::BytesMut;
@@ -138,32 +138,28 @@ impl Session {
         if self.too_many_channels(&cmd) {
             return Some(true);
         }
-        // PostgreSQL drops the unnamed statement at every simple Query.
-        self.stmts.unnamed = super::stmts::Unnamed::None;
         let status = self.busy.tx.status;
-        match status {
-            TxStatus::Failed => Error::new(
-                SqlState::IN_FAILED_SQL_TRANSACTION,
-                "current transaction is aborted, commands ignored until end of transaction block",
-            )
-            .write_to(&mut self.to_client),
+        let tag = match status {
+            TxStatus::Failed => {
+                Error::new(
+                    SqlState::IN_FAILED_SQL_TRANSACTION,
+                    "current transaction is aborted, commands ignored until end of transaction block",
+                )
+                .write_to(&mut self.to_client);
+                None
+            }
             _ => {
                 let tag = if matches!(cmd, ListenCmd::Listen(_)) { "LISTEN" } else { "UNLISTEN" };
-                backend::command_complete(&mut self.to_client, tag);
                 if status == TxStatus::InBlock {
                     self.pend_in_block(vec![cmd]);
                 } else if self.stmts.listen.is_some() || matches!(cmd, ListenCmd::Listen(_)) {
                     // (An UNLISTEN by a client that never listened changes nothing.)
                     self.apply_listen(cmd);
                 }
+                Some(tag)
             }
-        }
-        if status == TxStatus::Idle {
-            self.deliver_notifications(); // before ReadyForQuery 'I', as PostgreSQL sends them
-        }
-        backend::ready_for_query(&mut self.to_client, status.as_byte());
-        self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
-        self.kept.tally.xacts = self.kept.tally.xacts.wrapping_add(u32::from(status == TxStatus::Idle));
+        };
+        self.answered_here(tag, status);
         Some(true)
     }
 
