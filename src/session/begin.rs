@@ -30,7 +30,7 @@ impl Session {
     pub(super) fn on_lone_begin(&mut self, frame: &[u8]) -> bool {
         if !self.kept.defer_begin
             || self.kept.mode != PoolMode::Transaction
-            || self.link.is_linked()
+            || self.link != Link::Unlinked
             || self.busy.phase != Phase::Ready
             || self.busy.tx.status != TxStatus::Idle
             || self.busy.tx.opening

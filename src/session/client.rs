@@ -127,10 +127,7 @@ impl Session {
         {
             return consumed;
         }
-        if tag == tags::QUERY
-            && self.link == Link::Unlinked
-            && (self.on_lone_begin(frame) || self.on_deferred_end(frame))
-        {
+        if tag == tags::QUERY && (self.on_lone_begin(frame) || self.on_deferred_end(frame)) {
             return true;
         }
         // The SQL is looked at once per frame: a frame that waits for a server is fed

@@ -4,9 +4,9 @@
 //! socket, a clock or the pool; the driver does that and calls back.
 //!
 //! Owns: the reply queue of the linked server, transaction boundaries (from ReadyForQuery
-//! only, never from parsing SQL, but for a lone BEGIN answered here: `begin`), pool-mode rules, replaying session settings onto
-//! whichever server the client is given, and the client's view of its prepared statements
-//! over the shared statement cache.
+//! only, never from parsing SQL, but for a lone BEGIN answered here: `begin`), pool-mode
+//! rules, replaying session settings onto whichever server the client is given, and the
+//! client's view of its prepared statements over the shared statement cache.
 //!
 //! The parts, one file each: `client` (frames from the client), `begin` (a lone BEGIN
 //! answered here, sent with the transaction's first statement), `flush` (when output may

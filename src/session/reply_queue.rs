@@ -154,6 +154,15 @@ pub(crate) enum Purpose {
     ConfigCheck,
 }
 
+impl Purpose {
+    /// The pooler's own requests that stand in for what the client is owed on a fresh link
+    /// (its settings, the timeouts reset before them, its deferred BEGIN): an error
+    /// answering one reaches the client, and the server is given up.
+    pub(crate) fn told_on_error(self) -> bool {
+        matches!(self, Purpose::SyncSettings | Purpose::ClearTimeouts | Purpose::Begin)
+    }
+}
+
 /// A change to the client's statement names made when the request was sent, undone if the
 /// server fails or skips the request.
 #[derive(Clone, Debug, Default)]

@@ -81,7 +81,7 @@ impl Session {
             // client gets it once, as PostgreSQL sent it (worded for the client where the
             // request was rewritten), and nothing after it: the server closing is no news.
             let forwarded = matches!(head.on_reply, OnReply::Forward | OnReply::Inject | OnReply::ReplaceError(_))
-                || matches!(head.purpose, Purpose::SyncSettings | Purpose::ClearTimeouts | Purpose::Begin);
+                || head.purpose.told_on_error();
             tracing::info!(error = %backend::ErrorText(body(frame)), "server ended the connection");
             self.retire_if_going_down(body(frame));
             self.on_error(frame, server);
@@ -334,9 +334,7 @@ impl Session {
             OnReply::ReplaceError(e) if code == b"26000" => e.write_to(&mut self.to_client),
             OnReply::ReplaceError(_) => self.to_client.extend_from_slice(frame),
             OnReply::Skip if clear_again => {}
-            OnReply::Skip
-                if matches!(head.purpose, Purpose::SyncSettings | Purpose::ClearTimeouts | Purpose::Begin) =>
-            {
+            OnReply::Skip if head.purpose.told_on_error() => {
                 // The client's settings cannot be applied: PostgreSQL would have refused
                 // them at startup.
                 self.to_client.extend_from_slice(frame);

@@ -57,11 +57,9 @@ impl Session {
     /// Which timeout applies in the session's state; `client_buffered`: the driver holds
     /// client bytes not fed yet.
     fn idle_kind(&self, client_buffered: bool) -> Option<Idle> {
-        if self.begin_deferred() && !self.is_linked() && !self.is_acquiring() && !client_buffered {
-            // In a transaction block no server has seen yet (`begin`).
-            Some(Idle::InTransaction)
-        } else if !self.is_linked() && !self.is_acquiring() && !client_buffered {
-            Some(Idle::Session)
+        if !self.is_linked() && !self.is_acquiring() && !client_buffered {
+            // Inside a transaction block no server has seen yet (`begin`), or not.
+            Some(if self.begin_deferred() { Idle::InTransaction } else { Idle::Session })
         } else if self.is_idle_in_transaction() && self.to_server.is_empty() {
             Some(Idle::InTransaction)
         } else if self.kept.pins.reasons != 0
