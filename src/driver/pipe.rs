@@ -12,7 +12,8 @@
 //! session and, at its final ReadyForQuery, passes the head (and the bytes it read past
 //! that point, left in `rbuf`) to the next ticket and wakes it. Only the last ticket may
 //! write. The connection goes back to the pool when the last ticket is done, or is closed
-//! for all of them when it broke.
+//! for all of them when it broke; what goes wrong for a ticket behind the head breaks it
+//! only from that ticket's turn on (`doom`).
 //!
 //! Owns the ticket order and the connection while it is shared; knows nothing of protocol
 //! state (the sessions decide what qualifies and when a batch is done).
@@ -52,11 +53,12 @@ pub(crate) struct PipeInner {
     waiting: Vec<(u32, Waker)>,
     /// The connection broke (or was found in an unknown state): every ticket fails.
     pub(crate) dead: bool,
-    /// The writer's stream ends mid-message (its client left while a large frame passed
-    /// through): the tickets ahead of it still get their replies, which the server sends
-    /// before it reads that far; nothing more is lent, and the connection is closed once
-    /// the writer's turn comes.
-    pub(crate) cut: bool,
+    /// The first ticket whose batch the connection can no longer be trusted past (its
+    /// write failed or stopped mid-message, it left before its turn, it was given up):
+    /// the tickets ahead of it still get their replies, which the server sends before it
+    /// reads that far, so nothing they sent is lost to another client's failure; nothing
+    /// more is lent, and the connection breaks (`dead`) once that ticket's turn comes.
+    doomed: Option<u32>,
     /// Tickets whose batch is timed, with what its duration is recorded on.
     timed: VecDeque<(u32, Timed)>,
     /// Since when the head's batch has had the server to itself.
@@ -94,7 +96,7 @@ impl PipeInner {
             handed_over: false,
             waiting: Vec::new(),
             dead: false,
-            cut: false,
+            doomed: None,
             timed,
             head_since,
             slots: VecDeque::new(),
@@ -213,8 +215,9 @@ impl PipeInner {
             return self.take_if_done();
         }
         if self.head != t {
-            // Not in order: the connection's state is unknown from here on.
-            self.kill();
+            // Not in order: nobody reads its replies, so the connection's state is unknown
+            // from its turn on.
+            self.doom(t);
             self.in_flight = self.in_flight.saturating_sub(1);
             return self.take_if_done();
         }
@@ -230,6 +233,11 @@ impl PipeInner {
         self.in_flight -= 1;
         self.handed_over = self.conn.as_ref().is_some_and(|c| !c.rbuf.is_empty());
         let head = self.head;
+        if self.doomed == Some(head) {
+            // Everything before the doomed ticket's batch is read.
+            self.kill();
+            return self.take_if_done();
+        }
         if let Some(i) = self.waiting.iter().position(|(w, _)| *w == head) {
             self.waiting.swap_remove(i).1.wake();
         }
@@ -239,6 +247,31 @@ impl PipeInner {
             self.slots.pop_front();
         }
         self.take_if_done()
+    }
+
+    /// The connection cannot be trusted from ticket `t`'s batch on (see `doomed`): broken
+    /// at once when `t` reads now, else once the tickets ahead of it are done.
+    #[track_caller]
+    pub(crate) fn doom(&mut self, t: u32) {
+        if self.dead {
+            return;
+        }
+        if self.head == t {
+            return self.kill();
+        }
+        // The earliest doomed ticket counts (tickets are numbered from the head, wrapping).
+        let behind = |x: u32| x.wrapping_sub(self.head);
+        if self.doomed.is_none_or(|d| behind(t) < behind(d)) {
+            let at = std::panic::Location::caller();
+            tracing::debug!(at = %at, ticket = t, head = self.head, "pipelined connection doomed from a ticket");
+            self.doomed = Some(t);
+        }
+    }
+
+    /// Whether the connection is doomed (`doom`) or broken: it takes no more batches.
+    #[inline]
+    pub(crate) fn is_doomed(&self) -> bool {
+        self.dead || self.doomed.is_some()
     }
 
     /// The connection broke: every ticket waiting is woken to find out.
@@ -321,7 +354,7 @@ mod tests {
     }
 
     #[test]
-    fn leaving_out_of_turn_breaks_the_connection_for_everyone() {
+    fn leaving_out_of_turn_breaks_the_connection_from_that_ticket_on() {
         let mut p = inner();
         let b = p.add_ticket();
         p.note_write(b);
@@ -330,11 +363,49 @@ mod tests {
         let c = p.add_ticket();
         assert!(!p.wait_head(c, &waker));
         p.finish(b);
-        assert!(p.dead, "b's replies would have been read by someone else");
+        assert!(!p.dead && p.is_head(0), "a, ahead of b, still reads its replies");
+        assert!(p.is_doomed(), "nothing more is lent on it");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 0);
+        p.finish(0);
+        assert!(p.dead, "b's replies come next, and nobody reads them");
         assert_eq!(woken.0.load(Ordering::SeqCst), 1, "c is told");
         assert!(p.wait_head(c, &waker), "a dead pipe never makes anyone wait");
-        p.finish(0);
         p.finish(c);
         assert_eq!(p.depth(), 0);
+    }
+
+    #[test]
+    fn a_failed_writer_costs_the_batches_ahead_nothing() {
+        let mut p = inner();
+        let b = p.add_ticket();
+        p.note_write(b);
+        // b's write broke (its client's garbage made the server end the connection, say):
+        // a's replies were sent before the server read b's batch.
+        p.doom(b);
+        assert!(!p.dead && p.is_head(0));
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        assert!(!p.wait_head(b, &Waker::from(woken.clone())));
+        assert!(p.finish(0).is_none());
+        assert!(p.dead && p.is_head(b), "b finds the connection broken at its turn");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+        // The last ticket out gets the connection, to close it (`leave` reads `dead`).
+        assert!(p.finish(b).is_none(), "no connection in these tests");
+        assert_eq!(p.depth(), 0);
+    }
+
+    #[test]
+    fn a_doomed_head_breaks_at_once_and_the_earliest_doom_counts() {
+        let mut p = inner();
+        let b = p.add_ticket();
+        p.note_write(b);
+        let c = p.add_ticket();
+        p.note_write(c);
+        p.doom(c);
+        p.doom(b);
+        p.finish(0);
+        assert!(p.dead, "b, the earlier doomed ticket, breaks it at its turn");
+        let mut q = inner();
+        q.doom(0);
+        assert!(q.dead, "the head's own failure breaks it now");
     }
 }

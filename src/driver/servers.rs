@@ -417,8 +417,8 @@ pub(crate) fn release_from_pipe(pool: &Arc<ServerPool>, c: Box<ServerConn>, dead
 /// connection comes back to the pool if no other ticket holds it.
 pub(crate) fn retract_ticket(pool: &Arc<ServerPool>, p: &Pipe, t: u32, back: Option<u32>) {
     let mut g = p.lock();
-    let dead = g.dead;
     if let Some(c) = g.retract(t, back) {
+        let dead = g.dead;
         drop(g);
         release_from_pipe(pool, c, dead);
     }
@@ -440,11 +440,7 @@ pub(crate) fn lend(pool: &Arc<ServerPool>, pipe: &Arc<Pipe>, from: u32, depth: u
         let mut p = pipe.lock();
         // A connection past its lifetime takes no more batches: it must come back to the
         // pool once to be closed.
-        if p.dead
-            || p.cut
-            || p.depth() >= depth
-            || !p.is_writer(from)
-            || p.conn.as_ref().is_none_or(|c| pool.expired(c))
+        if p.is_doomed() || p.depth() >= depth || !p.is_writer(from) || p.conn.as_ref().is_none_or(|c| pool.expired(c))
         {
             return None;
         }

@@ -109,9 +109,9 @@ impl Proxy {
         match self.server.take() {
             Some(Linked::Own(s)) => crate::driver::servers::release(&self.pool, s, false),
             Some(Linked::Shared(pipe, t)) => {
-                // The tickets ahead still get their replies; the connection is closed when
-                // this ticket's turn comes (`settle_shared`).
-                pipe.lock().cut = true;
+                // The tickets ahead still get their replies; the connection breaks when
+                // this ticket's turn comes (`Pipe::doom`).
+                pipe.lock().doom(t);
                 self.server = Some(Linked::Shared(pipe, t));
             }
             None => {}

@@ -210,8 +210,9 @@ impl Proxy {
                     return;
                 }
                 if !reusable || self.drop_unsent() {
-                    // Its state is unknown: nobody behind this ticket can use it either.
-                    g.kill();
+                    // Its state is unknown from this ticket's batch on: the tickets ahead
+                    // still get their replies, nobody behind can use it.
+                    g.doom(t);
                 }
                 leave(&self.pool, g, t);
             }
@@ -271,7 +272,7 @@ impl Proxy {
             Some(Linked::Own(s)) => servers::release(&self.pool, s, false),
             Some(Linked::Shared(pipe, t)) => {
                 let mut g = pipe.lock();
-                g.kill();
+                g.doom(t);
                 leave(&self.pool, g, t);
             }
             None => {}
@@ -430,9 +431,9 @@ impl Proxy {
         .await
         .unwrap_or(false);
         let mut g = pipe.lock();
-        if !done || g.cut && g.is_head(t) {
-            // Given up, or its own stream was cut mid-message: nobody is behind a writer.
-            g.kill();
+        if !done {
+            // Given up: the tickets ahead keep what they have read (`Pipe::doom`).
+            g.doom(t);
         }
         if !g.dead && g.is_head(t) && g.is_writer(t) && g.is_alone(t) {
             // Nobody else holds a ticket or can get one (only the writer lends).
@@ -450,8 +451,9 @@ impl Proxy {
 /// Ticket `t` leaves the pipe whose lock `g` is; the connection goes back to the pool (or
 /// is closed, if broken or left with unread bytes) when no ticket is left.
 fn leave(pool: &Arc<ServerPool>, mut g: std::sync::MutexGuard<'_, crate::driver::pipe::PipeInner>, t: u32) {
-    let dead = g.dead;
     if let Some(c) = g.finish(t) {
+        // Read after `finish`, which may break it (`Pipe::doom`).
+        let dead = g.dead;
         drop(g);
         servers::release_from_pipe(pool, c, dead);
     }

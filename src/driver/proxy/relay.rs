@@ -179,7 +179,9 @@ impl Proxy {
                     if !g.dead && !g.is_writer(*t) {
                         tracing::warn!("a lent session wrote to its server: closing that connection");
                     }
-                    g.kill();
+                    // What the server does with this batch is unknown; the batches ahead of
+                    // it are answered first, and still read (`Pipe::doom`).
+                    g.doom(*t);
                 }
                 ok
             }
