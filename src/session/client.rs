@@ -224,8 +224,7 @@ impl Session {
         if matches!(tag, tags::QUERY | tags::FUNCTION_CALL) {
             self.busy.retry.batch.clear();
         }
-        self.forward_client(frame);
-        true
+        self.forward_client(frame)
     }
 
     /// The SQL of a Query or Parse, read once for what it tells before it is handled: SQL
@@ -341,8 +340,9 @@ impl Session {
         record
     }
 
-    /// Sends the frame to the linked server as it is, expecting its reply.
-    fn forward_client(&mut self, frame: &[u8]) {
+    /// Sends the frame to the linked server as it is, expecting its reply. False when it
+    /// is to be fed again later (a copy message waiting to learn whether a COPY started).
+    fn forward_client(&mut self, frame: &[u8]) -> bool {
         let tag = frame[0];
         match tag {
             tags::QUERY => self.forward_query(frame),
@@ -368,39 +368,56 @@ impl Session {
             tags::CLOSE => self.forward(frame, Req::Close),
             tags::FUNCTION_CALL => self.forward(frame, Req::FunctionCall),
             tags::SYNC => {
-                self.to_server.extend_from_slice(frame);
-                // Ignored by the server in COPY FROM STDIN: no reply to wait for.
-                if self.busy.phase != Phase::CopyIn {
-                    self.busy.replies.push(Pending::client(Req::Sync));
+                if self.busy.phase == Phase::CopyIn {
+                    // PostgreSQL ignores a Sync in COPY FROM STDIN — unless the copy failed
+                    // before the server read it (a bad row, a timeout): then it ends the
+                    // skip to Sync and gets a ReadyForQuery. Which of the two happens is
+                    // not known here, so it is not sent: the server skips, after such a
+                    // failure, to the client's next Sync.
+                    return true;
                 }
+                self.to_server.extend_from_slice(frame);
+                self.busy.replies.push(Pending::client(Req::Sync));
             }
             tags::FLUSH if frame.len() > 5 => self.bad_flush(),
             tags::FLUSH => self.to_server.extend_from_slice(frame),
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {
-                if self.busy.phase != Phase::CopyIn
-                    && !self.busy.replies.iter().any(|p| matches!(p.req, Req::Execute | Req::Query) && !p.is_synth())
-                {
-                    // Outside any COPY, and no request outstanding that may start one:
-                    // PostgreSQL ignores it, so it is not sent. Sent, it would end an
-                    // extended batch early when a timer's error (statement_timeout, a
-                    // cancel) is raised as the server reads it: an ERROR there is followed
-                    // by a ReadyForQuery and no skip to Sync, as after a simple Query.
-                    return;
+                // A copy message reaches the server only inside COPY FROM STDIN. Outside
+                // one PostgreSQL ignores it, but not quite: a timer's error (a
+                // statement_timeout armed by the batch) raised as the server reads it is
+                // followed by a ReadyForQuery and no skip to Sync, as after a simple Query,
+                // which ends an extended batch early and gives the server one
+                // ReadyForQuery more than the batch's Syncs (the concurrent hostile-client
+                // test found both a copy message with nothing outstanding and one behind an
+                // Execute of a plain SELECT). Behind a request that may start a COPY (an
+                // Execute or Query not answered yet) it waits for that answer: the
+                // CopyInResponse lets it go, anything else means it is dropped.
+                if self.busy.phase != Phase::CopyIn {
+                    if self.copy_may_start() {
+                        if self.busy.replies.ask_flush() {
+                            // An Execute's answer is sent only at a Sync or Flush, and the
+                            // client's come after this message.
+                            frontend::flush(&mut self.to_server);
+                        }
+                        return false;
+                    }
+                    return true;
                 }
                 self.to_server.extend_from_slice(frame);
                 if tag != tags::COPY_DATA {
-                    if self.busy.phase == Phase::CopyIn {
-                        self.leave(Phase::CopyIn);
-                    } else {
-                        // Sent ahead of the server's CopyInResponse (or outside any COPY,
-                        // where PostgreSQL ignores it).
-                        self.busy.replies.copy_end_sent();
-                    }
+                    self.leave(Phase::CopyIn);
                 }
             }
             tags::TERMINATE => self.close(),
             t => self.fail(Error::protocol(format!("invalid frontend message type {t}"))),
         }
+        true
+    }
+
+    /// Whether a request the server has not answered yet may start a COPY FROM STDIN (an
+    /// Execute or a Query of the client's).
+    pub(super) fn copy_may_start(&self) -> bool {
+        self.busy.replies.iter().any(|p| matches!(p.req, Req::Execute | Req::Query) && !p.is_synth())
     }
 
     /// A Flush with a body. PostgreSQL answers it with an ERROR, and no other message that

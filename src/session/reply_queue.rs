@@ -253,10 +253,6 @@ pub(crate) struct Pending {
     pub(crate) plain_read: bool,
     /// Side effects.
     pub(crate) fx: Fx,
-    /// The client sent CopyDone or CopyFail right after this request, before the server
-    /// could have answered it: if this request starts a COPY FROM STDIN, the client has
-    /// already ended it (`ReplyQueue::copy_in_started`).
-    pub(crate) copy_end_after: bool,
     /// Part of a client's simple Query run as an autoprepared statement
     /// (`stmts::autoprepare`): its ParseComplete, BindComplete and NoData are not the
     /// client's, and its errors map back to the client's text through this.
@@ -290,7 +286,6 @@ impl Pending {
             tracked_sql: None,
             failed: false,
             plain_read: false,
-            copy_end_after: false,
             fx,
             simple: None,
             timed: None,
@@ -324,7 +319,6 @@ impl Pending {
             tracked_sql: None,
             failed: false,
             plain_read: false,
-            copy_end_after: false,
             fx: Fx::default(),
             simple: None,
             timed: None,
@@ -370,6 +364,9 @@ pub(crate) struct ReplyQueue {
     /// requests pushed after that are ones whose replies PostgreSQL would not have sent
     /// the client yet (`session::flush`).
     flushed_at: u32,
+    /// `pushes` when the session last asked the server to flush for an answer it waits
+    /// for (`ask_flush`).
+    asked_flush_at: u32,
 }
 
 impl ReplyQueue {
@@ -487,34 +484,22 @@ impl ReplyQueue {
         }
     }
     /// The head (an Execute or Query) started COPY FROM STDIN. In COPY FROM STDIN mode the
-    /// server ignores Sync and Flush: the Syncs queued right behind the head that the
-    /// client sent before ending the copy get no reply and are dropped. True when the
-    /// client has already ended the copy (a CopyDone or CopyFail followed the head or one
-    /// of those Syncs): the session is then not in COPY any more as far as the client's
-    /// next messages go.
+    /// server ignores Sync and Flush: the Syncs queued right behind the head get no reply
+    /// and are dropped. (The client's copy messages never precede the server's
+    /// CopyInResponse: they wait for it, `Session::forward_client`.)
     ///
-    /// `Err((req, sent))`: a client request other than Sync was queued before the copy's
-    /// end — a message the server reads during the copy and refuses (PostgreSQL:
-    /// "unexpected message type during COPY from stdin", then FATAL), or, not `sent`, one
-    /// the session answered itself, which PostgreSQL would have refused so. Nothing is
-    /// dropped then.
+    /// `Err((req, sent))`: a client request other than Sync was queued behind the head — a
+    /// message the server reads during the copy and refuses (PostgreSQL: "unexpected
+    /// message type during COPY from stdin", then FATAL), or, not `sent`, one the session
+    /// answered itself, which PostgreSQL would have refused so. Nothing is dropped then.
+    /// `Ok(true)` when Syncs were dropped.
     pub(crate) fn copy_in_started(&mut self) -> Result<bool, (Req, bool)> {
-        if self.q.front().is_some_and(|h| h.copy_end_after) {
-            return Ok(true);
-        }
         // Until the copy's end: client Syncs (ignored), nothing else of the client's.
-        for p in self.q.iter().skip(1) {
-            if p.purpose == Purpose::Client && p.req != Req::Sync {
-                return Err((p.req, !p.is_synth()));
-            }
-            if p.copy_end_after {
-                break;
-            }
+        if let Some(p) = self.q.iter().skip(1).find(|p| p.purpose == Purpose::Client && p.req != Req::Sync) {
+            return Err((p.req, !p.is_synth()));
         }
-        let mut ended = false;
         let mut dropped = false;
-        while !ended && self.q.len() > 1 && self.q[1].req == Req::Sync && self.q[1].purpose == Purpose::Client {
-            ended = self.q[1].copy_end_after;
+        while self.q.len() > 1 && self.q[1].req == Req::Sync && self.q[1].purpose == Purpose::Client {
             self.q.remove(1);
             dropped = true;
         }
@@ -523,18 +508,11 @@ impl ReplyQueue {
             // waits for a Sync after the copy) unless a later Sync is queued.
             self.mark_synced();
         }
-        Ok(ended)
+        Ok(dropped)
     }
     /// Drops every request but the head.
     pub(crate) fn keep_head(&mut self) {
         self.q.truncate(1);
-    }
-    /// The client sent CopyDone or CopyFail: noted on the request queued last (see
-    /// `copy_in_started`).
-    pub(crate) fn copy_end_sent(&mut self) {
-        if let Some(p) = self.q.back_mut() {
-            p.copy_end_after = true;
-        }
     }
     /// Nothing outstanding.
     #[inline]
@@ -557,6 +535,16 @@ impl ReplyQueue {
     #[inline]
     pub(crate) fn client_flushed(&mut self) {
         self.flushed_at = self.pushes;
+    }
+    /// The session is to wait for the answer to what is outstanding: true when it must ask
+    /// the server to flush (a Flush of its own) for that answer to come — something was
+    /// queued since the client's last Sync, Flush, Query or FunctionCall and since the
+    /// session last asked — noting that it asks now. The answers that come are held from
+    /// the client as ever (`head_unflushed`).
+    pub(crate) fn ask_flush(&mut self) -> bool {
+        let asked = self.pushes != self.flushed_at && self.pushes != self.asked_flush_at;
+        self.asked_flush_at = self.pushes;
+        asked
     }
     /// The head was queued after the client's last Sync, Flush, Query or FunctionCall:
     /// its replies are on their way only because the pooler asked the server to flush.

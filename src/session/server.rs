@@ -192,11 +192,19 @@ impl Session {
             }
         }
         if tag == tags::COPY_IN_RESPONSE {
-            // Unless the client's CopyDone or CopyFail is already on its way, what it sends
-            // next is COPY data, and its Syncs get no reply until the copy ends.
+            // What the client sends next is COPY data (its copy messages waited for this),
+            // and its Syncs get no reply until the copy ends.
             match self.busy.replies.copy_in_started() {
-                Ok(true) => {}
-                Ok(false) => self.enter(Phase::CopyIn),
+                Ok(dropped) => {
+                    if dropped && self.may_be_cancelled() {
+                        // Syncs sent ahead of the copy are taken as ignored; a timer's
+                        // error raised before the server read them would make the first
+                        // end the skip to Sync with a ReadyForQuery nobody counts. Not
+                        // reused, then (tokio-postgres sends its COPY's Sync ahead).
+                        self.dirty_server_if(true);
+                    }
+                    self.enter(Phase::CopyIn)
+                }
                 Err((req, sent)) => self.copy_violation(req.tag(), !sent),
             }
         } else if req.completed_by(tag) {

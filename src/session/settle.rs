@@ -19,21 +19,26 @@ impl Session {
     }
 
     /// The client is gone while a server is linked that is not settled (`server_settled`):
-    /// writes to `to_server` what ends whatever it left open — a CopyFail (which
-    /// PostgreSQL ignores outside COPY, and which ends a COPY FROM STDIN with an error)
-    /// and a Sync (which ends a batch, a skip to Sync after an error, and the implicit
-    /// transaction) — and queues the Sync's ReadyForQuery as the pooler's own. The driver
+    /// writes to `to_server` what ends whatever it left open — a CopyFail if a COPY FROM
+    /// STDIN runs or may be starting (it ends one with an error; elsewhere PostgreSQL
+    /// ignores it, but a timer's error raised as it is read would bring a ReadyForQuery
+    /// of its own: `Session::forward_client`) and a Sync (which ends a batch, a skip to
+    /// Sync after an error, and the implicit transaction) — and queues the Sync's
+    /// ReadyForQuery as the pooler's own. The driver
     /// then writes `to_server` and feeds the server's frames until nothing is outstanding
     /// (`outstanding() == 0`); what they write to `to_client` is nobody's and is dropped.
     /// The session is closing from here on.
     pub(crate) fn settle_server(&mut self) {
+        let copy = self.busy.phase == Phase::CopyIn || self.copy_may_start();
         self.busy.phase = Phase::Closing;
         if !self.link.is_linked() {
             self.link = Link::Linked(LinkState::default());
         }
         self.drop_client_output();
         self.busy.actions.clear();
-        frontend::copy_fail(&mut self.to_server, "the client disconnected");
+        if copy {
+            frontend::copy_fail(&mut self.to_server, "the client disconnected");
+        }
         frontend::sync(&mut self.to_server);
         self.busy.replies.push(Pending::internal(Req::Sync, Purpose::Settle));
     }

@@ -39,6 +39,12 @@ impl Session {
         self.link.state().is_some_and(|l| l.timer_us != 0) || self.busy.replies.iter().any(|p| p.timed.is_some())
     }
 
+    /// Whether a statement or lock timeout the session knows of may raise its error on the
+    /// linked server at any moment (set for this client, or armed on this link).
+    pub(super) fn may_be_cancelled(&self) -> bool {
+        self.link.state().is_some_and(|l| l.timer_us != 0) || self.kept.settings.sets_a_timeout()
+    }
+
     /// An Execute was just queued: if its portal was bound from a cached statement (or run
     /// as sent for one), its reply entry is stamped to be timed.
     pub(super) fn time_execute(&mut self, frame: &[u8]) {

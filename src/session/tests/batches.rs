@@ -314,12 +314,14 @@ fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
     }
 }
 
-/// A copy message outside any COPY, with nothing outstanding that may start one, is not sent
-/// on (PostgreSQL ignores it; sent, a timer's error raised as the server reads it would end
-/// the batch with a ReadyForQuery of its own). Behind an Execute that may start a COPY FROM
-/// STDIN, it is sent on.
+/// A copy message reaches the server only inside COPY FROM STDIN. With nothing outstanding
+/// that may start one it is dropped (PostgreSQL ignores it; sent, a timer's error raised as
+/// the server reads it would end the batch with a ReadyForQuery of its own). Behind an
+/// Execute that may start one, it waits for the Execute's answer, the server asked to flush
+/// it: a CopyInResponse lets it go, a plain answer drops it, and the frames after it wait
+/// their turn.
 #[test]
-fn a_copy_message_outside_copy_is_not_sent_unless_a_copy_may_have_started() {
+fn a_copy_message_reaches_the_server_only_inside_copy() {
     let mut h = H::new(PoolMode::Transaction, None);
     h.client(parse("", "select 1"));
     h.client(msg(b'c', b""));
@@ -331,6 +333,8 @@ fn a_copy_message_outside_copy_is_not_sent_unless_a_copy_may_have_started() {
     h.server(msg(b'1', b""));
     h.server(rfq(b'I'));
     assert_eq!(h.client_out(), "1Z");
+
+    // Behind an Execute of a COPY FROM STDIN: the data waits for the CopyInResponse.
     h.client(parse("", "copy t from stdin"));
     h.client(bind(""));
     h.client(execute());
@@ -338,7 +342,39 @@ fn a_copy_message_outside_copy_is_not_sent_unless_a_copy_may_have_started() {
     h.client(msg(b'c', b""));
     h.client(sync());
     let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "PBEdcS", "copy data pipelined behind its Execute");
+    assert_eq!(tags, "PBEH", "the data waits; the server is asked to flush the Execute's answer");
+    for m in [msg(b'1', b""), msg(b'2', b"")] {
+        h.server(m);
+    }
+    assert!(h.server_out().is_empty(), "still waiting");
+    h.server(msg(b'G', &[0, 0, 1, 0, 0]));
+    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "dcS", "the copy goes once it started");
+    h.server(msg(b'C', b"COPY 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "12GCZ");
+
+    // Behind an Execute of a plain SELECT: dropped once it is answered, and the Bind after
+    // it (fed only then) runs as its own request.
+    h.client(parse("", "select 2"));
+    h.client(bind(""));
+    h.client(execute());
+    h.client(msg(b'f', b"no\0"));
+    h.client(bind(""));
+    h.client(execute());
+    h.client(sync());
+    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "PBEH");
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'D', b"\0\x01\0\0\0\x012"), msg(b'C', b"SELECT 1\0")] {
+        h.server(m);
+    }
+    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "BES", "the CopyFail is not sent");
+    assert_eq!(h.client_out(), "", "nothing before the client's Sync (the flush was the pooler's)");
+    for m in [msg(b'2', b""), msg(b'D', b"\0\x01\0\0\0\x012"), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "12DC2DCZ");
 }
 
 /// A Flush with a body is refused as PostgreSQL words it, and never sent on: the server's

@@ -33,6 +33,57 @@ fn large_rows_stream_only_when_forwarded() {
     assert!(!h.s.stream_server_frame(&header(b'D')), "the settings' reply is the pooler's");
 }
 
+/// A Sync the client sends inside COPY FROM STDIN is not sent on: PostgreSQL ignores it
+/// while the copy runs, but answers it when the copy failed before the server read it, and
+/// which of the two happened is not known here. After the copy, the client's next Sync is
+/// the batch's.
+#[test]
+fn a_sync_inside_copy_is_not_sent_on() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("COPY t FROM STDIN"));
+    h.server(msg(b'G', &[0, 0, 1, 0, 0]));
+    h.server_out();
+    for f in [msg(b'd', b"1\n"), sync(), msg(b'd', b"2\n"), sync()] {
+        h.client(f);
+    }
+    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "dd");
+    h.client(msg(b'c', b""));
+    h.server(msg(b'C', b"COPY 2\0"));
+    h.server(rfq(b'I'));
+    assert!(!h.linked);
+    assert_eq!(h.client_out(), "GCZ");
+}
+
+/// Syncs sent ahead of a COPY's CopyInResponse (tokio-postgres sends Bind, Execute and Sync
+/// at once) are taken as ignored; with a timeout that may end the copy before the server
+/// read them, that is not sure, and the connection is not reused.
+#[test]
+fn syncs_ahead_of_a_copy_under_a_timeout_cost_the_connection() {
+    for timeout in [false, true] {
+        let mut h = H::new(PoolMode::Transaction, None);
+        if timeout {
+            h.client(query("SET statement_timeout = 50"));
+            h.server(msg(b'C', b"SET\0"));
+            h.server(rfq(b'I'));
+        }
+        for f in [parse("", "COPY t FROM STDIN"), bind(""), execute(), sync()] {
+            h.client(f);
+        }
+        for m in [msg(b'1', b""), msg(b'2', b""), msg(b'G', &[0, 0, 1, 0, 0])] {
+            h.server(m);
+        }
+        h.client(msg(b'c', b""));
+        h.client(sync());
+        h.server(msg(b'C', b"COPY 0\0"));
+        h.server(rfq(b'I'));
+        assert!(!h.linked);
+        let released: Vec<_> = h.log.iter().filter(|a| matches!(a, Action::ReleaseServer { .. })).collect();
+        let last = released.last().expect("released");
+        assert_eq!(**last, Action::ReleaseServer { reusable: !timeout }, "timeout {timeout}");
+    }
+}
+
 /// A Sync sent during COPY FROM STDIN is ignored by PostgreSQL: after the CopyDone the
 /// extended batch is still open, and the server must not go back to the pool until the
 /// client's next Sync is answered (PostgreSQL 18 fails the next transaction start of a
