@@ -25,6 +25,11 @@
 //! * `PARSNIP_HOSTILE_SKIP=op1,op2`: leave these honest raw-client operations out
 //!   (names in `hostile/honest.rs` `OPS`), e.g. to look past a known failure.
 //!
+//! * On a failure, parsnip's whole log is kept in the temp directory (the report names
+//!   it); `PARSNIP_HOSTILE_KEEPLOG=1` keeps it after a passing run too, and
+//!   `PARSNIP_TEST_LOG=info,parsnip::links=trace,parsnip::session::wire_trace=trace` makes
+//!   it show every link and every frame (the post-mortem of the 2026-11-28 fixes).
+//!
 //! With `PARSNIP_E2E_DIRECT=1` everything talks to PostgreSQL itself (pg_hba trusts the
 //! test's database first): the honest clients' expectations must hold there, which is how
 //! the test shows its failures are parsnip's and not its own.
@@ -359,6 +364,22 @@ async fn hostile_clients_do_not_disturb_honest_ones() {
         }
         let mut p = Parsnip::with_config(&config(phase, POOL_SIZE));
         let r = run_phase(&mut p, &set, phase, secs, &journal, &records, &marker).await;
+        if std::env::var_os("PARSNIP_HOSTILE_KEEPLOG").is_some() || !journal.failures().is_empty() {
+            // What parsnip itself said of trouble, for the post-mortem (its whole log kept
+            // in a file: `PARSNIP_TEST_LOG` raises its level).
+            let logs = p.logs();
+            let kept = std::env::temp_dir().join(format!("parsnip-hostile-{:x}-phase{phase}.log", set.seed));
+            let _ = std::fs::write(&kept, &logs);
+            let said: Vec<&str> = logs.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+            println!(
+                "phase {phase}: parsnip's warnings ({} lines, the last 40; whole log in {}):",
+                said.len(),
+                kept.display()
+            );
+            for l in &said[said.len().saturating_sub(40)..] {
+                println!("  {l}");
+            }
+        }
         println!(
             "phase {phase}: {} honest operations, {} hostile connections, parsnip peak RSS {} kB",
             r.ledger.ops, r.hostile_conns, r.max_rss_kb
