@@ -352,6 +352,12 @@ impl Registry {
         {
             return s.clone();
         }
+        self.insert_locked(&mut g, key, kind, query, types)
+    }
+
+    /// A new statement for `key` in the map whose lock `g` is (a new generation if one was
+    /// there).
+    fn insert_locked(&self, g: &mut Inner, key: &[u8], kind: StmtKind, query: &[u8], types: &[u8]) -> Arc<Statement> {
         if g.map.len() >= self.cfg.registry_cap {
             g.map.retain(|_, s| Arc::strong_count(s) > 1);
             self.changes.fetch_add(1, Ordering::Release);
@@ -364,7 +370,7 @@ impl Registry {
     }
 
     /// The statement an unnamed Parse of `key` is served by now, when the registry holds
-    /// one (what `see_unnamed_after` then `for_parse` hand out, without counting a
+    /// one (what `promote_unnamed` hands out, without counting a
     /// sighting): None when it holds none, or only a stale one, or one whose inferred
     /// parameter types may be out of date (`for_parse` would make a new generation).
     /// Also the value of `changes` it was found at.
@@ -380,36 +386,34 @@ impl Registry {
         self.get_or_insert(&s.key, kind, &s.query, &s.types)
     }
 
-    /// Counts a sighting of an unnamed statement; true when it should now be promoted.
-    #[cfg(test)]
-    pub(crate) fn see_unnamed(&self, key: &[u8]) -> bool {
-        self.see_unnamed_after(key, self.cfg.promote_unnamed_after)
-    }
-
-    /// `see_unnamed` with the threshold `n` (autoprepared statements count by
-    /// `autoprepare_after`).
-    pub(crate) fn see_unnamed_after(&self, key: &[u8], n: u32) -> bool {
+    /// Counts a sighting of the unnamed statement `key` against the threshold `n`
+    /// (`promote_unnamed_after`, or `autoprepare_after` for an autoprepared Query's) and
+    /// returns the statement that serves it from now: the one known (a new generation where
+    /// `for_parse` would make one), or a new one once seen `n` times. None before that, and
+    /// always with `n` = 0. What `see_unnamed_after` then `for_parse` give, under one lock
+    /// and one lookup (it runs for every unnamed Parse of a client whose last one differs).
+    pub(crate) fn promote_unnamed(&self, key: &[u8], n: u32, query: &[u8], types: &[u8]) -> Option<Arc<Statement>> {
         if n == 0 {
-            return false;
+            return None;
         }
         let mut g = self.lock();
-        if let Some(s) = g.map.get(key)
-            && !s.stale.load(Ordering::Relaxed)
-        {
-            return true;
+        match g.map.get(key).filter(|s| !s.stale.load(Ordering::Relaxed)) {
+            Some(s) if !s.infers_stale_types() => return Some(s.clone()),
+            Some(_) => {}
+            None => {
+                if g.unnamed_seen.len() >= self.cfg.registry_cap {
+                    g.unnamed_seen.clear();
+                }
+                let c = g.unnamed_seen.entry(key.into()).or_insert(0);
+                *c += 1;
+                if *c < n {
+                    return None;
+                }
+                g.unnamed_seen.remove(key);
+                self.stats.promotions.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        if g.unnamed_seen.len() >= self.cfg.registry_cap {
-            g.unnamed_seen.clear();
-        }
-        let c = g.unnamed_seen.entry(key.into()).or_insert(0);
-        *c += 1;
-        if *c >= n {
-            g.unnamed_seen.remove(key);
-            self.stats.promotions.fetch_add(1, Ordering::Relaxed);
-            true
-        } else {
-            false
-        }
+        Some(self.insert_locked(&mut g, key, StmtKind::Protocol, query, types))
     }
 
     /// A statement failed to parse: forget it so a later Parse starts afresh.
@@ -486,12 +490,23 @@ mod tests {
 
     #[test]
     fn promotion_after_n_sightings() {
-        let r = Registry::new(StmtConfig { promote_unnamed_after: 3, ..Default::default() });
-        assert!(!r.see_unnamed(b"k"));
-        assert!(!r.see_unnamed(b"k"));
-        assert!(r.see_unnamed(b"k"));
-        let r = Registry::new(StmtConfig { promote_unnamed_after: 0, ..Default::default() });
-        assert!(!r.see_unnamed(b"k"));
+        let r = Registry::new(StmtConfig::default());
+        let see = |r: &Registry, n| r.promote_unnamed(b"k", n, b"select 1", b"");
+        assert!(see(&r, 3).is_none());
+        assert!(see(&r, 3).is_none());
+        let a = see(&r, 3).expect("promoted at the third sighting");
+        assert_eq!(r.stats.promotions.load(Ordering::Relaxed), 1);
+        let b = see(&r, 3).expect("known from now");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(r.stats.promotions.load(Ordering::Relaxed), 1, "counted once");
+        // Gone stale: counted anew, then a new generation.
+        r.mark_stale(&a);
+        assert!(see(&r, 2).is_none());
+        let c = see(&r, 2).expect("promoted again");
+        assert!(!Arc::ptr_eq(&a, &c));
+        // Never with a threshold of 0.
+        assert!(see(&r, 0).is_none());
+        assert!(r.promote_unnamed(b"other", 0, b"x", b"").is_none());
     }
 
     #[test]

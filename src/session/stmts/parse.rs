@@ -169,11 +169,11 @@ impl Session {
         } else {
             registry.cfg.promote_unnamed_after
         };
-        if (idle || in_block) && registry.see_unnamed_after(key, after) {
-            let s = registry.for_parse(key, StmtKind::Protocol, p.query, p.param_types);
-            if idle || guard::serves_in_block(&s) {
-                return self.guarded(s, registry);
-            }
+        if (idle || in_block)
+            && let Some(s) = registry.promote_unnamed(key, after, p.query, p.param_types)
+            && (idle || guard::serves_in_block(&s))
+        {
+            return self.guarded(s, registry);
         }
         Lookup::Plain
     }
