@@ -227,6 +227,22 @@ impl Parsnip {
         self.logs.lock().unwrap_or_else(|p| p.into_inner()).join("\n")
     }
 
+    /// Whether a line containing `needle` is logged within `within`: a line the pooler
+    /// writes as (or just after) it answers a client may reach the reader thread after the
+    /// client has its answer.
+    pub fn wait_for_log(&self, needle: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.logs.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|l| l.contains(needle)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// The last lines logged, for failure messages.
     pub fn log_tail(&self) -> String {
         format!(
