@@ -71,8 +71,7 @@ impl Session {
             || self.busy.tx.tracked_portal.is_some()
             || self.stmts.fresh_in_tx.is_some()
             || !self.to_server.is_empty()
-            || self.kept.settings.sets_a_timeout()
-            || link.timer_us != 0
+            || self.may_be_cancelled()
         {
             return None;
         }

@@ -24,9 +24,9 @@ impl Session {
     /// ignores it, but a timer's error raised as it is read would bring a ReadyForQuery
     /// of its own: `Session::forward_client`) and a Sync (which ends a batch, a skip to
     /// Sync after an error, and the implicit transaction) — and queues the Sync's
-    /// ReadyForQuery as the pooler's own. The driver
-    /// then writes `to_server` and feeds the server's frames until nothing is outstanding
-    /// (`outstanding() == 0`); what they write to `to_client` is nobody's and is dropped.
+    /// ReadyForQuery as the pooler's own. The driver then writes `to_server` and feeds the
+    /// server's frames until nothing is outstanding (`outstanding() == 0`); what they write
+    /// to `to_client` is nobody's and is dropped.
     /// The session is closing from here on.
     pub(crate) fn settle_server(&mut self) {
         let copy = self.busy.phase == Phase::CopyIn || self.copy_may_start();

@@ -370,9 +370,9 @@ impl Registry {
     }
 
     /// The statement an unnamed Parse of `key` is served by now, when the registry holds
-    /// one (what `promote_unnamed` hands out, without counting a
-    /// sighting): None when it holds none, or only a stale one, or one whose inferred
-    /// parameter types may be out of date (`for_parse` would make a new generation).
+    /// one (what `promote_unnamed` hands out, without counting a sighting): None when it
+    /// holds none, or only a stale one, or one whose inferred parameter types may be out of
+    /// date (`for_parse` would make a new generation).
     /// Also the value of `changes` it was found at.
     pub(crate) fn cached_for_parse(&self, key: &[u8]) -> Option<(Arc<Statement>, u64)> {
         let g = self.lock();
@@ -390,8 +390,8 @@ impl Registry {
     /// (`promote_unnamed_after`, or `autoprepare_after` for an autoprepared Query's) and
     /// returns the statement that serves it from now: the one known (a new generation where
     /// `for_parse` would make one), or a new one once seen `n` times. None before that, and
-    /// always with `n` = 0. What `see_unnamed_after` then `for_parse` give, under one lock
-    /// and one lookup (it runs for every unnamed Parse of a client whose last one differs).
+    /// always with `n` = 0. One lock and one lookup: it runs for every unnamed Parse of a
+    /// client whose last one differs.
     pub(crate) fn promote_unnamed(&self, key: &[u8], n: u32, query: &[u8], types: &[u8]) -> Option<Arc<Statement>> {
         if n == 0 {
             return None;
