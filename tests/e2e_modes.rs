@@ -285,18 +285,9 @@ async fn cancel_reaches_a_query_waiting_for_a_server() {
         // `defer_begin`).
         holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
         let a = p.connect("postgres", SUPER_PW, DB).await;
-        let token = a.cancel_token();
-        let waiting = tokio::spawn(async move {
-            let r = a.simple_query("select pg_sleep(3)").await;
-            (r.map(|_| ()), a)
-        });
-        until_one_waits(&p, DB).await;
-        let t0 = Instant::now();
-        token.cancel_query(NoTls).await.unwrap();
-        let (r, a) = within(Duration::from_secs(5), waiting).await.expect("cancelled in time").unwrap();
-        let e = expect_code(r, "57014", "queued query cancelled");
+        let (a, e, took) = cancelled_while_queued(&p, DB, a, "select pg_sleep(3)").await;
         assert_eq!(e.message(), "canceling statement due to user request");
-        assert!(t0.elapsed() < Duration::from_secs(2), "cancel took {:?}", t0.elapsed());
+        assert!(took < Duration::from_secs(2), "cancel took {took:?}");
         holder.batch_execute("COMMIT").await.unwrap();
         assert_eq!(a.scalar("select 1").await.unwrap(), "1");
     })
@@ -506,18 +497,24 @@ async fn a_lone_begin_holds_no_server_until_its_transaction_runs_something() {
 }
 
 /// Sends `sql` from `a` while no server is free, cancels it once it waits, and checks that it
-/// failed with 57014.
-async fn cancelled_while_queued(p: &Parsnip, db: &str, a: Pg, sql: &'static str) -> Pg {
+/// failed with 57014: the client, the error, and how long the answer took after the cancel.
+async fn cancelled_while_queued(
+    p: &Parsnip,
+    db: &str,
+    a: Pg,
+    sql: &'static str,
+) -> (Pg, tokio_postgres::error::DbError, Duration) {
     let token = a.cancel_token();
     let waiting = tokio::spawn(async move {
         let r = a.simple_query(sql).await;
         (r.map(|_| ()), a)
     });
     until_one_waits(p, db).await;
+    let t0 = Instant::now();
     token.cancel_query(NoTls).await.unwrap();
     let (r, a) = within(Duration::from_secs(5), waiting).await.expect("cancelled in time").unwrap();
-    expect_code(r, "57014", sql);
-    a
+    let e = expect_code(r, "57014", sql);
+    (a, e, t0.elapsed())
 }
 
 /// A cancel of the first statement after a lone BEGIN, while it waits for a server, fails
@@ -532,7 +529,7 @@ async fn a_cancel_while_a_deferred_block_waits_for_a_server_fails_the_block() {
         holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
         let a = p.connect("postgres", SUPER_PW, DB).await;
         a.batch_execute("BEGIN").await.unwrap();
-        let a = cancelled_while_queued(&p, DB, a, "select pg_sleep(3)").await;
+        let (a, ..) = cancelled_while_queued(&p, DB, a, "select pg_sleep(3)").await;
         // The block is failed: a statement is refused once a server is free, ROLLBACK ends it.
         holder.batch_execute("COMMIT").await.unwrap();
         expect_code(a.simple_query("select 1").await, "25P02", "statement in the failed block");
@@ -541,7 +538,7 @@ async fn a_cancel_while_a_deferred_block_waits_for_a_server_fails_the_block() {
         // And a failed block ended at once: ROLLBACK with no server free.
         holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
         a.batch_execute("BEGIN").await.unwrap();
-        let a = cancelled_while_queued(&p, DB, a, "select 2").await;
+        let (a, ..) = cancelled_while_queued(&p, DB, a, "select 2").await;
         a.batch_execute("ROLLBACK").await.unwrap();
         holder.batch_execute("COMMIT").await.unwrap();
         assert_eq!(a.scalar("select 3").await.unwrap(), "3");

@@ -93,7 +93,7 @@ fn an_autoprepared_read_runs_on_its_standby() {
     h.reads = true;
     h.s.set_read_split(true);
     h.client(query("SELECT abalance FROM pgbench_accounts WHERE aid = 1"));
-    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let tags = h.server_tags();
     assert_eq!(tags, "PBDES");
     assert!(h.pending.is_empty(), "every frame fed");
     answer(&mut h, true);
@@ -110,7 +110,7 @@ fn a_template_serves_the_next_client_of_its_busy_half() {
     let mut tags = vec![];
     for aid in [1, 2, 3] {
         h.client(sql(aid));
-        let t: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        let t = h.server_tags();
         answer(&mut h, t.starts_with('P'));
         assert_eq!(h.client_out(), "TDCZ");
         tags.push(t);
@@ -148,14 +148,14 @@ fn inside_a_transaction_block_a_query_goes_as_it_is() {
     let mut sent = vec![];
     for aid in [1, 2] {
         h.client(sql(aid));
-        let t: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        let t = h.server_tags();
         answer(&mut h, t.starts_with('P'));
         assert_eq!(h.client_out(), "TDCZ");
         sent.push(t);
     }
     assert_eq!(sent, ["PBDES", "PBDES"], "cached at the second");
     h.client(query("BEGIN"));
-    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "Q");
+    assert_eq!(h.server_tags(), "Q");
     h.server(msg(b'C', b"BEGIN\0"));
     h.server(rfq(b'T'));
     assert_eq!(h.client_out(), "CZ");
@@ -174,7 +174,7 @@ fn inside_a_transaction_block_a_query_goes_as_it_is() {
     h.server(rfq(b'I'));
     assert_eq!(h.client_out(), "CZ");
     h.client(sql(4));
-    let t: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let t = h.server_tags();
     assert_eq!(t, "BDES", "the cached statement again after the block");
     answer(&mut h, false);
     assert_eq!(h.client_out(), "TDCZ");

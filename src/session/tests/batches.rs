@@ -57,7 +57,7 @@ fn fresh_parse_with_a_different_row_shape_never_sends_rows() {
     h.client(execute());
     h.client(sync());
     // Parse, a Describe to check the shape, and Flush: the client's Bind waits.
-    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PDH");
+    assert_eq!(h.server_tags(), "PDH");
     assert_eq!(h.pending.len(), 3, "Bind, Execute, Sync held");
     h.server(msg(b'1', b""));
     h.server(msg(b't', b"\0\0"));
@@ -102,7 +102,7 @@ fn same_shape_on_a_fresh_server_goes_on() {
     for m in [msg(b'1', b""), msg(b't', b"\0\0"), after] {
         h.server(m);
     }
-    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BES");
+    assert_eq!(h.server_tags(), "BES");
     for m in [msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
         h.server(m);
     }
@@ -129,11 +129,11 @@ fn replies_flushed_for_the_pooler_wait_for_the_clients_sync() {
     h.client(parse("s2", "select 2"));
     h.client(bind("s1"));
     h.client(execute());
-    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PPDH");
+    assert_eq!(h.server_tags(), "PPDH");
     for m in [msg(b'1', b""), msg(b'1', b""), msg(b't', b"\0\0"), rowdesc(&["one"], 1)] {
         h.server(m);
     }
-    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BE");
+    assert_eq!(h.server_tags(), "BE");
     assert_eq!(h.client_out(), "", "the client's ParseComplete came only because of the pooler's Flush");
     h.client(sync());
     for m in [msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
@@ -213,7 +213,7 @@ fn a_batch_behind_a_skipped_injected_parse_waits_for_its_outcome() {
         h.client(m);
     }
     assert_eq!(h.pending.len(), 3, "the second batch waits: is b prepared there or was its Parse skipped?");
-    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let sent = h.server_tags();
     assert_eq!(sent, "CCPBEDEPBES");
     for m in [msg(b'3', b""), msg(b'3', b""), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0")] {
         h.server(m);
@@ -221,7 +221,7 @@ fn a_batch_behind_a_skipped_injected_parse_waits_for_its_outcome() {
     h.server(msg(b'E', b"SERROR\0C26000\0Mprepared statement \"parsnip_probe\" does not exist\0\0"));
     h.server(rfq(b'I'));
     // b's Parse was skipped: the held batch now prepares it again.
-    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let sent = h.server_tags();
     assert_eq!(sent, "PBES");
 }
 
@@ -244,7 +244,7 @@ fn a_local_parse_waits_for_an_earlier_batch_that_may_abort_the_transaction() {
         h.server(m);
     }
     // The transaction is aborted: the Parse goes to the server, which answers 25P02.
-    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let sent = h.server_tags();
     assert!(sent.ends_with("PS"), "{sent}");
     assert!(h.pending.is_empty());
 }
@@ -256,7 +256,6 @@ fn a_local_parse_waits_for_an_earlier_batch_that_may_abort_the_transaction() {
 /// (session mode reaches PostgreSQL the same way).
 #[test]
 fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
-    let tags = |h: &mut H| h.server_out().iter().map(|f| f[0] as char).collect::<String>();
     for mut h in [H::cached(), H::new(PoolMode::Session, None)] {
         h.begin();
         h.client(query("SELECT 1/g FROM generate_series(0, 0) g"));
@@ -266,7 +265,7 @@ fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
         h.server_out();
         h.client(execute());
         h.client(sync());
-        assert_eq!(tags(&mut h), "CES", "Close of the unnamed portal, then the client's Execute and Sync");
+        assert_eq!(h.server_tags(), "CES", "Close of the unnamed portal, then the client's Execute and Sync");
         h.server(msg(b'3', b""));
         h.server(err("34000"));
         h.server(rfq(b'E'));
@@ -274,7 +273,7 @@ fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
         // Closed once: the next Execute goes as it is.
         h.client(execute());
         h.client(sync());
-        assert_eq!(tags(&mut h), "ES");
+        assert_eq!(h.server_tags(), "ES");
         h.server(err("34000"));
         h.server(rfq(b'E'));
         h.client_out();
@@ -286,7 +285,7 @@ fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
         h.server_out();
         h.client(bind(""));
         h.client(sync());
-        let sent = tags(&mut h);
+        let sent = h.server_tags();
         assert!(sent.ends_with("CBS"), "{sent}");
         h.server(msg(b'3', b""));
         h.server(err("25P02"));
@@ -303,14 +302,14 @@ fn the_unnamed_portal_a_failed_query_may_leave_is_closed_before_its_next_use() {
         h.client(bind(""));
         h.client(msg(b'E', b"\0\0\0\0\x01"));
         h.client(sync());
-        let sent = tags(&mut h);
+        let sent = h.server_tags();
         assert!(sent.ends_with("BES") && !sent.contains('C'), "{sent}");
         for m in [msg(b'1', b""), msg(b'2', b""), msg(b's', b""), rfq(b'T')] {
             h.server(m);
         }
         h.client(execute());
         h.client(sync());
-        assert_eq!(tags(&mut h), "ES", "the suspended portal runs on");
+        assert_eq!(h.server_tags(), "ES", "the suspended portal runs on");
     }
 }
 
@@ -328,8 +327,7 @@ fn a_copy_message_reaches_the_server_only_inside_copy() {
     h.client(msg(b'd', b"x"));
     h.client(msg(b'f', b"no\0"));
     h.client(sync());
-    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "PS", "only the Parse and the Sync");
+    assert_eq!(h.server_tags(), "PS", "only the Parse and the Sync");
     h.server(msg(b'1', b""));
     h.server(rfq(b'I'));
     assert_eq!(h.client_out(), "1Z");
@@ -341,15 +339,13 @@ fn a_copy_message_reaches_the_server_only_inside_copy() {
     h.client(msg(b'd', b"1\n"));
     h.client(msg(b'c', b""));
     h.client(sync());
-    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "PBEH", "the data waits; the server is asked to flush the Execute's answer");
+    assert_eq!(h.server_tags(), "PBEH", "the data waits; the server is asked to flush the Execute's answer");
     for m in [msg(b'1', b""), msg(b'2', b"")] {
         h.server(m);
     }
     assert!(h.server_out().is_empty(), "still waiting");
     h.server(msg(b'G', &[0, 0, 1, 0, 0]));
-    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "dcS", "the copy goes once it started");
+    assert_eq!(h.server_tags(), "dcS", "the copy goes once it started");
     h.server(msg(b'C', b"COPY 1\0"));
     h.server(rfq(b'I'));
     assert_eq!(h.client_out(), "12GCZ");
@@ -363,13 +359,11 @@ fn a_copy_message_reaches_the_server_only_inside_copy() {
     h.client(bind(""));
     h.client(execute());
     h.client(sync());
-    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "PBEH");
+    assert_eq!(h.server_tags(), "PBEH");
     for m in [msg(b'1', b""), msg(b'2', b""), msg(b'D', b"\0\x01\0\0\0\x012"), msg(b'C', b"SELECT 1\0")] {
         h.server(m);
     }
-    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "BES", "the CopyFail is not sent");
+    assert_eq!(h.server_tags(), "BES", "the CopyFail is not sent");
     assert_eq!(h.client_out(), "", "nothing before the client's Sync (the flush was the pooler's)");
     for m in [msg(b'2', b""), msg(b'D', b"\0\x01\0\0\0\x012"), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
         h.server(m);
@@ -384,8 +378,7 @@ fn a_flush_with_a_body_closes_the_client_and_is_not_sent_on() {
     let mut h = H::new(PoolMode::Transaction, None);
     h.client(parse("", "select 1"));
     h.client(msg(b'H', b"junk"));
-    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "P", "the Parse only");
+    assert_eq!(h.server_tags(), "P", "the Parse only");
     let out = text(&h.s.to_client);
     assert!(out.contains("08P01") && out.contains("invalid message format"), "{out}");
     assert!(h.s.is_closing());

@@ -217,6 +217,10 @@ impl H {
     fn server_out(&mut self) -> Vec<Vec<u8>> {
         frames(&self.s.to_server.split())
     }
+    /// The tags of what the session wrote to the server since last asked, in order.
+    fn server_tags(&mut self) -> String {
+        self.server_out().iter().map(|f| f[0] as char).collect()
+    }
     fn actions(&mut self) -> Vec<Action> {
         std::mem::take(&mut self.log)
     }

@@ -130,7 +130,7 @@ fn an_autoprepared_unlock_asks_and_unpins() {
     let cfg = crate::stmt::registry::StmtConfig { autoprepare: true, ..Default::default() };
     let mut h = H::new(PoolMode::Transaction, Some(Arc::new(crate::stmt::registry::Registry::new(cfg))));
     let batch = |h: &mut H| {
-        let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        let tags = h.server_tags();
         assert_eq!(tags, "PBDES", "autoprepared");
         super::autoprepare::answer(h, true);
     };
@@ -158,7 +158,7 @@ fn a_cached_autoprepared_unlock_is_asked_about_after_it_ran() {
     // whether an advisory lock remains.
     let run_one = |h: &mut H, sql: &str, lock_left: bool| {
         h.client(query(sql));
-        let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        let tags = h.server_tags();
         assert!(!tags.contains('Q'), "{sql}: the question came before the statement ran: {tags}");
         assert!(tags.ends_with("ES"), "{sql}: {tags}");
         assert!(tags.contains('D'), "{sql}: each Query gets its row description: {tags}");

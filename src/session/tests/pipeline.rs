@@ -125,7 +125,7 @@ fn a_lent_session_retries_a_stale_plan_on_its_next_server_and_writes_nothing_her
         vec![Action::ReleaseServer { reusable: true }, Action::AcquireServer],
         "the replay goes to the next server the client gets"
     );
-    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let sent = h.server_tags();
     assert_eq!(sent, "PBES");
     for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
         h.server(m);

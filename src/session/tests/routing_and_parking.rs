@@ -84,7 +84,7 @@ fn an_idle_session_is_parked_and_comes_back_whole() {
     h.client(bind("s1"));
     h.client(execute());
     h.client(sync());
-    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBES");
+    assert_eq!(h.server_tags(), "PBES");
     assert_eq!(h.s.prepared_count(), 1);
 }
 
@@ -104,7 +104,7 @@ fn a_client_idle_after_an_extended_commit_is_parked() {
             for f in [parse(&name, sql), bind(&name), execute(), sync()] {
                 h.client(f);
             }
-            let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+            let sent = h.server_tags();
             if sent.starts_with('P') {
                 h.server(msg(b'1', b""));
             }
@@ -141,11 +141,11 @@ fn an_idle_client_with_only_its_unnamed_statement_parks_it_alone() {
         h.client(f);
     }
     // Re-parsed from what it kept, its shape checked against the description it was given.
-    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PDH");
+    assert_eq!(h.server_tags(), "PDH");
     h.server(msg(b'1', b""));
     h.server(msg(b't', b"\0\0"));
     h.server(rowdesc(&["a"], 0));
-    assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "BES");
+    assert_eq!(h.server_tags(), "BES");
     h.server(msg(b'2', b""));
     h.server(msg(b'C', b"SELECT 1\0"));
     h.server(rfq(b'I'));
@@ -165,7 +165,7 @@ fn a_parked_unnamed_client_keeps_only_its_last_statements_description() {
             for f in [parse("", text), bind(""), msg(b'D', b"P\0"), execute(), sync()] {
                 h.client(f);
             }
-            let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
+            let tags = h.server_tags();
             if tags.starts_with('P') {
                 h.server(msg(b'1', b""));
             }

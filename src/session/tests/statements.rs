@@ -47,7 +47,7 @@ fn bind_on_a_new_server_injects_parse_and_hides_its_reply() {
     a.client(bind("s1"));
     a.client(execute());
     a.client(sync());
-    assert_eq!(a.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBES");
+    assert_eq!(a.server_tags(), "PBES");
     for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
         a.server(m);
     }
@@ -173,7 +173,7 @@ fn repeated_unnamed_statements_are_promoted() {
         h.client(bind(""));
         h.client(execute());
         h.client(sync());
-        let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        let sent = h.server_tags();
         for f in sent.chars() {
             match f {
                 'P' => h.server(msg(b'1', b"")),
@@ -208,7 +208,7 @@ fn sql_deallocate_all_is_answered_locally_and_clears_the_namespace() {
     h.client(bind("s1"));
     h.client(execute());
     h.client(sync());
-    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let sent = h.server_tags();
     assert!(sent.ends_with("BES") && !sent.ends_with("PBES"), "{sent}: Parse answered locally");
     assert_eq!(tags_of(&h.s.to_client), "1", "statement known and valid: Parse answered locally");
     assert_eq!(h.client_out(), "", "its ParseComplete goes with the server's answers to the batch");
@@ -279,7 +279,7 @@ fn failed_prepare_ahead_of_execute_answers_it() {
         // Not prepared there: the next EXECUTE prepares it again.
         h.s.busy.tx.status = TxStatus::from_byte(status);
         h.client(query("EXECUTE q"));
-        assert_eq!(h.server_out().iter().map(|f| f[0] as char).collect::<String>(), "PBESQ");
+        assert_eq!(h.server_tags(), "PBESQ");
         for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"PREPARE\0"), rfq(status), msg(b'C', b"SELECT 1\0")] {
             h.server(m);
         }
@@ -295,7 +295,7 @@ fn server_cap_evicts_least_recently_used_with_close() {
     for (i, q) in ["select 1", "select 2", "select 3"].iter().enumerate() {
         h.client(parse(&format!("s{i}"), q));
         h.client(sync());
-        let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        let sent = h.server_tags();
         for c in sent.chars() {
             match c {
                 'C' => h.server(msg(b'3', b"")),
@@ -355,7 +355,7 @@ fn stale_plan_is_retried_when_the_client_never_saw_the_old_shape() {
     h.server_out();
     h.server(msg(b'E', b"SERROR\0C0A000\0Mcached plan must not change result type\0\0"));
     // Close of the stale statement, then the batch again on a new generation.
-    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let sent = h.server_tags();
     assert_eq!(sent, "CPBES");
     h.server(rfq(b'I')); // the first Sync's answer: hidden
     for m in [msg(b'3', b""), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
@@ -405,7 +405,7 @@ fn a_cached_parse_in_a_block_is_guarded_unless_it_returns_nothing() {
         for f in [parse("s1", sql), describe_s("s1"), bind("s1"), execute(), sync()] {
             h.client(f);
         }
-        let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+        let sent = h.server_tags();
         assert!(sent.ends_with("PDBES"), "{sent}");
         h.server(msg(b'1', b""));
         h.server(msg(b't', b"\0\0"));
@@ -444,7 +444,7 @@ fn a_local_parse_complete_goes_with_the_servers_first_answer() {
     for f in [parse("s2", "select 1"), bind("s2"), execute(), sync()] {
         h.client(f);
     }
-    let sent: String = h.server_out().iter().map(|f| f[0] as char).collect();
+    let sent = h.server_tags();
     assert_eq!(sent, "BES", "answered locally");
     assert_eq!(h.client_out(), "", "held for the server's answer");
     h.server(msg(b'2', b""));

@@ -46,8 +46,7 @@ fn a_sync_inside_copy_is_not_sent_on() {
     for f in [msg(b'd', b"1\n"), sync(), msg(b'd', b"2\n"), sync()] {
         h.client(f);
     }
-    let tags: String = h.server_out().iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "dd");
+    assert_eq!(h.server_tags(), "dd");
     h.client(msg(b'c', b""));
     h.server(msg(b'C', b"COPY 2\0"));
     h.server(rfq(b'I'));
