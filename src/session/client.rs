@@ -470,7 +470,7 @@ impl Session {
         if let Some(text) = self.query_text_of(frame) {
             if settings::maybe_setting_stmt(text) || (!self.busy.tx.settings.is_empty() && settings::maybe_tx_end(text))
             {
-                p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
+                p.tracked_sql = self.text_to_track(text);
             }
             self.note_set_config(text, None);
             if p.tracked_sql.is_some() || settings::may_hold_several(text) {

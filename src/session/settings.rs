@@ -17,12 +17,14 @@ pub(crate) enum SettingStmt {
 }
 
 /// Recognizes one SET/RESET/DISCARD ALL statement. Returns None for anything else, for
-/// `SET LOCAL`, for strings holding more than one statement, and for text with comments
-/// (the text is replayed as written, and a `--` comment would swallow what follows it).
+/// `SET LOCAL`, and for strings holding more than one statement. Comments are read past
+/// (ORMs and tracing libraries tag statements with them); a SET's text is replayed as
+/// written, so one holding `--` is kept with a line break after it, lest that comment
+/// swallow the `;` the replay writes next.
 pub(crate) fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
     let text = std::str::from_utf8(sql).ok()?.trim();
     let text = text.trim_end_matches(|c: char| c == ';' || c.is_whitespace());
-    if text.contains("--") || text.contains("/*") || sql::split(text.as_bytes()).len() > 1 {
+    if sql::split(text.as_bytes()).len() > 1 {
         return None;
     }
     let mut words = sql::words(text.as_bytes()).map(|w| String::from_utf8_lossy(w).to_ascii_lowercase());
@@ -62,7 +64,8 @@ pub(crate) fn parse_setting_stmt(sql: &[u8]) -> Option<SettingStmt> {
             if name.is_empty() || name == "=" {
                 return None;
             }
-            Some(SettingStmt::Set(name, text.into()))
+            let kept = if text.contains("--") { format!("{text}\n") } else { text.into() };
+            Some(SettingStmt::Set(name, kept))
         }
         "reset" => {
             let name = words.next()?;
@@ -107,6 +110,9 @@ pub(crate) enum TxStmt {
     Rollback,
     /// SET / RESET / DISCARD ALL.
     Setting(SettingStmt),
+    /// A SET or RESET `parse_setting_stmt` cannot read (`unreadable_setting`): what it
+    /// changes is unknown.
+    Unreadable,
 }
 
 /// The transaction-control and setting statements of a Query text, in order.
@@ -118,9 +124,27 @@ pub(crate) fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
             out.push(TxStmt::Setting(s));
             continue;
         }
+        if unreadable_setting(stmt) {
+            out.push(TxStmt::Unreadable);
+            continue;
+        }
         out.extend(tx_control(stmt));
     }
     out
+}
+
+/// A SET or RESET (one statement) that `parse_setting_stmt` could not read, other than
+/// the transaction-level ones (`SET LOCAL`, `SET TRANSACTION`, `SET CONSTRAINTS`, `RESET
+/// TRANSACTION …`): its text is not UTF-8, say, so it can be neither recorded nor replayed.
+fn unreadable_setting(stmt: &[u8]) -> bool {
+    let mut words = sql::words(stmt);
+    let Some(first) = words.next() else { return false };
+    if !(first.eq_ignore_ascii_case(b"set") || first.eq_ignore_ascii_case(b"reset")) {
+        return false;
+    }
+    !words
+        .next()
+        .is_some_and(|w| [&b"local"[..], b"transaction", b"constraints"].iter().any(|k| w.eq_ignore_ascii_case(k)))
 }
 
 /// The transaction-control statement `stmt` (one statement) is, if any: BEGIN, COMMIT or
@@ -409,7 +433,15 @@ mod tests {
             parse_setting_stmt(b"set myapp.user_id=42"),
             Some(SettingStmt::Set("myapp.user_id".into(), "set myapp.user_id=42".into()))
         );
-        assert_eq!(parse_setting_stmt(b"SET x = 1 -- note"), None);
+        // Comments are read past; a `--` one is kept ended, for the replay's `;`.
+        assert_eq!(
+            parse_setting_stmt(b"SET x = 1 -- note"),
+            Some(SettingStmt::Set("x".into(), "SET x = 1 -- note\n".into()))
+        );
+        assert_eq!(
+            parse_setting_stmt(b"/* app='web' */ SET /* c */ search_path = a /* d */;"),
+            Some(SettingStmt::Set("search_path".into(), "/* app='web' */ SET /* c */ search_path = a /* d */".into()))
+        );
         assert_eq!(parse_setting_stmt(b"RESET\n\"Work_Mem\""), Some(SettingStmt::Reset("work_mem".into())));
         // Keywords behind comments and line breaks.
         assert_eq!(session_stmts(b"/* tx */ BEGIN"), vec![TxStmt::Begin]);

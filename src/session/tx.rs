@@ -87,6 +87,15 @@ impl TxState {
 }
 
 impl Session {
+    /// The text of a setting or transaction statement, to be tracked when it completes
+    /// (`track_settings`). One that is not UTF-8 can be neither recorded nor replayed: the
+    /// server it runs on is not given to anyone else.
+    pub(super) fn text_to_track(&mut self, text: &[u8]) -> Option<Box<str>> {
+        let t = std::str::from_utf8(text).ok().map(Into::into);
+        self.dirty_server_if(t.is_none());
+        t
+    }
+
     /// A Query with SET/RESET/transaction statements finished: keep the settings that
     /// persist as PostgreSQL would (outside a transaction, or in one that committed).
     pub(super) fn track_settings(
@@ -117,6 +126,8 @@ impl Session {
                 }
                 TxStmt::Setting(s) if in_tx => self.busy.tx.settings.push(s),
                 TxStmt::Setting(s) => apply.push(s),
+                // Unknown change: that server is not given to anyone else.
+                TxStmt::Unreadable => self.dirty_server_if(true),
             }
         }
         if failed && status == TxStatus::Idle {

@@ -47,10 +47,13 @@ impl Session {
                         && crate::stmt::sql::listen::maybe_listen(t)
                 })
                 .and_then(crate::stmt::sql::listen::parse_listen);
-            let tracked =
-                text.filter(|_| watch.session_stmt).and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
+            let session_text = text.filter(|_| watch.session_stmt);
+            let tracked = session_text.and_then(|t| std::str::from_utf8(t).ok()).map(Box::<str>::from);
+            // Not UTF-8: neither recorded nor replayed (`text_to_track`).
+            let unreadable = session_text.is_some() && tracked.is_none();
             let bound = !matches!(resolved, Resolved::Failed);
             let sets_config = text.filter(|_| watch.sets_config).map(<[u8]>::to_vec);
+            self.dirty_server_if(unreadable && bound);
             if let Some(t) = sets_config {
                 self.note_set_config(&t, Some((body(frame), rest)));
             }

@@ -154,6 +154,8 @@ impl Session {
         let mut prepared_ahead = false;
         let mut shown: Option<Arc<[u8]>> = None;
         let synced = !self.busy.replies.is_unsynced();
+        // EXECUTEs of setting or transaction statements, and the texts they run.
+        let mut executed: Vec<(Range<usize>, Box<str>)> = Vec::new();
         for (r, s) in stmts {
             let start = r.start + skip_space(&text[r.clone()]);
             let Some(s) = s else {
@@ -214,6 +216,9 @@ impl Session {
                         prepared_ahead |= self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None, &name);
                         t.replace(span, stmt.server_name.as_bytes());
                         sc.names.push((stmt.server_name.clone(), String::from_utf8_lossy(&name).into()));
+                        if let Some(run) = self.note_executed(&stmt) {
+                            executed.push((start..r.end, run));
+                        }
                         sc.uses.push((ordinal, stmt));
                         ordinal = ordinal.saturating_add(1);
                         None
@@ -266,8 +271,12 @@ impl Session {
         }
         let (sql, edits) = t.finish();
         sc.edits = edits;
-        self.busy.tx.note_start(text);
-        self.send_script(text, &sql, sc);
+        // What the Query does to settings and transactions, read with each such EXECUTE in
+        // the place of the statement it runs (`note_executed`).
+        let runs = ran_text(text, &executed);
+        let runs = runs.as_deref().unwrap_or(text);
+        self.busy.tx.note_start(runs);
+        self.send_script(runs, &sql, sc);
         true
     }
 
@@ -290,15 +299,17 @@ impl Session {
         )
     }
 
-    fn send_script(&mut self, text: &[u8], sql: &[u8], sc: Script) {
+    /// `runs`: the Query's text as it runs (`ran_text`), for what it does to settings and
+    /// transactions; `sql`: what the server gets.
+    fn send_script(&mut self, runs: &[u8], sql: &[u8], sc: Script) {
         frontend::query_bytes(&mut self.to_server, sql);
         let mut p = Pending::with(Req::Query, OnReply::Forward, Fx { script: Some(Box::new(sc)), ..Fx::default() });
-        if crate::session::settings::maybe_setting_stmt(text)
-            || (!self.busy.tx.settings.is_empty() && crate::session::settings::maybe_tx_end(text))
+        if crate::session::settings::maybe_setting_stmt(runs)
+            || (!self.busy.tx.settings.is_empty() && crate::session::settings::maybe_tx_end(runs))
         {
-            p.tracked_sql = std::str::from_utf8(text).ok().map(Into::into);
+            p.tracked_sql = self.text_to_track(runs);
         }
-        self.note_set_config(text, None);
+        self.note_set_config(runs, None);
         self.busy.replies.push(p);
         self.drain_synth();
     }
@@ -422,6 +433,23 @@ impl Script {
     fn client_position(&self, p: i64) -> i64 {
         crate::session::reply_queue::client_position(&self.edits, p)
     }
+}
+
+/// The Query's text with each statement in `executed` (its range, and the text of the
+/// statement its EXECUTE runs) in the place of that EXECUTE; None when there is none.
+fn ran_text(text: &[u8], executed: &[(Range<usize>, Box<str>)]) -> Option<Vec<u8>> {
+    if executed.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() + executed.iter().map(|(_, t)| t.len()).sum::<usize>());
+    let mut at = 0;
+    for (r, run) in executed {
+        out.extend_from_slice(&text[at..r.start]);
+        out.extend_from_slice(run.as_bytes());
+        at = r.end;
+    }
+    out.extend_from_slice(&text[at..]);
+    Some(out)
 }
 
 #[cfg(test)]

@@ -205,11 +205,40 @@ impl Session {
             shift: char_len(&text[span.clone()]) - stmt.server_name.len() as i64,
         };
         let replay_from = retry.then_some(0);
+        let tracked = self.note_executed(&stmt);
         let fx = Fx { uses: Some(stmt), rename: Some(Box::new(rename)), replay_from, guarded, ..Fx::default() };
-        self.busy.replies.push(Pending::with(Req::Query, OnReply::Forward, fx));
+        let mut p = Pending::with(Req::Query, OnReply::Forward, fx);
+        p.tracked_sql = tracked;
+        self.busy.replies.push(p);
         if guarded {
             self.guard_query(GuardCmd::Release, Purpose::Guard);
         }
         true
+    }
+
+    /// `stmt`, run by name by a SQL `EXECUTE` (alone or in a script, also under `EXPLAIN` or
+    /// `CREATE TABLE … AS`), runs its own text, not the Query's: what the session learns
+    /// from a text it learns from that one, as a Bind of the statement does (`portal`) —
+    /// its `set_config` calls, the session state it may begin or end (pins), a `SET LOCAL`
+    /// timer, a transaction it opens. Returns its text when it is a setting or transaction
+    /// statement, to be tracked with the Query's completion (`track_settings`). (The
+    /// concurrent hostile-client test found an `EXECUTE` of a statement parsed as `SET
+    /// search_path = …` leaving that setting, unrecorded, on a connection the next client
+    /// got.)
+    pub(in crate::session) fn note_executed(&mut self, stmt: &crate::stmt::Statement) -> Option<Box<str>> {
+        let super::BindText { text, watch } = super::cached_bind_text(stmt);
+        let text = text?;
+        if watch.sets_config {
+            self.note_set_config(text, None);
+        }
+        if watch.pins_begin || (watch.pins_end && self.kept.pins.reasons != 0) {
+            self.note_pins(crate::stmt::sql::Seen { reasons: 0, check: true });
+        }
+        if !watch.session_stmt {
+            return None;
+        }
+        self.busy.tx.note_start(text);
+        self.shorten_timer(crate::state::timers::local_timer_us(text));
+        self.text_to_track(text)
     }
 }

@@ -280,3 +280,35 @@ fn a_reset_the_old_timeout_cancels_is_tried_again_then_the_client_is_told() {
     assert_eq!(h.client_out(), "E");
     assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: false }, Action::Close]);
 }
+
+#[test]
+fn a_set_tagged_with_comments_is_tracked_and_replayed_whole() {
+    // ORMs and tracing libraries tag statements with comments: such a SET changes the
+    // setting all the same, and the next server must get it.
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("/* app='web' */ SET search_path = x -- traced"));
+    let _ = h.server_out();
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: true }]);
+    assert_eq!(h.s.settings().extra[0].0, "search_path");
+    h.srv = ServerState::default(); // another server
+    h.client(query("SELECT 1"));
+    let out = h.server_out();
+    // The line comment ends before the replay's `;`, or it would swallow it.
+    assert!(text(&out[0]).contains("SET search_path = x -- traced\n;"), "{}", text(&out[0]));
+}
+
+#[test]
+fn a_set_that_cannot_be_read_costs_its_server() {
+    // Not UTF-8 (a client_encoding of LATIN1, say): neither recorded nor replayable.
+    let mut h = H::new(PoolMode::Transaction, None);
+    let mut q = b"Q\0\0\0\0SET search_path = '\xe9t\xe9'\0".to_vec();
+    let n = (q.len() - 1) as u32;
+    q[1..5].copy_from_slice(&n.to_be_bytes());
+    h.client(q);
+    let _ = h.server_out();
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: false }]);
+}

@@ -178,3 +178,26 @@ fn a_cached_autoprepared_unlock_is_asked_about_after_it_ran() {
     assert!(!h.linked);
     assert!(seen.iter().any(|t| !t.starts_with('P')), "no unlock had its Parse answered by the cache: {seen:?}");
 }
+
+#[test]
+fn a_lock_taken_by_sql_execute_of_a_parsed_statement_pins() {
+    // EXECUTE runs the statement's text: the server is asked what it left after it, as
+    // after the statement's own Bind (the question its Parse made due goes first).
+    let mut h = H::cached();
+    h.client(parse("l", "select pg_advisory_lock(1)"));
+    h.client(sync());
+    let _ = h.server_out();
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1Z");
+    h.client(query("EXECUTE l"));
+    let out = h.server_out();
+    assert_eq!(out.len(), 2, "the question due since the Parse, then the EXECUTE");
+    h.server(msg(b'T', b"\0\x04"));
+    h.server(answer([false; 4]));
+    run(&mut h, "SELECT 1");
+    run(&mut h, "SELECT 1");
+    assert_eq!(h.client_out(), "CZ");
+    asked(&mut h, [true, false, false, false]);
+    assert!(h.linked && h.s.is_pinned());
+}

@@ -466,3 +466,47 @@ fn a_local_parse_complete_goes_with_the_servers_first_answer() {
     h.client(msg(b'H', b""));
     assert_eq!(h.client_out(), "1");
 }
+
+/// A statement parsed under `name` with `sql`, prepared on the session's server.
+fn parsed_on_server(h: &mut H, name: &str, sql: &str) {
+    h.client(parse(name, sql));
+    h.client(sync());
+    let _ = h.server_out();
+    h.server(msg(b'1', b""));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "1Z");
+}
+
+#[test]
+fn sql_execute_of_a_parsed_set_is_tracked_as_the_set() {
+    // EXECUTE runs the statement's text, not the Query's: the hostile-client test found a
+    // search_path set this way left, unrecorded, on a connection the next client got.
+    for q in ["EXECUTE s", "SELECT 1; EXECUTE s"] {
+        let mut h = H::cached();
+        parsed_on_server(&mut h, "s", "SET search_path = elsewhere");
+        h.client(query(q));
+        let sent = h.server_out();
+        assert!(text(sent.last().unwrap()).contains("EXECUTE pn_"), "{q}");
+        if q.starts_with("SELECT") {
+            h.server(msg(b'C', b"SELECT 1\0"));
+        }
+        h.server(msg(b'C', b"SET\0"));
+        h.server(rfq(b'I'));
+        assert_eq!(h.s.settings().extra.len(), 1, "{q}: the setting is the client's now");
+        assert_eq!(h.s.settings().extra[0].0, "search_path", "{q}");
+        assert_eq!(h.s.settings().key(), h.srv.settings.key(), "{q}: and the server's record says so");
+    }
+}
+
+#[test]
+fn sql_execute_of_a_parsed_set_config_is_followed() {
+    // A session timeout set through set_config: the server is not reused (`config`).
+    let mut h = H::cached();
+    parsed_on_server(&mut h, "t", "SELECT set_config('statement_timeout', '1', false)");
+    let _ = h.actions();
+    h.client(query("EXECUTE t"));
+    let _ = h.server_out();
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: false }]);
+}
