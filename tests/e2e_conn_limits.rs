@@ -255,7 +255,7 @@ async fn the_reserve_is_used_only_after_reserve_pool_timeout() {
         assert_eq!(early_max, 1, "the reserve was not used before the timeout");
         assert!(waited >= Duration::from_millis(1500), "b was served after {waited:?}, before the timeout");
         assert_eq!(server_count(&sampler, &filter).await.0, 2, "a still holds its server: b's came from the reserve");
-        assert!(p.logs().contains("taking connection from reserve_pool"), "{}", p.log_tail());
+        assert!(p.wait_for_log("taking connection from reserve_pool", Duration::from_secs(5)), "{}", p.log_tail());
         a.simple_query("commit").await.unwrap();
     })
     .await;

@@ -160,7 +160,11 @@ async fn processes_sharing_a_port_forward_cancels_to_the_one_serving_the_client(
     let private: Vec<u16> = ps.iter().map(Parsnip::port).collect();
     let logs = || ps.iter().map(Parsnip::log_tail).collect::<Vec<_>>().join("\n");
     for p in &ps {
-        assert!(p.logs().contains(&format!("listening on 127.0.0.1:{shared}")), "not on the shared port\n{}", logs());
+        assert!(
+            p.wait_for_log(&format!("listening on 127.0.0.1:{shared}"), Duration::from_secs(5)),
+            "not on the shared port\n{}",
+            logs()
+        );
     }
     bounded(90, "shared-port cancel", async {
         let (a, a_pid, a_key) = raw_client(private[0], DB).await;
@@ -482,7 +486,11 @@ async fn online_restart_hands_the_port_over_without_refusing_anyone() {
     let console = old.connect("postgres", SUPER_PW, "parsnip").await;
 
     let new = Parsnip::with_config_args(&top, &args);
-    assert!(new.logs().contains("took over"), "the unix socket was not taken over\n{}", new.log_tail());
+    assert!(
+        new.wait_for_log("took over", Duration::from_secs(5)),
+        "the unix socket was not taken over\n{}",
+        new.log_tail()
+    );
 
     // The client connecting over and over (bounded: at most MAX attempts).
     const MAX: usize = 2000;
@@ -557,7 +565,7 @@ async fn online_restart_hands_the_port_over_without_refusing_anyone() {
             at_exit - at_shutdown
         );
         assert!(socket.exists(), "the old process removed the new one's socket\n{}", old.log_tail());
-        assert!(old.logs().contains("belongs to another process"), "{}", old.log_tail());
+        assert!(old.wait_for_log("belongs to another process", Duration::from_secs(5)), "{}", old.log_tail());
         assert_eq!(psql_async(DB, "select count(*) from t").await, "2");
     })
     .await;

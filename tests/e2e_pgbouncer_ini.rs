@@ -100,7 +100,7 @@ async fn an_ini_split_with_include() {
     assert_eq!(value("max_prepared_statements").as_deref(), Some("100"));
     let wrong = p.try_connect("postgres", Some("wrong"), "postgres").await.map(|_| ());
     expect_code(wrong, "28P01", "a wrong password");
-    assert!(p.logs().contains("logfile ignored"), "ignored settings are named:\n{}", p.log_tail());
+    assert!(p.wait_for_log("logfile ignored", Duration::from_secs(5)), "ignored settings are named:\n{}", p.log_tail());
     // RELOAD reads the included files again.
     let pool_ini = ini.with_file_name("conf.d").join("pool.ini");
     let text = std::fs::read_to_string(&pool_ini).expect("pool.ini");
@@ -218,7 +218,7 @@ fn an_unknown_setting_is_named_and_refused_without_lenient() {
         assert!(err.contains("pgbouncer.ini:6: frobnicate_level not supported"), "{err}");
     }
     let p = Parsnip::start(&["-c", path, "--lenient"]);
-    assert!(p.logs().contains("frobnicate_level"), "named on startup:\n{}", p.log_tail());
+    assert!(p.wait_for_log("frobnicate_level", Duration::from_secs(5)), "named on startup:\n{}", p.log_tail());
 }
 
 #[test]

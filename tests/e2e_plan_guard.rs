@@ -109,7 +109,7 @@ async fn a_bad_generic_plan_is_demoted_for_unnamed_statements() {
         let prepared = console_rows(&console, "SHOW PREPARED_STATEMENTS").await;
         let mine = prepared.iter().find(|r| r["database"].as_deref() == Some(DB)).expect("PREPARED_STATEMENTS");
         assert_eq!(num(mine, "demotions"), 1, "{mine:?}");
-        assert!(p.logs().contains("plan guard"), "the demotion is logged");
+        assert!(p.wait_for_log("plan guard", std::time::Duration::from_secs(5)), "the demotion is logged");
     })
     .await;
 }

@@ -155,8 +155,12 @@ async fn stray_signals_are_harmless_and_sigkill_takes_the_embedded_cluster_along
     })
     .await;
     assert!(p.alive(), "a signal ended parsnip\n{}", p.log_tail());
-    assert!(p.logs().contains("SIGHUP"), "SIGHUP not logged\n{}", p.log_tail());
-    assert!(p.logs().contains("configuration reloaded"), "the embedded mode's reload failed\n{}", p.log_tail());
+    assert!(p.wait_for_log("SIGHUP", Duration::from_secs(5)), "SIGHUP not logged\n{}", p.log_tail());
+    assert!(
+        p.wait_for_log("configuration reloaded", Duration::from_secs(5)),
+        "the embedded mode's reload failed\n{}",
+        p.log_tail()
+    );
 
     p.signal(libc::SIGKILL);
     assert!(p.wait_exit(Duration::from_secs(10)).is_some(), "SIGKILL");
