@@ -95,6 +95,7 @@ pub(crate) fn may_hold_setting(sql: &[u8]) -> bool {
 }
 
 /// Every setting statement in a (possibly multi-statement) Query text.
+#[cfg(test)]
 pub(crate) fn setting_stmts(sql: &[u8]) -> Vec<SettingStmt> {
     session_stmts(sql).into_iter().filter_map(|t| if let TxStmt::Setting(s) = t { Some(s) } else { None }).collect()
 }
@@ -110,8 +111,8 @@ pub(crate) enum TxStmt {
     Rollback,
     /// SET / RESET / DISCARD ALL.
     Setting(SettingStmt),
-    /// A SET or RESET `parse_setting_stmt` cannot read (`unreadable_setting`): what it
-    /// changes is unknown.
+    /// A SET or RESET `parse_setting_stmt` cannot read (`unreadable_setting`), or a `DO`
+    /// block that may set something (`do_may_set`): what it changes is unknown.
     Unreadable,
 }
 
@@ -124,7 +125,7 @@ pub(crate) fn session_stmts(sql: &[u8]) -> Vec<TxStmt> {
             out.push(TxStmt::Setting(s));
             continue;
         }
-        if unreadable_setting(stmt) {
+        if unreadable_setting(stmt) || do_may_set(stmt) {
             out.push(TxStmt::Unreadable);
             continue;
         }
@@ -315,11 +316,19 @@ pub(crate) fn maybe_session_stmt(sql: &[u8]) -> bool {
 /// Quick pre-check before `parse_setting_stmt`: does the text start with SET/RESET/DISCARD?
 #[inline]
 pub(crate) fn maybe_setting_stmt(sql: &[u8]) -> bool {
-    starts_like_setting(sql) || (may_hold_several(sql) && !setting_stmts(sql).is_empty())
+    starts_like_setting(sql)
+        || (may_hold_several(sql)
+            && session_stmts(sql).iter().any(|t| matches!(t, TxStmt::Setting(_) | TxStmt::Unreadable)))
 }
 
 fn starts_like_setting(sql: &[u8]) -> bool {
-    starts_with_any(sql, &[b"set", b"reset", b"discard"])
+    starts_with_any(sql, &[b"set", b"reset", b"discard"]) || (starts_with_any(sql, &[b"do"]) && do_may_set(sql))
+}
+
+/// A `DO` block (one statement) that may change settings: PL/pgSQL's own `SET` (or a
+/// dynamic one) is session-level, and lasts past the block. What it sets is not read.
+fn do_may_set(stmt: &[u8]) -> bool {
+    sql::words(stmt).next().is_some_and(|w| w.eq_ignore_ascii_case(b"do")) && may_hold_setting(stmt)
 }
 
 #[cfg(test)]

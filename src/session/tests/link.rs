@@ -312,3 +312,24 @@ fn a_set_that_cannot_be_read_costs_its_server() {
     h.server(rfq(b'I'));
     assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable: false }]);
 }
+
+#[test]
+fn a_do_block_that_may_set_something_costs_its_server() {
+    // PL/pgSQL's SET is session-level and outlives the block; what it sets is not read.
+    for (sql, reusable) in [
+        ("DO $$ BEGIN SET search_path = elsewhere; END $$", false),
+        ("do $x$ begin execute 'RESET ALL'; end $x$", false),
+        ("SELECT 1; DO $$ BEGIN PERFORM set_config('a.b', 'c', false); END $$", false),
+        ("DO $$ BEGIN PERFORM 1; END $$", true),
+    ] {
+        let mut h = H::new(PoolMode::Transaction, None);
+        h.client(query(sql));
+        let _ = h.server_out();
+        if sql.starts_with("SELECT") {
+            h.server(msg(b'C', b"SELECT 1\0"));
+        }
+        h.server(msg(b'C', b"DO\0"));
+        h.server(rfq(b'I'));
+        assert_eq!(h.actions(), vec![Action::AcquireServer, Action::ReleaseServer { reusable }], "{sql}");
+    }
+}
