@@ -499,7 +499,10 @@ impl Session {
     pub(super) fn close_leftover_portal(&mut self) {
         if self.busy.replies.portal_leftover() {
             frontend::close_portal(&mut self.to_server, b"");
-            self.busy.replies.push(Pending::with(Req::Close, OnReply::Inject, Default::default()));
+            let fx = super::reply_queue::Fx { closes_leftover: true, ..Default::default() };
+            self.busy.replies.push(Pending::with(Req::Close, OnReply::Inject, fx));
+            // Gone for the rest of this batch, which the server skips too if it skips the
+            // Close; after that batch the portal is back (`ReplyQueue::portal_close_skipped`).
             self.busy.replies.portal_closed();
         }
     }

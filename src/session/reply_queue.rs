@@ -215,6 +215,9 @@ pub(crate) struct Fx {
     /// A Parse of these savepoint-guard statements was sent (bits of `GuardCmd`): they are
     /// not prepared there if the server skips or fails it.
     pub(crate) guard_parse: u8,
+    /// The Close of a portal a failed simple Query left (`Session::close_leftover_portal`):
+    /// skipped by the server (an error earlier in its batch), that portal is still there.
+    pub(crate) closes_leftover: bool,
     /// The SQL sent differs from the client's (a statement name rewritten): how to word
     /// an error so the client sees its own name and positions.
     pub(crate) rename: Option<Box<Rename>>,
@@ -431,6 +434,11 @@ impl ReplyQueue {
     /// The session closed the server's unnamed portal (see `portal_leftover`).
     pub(crate) fn portal_closed(&mut self) {
         self.portal_leftover = false;
+    }
+    /// The server skipped the session's Close of a leftover portal (`Fx::closes_leftover`):
+    /// the portal is still there, and the next Bind or Execute of it must close it first.
+    pub(crate) fn portal_close_skipped(&mut self) {
+        self.portal_leftover = true;
     }
     /// A ReadyForQuery with this status arrived (its request popped): with no Query still
     /// outstanding that may leave a portal, one left earlier is gone unless the

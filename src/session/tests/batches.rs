@@ -249,6 +249,34 @@ fn a_local_parse_waits_for_an_earlier_batch_that_may_abort_the_transaction() {
     assert!(h.pending.is_empty());
 }
 
+/// The session's Close of a leftover portal sits behind whatever the client sent before it
+/// in the batch: when an earlier request fails, the server skips the Close with the rest,
+/// and the portal is still there after the Sync. The next Execute of it must be closed
+/// again. (The concurrent hostile-client test crashed PostgreSQL 15 so: a Bind of portal
+/// "hs1" failed, the Close behind it was skipped, and a later Execute of "" went as it was.)
+#[test]
+fn a_leftover_portal_whose_close_was_skipped_is_closed_again() {
+    for mut h in [H::cached(), H::new(PoolMode::Session, None)] {
+        h.begin();
+        h.client(query("SELECT 1/g FROM generate_series(0, 0) g"));
+        h.server(err("22012"));
+        h.server(rfq(b'E'));
+        h.client_out();
+        h.server_out();
+        // A Bind of another portal fails first; the Close and the Bind "" behind it are skipped.
+        h.client(msg(b'B', b"hs1\0\0\0\0\0\0\0\0"));
+        h.client(bind(""));
+        h.client(sync());
+        assert_eq!(h.server_tags(), "BCBS");
+        h.server(err("25P02"));
+        h.server(rfq(b'E'));
+        assert_eq!(h.client_out(), "EZ");
+        h.client(execute());
+        h.client(sync());
+        assert_eq!(h.server_tags(), "CES", "the portal is still there: closed before the Execute");
+    }
+}
+
 /// A simple Query that failed inside a transaction block may have left PostgreSQL's unnamed
 /// portal behind with its statements freed: before the next Bind or Execute of that portal
 /// the session closes it (its CloseComplete is not the client's). Once the block is over,
