@@ -552,6 +552,43 @@ async fn an_execute_of_a_failed_querys_leftover_portal_cannot_crash_the_server()
     );
 }
 
+/// The Close parsnip puts before the next use of a leftover portal sits behind the rest of
+/// the client's batch: when an earlier request of that batch fails, PostgreSQL skips the
+/// Close too, and the portal is still there afterwards. The concurrent hostile-client test
+/// crashed PostgreSQL 15 so (a failed Bind of another portal ahead of the Close, then an
+/// Execute of ""); the Execute must still meet a closed portal.
+#[tokio::test]
+async fn a_skipped_close_of_a_leftover_portal_does_not_let_it_run() {
+    let mut direct = Raw::tcp(cluster().port()).await;
+    direct.startup(&[("user", "postgres"), ("database", "postgres")], Some(SUPER_PW)).await.unwrap();
+    let before = direct.scalar("SELECT pg_backend_pid()").await.unwrap();
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    bounded(60, "skipped close", async {
+        let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
+        raw.scalar("BEGIN").await.unwrap();
+        assert_eq!(raw.scalar("SELECT 1/g FROM generate_series(0, 0) g").await.unwrap_err().code(), "22012");
+        let pad_sql = format!("SELECT 'pad' -- {}", "x".repeat(100_000));
+        assert_eq!(raw.scalar(&pad_sql).await.unwrap_err().code(), "25P02");
+        // A Bind of another portal fails first: everything behind it is skipped.
+        raw.send(&[bind("p1", "no_such_statement"), bind("", ""), sync()].concat()).await.unwrap();
+        within(Duration::from_secs(10), raw.read_until_ready()).await.unwrap();
+        raw.send(&[execute(""), sync()].concat()).await.unwrap();
+        let (frames, _) = within(Duration::from_secs(10), raw.read_until_ready())
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", p.log_tail()));
+        let errors: Vec<_> = frames.iter().filter_map(|f| f.fields()).collect();
+        assert_eq!(errors.len(), 1, "{}", summarize(&frames));
+        assert_eq!(errors[0].code(), "34000", "{}", errors[0]);
+        raw.scalar("ROLLBACK").await.unwrap();
+    })
+    .await;
+    let after = within(Duration::from_secs(10), direct.scalar("SELECT pg_backend_pid()")).await;
+    assert!(
+        matches!(&after, Ok(Ok(pid)) if *pid == before),
+        "the session opened directly before is gone ({after:?}): the server crashed and restarted"
+    );
+}
+
 /// A simple Query parsnip runs itself on an idle pooled connection — the check of a new
 /// client's startup settings, the empty query that checks idle connections after a server
 /// closed one, a lag or role probe — drops that server's unnamed statement. A client that

@@ -109,6 +109,16 @@ impl Session {
         {
             // PostgreSQL refuses it (an ERROR, then a FATAL, and the backend ends): it goes
             // to the server as it is, with no reply to wait for, never to the cache.
+            if matches!(tag, tags::BIND | tags::EXECUTE)
+                && body(frame).first() == Some(&0)
+                && self.busy.replies.portal_leftover()
+            {
+                // Should the copy have ended first (a timeout, a bad row in a block), the
+                // server runs it, and a failed COPY leaves its portal as any failed Query
+                // does (`close_leftover_portal`): closed first. Read during the copy, the
+                // Close is refused as this message would be.
+                frontend::close_portal(&mut self.to_server, b"");
+            }
             self.to_server.extend_from_slice(frame);
             self.dirty_server_if(true);
             return true;

@@ -277,6 +277,22 @@ fn a_leftover_portal_whose_close_was_skipped_is_closed_again() {
     }
 }
 
+/// A message PostgreSQL refuses during COPY FROM STDIN goes to the server as it is; but a
+/// timeout or a bad row may end the copy before the server reads it, and a COPY that failed
+/// in a block leaves its portal as any failed Query does: a Bind or Execute of the unnamed
+/// portal is preceded by its Close there too.
+#[test]
+fn an_execute_sent_into_a_copy_closes_the_leftover_portal_first() {
+    let mut h = H::new(PoolMode::Session, None);
+    h.begin();
+    h.client(query("COPY t FROM STDIN"));
+    h.server(msg(b'G', b"\0\0\0"));
+    assert_eq!(h.client_out(), "CZG");
+    h.server_out();
+    h.client(execute());
+    assert_eq!(h.server_tags(), "CE", "the Close, then the client's Execute");
+}
+
 /// A simple Query that failed inside a transaction block may have left PostgreSQL's unnamed
 /// portal behind with its statements freed: before the next Bind or Execute of that portal
 /// the session closes it (its CloseComplete is not the client's). Once the block is over,
