@@ -504,6 +504,30 @@ async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client(
     .await;
 }
 
+/// A session opened directly on the cluster beforehand: a backend crash makes the
+/// postmaster end every session and restart, and this one is gone then.
+struct CrashWitness {
+    raw: Raw,
+    pid: Option<String>,
+}
+
+impl CrashWitness {
+    async fn open() -> CrashWitness {
+        let mut raw = Raw::tcp(cluster().port()).await;
+        raw.startup(&[("user", "postgres"), ("database", "postgres")], Some(SUPER_PW)).await.unwrap();
+        let pid = raw.scalar("SELECT pg_backend_pid()").await.unwrap();
+        CrashWitness { raw, pid }
+    }
+
+    async fn assert_alive(mut self) {
+        let after = within(Duration::from_secs(10), self.raw.scalar("SELECT pg_backend_pid()")).await;
+        assert!(
+            matches!(&after, Ok(Ok(pid)) if *pid == self.pid),
+            "the session opened directly before is gone ({after:?}): the server crashed and restarted"
+        );
+    }
+}
+
 /// A simple Query that fails while it runs inside a transaction block leaves PostgreSQL's
 /// unnamed portal behind with its statements already freed. An Execute of that portal with
 /// no Bind reads the freed memory: PostgreSQL 15.18 crashes on it, and the postmaster ends
@@ -514,9 +538,7 @@ async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client(
 /// opened directly beforehand is still there. Transaction and session mode.
 #[tokio::test]
 async fn an_execute_of_a_failed_querys_leftover_portal_cannot_crash_the_server() {
-    let mut direct = Raw::tcp(cluster().port()).await;
-    direct.startup(&[("user", "postgres"), ("database", "postgres")], Some(SUPER_PW)).await.unwrap();
-    let before = direct.scalar("SELECT pg_backend_pid()").await.unwrap();
+    let witness = CrashWitness::open().await;
     for mode in ["transaction", "session"] {
         let p = Parsnip::with_config(&trust_config(&format!("pool_mode = \"{mode}\"\npool_size = 1")));
         bounded(60, "leftover portal", async {
@@ -545,11 +567,7 @@ async fn an_execute_of_a_failed_querys_leftover_portal_cannot_crash_the_server()
         })
         .await;
     }
-    let after = within(Duration::from_secs(10), direct.scalar("SELECT pg_backend_pid()")).await;
-    assert!(
-        matches!(&after, Ok(Ok(pid)) if *pid == before),
-        "the session opened directly before is gone ({after:?}): the server crashed and restarted"
-    );
+    witness.assert_alive().await;
 }
 
 /// The Close parsnip puts before the next use of a leftover portal sits behind the rest of
@@ -559,9 +577,7 @@ async fn an_execute_of_a_failed_querys_leftover_portal_cannot_crash_the_server()
 /// Execute of ""); the Execute must still meet a closed portal.
 #[tokio::test]
 async fn a_skipped_close_of_a_leftover_portal_does_not_let_it_run() {
-    let mut direct = Raw::tcp(cluster().port()).await;
-    direct.startup(&[("user", "postgres"), ("database", "postgres")], Some(SUPER_PW)).await.unwrap();
-    let before = direct.scalar("SELECT pg_backend_pid()").await.unwrap();
+    let witness = CrashWitness::open().await;
     let p = Parsnip::with_config(&trust_config("pool_size = 1"));
     bounded(60, "skipped close", async {
         let mut raw = p.raw_login("postgres", SUPER_PW, "postgres").await;
@@ -582,11 +598,7 @@ async fn a_skipped_close_of_a_leftover_portal_does_not_let_it_run() {
         raw.scalar("ROLLBACK").await.unwrap();
     })
     .await;
-    let after = within(Duration::from_secs(10), direct.scalar("SELECT pg_backend_pid()")).await;
-    assert!(
-        matches!(&after, Ok(Ok(pid)) if *pid == before),
-        "the session opened directly before is gone ({after:?}): the server crashed and restarted"
-    );
+    witness.assert_alive().await;
 }
 
 /// A simple Query parsnip runs itself on an idle pooled connection — the check of a new
