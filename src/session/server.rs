@@ -445,7 +445,8 @@ impl Session {
         } else if status == TxStatus::Idle {
             self.busy.tx.settings.clear();
         }
-        if p.purpose == Purpose::Client {
+        if matches!(p.purpose, Purpose::Client | Purpose::Settle) {
+            // (The Sync that settles a server its client left runs under the same timers.)
             self.note_cancel_risk(server);
         }
         self.busy.tx.ext_failed = false;

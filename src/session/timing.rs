@@ -89,6 +89,18 @@ impl Session {
         }
     }
 
+    /// The driver ran statements of its own on the linked server after its client left (the
+    /// ROLLBACK of a block left open, the session-mode reset query). A statement or lock
+    /// timer this short, still in effect as they ran (a `SET LOCAL` one ends with that
+    /// ROLLBACK), may have fired as they ended (`note_cancel_signal`). False when the server
+    /// is not to be reused.
+    pub(crate) fn ran_at_release(&mut self, server: &mut ServerState) -> bool {
+        if self.link.state().is_some_and(|l| l.timer_us != 0 && l.timer_us <= TINY_TIMER_US) {
+            self.note_cancel_signal(server);
+        }
+        !self.link.state().is_some_and(|l| l.dirty)
+    }
+
     /// A cancel signal may be pending on the linked server's backend. Its next user absorbs
     /// it with a statement of the pooler's (`ServerState::cancel_risk`), unless the server's
     /// session still arms a statement or lock timer: that statement, and the settings

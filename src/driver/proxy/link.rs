@@ -297,14 +297,21 @@ impl Proxy {
         let cfg = self.shared.cfg.load_full();
         let t = cfg.server_connect_timeout();
         let mut ok = self.bring_to_idle(&mut s, &cfg).await;
+        let mut ran = false;
         if ok && s.state.tx_status != TxStatus::Idle {
             ok = s.run_internal("ROLLBACK", t).await;
+            ran = true;
         }
         if ok && self.pool.mode == PoolMode::Session && !cfg.server_reset_query.is_empty() {
             ok = s.run_internal(&cfg.server_reset_query, t).await;
+            ran = true;
             if ok {
                 s.state.settings.reset_all_extra();
             }
+        }
+        if ok && ran {
+            // Under the client's timers: the session says whether they may have left a signal.
+            ok = self.session.get().ran_at_release(&mut s.state);
         }
         // A pinned client's session state (temporary tables, LISTEN, advisory locks, held
         // cursors) must not reach the next client; the connection's server statements are

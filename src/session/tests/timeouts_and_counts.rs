@@ -204,3 +204,62 @@ fn the_absorbing_query_makes_a_plain_unnamed_statement_parse_again() {
     let out: Vec<u8> = h.server_out().iter().map(|f| f[0]).collect();
     assert_eq!(out, b"QPBES", "the absorb, then the Parse again before the Bind");
 }
+
+/// A client whose own settings arm a 1 ms statement timeout leaves in the middle of a batch:
+/// the Sync that settles its server runs under that timer like any statement of the
+/// client's, and the server is not reused (its next user's reset of the timeout would run
+/// under it too, and a signal it left would cancel that user's first statement).
+#[test]
+fn a_server_settled_under_a_tiny_timer_is_not_reused() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("SET statement_timeout = 1"));
+    h.server_out();
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    h.client_out();
+    h.log.clear();
+    h.s.set_clock(1_000);
+    for f in [parse("", "SELECT 1"), bind(""), execute()] {
+        h.client(f);
+    }
+    h.server_out();
+    assert!(!h.s.server_settled(), "a batch without its Sync");
+    h.s.settle_server();
+    assert!(h.server_tags().ends_with('S'));
+    for f in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(f);
+    }
+    assert_eq!(h.s.outstanding(), 0);
+    // (The harness takes the actions the driver's `settled_reusable` would read.)
+    assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: false }), "closed, not handed to another client");
+}
+
+/// The ROLLBACK the driver sends for a client that left inside a block runs under the
+/// block's `SET LOCAL` timer: the next user absorbs what it may have left. Under a long
+/// timer nothing happens.
+#[test]
+fn statements_run_at_release_under_a_tiny_timer_leave_a_signal_to_absorb() {
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("BEGIN; SET LOCAL statement_timeout = 1"));
+    h.server_out();
+    for f in [msg(b'C', b"BEGIN\0"), msg(b'C', b"SET\0"), rfq(b'T')] {
+        h.server(f);
+    }
+    assert!(h.s.server_settled());
+    assert!(!h.srv.cancel_risk);
+    assert!(h.s.ran_at_release(&mut h.srv), "no session timer left: reused");
+    assert!(h.srv.cancel_risk, "its next user absorbs the signal first");
+
+    let mut h = H::new(PoolMode::Transaction, None);
+    h.client(query("SET statement_timeout = '30s'"));
+    h.server_out();
+    h.server(msg(b'C', b"SET\0"));
+    h.server(rfq(b'I'));
+    h.client(query("BEGIN; SELECT 1"));
+    h.server_out();
+    for f in [msg(b'C', b"BEGIN\0"), msg(b'C', b"SELECT 1\0"), rfq(b'T')] {
+        h.server(f);
+    }
+    assert!(h.s.ran_at_release(&mut h.srv));
+    assert!(!h.srv.cancel_risk, "a ROLLBACK does not run for 30 s");
+}
