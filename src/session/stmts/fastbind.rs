@@ -56,7 +56,8 @@ fn plain_text(s: &Statement) -> bool {
         || w.pins_begin
         || w.pins_end
         || *s.query == *DEALLOCATE_ALL_STANDIN
-        || crate::stmt::sql::listen::maybe_listen(&s.query)
+        // (`maybe_listen` alone is a first-letter test: every UPDATE passes it.)
+        || crate::stmt::sql::listen::maybe_listen(&s.query) && crate::stmt::sql::listen::parse_listen(&s.query).is_some()
         || crate::stmt::pgps::mentions(&s.query)
         || s.kind != StmtKind::Protocol)
 }
