@@ -112,29 +112,32 @@ impl Template {
     /// other integers of the same types in place of its literals; None otherwise (it may
     /// still lift: ask `lift`).
     pub fn apply(&self, text: &[u8], escapes_everywhere: bool) -> Option<Applied> {
-        // Checked first without building anything: a client's texts are tried against
-        // every kept template, and most do not match.
-        if escapes_everywhere != self.escapes_everywhere || !self.literals(text, |_, _| {}) {
+        // A client's texts are tried against every kept template, and most differ from the
+        // first piece on: that is checked before anything is built.
+        let first = self.pieces.first().map_or(&[][..], |p| &self.client[p.clone()]);
+        if escapes_everywhere != self.escapes_everywhere || !text.starts_with(first) {
             return None;
         }
         let mut values = Vec::with_capacity(self.types.len());
+        if !self.literals(text, |_, r| values.push(r)) {
+            return None;
+        }
         let mut edits = self.edits.clone();
         // Client characters (= bytes: digits) the new literals add, so far.
         let mut shift = 0i64;
-        self.literals(text, |k, r| {
-            let e = &mut edits[k];
+        for (e, r) in edits.iter_mut().zip(&values) {
             let old = e[3] - e[2];
             e[2] += shift;
             shift += r.len() as i64 - old;
             e[3] = e[2] + r.len() as i64;
-            values.push(r);
-        });
+        }
         Some(Applied { values, edits })
     }
 
     /// Whether `text` is this template's text with other integers of the same types in
     /// place of its literals; `each(k, range)` is told where its `k`th literal is, as far as
     /// it matched.
+    #[inline]
     fn literals(&self, text: &[u8], mut each: impl FnMut(usize, Range<usize>)) -> bool {
         let mut at = 0;
         for (k, piece) in self.pieces.iter().enumerate() {
