@@ -523,6 +523,45 @@ async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client(
     .await;
 }
 
+/// The same with a timer that ends with its transaction (`SET LOCAL`): the server's session
+/// arms nothing afterwards, but a timer that fired as the block's last statement ended makes
+/// the backend raise "canceling statement due to statement timeout" while it waits for the
+/// next command, and send that error and a ReadyForQuery unasked. A `SELECT 1` of the
+/// pooler's sent to the next user cannot take it first (it let one through within a few
+/// hundred rounds, as a reply too many: 08P01 or a 57014 for the other client); such a
+/// server is closed.
+#[tokio::test]
+async fn a_local_timeout_that_fires_as_a_block_ends_never_reaches_the_next_client() {
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    bounded(180, "a_local_timeout_that_fires_as_a_block_ends_never_reaches_the_next_client", async {
+        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+        let b = p.connect("postgres", SUPER_PW, "postgres").await;
+        let mut n: i64 = 20_000;
+        let (mut timeouts, mut finished) = (0, 0);
+        for round in 0..600 {
+            let sql =
+                format!("BEGIN; SET LOCAL statement_timeout = 2; SELECT count(*) FROM generate_series(1, {n}); COMMIT");
+            match a.simple_query(&sql).await {
+                Ok(_) => {
+                    finished += 1;
+                    n += n / 16 + 1;
+                }
+                Err(e) if sqlstate(&e).as_deref() == Some("57014") => {
+                    timeouts += 1;
+                    n = (n - n / 16 - 1).max(1);
+                    a.simple_query("ROLLBACK").await.unwrap_or_else(|e| panic!("round {round}: {}", describe(&e)));
+                }
+                Err(e) => panic!("round {round}: {}\n{}", describe(&e), p.log_tail()),
+            }
+            if let Err(e) = b.simple_query("SELECT 1").await {
+                panic!("round {round}: the other client's query failed: {}\n{}", describe(&e), p.log_tail());
+            }
+        }
+        assert!(timeouts > 30 && finished > 30, "{timeouts} timed out, {finished} finished");
+    })
+    .await;
+}
+
 /// A session opened directly on the cluster beforehand: a backend crash makes the
 /// postmaster end every session and restart, and this one is gone then.
 struct CrashWitness {

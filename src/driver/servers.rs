@@ -365,7 +365,9 @@ impl Pooled for ServerConn {
 /// Gives a client's connection back to `pool`. One with a cancel request on its way to its
 /// backend is handed on only once that has landed (the next client's query would take it).
 pub fn release(pool: &Arc<ServerPool>, mut conn: Box<ServerConn>, reusable: bool) {
-    let mut reusable = reusable;
+    // Whatever path gave it back: a session arming a timer this short serves nobody else
+    // (`state::timers`).
+    let mut reusable = reusable && !conn.state.settings.arm_a_tiny_timer();
     if !reusable && conn.peer_closed() {
         pool.connector().lost_one();
     }

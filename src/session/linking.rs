@@ -2,9 +2,9 @@
 //! own requests. A cancel signal its last user may have left is absorbed; timeouts another
 //! client left there are reset on their own first, with the client's frames held until
 //! that is done (a 1 ms `statement_timeout` would otherwise cancel the replay itself, and
-//! close a client that did nothing wrong), and a statement of the pooler's after the reset
-//! takes the signal that timer may leave as the reset ends; then the client's settings are
-//! replayed.
+//! close a client that did nothing wrong); then the client's settings are replayed. (A
+//! timeout that short never gets here: its server is closed when given back,
+//! `state::timers`.)
 //!
 //! Owns: the requests of a fresh link. Must not touch what the client's frames do.
 
@@ -57,14 +57,6 @@ impl Session {
             return false;
         }
         self.own_query(&sql, Purpose::ClearTimeouts, server);
-        if server.settings.cancel_timer_us() != 0 {
-            // The reset runs under the timer it resets: should that fire as the reset ends,
-            // its signal outlives it and would cancel whatever the backend reads next (the
-            // replay, the deferred BEGIN, the client's statement) with 57014. A statement of
-            // the pooler's behind it takes that signal; once the reset is done, nothing there
-            // arms a timer that could leave another.
-            self.own_query("SELECT 1", Purpose::Absorb, server);
-        }
         true
     }
 

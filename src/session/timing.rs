@@ -19,9 +19,7 @@ use crate::stmt::guard::Verdict;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-/// A session-level statement or lock timeout this short (µs) keeps its server from other
-/// clients: the pooler's own statements there would run under it (`note_cancel_risk`).
-const TINY_TIMER_US: u64 = 100_000;
+use crate::state::timers::TINY_TIMER_US;
 
 impl Session {
     /// The driver's clock, µs on a monotonic scale: what the next frames fed happen at.
@@ -70,34 +68,30 @@ impl Session {
         }
     }
 
-    /// A client's batch got its ReadyForQuery: if the server was busy with it at least half
-    /// as long as a statement or lock timeout in effect on this link, that timer may have
-    /// fired as a statement ended and left its signal on the backend, for whoever runs
-    /// something there next (`state::timers`): the server's next user absorbs it first.
+    /// A client's batch (or the Sync that settled its server) got its ReadyForQuery: if the
+    /// server was busy with it at least half as long as a statement or lock timeout in
+    /// effect on this link, that timer may have fired as a statement ended, and the backend
+    /// may send an error and a ReadyForQuery of its own any moment now (`state::timers`):
+    /// the server is closed when given back. So it is when its session still arms a timer
+    /// so short that the settings replayed for the next client would run under it.
     pub(super) fn note_cancel_risk(&mut self, server: &mut ServerState) {
         let now = self.busy.clock_us;
         let Some(l) = self.link.state() else { return };
         if l.timer_us == 0 {
             return;
         }
-        if now.saturating_sub(l.busy_since_us).saturating_mul(2) >= l.timer_us {
-            self.note_cancel_signal(server);
-        } else if l.timer_us <= TINY_TIMER_US && server.settings.cancel_timer_us() != 0 {
-            // The settings replayed for the next client (and an absorbing statement) would
-            // run under this timer: so short, even they may overrun it or end as it fires.
-            self.dirty_server_if(true);
-        }
+        let fired = now.saturating_sub(l.busy_since_us).saturating_mul(2) >= l.timer_us;
+        self.dirty_server_if(fired || server.settings.arm_a_tiny_timer());
     }
 
     /// The driver ran statements of its own on the linked server after its client left (the
     /// ROLLBACK of a block left open, the session-mode reset query). A statement or lock
-    /// timer this short, still in effect as they ran (a `SET LOCAL` one ends with that
-    /// ROLLBACK), may have fired as they ended (`note_cancel_signal`). False when the server
+    /// timer this short still in effect as they ran (a `SET LOCAL` one ends with that
+    /// ROLLBACK) may have fired as they ended (`note_cancel_risk`). False when the server
     /// is not to be reused.
-    pub(crate) fn ran_at_release(&mut self, server: &mut ServerState) -> bool {
-        if self.link.state().is_some_and(|l| l.timer_us != 0 && l.timer_us <= TINY_TIMER_US) {
-            self.note_cancel_signal(server);
-        }
+    pub(crate) fn ran_at_release(&mut self) -> bool {
+        let tiny = self.link.state().is_some_and(|l| l.timer_us != 0 && l.timer_us <= TINY_TIMER_US);
+        self.dirty_server_if(tiny);
         !self.link.state().is_some_and(|l| l.dirty)
     }
 

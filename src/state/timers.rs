@@ -6,6 +6,16 @@
 //! transaction pooler it would be another client's. The session uses these values to tell
 //! when a batch ran long enough for that to happen (`Session::note_cancel_risk`), and the
 //! server's next user then has any such signal absorbed first (`ServerState::cancel_risk`).
+//!
+//! A timer's own signal is worse than a cancel request's: the timer marks itself fired, and
+//! PostgreSQL raises "canceling statement due to statement timeout" (or lock timeout)
+//! wherever it next looks at the signal — even idle, waiting for the next command, where a
+//! cancel request's signal is dropped. So a timer that fired just as a statement ended
+//! makes the backend send an ErrorResponse and a ReadyForQuery *of its own*, unasked, soon
+//! after the statement's ReadyForQuery: nothing sent there can take it first, and whoever
+//! is linked then reads a reply too many. Such a backend is closed, never handed on
+//! (`Session::note_cancel_risk`), and so is one whose session arms a timer this short
+//! (`TINY_TIMER_US`): the pooler's own statements for the next client would run under it.
 //! Only the values are read here; what sets them is `session::settings`.
 
 use super::settings::Settings;
@@ -52,6 +62,10 @@ fn statement_value(stmt: &str) -> Option<&str> {
     lower.find(" to ").map(|i| &stmt[i + 4..])
 }
 
+/// A statement or lock timer this short (µs) may fire under anything run with it, the
+/// pooler's own statements included: a server whose session arms one serves no other client.
+pub(crate) const TINY_TIMER_US: u64 = 100_000;
+
 /// The smaller of two timers (0: none).
 pub(crate) fn shorter(a: u64, b: u64) -> u64 {
     match (a, b) {
@@ -61,6 +75,12 @@ pub(crate) fn shorter(a: u64, b: u64) -> u64 {
 }
 
 impl Settings {
+    /// These settings arm a statement or lock timer of `TINY_TIMER_US` or less.
+    pub(crate) fn arm_a_tiny_timer(&self) -> bool {
+        let t = self.cancel_timer_us();
+        t != 0 && t <= TINY_TIMER_US
+    }
+
     /// The shortest cancel timer these settings arm, µs (0: none).
     pub(crate) fn cancel_timer_us(&self) -> u64 {
         self.extra
@@ -123,6 +143,18 @@ mod tests {
         assert_eq!(s.cancel_timer_us(), 2_000_000);
         s.set_extra("lock_timeout".into(), "SET lock_timeout = 0".into());
         assert_eq!(s.cancel_timer_us(), 30_000_000);
+    }
+
+    #[test]
+    fn a_timer_of_100_ms_or_less_is_tiny() {
+        let mut s = Settings::default();
+        assert!(!s.arm_a_tiny_timer());
+        s.set_extra("statement_timeout".into(), "SET statement_timeout = '100ms'".into());
+        assert!(s.arm_a_tiny_timer());
+        s.set_extra("statement_timeout".into(), "SET statement_timeout = '101ms'".into());
+        assert!(!s.arm_a_tiny_timer());
+        s.set_extra("lock_timeout".into(), "SELECT pg_catalog.set_config('lock_timeout', '1', false)".into());
+        assert!(s.arm_a_tiny_timer());
     }
 
     #[test]

@@ -311,7 +311,7 @@ impl Proxy {
         }
         if ok && ran {
             // Under the client's timers: the session says whether they may have left a signal.
-            ok = self.session.get().ran_at_release(&mut s.state);
+            ok = self.session.get().ran_at_release();
         }
         // A pinned client's session state (temporary tables, LISTEN, advisory locks, held
         // cursors) must not reach the next client; the connection's server statements are
