@@ -495,14 +495,48 @@ async fn a_flush_with_a_body_is_refused_and_answers_nobody_else() {
 #[tokio::test]
 async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client() {
     let p = Parsnip::with_config(&trust_config("pool_size = 1"));
-    bounded(180, "a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client", async {
-        let a = p.connect("postgres", SUPER_PW, "postgres").await;
+    let a = p.connect("postgres", SUPER_PW, "postgres").await;
+    a.batch_execute("SET statement_timeout = 1").await.unwrap();
+    statements_ending_near_a_timeout(
+        &p,
+        a,
+        "a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client",
+        |n| format!("SELECT count(*) FROM generate_series(1, {n})"),
+        false,
+    )
+    .await;
+}
+
+/// The same with a timer that ends with its transaction (`SET LOCAL`): the server's session
+/// arms nothing afterwards, but a timer that fired as the block's last statement ended may
+/// leave its signal, marked as the timer's, on the backend (`state::timers`): such a server
+/// is closed, not handed on with a `SELECT 1` to absorb it. (This test did not fail in three
+/// runs with the absorbing rule either: it keeps the rule, whichever way it goes.)
+#[tokio::test]
+async fn a_local_timeout_that_fires_as_a_block_ends_never_reaches_the_next_client() {
+    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
+    let a = p.connect("postgres", SUPER_PW, "postgres").await;
+    statements_ending_near_a_timeout(
+        &p,
+        a,
+        "a_local_timeout_that_fires_as_a_block_ends_never_reaches_the_next_client",
+        |n| format!("BEGIN; SET LOCAL statement_timeout = 2; SELECT count(*) FROM generate_series(1, {n}); COMMIT"),
+        true,
+    )
+    .await;
+}
+
+/// Client `a` runs `sql(n)` 600 times with the series length `n` on a staircase (longer
+/// after one that finished, shorter after one that timed out, then rolled back if `block`), so that its
+/// statements keep ending around its timeout; another client takes the only server
+/// connection after each, and must never be cancelled or refused.
+async fn statements_ending_near_a_timeout(p: &Parsnip, a: Pg, label: &str, sql: impl Fn(i64) -> String, block: bool) {
+    bounded(180, label, async {
         let b = p.connect("postgres", SUPER_PW, "postgres").await;
-        a.batch_execute("SET statement_timeout = 1").await.unwrap();
         let mut n: i64 = 20_000;
         let (mut timeouts, mut finished) = (0, 0);
         for round in 0..600 {
-            match a.simple_query(&format!("SELECT count(*) FROM generate_series(1, {n})")).await {
+            match a.simple_query(&sql(n)).await {
                 Ok(_) => {
                     finished += 1;
                     n += n / 16 + 1;
@@ -510,6 +544,9 @@ async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client(
                 Err(e) if sqlstate(&e).as_deref() == Some("57014") => {
                     timeouts += 1;
                     n = (n - n / 16 - 1).max(1);
+                    if block {
+                        a.simple_query("ROLLBACK").await.unwrap_or_else(|e| panic!("round {round}: {}", describe(&e)));
+                    }
                 }
                 Err(e) => panic!("round {round}: {}\n{}", describe(&e), p.log_tail()),
             }
@@ -518,45 +555,6 @@ async fn a_timeout_that_fires_as_a_statement_ends_never_cancels_the_next_client(
             }
         }
         // The scenario's own check: the statements did end around the timeout.
-        assert!(timeouts > 30 && finished > 30, "{timeouts} timed out, {finished} finished");
-    })
-    .await;
-}
-
-/// The same with a timer that ends with its transaction (`SET LOCAL`): the server's session
-/// arms nothing afterwards, but a timer that fired as the block's last statement ended makes
-/// the backend raise "canceling statement due to statement timeout" while it waits for the
-/// next command, and send that error and a ReadyForQuery unasked. A `SELECT 1` of the
-/// pooler's sent to the next user cannot take it first (it let one through within a few
-/// hundred rounds, as a reply too many: 08P01 or a 57014 for the other client); such a
-/// server is closed.
-#[tokio::test]
-async fn a_local_timeout_that_fires_as_a_block_ends_never_reaches_the_next_client() {
-    let p = Parsnip::with_config(&trust_config("pool_size = 1"));
-    bounded(180, "a_local_timeout_that_fires_as_a_block_ends_never_reaches_the_next_client", async {
-        let a = p.connect("postgres", SUPER_PW, "postgres").await;
-        let b = p.connect("postgres", SUPER_PW, "postgres").await;
-        let mut n: i64 = 20_000;
-        let (mut timeouts, mut finished) = (0, 0);
-        for round in 0..600 {
-            let sql =
-                format!("BEGIN; SET LOCAL statement_timeout = 2; SELECT count(*) FROM generate_series(1, {n}); COMMIT");
-            match a.simple_query(&sql).await {
-                Ok(_) => {
-                    finished += 1;
-                    n += n / 16 + 1;
-                }
-                Err(e) if sqlstate(&e).as_deref() == Some("57014") => {
-                    timeouts += 1;
-                    n = (n - n / 16 - 1).max(1);
-                    a.simple_query("ROLLBACK").await.unwrap_or_else(|e| panic!("round {round}: {}", describe(&e)));
-                }
-                Err(e) => panic!("round {round}: {}\n{}", describe(&e), p.log_tail()),
-            }
-            if let Err(e) = b.simple_query("SELECT 1").await {
-                panic!("round {round}: the other client's query failed: {}\n{}", describe(&e), p.log_tail());
-            }
-        }
         assert!(timeouts > 30 && finished > 30, "{timeouts} timed out, {finished} finished");
     })
     .await;
