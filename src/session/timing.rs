@@ -19,8 +19,6 @@ use crate::stmt::guard::Verdict;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::state::timers::TINY_TIMER_US;
-
 impl Session {
     /// The driver's clock, µs on a monotonic scale: what the next frames fed happen at.
     #[inline]
@@ -90,7 +88,7 @@ impl Session {
     /// ROLLBACK) may have fired as they ended (`note_cancel_risk`). False when the server
     /// is not to be reused.
     pub(crate) fn ran_at_release(&mut self) -> bool {
-        let tiny = self.link.state().is_some_and(|l| l.timer_us != 0 && l.timer_us <= TINY_TIMER_US);
+        let tiny = self.link.state().is_some_and(|l| crate::state::timers::is_tiny(l.timer_us));
         self.dirty_server_if(tiny);
         !self.link.state().is_some_and(|l| l.dirty)
     }

@@ -66,6 +66,11 @@ fn statement_value(stmt: &str) -> Option<&str> {
 /// pooler's own statements included: a server whose session arms one serves no other client.
 pub(crate) const TINY_TIMER_US: u64 = 100_000;
 
+/// A timer of `us` µs (0: none) is one of those.
+pub(crate) fn is_tiny(us: u64) -> bool {
+    us != 0 && us <= TINY_TIMER_US
+}
+
 /// The smaller of two timers (0: none).
 pub(crate) fn shorter(a: u64, b: u64) -> u64 {
     match (a, b) {
@@ -77,8 +82,7 @@ pub(crate) fn shorter(a: u64, b: u64) -> u64 {
 impl Settings {
     /// These settings arm a statement or lock timer of `TINY_TIMER_US` or less.
     pub(crate) fn arm_a_tiny_timer(&self) -> bool {
-        let t = self.cancel_timer_us();
-        t != 0 && t <= TINY_TIMER_US
+        is_tiny(self.cancel_timer_us())
     }
 
     /// The shortest cancel timer these settings arm, µs (0: none).

@@ -125,25 +125,19 @@ fn a_cancel_a_timeout_may_have_left_is_absorbed_or_the_server_closed() {
     answer(&mut h, 90_000, &done);
     assert!(!h.srv.cancel_risk, "no timer in effect: a long batch leaves nothing");
     assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: true }));
-    // A timer for one transaction: a 6 ms batch against a 10 ms timeout.
-    h.s.set_clock(99_000);
-    h.client(query("BEGIN; SET LOCAL statement_timeout = 10; SELECT 3; COMMIT"));
-    frames_of(&mut h);
-    answer(
-        &mut h,
-        105_000,
-        &[msg(b'C', b"BEGIN\0"), msg(b'C', b"SET\0"), done[0].clone(), msg(b'C', b"COMMIT\0"), rfq(b'I')],
-    );
+    // A timer for one transaction (10 ms), in a block sent at `from` and answered at `to`.
+    let local_block = |h: &mut H, from: u64, to: u64| {
+        h.s.set_clock(from);
+        h.client(query("BEGIN; SET LOCAL statement_timeout = 10; SELECT 3; COMMIT"));
+        frames_of(h);
+        let replies = [msg(b'C', b"BEGIN\0"), msg(b'C', b"SET\0"), done[0].clone(), msg(b'C', b"COMMIT\0"), rfq(b'I')];
+        answer(h, to, &replies);
+    };
+    // A 6 ms batch against it: closed.
+    local_block(&mut h, 99_000, 105_000);
     assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: false }));
     // A 2 ms one: nothing.
-    h.s.set_clock(150_000);
-    h.client(query("BEGIN; SET LOCAL statement_timeout = 10; SELECT 3; COMMIT"));
-    frames_of(&mut h);
-    answer(
-        &mut h,
-        152_000,
-        &[msg(b'C', b"BEGIN\0"), msg(b'C', b"SET\0"), done[0].clone(), msg(b'C', b"COMMIT\0"), rfq(b'I')],
-    );
+    local_block(&mut h, 150_000, 152_000);
     assert_eq!(h.log.last(), Some(&Action::ReleaseServer { reusable: true }));
     h.client_out();
     // A cancelled statement: the next user (here the same client, on the same

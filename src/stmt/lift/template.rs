@@ -119,7 +119,7 @@ impl Template {
             return None;
         }
         let mut values = Vec::with_capacity(self.types.len());
-        if !self.literals(text, |_, r| values.push(r)) {
+        if !self.literals(text, |r| values.push(r)) {
             return None;
         }
         let mut edits = self.edits.clone();
@@ -135,10 +135,10 @@ impl Template {
     }
 
     /// Whether `text` is this template's text with other integers of the same types in
-    /// place of its literals; `each(k, range)` is told where its `k`th literal is, as far as
-    /// it matched.
+    /// place of its literals; `each(range)` is told where each literal is, in order, as far
+    /// as it matched.
     #[inline]
-    fn literals(&self, text: &[u8], mut each: impl FnMut(usize, Range<usize>)) -> bool {
+    fn literals(&self, text: &[u8], mut each: impl FnMut(Range<usize>)) -> bool {
         let mut at = 0;
         for (k, piece) in self.pieces.iter().enumerate() {
             let piece = &self.client[piece.clone()];
@@ -151,7 +151,7 @@ impl Template {
             if integer_type(&text[at..at + n]) != Some(ty) {
                 return false;
             }
-            each(k, at..at + n);
+            each(at..at + n);
             at += n;
         }
         at == text.len()
