@@ -270,6 +270,16 @@ fn closing(toks: &[(Tok, Range<usize>)]) -> Vec<usize> {
 ///
 /// Which literals stay, and which statements are not lifted, is the module's doc.
 pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
+    // Most texts that do not lift (`END`, `SET …`) are told by their first token, or by
+    // having no digit to lift: before the whole text is lexed into a list.
+    let data = |t: crate::stmt::lex::Token| {
+        t.closed
+            && t.kind == crate::stmt::lex::Kind::Word
+            && DATA.iter().any(|w| sql[t.range.clone()].eq_ignore_ascii_case(w))
+    };
+    if !crate::stmt::lex::solid(sql).next().is_some_and(data) || !sql.iter().any(u8::is_ascii_digit) {
+        return None;
+    }
     let toks = tokens(sql, escapes_everywhere)?;
     let is = |k: usize, w: &[u8]| {
         toks.get(k).is_some_and(|(t, r)| *t == Tok::Word && sql[r.clone()].eq_ignore_ascii_case(w))

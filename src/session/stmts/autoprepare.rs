@@ -16,7 +16,7 @@
 use crate::protocol::frontend;
 use crate::session::Session;
 use crate::state::{ServerState, TxStatus};
-use crate::stmt::lift::template::{Applied, Template};
+use crate::stmt::lift::template::{Applied, Template, prefix_key};
 use crate::stmt::lift::{Lifted, Origin, lift};
 use bytes::BytesMut;
 use std::sync::Arc;
@@ -39,7 +39,13 @@ pub(in crate::session) struct AutoPrep {
 /// registry and search_path of the client using it.
 #[derive(Debug, Default)]
 pub(in crate::session) struct Memo {
-    pub(super) templates: Vec<Kept>,
+    /// Boxed: moved to the front when used, a pointer is all that moves.
+    #[allow(clippy::vec_box)]
+    pub(super) templates: Vec<Box<Kept>>,
+    /// What `find` found: the lift of the text by `templates[0]`.
+    pub(super) applied: Applied,
+    /// The origin last handed out (`origin_for`), filled again once nobody holds it.
+    origin: Arc<Origin>,
     /// The Query just handled was bound directly (`fastbind`): nothing of a simple Query
     /// reached the server (its unnamed statement is still there).
     pub(super) bound: bool,
@@ -76,15 +82,31 @@ impl Memo {
         self.templates.len()
     }
 
-    /// The lift of `text` by a kept template (moved to the front), if one takes it.
-    fn find(&mut self, text: &[u8], escapes_everywhere: bool) -> Option<Applied> {
-        let (k, a) =
-            self.templates.iter().enumerate().find_map(|(k, t)| Some((k, t.t.apply(text, escapes_everywhere)?)))?;
-        if k > 0 {
-            let t = self.templates.remove(k);
-            self.templates.insert(0, t);
+    /// Whether a kept template takes `text`: then it is moved to the front, and its lift
+    /// of `text` is in `applied`.
+    fn find(&mut self, text: &[u8], escapes_everywhere: bool) -> bool {
+        let key = prefix_key(text);
+        let Some(k) = self
+            .templates
+            .iter()
+            .position(|t| t.t.key == key && t.t.apply_into(text, escapes_everywhere, &mut self.applied))
+        else {
+            return false;
+        };
+        self.templates[..=k].rotate_right(1);
+        true
+    }
+
+    /// The origin of `text` by `applied`, in the storage of the one handed out last when
+    /// nobody holds that any more (no allocation for a client repeating its queries).
+    pub(super) fn origin_for(&mut self, text: &[u8]) -> Arc<Origin> {
+        if Arc::get_mut(&mut self.origin).is_none() {
+            self.origin = Arc::default();
         }
-        Some(a)
+        if let Some(o) = Arc::get_mut(&mut self.origin) {
+            self.applied.origin_into(text, o);
+        }
+        self.origin.clone()
     }
 
     /// Keeps the template of `l` (lifted from `text`), if it makes one, at the front.
@@ -94,7 +116,7 @@ impl Memo {
         }
         let Some(t) = Template::new(text, l, escapes_everywhere) else { return };
         self.templates.truncate(MEMO_TEMPLATES - 1);
-        self.templates.insert(0, Kept { t, known: None });
+        self.templates.insert(0, Box::new(Kept { t, known: None }));
     }
 
     /// See the field `bound` (cleared).
@@ -140,43 +162,40 @@ impl Session {
         escapes_everywhere: bool,
         srv: &mut ServerState,
     ) -> bool {
-        // Lifted afresh (None when a template was reused): its text and types.
-        let fresh: Option<(Vec<u8>, Vec<u8>)>;
-        let (values, origin) = match memo.find(text, escapes_everywhere) {
-            Some(mut a) => {
-                if self.busy.tx.status == TxStatus::InBlock && !self.serves_in_block(memo) {
-                    // The cache would not serve it here: the Query costs less as it is.
-                    return false;
-                }
-                if self.bind_fast(memo, text, &mut a, srv) {
-                    memo.bound = true;
-                    #[cfg(test)]
-                    {
-                        memo.fast_binds += 1;
-                    }
-                    return true;
-                }
-                fresh = None;
-                let origin = a.origin(text);
-                (a.values, origin)
+        // Lifted afresh (None when a template was reused): the lift, and its types as a
+        // Parse carries them.
+        let fresh: Option<(Lifted, Vec<u8>)>;
+        let origin = if memo.find(text, escapes_everywhere) {
+            if self.busy.tx.status == TxStatus::InBlock && !self.serves_in_block(memo) {
+                // The cache would not serve it here: the Query costs less as it is.
+                return false;
             }
-            None => {
-                let Some(l) = lift(text, escapes_everywhere) else { return false };
-                let origin = Origin::new(text, &l);
-                memo.insert(text, &l, escapes_everywhere);
-                let mut types = Vec::with_capacity(4 * l.types.len());
-                for t in &l.types {
-                    types.extend_from_slice(&t.to_be_bytes());
+            if self.bind_fast(memo, text, srv) {
+                memo.bound = true;
+                #[cfg(test)]
+                {
+                    memo.fast_binds += 1;
                 }
-                fresh = Some((l.text, types));
-                (l.values, origin)
+                return true;
             }
+            fresh = None;
+            memo.origin_for(text)
+        } else {
+            let Some(l) = lift(text, escapes_everywhere) else { return false };
+            let origin = Arc::new(Origin::new(text, &l));
+            memo.insert(text, &l, escapes_everywhere);
+            let mut types = Vec::with_capacity(4 * l.types.len());
+            for t in &l.types {
+                types.extend_from_slice(&t.to_be_bytes());
+            }
+            fresh = Some((l, types));
+            origin
         };
-        let (ltext, ltypes): (&[u8], &[u8]) = match &fresh {
-            Some((t, ty)) => (t, ty),
+        let (ltext, ltypes, values): (&[u8], &[u8], &[std::ops::Range<usize>]) = match &fresh {
+            Some((l, ty)) => (&l.text, ty, &l.values),
             None => {
                 let t = &memo.templates[0].t;
-                (&t.text, &t.type_bytes)
+                (&t.text, &t.type_bytes, &memo.applied.values)
             }
         };
         let mut f = BytesMut::with_capacity(ltext.len() + 64 + 8 * values.len());
@@ -186,7 +205,6 @@ impl Session {
         frontend::execute(&mut f, b"");
         frontend::sync(&mut f);
         self.busy.retry.replay = Some(Box::new(f.to_vec()));
-        let origin = Arc::new(origin);
         // One more: the Query's own frame is counted out first (`autoprep_after_frame`).
         let frames_left = FRAMES + 1;
         self.busy.retry.autoprep = Some(Box::new(AutoPrep { frames_left, origin, pushes_before: 0 }));

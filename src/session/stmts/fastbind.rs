@@ -24,7 +24,6 @@ use crate::session::reply_queue::{Fx, OnReply, Pending, Req};
 use crate::session::{Phase, Session};
 use crate::state::{ServerState, TxStatus};
 use crate::stmt::lift::Origin;
-use crate::stmt::lift::template::Applied;
 use crate::stmt::registry::{StmtKind, make_key};
 use crate::stmt::{Registry, Statement};
 use std::sync::atomic::Ordering;
@@ -63,11 +62,10 @@ fn plain_text(s: &Statement) -> bool {
 }
 
 impl Session {
-    /// Binds the autoprepared Query `text` (its lift `a` by `memo.templates[0]`) directly,
-    /// if that is exactly what its frames would come to (then `a`'s edits are taken, into
-    /// the origin its errors map back through). False: nothing was done (but for a plan
+    /// Binds the autoprepared Query `text` (its lift `memo.applied` by `memo.templates[0]`)
+    /// directly, if that is exactly what its frames would come to. False: nothing was done (but for a plan
     /// guard's choice to run it as sent, which `as_sent_next` carries to the Parse).
-    pub(super) fn bind_fast(&mut self, memo: &mut Memo, text: &[u8], a: &mut Applied, srv: &mut ServerState) -> bool {
+    pub(super) fn bind_fast(&mut self, memo: &mut Memo, text: &[u8], srv: &mut ServerState) -> bool {
         #[cfg(test)]
         if memo.frames_only {
             return false;
@@ -101,8 +99,8 @@ impl Session {
             self.stmts.as_sent_next = Some(s.id);
             return false;
         }
-        let origin = Arc::new(a.take_origin(text));
-        self.bound_now(memo, text, a, s, origin, &registry, srv);
+        let origin = memo.origin_for(text);
+        self.bound_now(memo, text, s, origin, &registry, srv);
         true
     }
 
@@ -137,12 +135,10 @@ impl Session {
 
     /// Writes and queues the batch of `memo.templates[0]` bound to `s` (see the module doc),
     /// in the order its frames would have done it.
-    #[allow(clippy::too_many_arguments)]
     fn bound_now(
         &mut self,
         memo: &Memo,
         text: &[u8],
-        a: &Applied,
         s: Arc<Statement>,
         origin: Arc<Origin>,
         registry: &Registry,
@@ -165,7 +161,7 @@ impl Session {
         // failed Query to close: `bind_fast` checked; none is left by what is sent here.)
         let batch = &mut self.busy.retry.batch;
         let p_end = batch.len();
-        put_bind_text(batch, text, &a.values);
+        put_bind_text(batch, text, &memo.applied.values);
         let b_end = batch.len();
         batch.extend_from_slice(DESCRIBE_EXECUTE_SYNC);
         // The Bind's tail: everything after its two names ("" and "").

@@ -19,6 +19,10 @@ use std::ops::Range;
 /// A lifted text whose lifted literals are all plain integers (int4 or int8).
 #[derive(Debug)]
 pub struct Template {
+    /// `prefix_key` of the client's text of the lift: a text this template takes has the
+    /// same (its first literal is where the lift's was, and nothing before it is a digit
+    /// that is not in both).
+    pub key: u64,
     /// The client's text of the lift, less its literals: `values.len() + 1` pieces.
     pieces: Vec<Range<usize>>,
     client: Box<[u8]>,
@@ -34,8 +38,9 @@ pub struct Template {
 }
 
 /// A template applied to a text: what `lift` would have returned, less the text and types
-/// (the template's).
-#[derive(Debug, PartialEq, Eq)]
+/// (the template's). Reused from one text to the next (`Template::apply_into`): its
+/// storage stays, so that a client repeating its queries allocates nothing for them.
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Applied {
     /// As `Lifted::values` and `Lifted::edits`.
     pub values: Vec<Range<usize>>,
@@ -43,23 +48,49 @@ pub struct Applied {
 }
 
 impl Applied {
-    /// The origin of the client's `text` (as `Origin::new` for the lift).
-    pub fn origin(&self, text: &[u8]) -> Origin {
-        let mut literals = Vec::with_capacity(self.values.iter().map(|r| r.len()).sum());
+    /// The origin of the client's `text` (as `Origin::new` for the lift), written into `o`
+    /// (its storage reused).
+    pub fn origin_into(&self, text: &[u8], o: &mut Origin) {
+        o.edits.clear();
+        o.edits.extend_from_slice(&self.edits);
+        o.literals.clear();
         for r in &self.values {
-            literals.extend_from_slice(&text[r.clone()]);
+            o.literals.extend_from_slice(&text[r.clone()]);
         }
-        Origin { edits: self.edits.clone(), literals }
     }
+}
 
-    /// `origin`, taking the edits (none are left).
-    pub fn take_origin(&mut self, text: &[u8]) -> Origin {
-        let mut literals = Vec::with_capacity(self.values.iter().map(|r| r.len()).sum());
-        for r in &self.values {
-            literals.extend_from_slice(&text[r.clone()]);
+/// Where the first ASCII digit of `text` is, and the (up to) eight bytes before it: what a
+/// client's text is told from most kept templates by, before any is tried
+/// (`Template::key`). Cheaper than hashing what precedes the digit, and as telling for
+/// the texts of one application (another text with the same key costs one failed try).
+pub fn prefix_key(text: &[u8]) -> u64 {
+    let at = first_digit(text);
+    let mut tail = [0u8; 8];
+    let before = &text[at.saturating_sub(8)..at];
+    tail[8 - before.len()..].copy_from_slice(before);
+    u64::from_le_bytes(tail) ^ (at as u64).rotate_left(48)
+}
+
+/// Where the first ASCII digit of `text` is (its length if none), eight bytes at a time: a
+/// byte is a digit when it differs from `0` by less than 10 in its low seven bits with its
+/// high bit clear. The subtraction's borrows only ever mark bytes above the first one that
+/// is marked rightly, and only the lowest mark is read.
+fn first_digit(text: &[u8]) -> usize {
+    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
+    let mut chunks = text.chunks_exact(8);
+    let mut at = 0;
+    for c in chunks.by_ref() {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let x = u64::from_le_bytes(w) ^ (ONES * 0x30);
+        let m = x.wrapping_sub(ONES * 0x0a) & !x & (ONES * 0x80);
+        if m != 0 {
+            return at + (m.trailing_zeros() / 8) as usize;
         }
-        Origin { edits: std::mem::take(&mut self.edits), literals }
+        at += 8;
     }
+    at + chunks.remainder().iter().position(u8::is_ascii_digit).unwrap_or(chunks.remainder().len())
 }
 
 /// A literal a template may take: the integer type of its ASCII digits, unless it is one of the
@@ -98,6 +129,7 @@ impl Template {
             type_bytes.extend_from_slice(&t.to_be_bytes());
         }
         Some(Template {
+            key: prefix_key(client),
             pieces,
             client: client.into(),
             types: l.types.clone(),
@@ -111,27 +143,37 @@ impl Template {
     /// What `lift(text, escapes_everywhere)` returns, if `text` is this template's text with
     /// other integers of the same types in place of its literals; None otherwise (it may
     /// still lift: ask `lift`).
+    #[cfg(test)]
     pub fn apply(&self, text: &[u8], escapes_everywhere: bool) -> Option<Applied> {
+        let mut a = Applied::default();
+        self.apply_into(text, escapes_everywhere, &mut a).then_some(a)
+    }
+
+    /// `apply`, into `out` (its storage reused): false (and `out` anything) where `apply`
+    /// is None.
+    pub fn apply_into(&self, text: &[u8], escapes_everywhere: bool, out: &mut Applied) -> bool {
         // A client's texts are tried against every kept template, and most differ from the
-        // first piece on: that is checked before anything is built.
+        // first piece on: that is checked before anything is written.
         let first = self.pieces.first().map_or(&[][..], |p| &self.client[p.clone()]);
         if escapes_everywhere != self.escapes_everywhere || !text.starts_with(first) {
-            return None;
+            return false;
         }
-        let mut values = Vec::with_capacity(self.types.len());
+        let values = &mut out.values;
+        values.clear();
         if !self.literals(text, |r| values.push(r)) {
-            return None;
+            return false;
         }
-        let mut edits = self.edits.clone();
+        out.edits.clear();
+        out.edits.extend_from_slice(&self.edits);
         // Client characters (= bytes: digits) the new literals add, so far.
         let mut shift = 0i64;
-        for (e, r) in edits.iter_mut().zip(&values) {
+        for (e, r) in out.edits.iter_mut().zip(&out.values) {
             let old = e[3] - e[2];
             e[2] += shift;
             shift += r.len() as i64 - old;
             e[3] = e[2] + r.len() as i64;
         }
-        Some(Applied { values, edits })
+        true
     }
 
     /// Whether `text` is this template's text with other integers of the same types in
@@ -169,6 +211,7 @@ mod tests {
         let t = Template::new(a.as_bytes(), &l, false)?;
         let got = t.apply(b.as_bytes(), false);
         if let Some(got) = &got {
+            assert_eq!(t.key, prefix_key(b.as_bytes()), "what a template takes has its key: {b}");
             let want = lift(b.as_bytes(), false).expect("what the template takes lifts");
             assert_eq!(&*t.text, &want.text[..], "{b}");
             assert_eq!(t.types, want.types, "{b}");
@@ -214,12 +257,39 @@ mod tests {
     }
 
     #[test]
+    fn the_first_digit_is_found_eight_bytes_at_a_time_as_one_at_a_time() {
+        let naive = |t: &[u8]| t.iter().position(u8::is_ascii_digit).unwrap_or(t.len());
+        let mut texts: Vec<Vec<u8>> = vec![b"".to_vec(), b"abc".to_vec(), "é9".as_bytes().to_vec()];
+        // Every byte value at every place of a 19-byte text, a digit or none after it.
+        for b in 0..=255u8 {
+            for at in 0..19 {
+                for tail in [None, Some(b'0'), Some(b'9')] {
+                    let mut t = vec![b'x'; 19];
+                    t[at] = b;
+                    if let Some(d) = tail {
+                        t[18] = d;
+                    }
+                    texts.push(t);
+                }
+            }
+        }
+        // Bytes next to the digits, and borrows across a byte: `/`, `:`, 0x00, 0xb0..0xb9.
+        texts.push(b"ab/:\x00\xb0\xb9c:/1".to_vec());
+        for t in texts {
+            assert_eq!(first_digit(&t), naive(&t), "{t:?}");
+        }
+    }
+
+    #[test]
     fn origins_map_as_the_lifts_do() {
         let a = "select x from t where a = 1 and b = 22 and c = 'ü'";
         let b = "select x from t where a = 1234 and b = 2 and c = 'ü'";
         let got = via(a, b).expect("reused");
         let want = lift(b.as_bytes(), false).expect("lifts");
-        let (o1, o2) = (got.origin(b.as_bytes()), Origin::new(b.as_bytes(), &want));
+        // Storage reused from an earlier origin is cleared first.
+        let mut o1 = Origin { edits: vec![[9; 4]; 3], literals: b"junk".to_vec() };
+        got.origin_into(b.as_bytes(), &mut o1);
+        let o2 = Origin::new(b.as_bytes(), &want);
         assert_eq!((o1.edits, o1.literals), (o2.edits, o2.literals));
     }
 
