@@ -300,12 +300,15 @@ impl Pending {
     /// A request of the pooler's own.
     /// A simple Query that may run inside a transaction block, and so, failing there, leave
     /// its unnamed portal behind (`ReplyQueue::portal_leftover`): the client's, a guard's, a
-    /// probe's; not the pooler's own that run outside any block or end it.
+    /// probe's; not the pooler's own that run outside any block or end it (a deferred
+    /// BEGIN goes only to an idle server, and PostgreSQL drops the transaction of a BEGIN
+    /// that fails before completing).
     fn may_leave_portal(&self) -> bool {
         self.req == Req::Query
             && !matches!(
                 self.purpose,
-                Purpose::SyncSettings
+                Purpose::Begin
+                    | Purpose::SyncSettings
                     | Purpose::ClearTimeouts
                     | Purpose::Absorb
                     | Purpose::PinCheck
@@ -526,6 +529,15 @@ impl ReplyQueue {
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.q.is_empty()
+    }
+    /// Nothing outstanding but what a link sends ahead of its client's first request (the
+    /// client's settings replayed, another client's timeouts cleared, a cancel signal
+    /// absorbed, a deferred BEGIN): simple Queries of the pooler's whose replies come first
+    /// and reach nobody.
+    pub(crate) fn only_link_preamble(&self) -> bool {
+        self.q.iter().all(|p| {
+            matches!(p.purpose, Purpose::SyncSettings | Purpose::ClearTimeouts | Purpose::Absorb | Purpose::Begin)
+        })
     }
     /// Number of outstanding requests.
     pub(crate) fn len(&self) -> usize {

@@ -129,7 +129,8 @@ impl Memo {
 const FRAMES: u8 = 5;
 
 impl Session {
-    /// A simple Query (`text`) with the cache on and no server work outstanding, on the
+    /// A simple Query (`text`) with the cache on and no server work outstanding (but a
+    /// link's preamble: a transaction's first statement goes with its deferred BEGIN), on the
     /// linked `srv`: if autoprepare applies, the batch it becomes is either bound directly
     /// (`fastbind`: written to the server and queued, `Memo::bound` set) or queued to be fed
     /// (`take_replay`: nothing was sent), and true is returned.
@@ -139,7 +140,7 @@ impl Session {
             // Inside a transaction block, see `serves_in_block`. (In a failed block the
             // server refuses anything, and its error is PostgreSQL's own.)
             || !matches!(self.busy.tx.status, TxStatus::Idle | TxStatus::InBlock)
-            || !self.busy.replies.is_empty()
+            || !self.busy.replies.only_link_preamble()
             || self.busy.replies.is_unsynced()
             || self.busy.retry.replay.is_some()
             || self.busy.retry.autoprep.is_some()
