@@ -625,6 +625,48 @@ async fn admin_counters(p: &Parsnip) -> Option<String> {
     Some(rows.join(" | "))
 }
 
+/// TPC-B through `-M simple`: every UPDATE runs from a cached statement, the one that opens
+/// each transaction (behind the BEGIN parsnip answered and sends ahead of it, `defer_begin`)
+/// as much as the others. Executions of cached statements are what `SHOW STATEMENTS`
+/// counts; a Query sent as it is counts for none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_statement_of_each_transaction_runs_from_the_cache() {
+    const DB: &str = "pgb_first_stmt";
+    const C: u64 = 8;
+    const T: u64 = 40;
+    create_db_async(DB).await;
+    init_direct(DB).await;
+    bounded(300, "the_first_statement_of_each_transaction_runs_from_the_cache", async {
+        let p = Parsnip::trust(&format!("{}\nautoprepare_after = 2", pool_config(3)));
+        let run = pgbench(via(&p), DB, &["-n", "-M", "simple", "-c", &C.to_string(), "-t", &T.to_string()]).await;
+        assert_clean(&run, C, T, Some(&p));
+        let console = p.connect("postgres", SUPER_PW, "pgbouncer").await;
+        let msgs = console.simple_query("SHOW STATEMENTS").await.expect("SHOW STATEMENTS");
+        // Calls of the lifted texts of one table's UPDATE (a negative delta is another text).
+        let calls = |table: &str| -> u64 {
+            msgs.iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r)
+                        if r.get("database") == Some(DB)
+                            && r.get("query").is_some_and(|q| q.starts_with(&format!("UPDATE {table} "))) =>
+                    {
+                        r.get("calls").and_then(|v| v.parse::<u64>().ok())
+                    }
+                    _ => None,
+                })
+                .sum()
+        };
+        let (first, third) = (calls("pgbench_accounts"), calls("pgbench_tellers"));
+        assert!(third >= C * T / 2, "the transactions' third statement ran {third} times from the cache of {}", C * T);
+        assert!(
+            first * 10 >= third * 9,
+            "the first statement of each transaction ran {first} times from the cache, the third {third}\n{}",
+            p.log_tail()
+        );
+    })
+    .await;
+}
+
 fn pool_config(promote_unnamed_after: u32) -> String {
     format!(
         "pool_mode = \"transaction\"\npool_size = {POOL}\nquery_wait_timeout_ms = 120000\n\
