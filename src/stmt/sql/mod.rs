@@ -84,51 +84,64 @@ fn one_statement(sql: &[u8]) -> bool {
 /// Cheap for the usual one-statement text; a multi-statement text is checked statement by
 /// statement.
 pub(crate) fn may_change_schema(sql: &[u8]) -> bool {
-    const SAFE: [&[u8]; 37] = [
-        b"select",
-        b"insert",
-        b"update",
-        b"delete",
-        b"merge",
-        b"with",
-        b"values",
-        b"table",
-        b"set",
-        b"reset",
-        b"show",
-        b"begin",
-        b"start",
-        b"commit",
-        b"end",
-        b"rollback",
-        b"abort",
-        b"savepoint",
-        b"release",
-        b"prepare",
-        b"execute",
-        b"deallocate",
-        b"listen",
-        b"notify",
-        b"unlisten",
-        b"discard",
-        b"fetch",
-        b"move",
-        b"close",
-        b"declare",
-        b"copy",
-        b"explain",
-        b"lock",
-        b"checkpoint",
-        b"vacuum",
-        b"analyze",
-        b"analyse",
-    ];
     let one = |stmt: &[u8]| match first_word(stmt) {
-        Some(w) => !SAFE.iter().any(|k| w.eq_ignore_ascii_case(k)),
+        Some(w) => !cannot_change_schema(w),
         // Empty, or starting with '(' (a parenthesized SELECT): no DDL.
         None => false,
     };
     if one_statement(sql) { one(sql) } else { split(sql).into_iter().any(|r| one(&sql[r])) }
+}
+
+/// Whether a statement starting with the word `w` cannot change the schema: data
+/// statements, settings, transaction control, cursors, statement commands, COPY, EXPLAIN,
+/// LOCK, maintenance. Lower-cased into a buffer and matched at once (every Query and Parse
+/// asks: a comparison with each word in turn cost more than the rest of the check).
+fn cannot_change_schema(w: &[u8]) -> bool {
+    let mut buf = [0u8; 10];
+    let Some(lower) = buf.get_mut(..w.len()) else { return false };
+    for (d, s) in lower.iter_mut().zip(w) {
+        *d = s.to_ascii_lowercase();
+    }
+    matches!(
+        &*lower,
+        b"select"
+            | b"insert"
+            | b"update"
+            | b"delete"
+            | b"merge"
+            | b"with"
+            | b"values"
+            | b"table"
+            | b"set"
+            | b"reset"
+            | b"show"
+            | b"begin"
+            | b"start"
+            | b"commit"
+            | b"end"
+            | b"rollback"
+            | b"abort"
+            | b"savepoint"
+            | b"release"
+            | b"prepare"
+            | b"execute"
+            | b"deallocate"
+            | b"listen"
+            | b"notify"
+            | b"unlisten"
+            | b"discard"
+            | b"fetch"
+            | b"move"
+            | b"close"
+            | b"declare"
+            | b"copy"
+            | b"explain"
+            | b"lock"
+            | b"checkpoint"
+            | b"vacuum"
+            | b"analyze"
+            | b"analyse"
+    )
 }
 
 /// Whether the text is surely one plain read (SELECT, VALUES, TABLE) that takes no row

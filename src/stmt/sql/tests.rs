@@ -123,6 +123,10 @@ fn schema_changes_recognized() {
         b"DO $$ BEGIN EXECUTE 'drop table t'; END $$",
         b"CALL migrate()",
         b"COMMENT ON TABLE t IS 'x'",
+        // Longer than any word that cannot, or one of them with more letters.
+        b"REFRESH MATERIALIZED VIEW m",
+        b"checkpoints",
+        b"selec 1",
     ] {
         assert!(may_change_schema(ddl), "{}", String::from_utf8_lossy(ddl));
     }
@@ -134,6 +138,10 @@ fn schema_changes_recognized() {
         b"(select 1)",
         b"select 'alter table t; drop table t'",
         b"",
+        // The longest such words, in any case.
+        b"DeAllocate ALL",
+        b"CHECKPOINT",
+        b"analyse t",
     ] {
         assert!(!may_change_schema(plain), "{}", String::from_utf8_lossy(plain));
     }
