@@ -63,8 +63,9 @@ fn plain_text(s: &Statement) -> bool {
 
 impl Session {
     /// Binds the autoprepared Query `text` (its lift `memo.applied` by `memo.templates[0]`)
-    /// directly, if that is exactly what its frames would come to. False: nothing was done (but for a plan
-    /// guard's choice to run it as sent, which `as_sent_next` carries to the Parse).
+    /// directly, if that is exactly what its frames would come to. False: nothing was done
+    /// (but for a plan guard's choice to run it as sent, which `as_sent_next` carries to the
+    /// Parse).
     pub(super) fn bind_fast(&mut self, memo: &mut Memo, text: &[u8], srv: &mut ServerState) -> bool {
         #[cfg(test)]
         if memo.frames_only {
