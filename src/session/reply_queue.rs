@@ -161,6 +161,12 @@ impl Purpose {
     pub(crate) fn told_on_error(self) -> bool {
         matches!(self, Purpose::SyncSettings | Purpose::ClearTimeouts | Purpose::Begin)
     }
+
+    /// What a link sends ahead of its client's first request: those above, and a cancel
+    /// signal absorbed. Simple Queries on an idle server whose replies reach nobody.
+    pub(crate) fn opens_link(self) -> bool {
+        self.told_on_error() || self == Purpose::Absorb
+    }
 }
 
 /// A change to the client's statement names made when the request was sent, undone if the
@@ -305,16 +311,8 @@ impl Pending {
     /// that fails before completing).
     fn may_leave_portal(&self) -> bool {
         self.req == Req::Query
-            && !matches!(
-                self.purpose,
-                Purpose::Begin
-                    | Purpose::SyncSettings
-                    | Purpose::ClearTimeouts
-                    | Purpose::Absorb
-                    | Purpose::PinCheck
-                    | Purpose::ConfigCheck
-                    | Purpose::Rollback
-            )
+            && !self.purpose.opens_link()
+            && !matches!(self.purpose, Purpose::PinCheck | Purpose::ConfigCheck | Purpose::Rollback)
     }
 
     pub(crate) fn internal(req: Req, purpose: Purpose) -> Pending {
@@ -530,14 +528,10 @@ impl ReplyQueue {
     pub(crate) fn is_empty(&self) -> bool {
         self.q.is_empty()
     }
-    /// Nothing outstanding but what a link sends ahead of its client's first request (the
-    /// client's settings replayed, another client's timeouts cleared, a cancel signal
-    /// absorbed, a deferred BEGIN): simple Queries of the pooler's whose replies come first
-    /// and reach nobody.
+    /// Nothing outstanding but what a link sends ahead of its client's first request
+    /// (`Purpose::opens_link`): its replies come first and reach nobody.
     pub(crate) fn only_link_preamble(&self) -> bool {
-        self.q.iter().all(|p| {
-            matches!(p.purpose, Purpose::SyncSettings | Purpose::ClearTimeouts | Purpose::Absorb | Purpose::Begin)
-        })
+        self.q.iter().all(|p| p.purpose.opens_link())
     }
     /// Number of outstanding requests.
     pub(crate) fn len(&self) -> usize {

@@ -96,11 +96,20 @@ pub struct Origin {
 impl Origin {
     /// The origin of `l`, lifted from the client's text `client`.
     pub fn new(client: &[u8], l: &Lifted) -> Origin {
-        let mut literals = Vec::with_capacity(l.values.iter().map(|r| r.len()).sum());
-        for r in &l.values {
-            literals.extend_from_slice(&client[r.clone()]);
+        let mut o = Origin::default();
+        o.fill(client, &l.values, &l.edits);
+        o
+    }
+
+    /// The origin of a lift of `client` whose literals are at `values` (`Lifted::values`,
+    /// `Lifted::edits`), written over this one (its storage reused).
+    pub fn fill(&mut self, client: &[u8], values: &[Range<usize>], edits: &[[i64; 4]]) {
+        self.edits.clear();
+        self.edits.extend_from_slice(edits);
+        self.literals.clear();
+        for r in values {
+            self.literals.extend_from_slice(&client[r.clone()]);
         }
-        Origin { edits: l.edits.clone(), literals }
     }
 
     /// The client's position for the server's position `p` (see `client_position`).
@@ -270,8 +279,8 @@ fn closing(toks: &[(Tok, Range<usize>)]) -> Vec<usize> {
 ///
 /// Which literals stay, and which statements are not lifted, is the module's doc.
 pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
-    // Most texts that do not lift (`END`, `SET …`) are told by their first token, or by
-    // having no digit to lift: before the whole text is lexed into a list.
+    // A data statement's first word, and a digit to lift: most texts that do not lift
+    // (`END`, `SET …`) are told by these before the whole text is lexed into a list.
     let data = |t: crate::stmt::lex::Token| {
         t.closed
             && t.kind == crate::stmt::lex::Kind::Word
@@ -285,10 +294,6 @@ pub fn lift(sql: &[u8], escapes_everywhere: bool) -> Option<Lifted> {
         toks.get(k).is_some_and(|(t, r)| *t == Tok::Word && sql[r.clone()].eq_ignore_ascii_case(w))
     };
     let is_any = |k: usize, ws: &[&[u8]]| ws.iter().any(|w| is(k, w));
-    let first = toks.first()?;
-    if first.0 != Tok::Word || !DATA.iter().any(|w| sql[first.1.clone()].eq_ignore_ascii_case(w)) {
-        return None;
-    }
     let insert = is(0, b"insert");
     let with = is(0, b"with");
     // One statement: a `;` only at the very end.

@@ -51,12 +51,7 @@ impl Applied {
     /// The origin of the client's `text` (as `Origin::new` for the lift), written into `o`
     /// (its storage reused).
     pub fn origin_into(&self, text: &[u8], o: &mut Origin) {
-        o.edits.clear();
-        o.edits.extend_from_slice(&self.edits);
-        o.literals.clear();
-        for r in &self.values {
-            o.literals.extend_from_slice(&text[r.clone()]);
-        }
+        o.fill(text, &self.values, &self.edits);
     }
 }
 
