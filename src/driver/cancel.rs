@@ -55,10 +55,12 @@ enum Target {
     /// (`pipe`): a cancel now would reach their queries. One that arrives is held
     /// (`requested`) and sent when the batch reaches the head.
     Later { target: Arc<CancelTarget>, requested: bool },
-    /// The batch reached the head with a cancel held, counted in flight on the target, but
-    /// some of it is not written yet (a statement's shape check holds the client's Bind):
-    /// sent once it is (`fire_armed`), so that it finds the query running — a cancel that
-    /// reaches a backend waiting for its next message is dropped by PostgreSQL.
+    /// A cancel is held, counted in flight on the target, for a batch not all written yet:
+    /// one held while the batch waited behind others and it reached the head (a statement's
+    /// shape check may hold the client's Bind), or one that came as the client's wait for a
+    /// server ended (`set`). Sent once the batch is written (`fire_armed`), so that it finds
+    /// the query running: a cancel that reaches a backend waiting for its next message is
+    /// dropped by PostgreSQL.
     Armed(Arc<CancelTarget>),
 }
 
@@ -71,14 +73,31 @@ impl CancelSlot {
     pub(crate) fn pool(&self) -> Option<Arc<ServerPool>> {
         self.pool.get().and_then(Weak::upgrade)
     }
-    /// The client was linked to a server (its batch is the one the backend runs next).
-    pub(crate) fn set(&self, t: &Arc<CancelTarget>) {
-        t.info.client.store(self.pid, Ordering::Relaxed);
-        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Now(t.clone());
+    /// Where the count of cancels that found the client with no server stands: read as its
+    /// request starts looking for one, and handed to `set` or `set_later` once it has one.
+    pub(crate) fn queue_mark(&self) -> u32 {
+        self.queued_cancels.load(Ordering::Acquire)
     }
-    /// The client's batch waits behind others on `t` (see `Target::Later`).
-    pub(crate) fn set_later(&self, t: &Arc<CancelTarget>) {
-        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = Target::Later { target: t.clone(), requested: false };
+    /// The client was linked to a server (its batch is the one the backend runs next). A
+    /// cancel that came since `mark` (while its request looked for a server, its wait ending
+    /// as the cancel arrived) is armed: sent once the batch is written (`fire_armed`).
+    pub(crate) fn set(&self, t: &Arc<CancelTarget>, mark: u32) {
+        t.info.client.store(self.pid, Ordering::Relaxed);
+        let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        if self.queued_cancels.load(Ordering::Acquire) != mark {
+            t.in_flight.fetch_add(1, Ordering::SeqCst);
+            *g = Target::Armed(t.clone());
+            self.armed.store(true, Ordering::Release);
+        } else {
+            *g = Target::Now(t.clone());
+        }
+    }
+    /// The client's batch waits behind others on `t` (see `Target::Later`); a cancel that
+    /// came since `mark` is held for it.
+    pub(crate) fn set_later(&self, t: &Arc<CancelTarget>, mark: u32) {
+        let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        let requested = self.queued_cancels.load(Ordering::Acquire) != mark;
+        *g = Target::Later { target: t.clone(), requested };
     }
     /// The backend pid of the server it is linked to (`SHOW CLIENTS`'s link), if any.
     pub(crate) fn linked_server(&self) -> Option<u64> {
@@ -201,11 +220,10 @@ impl CancelSlot {
             Target::Later { .. } | Target::None => {}
         }
     }
-    /// Completes when a cancel arrives for this client while it has no server (its request
-    /// is waiting in the pool's queue).
-    pub(crate) async fn cancelled_while_queued(&self) {
-        let before = self.queued_cancels.load(Ordering::Acquire);
-        self.kicked_until(|| self.queued_cancels.load(Ordering::Acquire) != before).await
+    /// Completes when a cancel has arrived for this client, with no server, since `mark`
+    /// (`queue_mark`, read as its request started looking for a server).
+    pub(crate) async fn cancelled_while_queued(&self, mark: u32) {
+        self.kicked_until(|| self.queued_cancels.load(Ordering::Acquire) != mark).await
     }
     /// `query_timeout`: cancels what the client's server runs, as a CancelRequest of the
     /// client's own would (held, if its batch is queued behind others' on a shared one).
@@ -221,8 +239,9 @@ impl CancelSlot {
     }
 
     /// The client's server, with a cancel counted in flight on it; or the cancel is held
-    /// (None, and `false`: nothing to wake). Under the slot's lock, so a release (which
-    /// clears the slot first) sees the count.
+    /// (None, and `false`: nothing to wake); or it found no server (None, `true`: counted
+    /// in `queued_cancels`, which a link made meanwhile sees). Under the slot's lock, so a
+    /// release (which clears the slot first) sees the count, and `set` sees this one.
     fn begin_cancel(&self) -> (Option<Arc<CancelTarget>>, bool) {
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         match &mut *g {
@@ -236,7 +255,10 @@ impl CancelSlot {
             }
             // One is on its way already.
             Target::Armed(_) => (None, false),
-            Target::None => (None, true),
+            Target::None => {
+                self.queued_cancels.fetch_add(1, Ordering::AcqRel);
+                (None, true)
+            }
         }
     }
 }
@@ -337,7 +359,6 @@ impl CancelRegistry {
                 tracing::debug!(pid, queued, "cancel request held for later, or answered in the queue");
                 if queued {
                     // Not linked: its request (if any) is still waiting for a server.
-                    slot.queued_cancels.fetch_add(1, Ordering::AcqRel);
                     slot.kick();
                 }
                 return;
@@ -436,6 +457,70 @@ mod tests {
             let (p, _) = r.register();
             assert!(p >= FIRST_CLIENT_PID && p != a && p != c);
         }
+    }
+
+    fn target() -> Arc<CancelTarget> {
+        Arc::new(CancelTarget {
+            host: "/nowhere".into(),
+            port: 1,
+            pid: 7,
+            key: vec![0; 4],
+            in_flight: Default::default(),
+            settled: Default::default(),
+            signalled: Default::default(),
+            behind: Default::default(),
+            signals_once: true,
+            info: Default::default(),
+        })
+    }
+
+    #[test]
+    fn a_cancel_overtaken_by_the_end_of_the_wait_for_a_server_is_armed_on_the_link() {
+        // The client's request starts looking for a server; a cancel finds it with none; the
+        // pool hands it a server before its wait saw the cancel.
+        let slot = CancelSlot::default();
+        let mark = slot.queue_mark();
+        assert!(matches!(slot.begin_cancel(), (None, true)));
+        let t = target();
+        slot.set(&t, mark);
+        assert!(slot.is_armed(), "the cancel is kept for the batch, not lost");
+        assert_eq!(t.in_flight.load(Ordering::SeqCst), 1, "the server is not reused while it is owed");
+        // A second cancel meanwhile adds nothing: one is on its way.
+        assert!(matches!(slot.begin_cancel(), (None, false)));
+        // The batch ends before it was all written: nothing left to cancel.
+        slot.clear();
+        assert!(!slot.is_armed());
+        assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);
+
+        // A link with no cancel since its request began forwards later ones at once.
+        let mark = slot.queue_mark();
+        slot.set(&t, mark);
+        assert!(!slot.is_armed());
+        assert!(matches!(slot.begin_cancel(), (Some(_), false)));
+        settle(&t);
+        slot.clear();
+
+        // A cancel from before the request (the client was idle) is not carried into it.
+        assert!(matches!(slot.begin_cancel(), (None, true)));
+        let mark = slot.queue_mark();
+        slot.set(&t, mark);
+        assert!(!slot.is_armed());
+        slot.clear();
+    }
+
+    #[test]
+    fn a_cancel_overtaken_by_the_wait_is_held_for_a_batch_queued_behind_others() {
+        let slot = CancelSlot::default();
+        let mark = slot.queue_mark();
+        assert!(matches!(slot.begin_cancel(), (None, true)));
+        let t = target();
+        slot.set_later(&t, mark);
+        assert_eq!(t.in_flight.load(Ordering::SeqCst), 0, "nothing is sent while others' batches run");
+        slot.reached_head();
+        assert!(slot.is_armed());
+        assert_eq!(t.in_flight.load(Ordering::SeqCst), 1);
+        slot.clear();
+        assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);
     }
 
     #[test]

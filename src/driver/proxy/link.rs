@@ -35,6 +35,8 @@ impl Proxy {
                 self.pool = reads;
             }
         }
+        // Cancels from here on are for the request that wants the server.
+        let mark = self.slot.queue_mark();
         loop {
             let got = match self.pool.checkout() {
                 Checkout::Ready(c) if self.pool.connector().suspect() => {
@@ -46,13 +48,13 @@ impl Proxy {
                 Checkout::Ready(c) => Ok(Lease::Own(c)),
                 Checkout::Queued(q) => {
                     let since = self.meter_waiting();
-                    let r = Box::pin(self.wait_in_queue(q)).await;
+                    let r = Box::pin(self.wait_in_queue(q, mark)).await;
                     self.meter_waited(since);
                     r
                 }
                 Checkout::Slow => {
                     let since = self.meter_waiting();
-                    let r = Box::pin(self.acquire_slow(false)).await.map(Lease::Own);
+                    let r = Box::pin(self.acquire_slow(false, mark)).await.map(Lease::Own);
                     self.meter_waited(since);
                     r
                 }
@@ -73,7 +75,7 @@ impl Proxy {
                     tracing::trace!(target: "parsnip::links", session = self.slot.pid, server = s.cancel.pid, "linked");
                     self.session.get().handle_server_linked(&mut s.state);
                     self.mark_reads();
-                    self.slot.set(&s.cancel);
+                    self.slot.set(&s.cancel, mark);
                     self.server = Some(Linked::Own(s));
                 }
                 Ok(Lease::Ticket((pipe, t))) => {
@@ -92,9 +94,9 @@ impl Proxy {
                                 self.session.get().set_behind();
                             }
                             if head {
-                                self.slot.set(&c.cancel);
+                                self.slot.set(&c.cancel, mark);
                             } else {
-                                self.slot.set_later(&c.cancel);
+                                self.slot.set_later(&c.cancel, mark);
                                 g.watch_cancel(t, self.slot.clone());
                             }
                         }
@@ -150,18 +152,22 @@ impl Proxy {
     /// the start.
     pub(in crate::driver) fn link_at_login(&mut self, mut s: Box<ServerConn>) {
         self.session.get().handle_server_linked(&mut s.state);
-        self.slot.set(&s.cancel);
+        self.slot.set(&s.cancel, self.slot.queue_mark());
         self.server = Some(Linked::Own(s));
     }
 
+    /// Waits in the pool's queue; a cancel or a `KILL` ends the wait. `mark`: the client's
+    /// `CancelSlot::queue_mark` as its request began looking for a server (a cancel since
+    /// then that the wait's end overtakes is armed on the link instead).
     pub(super) async fn wait_in_queue(
         &self,
         mut q: crate::pool::Queued<servers::ServerConnector>,
+        mark: u32,
     ) -> Result<Lease<servers::ServerConnector>, Error> {
         let r = tokio::select! {
             biased;
             r = self.pool.wait_queued(&mut q) => r,
-            _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+            _ = self.slot.cancelled_while_queued(mark) => Err(canceled_by_user()),
             _ = self.slot.killed_while_queued() => Err(killed_by_admin()),
         };
         if r.is_err() {
@@ -169,18 +175,19 @@ impl Proxy {
         }
         match r {
             Ok(Some(c)) => Ok(c),
-            Ok(None) => self.acquire_slow(true).await.map(Lease::Own),
+            Ok(None) => self.acquire_slow(true, mark).await.map(Lease::Own),
             Err(e) => Err(e),
         }
     }
 
-    /// `woken`: the pool freed a slot for this client while it was queued.
-    pub(super) async fn acquire_slow(&self, woken: bool) -> Result<Box<ServerConn>, Error> {
+    /// `woken`: the pool freed a slot for this client while it was queued. `mark`: as in
+    /// `wait_in_queue`.
+    pub(super) async fn acquire_slow(&self, woken: bool, mark: u32) -> Result<Box<ServerConn>, Error> {
         tokio::select! {
             r = Box::pin(async {
                 if woken { self.pool.acquire_woken().await } else { self.pool.acquire().await }
             }) => r,
-            _ = self.slot.cancelled_while_queued() => Err(canceled_by_user()),
+            _ = self.slot.cancelled_while_queued(mark) => Err(canceled_by_user()),
             _ = self.slot.killed_while_queued() => Err(killed_by_admin()),
         }
     }
