@@ -25,6 +25,10 @@ pub(crate) struct CancelSlot {
     /// The target is `Target::Armed`: the client's task sends the cancel once its batch is
     /// all written (`fire_armed`; a flag so that the task's check costs no lock).
     armed: AtomicBool,
+    /// What the linked backend runs now is not (all) the client's request yet: part of its
+    /// batch is unwritten or held (a statement's shape check), or the link's own preamble
+    /// runs ahead of it. A cancel arriving then is armed, not forwarded (`set_holding`).
+    holding: AtomicBool,
     /// The client's task, woken for `killed` and for a shutdown (`kick`). Registered once
     /// (`watch`): a task's waker stays valid for its life, so an idle client carries no
     /// wait of its own for these.
@@ -84,6 +88,8 @@ impl CancelSlot {
     pub(crate) fn set(&self, t: &Arc<CancelTarget>, mark: u32) {
         t.info.client.store(self.pid, Ordering::Relaxed);
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        // Nothing of the client's is on the server yet.
+        self.holding.store(true, Ordering::Release);
         if self.queued_cancels.load(Ordering::Acquire) != mark {
             t.in_flight.fetch_add(1, Ordering::SeqCst);
             *g = Target::Armed(t.clone());
@@ -181,6 +187,14 @@ impl CancelSlot {
             }
         }
     }
+    /// The client's task says whether the backend runs its request yet (see `holding`):
+    /// cancels are forwarded at once only while it does.
+    #[inline]
+    pub(crate) fn set_holding(&self, holding: bool) {
+        if self.holding.load(Ordering::Relaxed) != holding {
+            self.holding.store(holding, Ordering::Release);
+        }
+    }
     /// A cancel is armed (`Target::Armed`): the client's task calls `fire_armed` once its
     /// batch is written out.
     #[inline]
@@ -228,7 +242,7 @@ impl CancelSlot {
     /// `query_timeout`: cancels what the client's server runs, as a CancelRequest of the
     /// client's own would (held, if its batch is queued behind others' on a shared one).
     pub(crate) fn cancel_own(&self) {
-        let (Some(t), _) = self.begin_cancel() else { return };
+        let Begun::Send(t) = self.begin_cancel() else { return };
         tracing::debug!(server_pid = t.pid, "query_timeout: the running query is cancelled");
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let pool = self.pool();
@@ -238,29 +252,48 @@ impl CancelSlot {
         }
     }
 
-    /// The client's server, with a cancel counted in flight on it; or the cancel is held
-    /// (None, and `false`: nothing to wake); or it found no server (None, `true`: counted
-    /// in `queued_cancels`, which a link made meanwhile sees). Under the slot's lock, so a
-    /// release (which clears the slot first) sees the count, and `set` sees this one.
-    fn begin_cancel(&self) -> (Option<Arc<CancelTarget>>, bool) {
+    /// What becomes of a cancel for this client (see `Begun`). Under the slot's lock, so a
+    /// release (which clears the slot first) sees a count in flight, and `set` sees a
+    /// cancel that found no server.
+    fn begin_cancel(&self) -> Begun {
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         match &mut *g {
             Target::Now(t) => {
                 t.in_flight.fetch_add(1, Ordering::SeqCst);
-                (Some(t.clone()), false)
+                if self.holding.load(Ordering::Acquire) {
+                    *g = Target::Armed(t.clone());
+                    self.armed.store(true, Ordering::Release);
+                    return Begun::Armed;
+                }
+                Begun::Send(t.clone())
             }
             Target::Later { requested, .. } => {
                 *requested = true;
-                (None, false)
+                Begun::Held
             }
             // One is on its way already.
-            Target::Armed(_) => (None, false),
+            Target::Armed(_) => Begun::Held,
             Target::None => {
                 self.queued_cancels.fetch_add(1, Ordering::AcqRel);
-                (None, true)
+                Begun::NoServer
             }
         }
     }
+}
+
+/// What `CancelSlot::begin_cancel` made of a cancel.
+#[derive(Debug)]
+enum Begun {
+    /// Forward it to this server now (counted in flight on it).
+    Send(Arc<CancelTarget>),
+    /// Held for the client's batch queued behind others, or one is on its way already.
+    Held,
+    /// Counted in flight and armed: the client's task (kicked) sends it once the backend
+    /// runs the client's request (`holding`).
+    Armed,
+    /// The client has no server: a wait for one ends (kicked), and a link that its wait's
+    /// end made meanwhile arms it (`set`).
+    NoServer,
 }
 
 /// The lowest pid parsnip hands out: above every process id an operating system can give a
@@ -354,11 +387,10 @@ impl CancelRegistry {
             }
         };
         let t = match slot.begin_cancel() {
-            (Some(t), _) => t,
-            (None, queued) => {
-                tracing::debug!(pid, queued, "cancel request held for later, or answered in the queue");
-                if queued {
-                    // Not linked: its request (if any) is still waiting for a server.
+            Begun::Send(t) => t,
+            other => {
+                tracing::debug!(pid, outcome = ?other, "cancel request held for later, or answered in the queue");
+                if matches!(other, Begun::Armed | Begun::NoServer) {
                     slot.kick();
                 }
                 return;
@@ -480,28 +512,39 @@ mod tests {
         // pool hands it a server before its wait saw the cancel.
         let slot = CancelSlot::default();
         let mark = slot.queue_mark();
-        assert!(matches!(slot.begin_cancel(), (None, true)));
+        assert!(matches!(slot.begin_cancel(), Begun::NoServer));
         let t = target();
         slot.set(&t, mark);
         assert!(slot.is_armed(), "the cancel is kept for the batch, not lost");
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 1, "the server is not reused while it is owed");
         // A second cancel meanwhile adds nothing: one is on its way.
-        assert!(matches!(slot.begin_cancel(), (None, false)));
+        assert!(matches!(slot.begin_cancel(), Begun::Held));
         // The batch ends before it was all written: nothing left to cancel.
         slot.clear();
         assert!(!slot.is_armed());
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);
 
-        // A link with no cancel since its request began forwards later ones at once.
+        // A link with no cancel since its request began: one arriving before the backend runs
+        // the client's request (its batch not all written, or the link's preamble ahead of
+        // it) is armed; one arriving while it runs is forwarded at once.
         let mark = slot.queue_mark();
         slot.set(&t, mark);
         assert!(!slot.is_armed());
-        assert!(matches!(slot.begin_cancel(), (Some(_), false)));
+        assert!(matches!(slot.begin_cancel(), Begun::Armed));
+        assert!(slot.is_armed());
+        slot.fire_armed();
+        assert!(!slot.is_armed());
+        assert_eq!(t.in_flight.load(Ordering::SeqCst), 0, "no runtime here: fired and settled");
+        slot.set_holding(false);
+        assert!(matches!(slot.begin_cancel(), Begun::Send(_)));
         settle(&t);
+        slot.set_holding(true);
+        assert!(matches!(slot.begin_cancel(), Begun::Armed), "the client's next batch, not yet written");
         slot.clear();
+        assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);
 
         // A cancel from before the request (the client was idle) is not carried into it.
-        assert!(matches!(slot.begin_cancel(), (None, true)));
+        assert!(matches!(slot.begin_cancel(), Begun::NoServer));
         let mark = slot.queue_mark();
         slot.set(&t, mark);
         assert!(!slot.is_armed());
@@ -512,7 +555,7 @@ mod tests {
     fn a_cancel_overtaken_by_the_wait_is_held_for_a_batch_queued_behind_others() {
         let slot = CancelSlot::default();
         let mark = slot.queue_mark();
-        assert!(matches!(slot.begin_cancel(), (None, true)));
+        assert!(matches!(slot.begin_cancel(), Begun::NoServer));
         let t = target();
         slot.set_later(&t, mark);
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0, "nothing is sent while others' batches run");

@@ -196,6 +196,14 @@ impl Session {
         self.to_server.is_empty() && self.busy.phase != super::Phase::Held
     }
 
+    /// The backend runs the client's own request now: its batch is written out
+    /// (`batch_written`) and no request of the link's own (settings replayed, a cancel
+    /// absorbed, the deferred BEGIN) is ahead of it. A cancel sent before would reach the
+    /// pooler's request, or a backend waiting for its next message, which drops it.
+    pub(crate) fn request_running(&self) -> bool {
+        self.batch_written() && !self.busy.replies.head().is_some_and(|p| p.purpose.opens_link())
+    }
+
     /// Whether `set_lent` was called since the server was linked.
     #[cfg(test)]
     pub(crate) fn is_lent(&self) -> bool {

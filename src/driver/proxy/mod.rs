@@ -203,9 +203,11 @@ impl Proxy {
                 Ok(false) => {}
             }
             self.settle_held();
-            if self.slot.is_armed() && self.session.get().batch_written() && !self.midway() {
-                // A cancel held while the batch waited behind others goes once the batch is
-                // on the wire.
+            // A cancel is forwarded only while the backend runs the client's request; one
+            // that came before (or was held while the batch waited behind others) goes now.
+            let running = !self.midway() && self.session.get().request_running();
+            self.slot.set_holding(!running);
+            if running && self.slot.is_armed() {
                 self.slot.fire_armed();
             }
             let graceful = self.shared.stopping.load(Ordering::Acquire);

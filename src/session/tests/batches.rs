@@ -99,10 +99,14 @@ fn same_shape_on_a_fresh_server_goes_on() {
     h.client(execute());
     h.client(sync());
     h.server_out();
+    // The Bind is held for the check: the backend waits for it, and a cancel then would be
+    // dropped (`driver::cancel` holds it until the client's request runs).
+    assert!(!h.s.request_running(), "the client's Bind is held");
     for m in [msg(b'1', b""), msg(b't', b"\0\0"), after] {
         h.server(m);
     }
     assert_eq!(h.server_tags(), "BES");
+    assert!(h.s.request_running(), "all written, nothing of the pooler's ahead");
     for m in [msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
         h.server(m);
     }

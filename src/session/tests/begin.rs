@@ -27,7 +27,12 @@ fn a_lone_begin_is_answered_without_a_server_and_goes_ahead_of_the_first_stateme
     let out = h.server_out();
     assert_eq!(out, vec![query("BEGIN"), query("UPDATE t SET x = 1")], "one write, BEGIN first");
     assert!(!h.s.begin_deferred());
-    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), msg(b'C', b"UPDATE 1\0"), rfq(b'T')] {
+    assert!(!h.s.request_running(), "the BEGIN runs ahead of the client's request");
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T')] {
+        h.server(m);
+    }
+    assert!(h.s.request_running(), "the backend is on the client's UPDATE");
+    for m in [msg(b'C', b"UPDATE 1\0"), rfq(b'T')] {
         h.server(m);
     }
     assert_eq!(client_frames(&mut h), vec![msg(b'C', b"UPDATE 1\0"), rfq(b'T')], "the BEGIN's replies hidden");
