@@ -7,7 +7,7 @@ use super::servers::ServerPool;
 use super::stream::Stream;
 use crate::protocol::startup;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -25,10 +25,12 @@ pub(crate) struct CancelSlot {
     /// The target is `Target::Armed`: the client's task sends the cancel once its batch is
     /// all written (`fire_armed`; a flag so that the task's check costs no lock).
     armed: AtomicBool,
-    /// What the linked backend runs now is not (all) the client's request yet: part of its
-    /// batch is unwritten or held (a statement's shape check), or the link's own preamble
-    /// runs ahead of it. A cancel arriving then is armed, not forwarded (`set_holding`).
-    holding: AtomicBool,
+    /// What the linked backend is doing for the client, as its task last saw it
+    /// (`set_phase`; a `Phase` in the low two bits): a cancel arriving while the client's
+    /// request is not running yet is armed, not forwarded. Above them, a count of the
+    /// batches the client began (each move into `Phase::Holding`): a cancel is sent again
+    /// only into the batch it was sent for (`send_for`). Written by the client's task only.
+    phase: AtomicU32,
     /// The client's task, woken for `killed` and for a shutdown (`kick`). Registered once
     /// (`watch`): a task's waker stays valid for its life, so an idle client carries no
     /// wait of its own for these.
@@ -36,7 +38,7 @@ pub(crate) struct CancelSlot {
     target: Mutex<Target>,
     /// Cancels that arrived while the client had no server (each kicks its task): one
     /// that arrives while it waits for a server ends that wait.
-    queued_cancels: std::sync::atomic::AtomicU32,
+    queued_cancels: AtomicU32,
     /// The client's pool: the way to cancel with a single signal (`send`).
     pool: OnceLock<Weak<ServerPool>>,
     /// Notifications wait for the client in its pool's `notify::Notifier` (a flag, so that
@@ -89,7 +91,7 @@ impl CancelSlot {
         t.info.client.store(self.pid, Ordering::Relaxed);
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         // Nothing of the client's is on the server yet.
-        self.holding.store(true, Ordering::Release);
+        self.set_phase(Phase::Holding);
         if self.queued_cancels.load(Ordering::Acquire) != mark {
             t.in_flight.fetch_add(1, Ordering::SeqCst);
             *g = Target::Armed(t.clone());
@@ -187,13 +189,20 @@ impl CancelSlot {
             }
         }
     }
-    /// The client's task says whether the backend runs its request yet (see `holding`):
-    /// cancels are forwarded at once only while it does.
+    /// The client's task says what its linked backend is doing for it (`Phase`): cancels
+    /// are forwarded at once only while it is not holding.
     #[inline]
-    pub(crate) fn set_holding(&self, holding: bool) {
-        if self.holding.load(Ordering::Relaxed) != holding {
-            self.holding.store(holding, Ordering::Release);
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        let now = self.phase.load(Ordering::Relaxed);
+        if now & 3 != phase as u32 {
+            let batches = if phase == Phase::Holding { (now >> 2).wrapping_add(1) } else { now >> 2 };
+            self.phase.store(batches << 2 | phase as u32, Ordering::Release);
         }
+    }
+    /// `phase`'s two halves: the batch count, and whether the client's request runs.
+    fn batch_running(&self) -> (u32, bool) {
+        let v = self.phase.load(Ordering::Acquire);
+        (v >> 2, v & 3 == Phase::Running as u32)
     }
     /// A cancel is armed (`Target::Armed`): the client's task calls `fire_armed` once its
     /// batch is written out.
@@ -201,18 +210,17 @@ impl CancelSlot {
     pub(crate) fn is_armed(&self) -> bool {
         self.armed.load(Ordering::Acquire)
     }
-    /// Sends the cancel held for the client's batch, now all written (`Target::Armed`).
-    pub(crate) fn fire_armed(&self) {
+    /// Sends the cancel held for the client's batch, now running (`Target::Armed`).
+    pub(crate) fn fire_armed(self: &Arc<Self>) {
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         self.armed.store(false, Ordering::Release);
         let Target::Armed(t) = &*g else { return };
         let t = t.clone();
         *g = Target::Now(t.clone());
         drop(g);
-        tracing::debug!(server_pid = t.pid, "held cancel request forwarded: its batch reached the head");
+        tracing::debug!(server_pid = t.pid, "held cancel request forwarded: the client's request runs");
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let pool = self.pool();
-            rt.spawn(async move { send(&t, pool).await });
+            rt.spawn(send_for(self.clone(), t));
         } else {
             settle(&t);
         }
@@ -221,6 +229,7 @@ impl CancelSlot {
     pub(crate) fn clear(&self) {
         let old = std::mem::take(&mut *self.target.lock().unwrap_or_else(|e| e.into_inner()));
         self.armed.store(false, Ordering::Release);
+        self.set_phase(Phase::Idle);
         match old {
             Target::Now(t) => {
                 let _ = t.info.client.compare_exchange(self.pid, 0, Ordering::Relaxed, Ordering::Relaxed);
@@ -241,15 +250,28 @@ impl CancelSlot {
     }
     /// `query_timeout`: cancels what the client's server runs, as a CancelRequest of the
     /// client's own would (held, if its batch is queued behind others' on a shared one).
-    pub(crate) fn cancel_own(&self) {
+    pub(crate) fn cancel_own(self: &Arc<Self>) {
         let Begun::Send(t) = self.begin_cancel() else { return };
         tracing::debug!(server_pid = t.pid, "query_timeout: the running query is cancelled");
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let pool = self.pool();
-            rt.spawn(async move { send(&t, pool).await });
+            rt.spawn(send_for(self.clone(), t));
         } else {
             settle(&t);
         }
+    }
+
+    /// Whether a cancel sent to `t` for batch `batch` goes again (counted in flight if so):
+    /// the client is still linked to `t`, that batch still runs there, and no other
+    /// client's batch waits behind it (a late signal would cancel that one).
+    fn begin_refire(&self, t: &Arc<CancelTarget>, batch: u32) -> bool {
+        let g = self.target.lock().unwrap_or_else(|e| e.into_inner());
+        let again = matches!(&*g, Target::Now(cur) if Arc::ptr_eq(cur, t))
+            && self.batch_running() == (batch, true)
+            && !t.behind.load(Ordering::SeqCst);
+        if again {
+            t.in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        again
     }
 
     /// What becomes of a cancel for this client (see `Begun`). Under the slot's lock, so a
@@ -260,7 +282,7 @@ impl CancelSlot {
         match &mut *g {
             Target::Now(t) => {
                 t.in_flight.fetch_add(1, Ordering::SeqCst);
-                if self.holding.load(Ordering::Acquire) {
+                if self.phase.load(Ordering::Acquire) & 3 == Phase::Holding as u32 {
                     *g = Target::Armed(t.clone());
                     self.armed.store(true, Ordering::Release);
                     return Begun::Armed;
@@ -289,11 +311,49 @@ enum Begun {
     /// Held for the client's batch queued behind others, or one is on its way already.
     Held,
     /// Counted in flight and armed: the client's task (kicked) sends it once the backend
-    /// runs the client's request (`holding`).
+    /// runs the client's request (`Phase`).
     Armed,
     /// The client has no server: a wait for one ends (kicked), and a link that its wait's
     /// end made meanwhile arms it (`set`).
     NoServer,
+}
+
+/// What a client's linked backend is doing for it (`CancelSlot::set_phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Phase {
+    /// Nothing: no server, or the client's requests are all answered. A cancel now is
+    /// forwarded, and the backend drops it, as PostgreSQL does for an idle session.
+    Idle = 0,
+    /// The client's request is not running yet: part of its batch is unwritten or held (a
+    /// statement's shape check), or the link's own preamble runs ahead of it. A cancel now
+    /// would reach the pooler's request, or a backend between two messages, which drops
+    /// it: it is armed, and sent when the request runs.
+    Holding = 1,
+    /// The client's batch is written and its replies are outstanding.
+    Running = 2,
+}
+
+/// Waits before a cancel goes again while the batch it was sent for still runs (`send_for`).
+const REFIRE_MS: [u64; 3] = [10, 40, 160];
+
+/// Forwards a cancel counted in flight on `t` for `slot`'s client (`send`), and again,
+/// a few times, while the batch it was sent for still runs: PostgreSQL drops a signal that
+/// reaches the backend between two messages of a batch (before its Execute has begun), and
+/// a cancel that waited for the request to start (held behind a preamble, a shape check or
+/// other clients' batches, or for a server) is sent just as it begins. A client of
+/// PostgreSQL itself would have sent it while its query ran.
+async fn send_for(slot: Arc<CancelSlot>, t: Arc<CancelTarget>) {
+    let (batch, _) = slot.batch_running();
+    send(&t, slot.pool()).await;
+    for ms in REFIRE_MS {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        if !slot.begin_refire(&t, batch) {
+            return;
+        }
+        tracing::debug!(server_pid = t.pid, "cancel request sent again: the batch it was sent for still runs");
+        send(&t, slot.pool()).await;
+    }
 }
 
 /// The lowest pid parsnip hands out: above every process id an operating system can give a
@@ -396,8 +456,8 @@ impl CancelRegistry {
                 return;
             }
         };
-        send(&t, slot.pool()).await;
         tracing::debug!(pid, server_pid = t.pid, "cancel request forwarded");
+        send_for(slot, t).await;
     }
 }
 
@@ -510,7 +570,7 @@ mod tests {
     fn a_cancel_overtaken_by_the_end_of_the_wait_for_a_server_is_armed_on_the_link() {
         // The client's request starts looking for a server; a cancel finds it with none; the
         // pool hands it a server before its wait saw the cancel.
-        let slot = CancelSlot::default();
+        let slot = Arc::new(CancelSlot::default());
         let mark = slot.queue_mark();
         assert!(matches!(slot.begin_cancel(), Begun::NoServer));
         let t = target();
@@ -535,11 +595,19 @@ mod tests {
         slot.fire_armed();
         assert!(!slot.is_armed());
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0, "no runtime here: fired and settled");
-        slot.set_holding(false);
+        slot.set_phase(Phase::Running);
+        let (batch, _) = slot.batch_running();
         assert!(matches!(slot.begin_cancel(), Begun::Send(_)));
         settle(&t);
-        slot.set_holding(true);
+        // Sent again while that batch runs; not into the next one.
+        assert!(slot.begin_refire(&t, batch));
+        settle(&t);
+        slot.set_phase(Phase::Idle);
+        assert!(!slot.begin_refire(&t, batch), "its replies are in");
+        slot.set_phase(Phase::Holding);
         assert!(matches!(slot.begin_cancel(), Begun::Armed), "the client's next batch, not yet written");
+        slot.set_phase(Phase::Running);
+        assert!(!slot.begin_refire(&t, batch), "another batch");
         slot.clear();
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);
 
@@ -553,7 +621,7 @@ mod tests {
 
     #[test]
     fn a_cancel_overtaken_by_the_wait_is_held_for_a_batch_queued_behind_others() {
-        let slot = CancelSlot::default();
+        let slot = Arc::new(CancelSlot::default());
         let mark = slot.queue_mark();
         assert!(matches!(slot.begin_cancel(), Begun::NoServer));
         let t = target();

@@ -204,6 +204,11 @@ impl Session {
         self.batch_written() && !self.busy.replies.head().is_some_and(|p| p.purpose.opens_link())
     }
 
+    /// Replies to the client's requests are outstanding on the linked server.
+    pub(crate) fn awaiting_replies(&self) -> bool {
+        !self.busy.replies.is_empty()
+    }
+
     /// Whether `set_lent` was called since the server was linked.
     #[cfg(test)]
     pub(crate) fn is_lent(&self) -> bool {

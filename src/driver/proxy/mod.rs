@@ -17,7 +17,7 @@ mod relay;
 
 use crate::driver::Shared;
 use crate::driver::bufpool;
-use crate::driver::cancel::CancelSlot;
+use crate::driver::cancel::{CancelSlot, Phase};
 use crate::driver::pipe::Pipe;
 use crate::driver::server_conn::ServerConn;
 use crate::driver::servers::ServerPool;
@@ -203,12 +203,23 @@ impl Proxy {
                 Ok(false) => {}
             }
             self.settle_held();
-            // A cancel is forwarded only while the backend runs the client's request; one
-            // that came before (or was held while the batch waited behind others) goes now.
-            let running = !self.midway() && self.session.get().request_running();
-            self.slot.set_holding(!running);
-            if running && self.slot.is_armed() {
-                self.slot.fire_armed();
+            // A cancel is forwarded at once only while the backend runs the client's request;
+            // one that came before (or was held while the batch waited behind others') goes
+            // as it begins to.
+            if self.server.is_some() {
+                let midway = self.midway();
+                let session = self.session.get();
+                let phase = if midway || !session.request_running() {
+                    Phase::Holding
+                } else if session.awaiting_replies() {
+                    Phase::Running
+                } else {
+                    Phase::Idle
+                };
+                self.slot.set_phase(phase);
+                if phase != Phase::Holding && self.slot.is_armed() {
+                    self.slot.fire_armed();
+                }
             }
             let graceful = self.shared.stopping.load(Ordering::Acquire);
             let unlinked_idle = {
