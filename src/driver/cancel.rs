@@ -27,9 +27,9 @@ pub(crate) struct CancelSlot {
     armed: AtomicBool,
     /// What the linked backend is doing for the client, as its task last saw it
     /// (`set_phase`; a `Phase` in the low two bits): a cancel arriving while the client's
-    /// request is not running yet is armed, not forwarded. Above them, a count of the
-    /// batches the client began (each move into `Phase::Holding`): a cancel is sent again
-    /// only into the batch it was sent for (`send_for`). Written by the client's task only.
+    /// request is not running yet is armed, not forwarded. Above them, how many requests the
+    /// session had sent to the server then: a cancel is sent again only while no request
+    /// was sent after the one it was sent for (`send_for`). Written by the client's task only.
     phase: AtomicU32,
     /// The client's task, woken for `killed` and for a shutdown (`kick`). Registered once
     /// (`watch`): a task's waker stays valid for its life, so an idle client carries no
@@ -91,7 +91,8 @@ impl CancelSlot {
         t.info.client.store(self.pid, Ordering::Relaxed);
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         // Nothing of the client's is on the server yet.
-        self.set_phase(Phase::Holding);
+        let sent = self.phase.load(Ordering::Relaxed) >> 2;
+        self.set_phase(Phase::Holding, sent);
         if self.queued_cancels.load(Ordering::Acquire) != mark {
             t.in_flight.fetch_add(1, Ordering::SeqCst);
             *g = Target::Armed(t.clone());
@@ -189,17 +190,17 @@ impl CancelSlot {
             }
         }
     }
-    /// The client's task says what its linked backend is doing for it (`Phase`): cancels
-    /// are forwarded at once only while it is not holding.
+    /// The client's task says what its linked backend is doing for it (`Phase`), and how
+    /// many requests its session has sent there (`Session::requests_sent`): cancels are
+    /// forwarded at once only while it is not holding.
     #[inline]
-    pub(crate) fn set_phase(&self, phase: Phase) {
-        let now = self.phase.load(Ordering::Relaxed);
-        if now & 3 != phase as u32 {
-            let batches = if phase == Phase::Holding { (now >> 2).wrapping_add(1) } else { now >> 2 };
-            self.phase.store(batches << 2 | phase as u32, Ordering::Release);
+    pub(crate) fn set_phase(&self, phase: Phase, sent: u32) {
+        let v = sent << 2 | phase as u32;
+        if self.phase.load(Ordering::Relaxed) != v {
+            self.phase.store(v, Ordering::Release);
         }
     }
-    /// `phase`'s two halves: the batch count, and whether the client's request runs.
+    /// `phase`'s two halves: the requests sent, and whether the client's request runs.
     fn batch_running(&self) -> (u32, bool) {
         let v = self.phase.load(Ordering::Acquire);
         (v >> 2, v & 3 == Phase::Running as u32)
@@ -229,7 +230,8 @@ impl CancelSlot {
     pub(crate) fn clear(&self) {
         let old = std::mem::take(&mut *self.target.lock().unwrap_or_else(|e| e.into_inner()));
         self.armed.store(false, Ordering::Release);
-        self.set_phase(Phase::Idle);
+        let sent = self.phase.load(Ordering::Relaxed) >> 2;
+        self.set_phase(Phase::Idle, sent);
         match old {
             Target::Now(t) => {
                 let _ = t.info.client.compare_exchange(self.pid, 0, Ordering::Relaxed, Ordering::Relaxed);
@@ -260,13 +262,14 @@ impl CancelSlot {
         }
     }
 
-    /// Whether a cancel sent to `t` for batch `batch` goes again (counted in flight if so):
-    /// the client is still linked to `t`, that batch still runs there, and no other
-    /// client's batch waits behind it (a late signal would cancel that one).
-    fn begin_refire(&self, t: &Arc<CancelTarget>, batch: u32) -> bool {
+    /// Whether a cancel sent to `t` when the session had sent `sent` requests goes again
+    /// (counted in flight if so): the client is still linked to `t`, its requests still
+    /// run there and it sent none since, and no other client's batch waits behind it (a
+    /// late signal would cancel that one).
+    fn begin_refire(&self, t: &Arc<CancelTarget>, sent: u32) -> bool {
         let g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         let again = matches!(&*g, Target::Now(cur) if Arc::ptr_eq(cur, t))
-            && self.batch_running() == (batch, true)
+            && self.batch_running() == (sent, true)
             && !t.behind.load(Ordering::SeqCst);
         if again {
             t.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -338,17 +341,17 @@ pub(crate) enum Phase {
 const REFIRE_MS: [u64; 3] = [10, 40, 160];
 
 /// Forwards a cancel counted in flight on `t` for `slot`'s client (`send`), and again,
-/// a few times, while the batch it was sent for still runs: PostgreSQL drops a signal that
+/// a few times, while the requests it was sent for still run and no other was sent: PostgreSQL drops a signal that
 /// reaches the backend between two messages of a batch (before its Execute has begun), and
 /// a cancel that waited for the request to start (held behind a preamble, a shape check or
 /// other clients' batches, or for a server) is sent just as it begins. A client of
 /// PostgreSQL itself would have sent it while its query ran.
 async fn send_for(slot: Arc<CancelSlot>, t: Arc<CancelTarget>) {
-    let (batch, _) = slot.batch_running();
+    let (sent, _) = slot.batch_running();
     send(&t, slot.pool()).await;
     for ms in REFIRE_MS {
         tokio::time::sleep(Duration::from_millis(ms)).await;
-        if !slot.begin_refire(&t, batch) {
+        if !slot.begin_refire(&t, sent) {
             return;
         }
         tracing::debug!(server_pid = t.pid, "cancel request sent again: the batch it was sent for still runs");
@@ -595,19 +598,19 @@ mod tests {
         slot.fire_armed();
         assert!(!slot.is_armed());
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0, "no runtime here: fired and settled");
-        slot.set_phase(Phase::Running);
-        let (batch, _) = slot.batch_running();
+        slot.set_phase(Phase::Running, 3);
+        let (sent, _) = slot.batch_running();
         assert!(matches!(slot.begin_cancel(), Begun::Send(_)));
         settle(&t);
         // Sent again while that batch runs; not into the next one.
-        assert!(slot.begin_refire(&t, batch));
+        assert!(slot.begin_refire(&t, sent));
         settle(&t);
-        slot.set_phase(Phase::Idle);
-        assert!(!slot.begin_refire(&t, batch), "its replies are in");
-        slot.set_phase(Phase::Holding);
+        slot.set_phase(Phase::Idle, 3);
+        assert!(!slot.begin_refire(&t, sent), "its replies are in");
+        slot.set_phase(Phase::Running, 5);
+        assert!(!slot.begin_refire(&t, sent), "the client sent more since");
+        slot.set_phase(Phase::Holding, 5);
         assert!(matches!(slot.begin_cancel(), Begun::Armed), "the client's next batch, not yet written");
-        slot.set_phase(Phase::Running);
-        assert!(!slot.begin_refire(&t, batch), "another batch");
         slot.clear();
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);
 

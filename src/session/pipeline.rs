@@ -204,6 +204,12 @@ impl Session {
         self.batch_written() && !self.busy.replies.head().is_some_and(|p| p.purpose.opens_link())
     }
 
+    /// How many requests the session has queued for its servers (wrapping): a new one
+    /// changes it.
+    pub(crate) fn requests_sent(&self) -> u32 {
+        self.busy.replies.pushes
+    }
+
     /// Replies to the client's requests are outstanding on the linked server.
     pub(crate) fn awaiting_replies(&self) -> bool {
         !self.busy.replies.is_empty()

@@ -216,7 +216,7 @@ impl Proxy {
                 } else {
                     Phase::Idle
                 };
-                self.slot.set_phase(phase);
+                self.slot.set_phase(phase, session.requests_sent());
                 if phase != Phase::Holding && self.slot.is_armed() {
                     self.slot.fire_armed();
                 }
