@@ -85,6 +85,9 @@ impl Memo {
     /// Whether a kept template takes `text`: then it is moved to the front, and its lift
     /// of `text` is in `applied`.
     fn find(&mut self, text: &[u8], escapes_everywhere: bool) -> bool {
+        if self.templates.is_empty() {
+            return false;
+        }
         let key = prefix_key(text);
         let Some(k) = self
             .templates
