@@ -824,15 +824,41 @@ async function jsTimeoutCancel(w) {
   expectEq('after statement_timeout', r.rows[0][0], 42)
 }
 
+// True once PostgreSQL sleeps in the statement carrying `marker` (seen through a connection of
+// its own to PostgreSQL). A one-shot cancel needs that to be sure of a query to hit: PostgreSQL
+// drops a cancel that reaches a backend between two messages, and through a pooler a query
+// sent 150 ms ago may still be waiting for a server, or be between its Describe (answered)
+// and its Execute (not sent yet), as it may on a busy server without one.
+async function waitSleeping(marker, ms = 10000) {
+  const side = new pg.Client({ connectionString: DIRECT_URL, application_name: 'side-cancel' })
+  side.on('error', () => {})
+  await side.connect()
+  try {
+    for (const limit = Date.now() + ms; Date.now() < limit; ) {
+      const r = await side.query(
+        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep' ` +
+          `AND position($1 in query) > 0 AND pid <> pg_backend_pid()`,
+        [marker]
+      )
+      if (r.rows[0].n > 0) return true
+      await sleep(20)
+    }
+    return false
+  } finally {
+    await side.end().catch(() => {})
+  }
+}
+
 // postgres.js's cancel API: query.cancel() sends a CancelRequest with the connection's key.
 async function jsCancel(w) {
+  const marker = `cancel-me c${w.c}.`
   try {
     await withTimeout(
       w.sql.begin(async (tx) => {
-        const q = tx.unsafe('SELECT pg_sleep($1::float8)', [5], { prepare: true })
+        const q = tx.unsafe(`SELECT pg_sleep($1::float8) /* ${marker} */`, [5], { prepare: true })
         q.catch(() => {})
-        // cancel() is one-shot: it sends the CancelRequest once the query is on the wire.
-        await sleep(150)
+        // cancel() is one-shot: it is sent once PostgreSQL runs the query.
+        if (!(await waitSleeping(marker))) bad('cancel', 'pg_sleep(5) was never seen running')
         q.cancel()
         await q
       }),
