@@ -1,5 +1,6 @@
 //! Cancel keys: each client gets a (pid, key) of parsnip's own; a CancelRequest carrying
-//! them is forwarded to the server connection that client is linked to at that moment.
+//! them is forwarded to the server connection that client is linked to, once the client's
+//! request runs there (`Phase`), and repeated while it still does (`send_for`).
 
 use super::census::{ClientInfo, ClientLive};
 use super::server_conn::CancelTarget;
@@ -22,8 +23,8 @@ pub(crate) struct CancelSlot {
     pub(crate) live: ClientLive,
     /// `KILL` or `KILL_CLIENT`: its task closes it at its next turn (woken by `kick`).
     killed: AtomicBool,
-    /// The target is `Target::Armed`: the client's task sends the cancel once its batch is
-    /// all written (`fire_armed`; a flag so that the task's check costs no lock).
+    /// The target is `Target::Armed`: the client's task sends the cancel once its request
+    /// runs (`fire_armed`; a flag so that the task's check costs no lock).
     armed: AtomicBool,
     /// What the linked backend is doing for the client, as its task last saw it
     /// (`set_phase`; a `Phase` in the low two bits): a cancel arriving while the client's
@@ -61,12 +62,12 @@ enum Target {
     /// (`pipe`): a cancel now would reach their queries. One that arrives is held
     /// (`requested`) and sent when the batch reaches the head.
     Later { target: Arc<CancelTarget>, requested: bool },
-    /// A cancel is held, counted in flight on the target, for a batch not all written yet:
-    /// one held while the batch waited behind others and it reached the head (a statement's
-    /// shape check may hold the client's Bind), or one that came as the client's wait for a
-    /// server ended (`set`). Sent once the batch is written (`fire_armed`), so that it finds
-    /// the query running: a cancel that reaches a backend waiting for its next message is
-    /// dropped by PostgreSQL.
+    /// A cancel is held, counted in flight on the target, for a request that does not run
+    /// yet (`Phase::Holding`): one held while the batch waited behind others and it reached
+    /// the head, one that came as the client's wait for a server ended (`set`), or one that
+    /// came while the batch was unwritten, held or behind the link's preamble. Sent once the
+    /// request runs (`fire_armed`): a cancel that reaches a backend waiting for its next
+    /// message is dropped by PostgreSQL.
     Armed(Arc<CancelTarget>),
 }
 
@@ -206,7 +207,7 @@ impl CancelSlot {
         (v >> 2, v & 3 == Phase::Running as u32)
     }
     /// A cancel is armed (`Target::Armed`): the client's task calls `fire_armed` once its
-    /// batch is written out.
+    /// request runs.
     #[inline]
     pub(crate) fn is_armed(&self) -> bool {
         self.armed.load(Ordering::Acquire)
@@ -340,12 +341,12 @@ pub(crate) enum Phase {
 /// Waits before a cancel goes again while the batch it was sent for still runs (`send_for`).
 const REFIRE_MS: [u64; 3] = [10, 40, 160];
 
-/// Forwards a cancel counted in flight on `t` for `slot`'s client (`send`), and again,
-/// a few times, while the requests it was sent for still run and no other was sent: PostgreSQL drops a signal that
-/// reaches the backend between two messages of a batch (before its Execute has begun), and
-/// a cancel that waited for the request to start (held behind a preamble, a shape check or
-/// other clients' batches, or for a server) is sent just as it begins. A client of
-/// PostgreSQL itself would have sent it while its query ran.
+/// Forwards a cancel counted in flight on `t` for `slot`'s client (`send`), and again, a few
+/// times, while the requests it was sent for still run and no other was sent. PostgreSQL
+/// drops a signal that reaches the backend between two messages of a batch (before its
+/// Execute has begun), and a cancel that waited for the request to start (held behind a
+/// preamble, a shape check or other clients' batches, or for a server) is sent just as it
+/// begins. A client of PostgreSQL itself would have sent it while its query ran.
 async fn send_for(slot: Arc<CancelSlot>, t: Arc<CancelTarget>) {
     let (sent, _) = slot.batch_running();
     send(&t, slot.pool()).await;
@@ -587,9 +588,21 @@ mod tests {
         assert!(!slot.is_armed());
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);
 
+        // A cancel from before the request (the client was idle) is not carried into it.
+        assert!(matches!(slot.begin_cancel(), Begun::NoServer));
+        let mark = slot.queue_mark();
+        slot.set(&t, mark);
+        assert!(!slot.is_armed());
+        slot.clear();
+    }
+
+    #[test]
+    fn a_cancel_waits_for_the_clients_request_to_run_and_is_repeated_only_into_it() {
         // A link with no cancel since its request began: one arriving before the backend runs
         // the client's request (its batch not all written, or the link's preamble ahead of
         // it) is armed; one arriving while it runs is forwarded at once.
+        let slot = Arc::new(CancelSlot::default());
+        let t = target();
         let mark = slot.queue_mark();
         slot.set(&t, mark);
         assert!(!slot.is_armed());
@@ -613,13 +626,7 @@ mod tests {
         assert!(matches!(slot.begin_cancel(), Begun::Armed), "the client's next batch, not yet written");
         slot.clear();
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);
-
-        // A cancel from before the request (the client was idle) is not carried into it.
-        assert!(matches!(slot.begin_cancel(), Begun::NoServer));
-        let mark = slot.queue_mark();
-        slot.set(&t, mark);
-        assert!(!slot.is_armed());
-        slot.clear();
+        assert!(!slot.begin_refire(&t, 5), "unlinked");
     }
 
     #[test]
