@@ -1,12 +1,13 @@
 //! Cancel keys: each client gets a (pid, key) of parsnip's own; a CancelRequest carrying
 //! them is forwarded to the server connection that client is linked to, once the client's
-//! request runs there (`Phase`), and repeated while it still does (`send_for`).
+//! request runs there (`BackendPhase`), and repeated while it still does (`send_for`).
 
 use super::census::{ClientInfo, ClientLive};
 use super::server_conn::CancelTarget;
 use super::servers::ServerPool;
 use super::stream::Stream;
 use crate::protocol::startup;
+use crate::session::BackendPhase;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -27,7 +28,7 @@ pub(crate) struct CancelSlot {
     /// runs (`fire_armed`; a flag so that the task's check costs no lock).
     armed: AtomicBool,
     /// What the linked backend is doing for the client, as its task last saw it
-    /// (`set_phase`; a `Phase` in the low two bits): a cancel arriving while the client's
+    /// (`set_phase`; a `BackendPhase` in the low two bits): a cancel arriving while the client's
     /// request is not running yet is armed, not forwarded. Above them, how many requests the
     /// session had sent to the server then: a cancel is sent again only while no request
     /// was sent after the one it was sent for (`send_for`). Written by the client's task only.
@@ -63,7 +64,7 @@ enum Target {
     /// (`requested`) and sent when the batch reaches the head.
     Later { target: Arc<CancelTarget>, requested: bool },
     /// A cancel is held, counted in flight on the target, for a request that does not run
-    /// yet (`Phase::Holding`): one held while the batch waited behind others and it reached
+    /// yet (`BackendPhase::Holding`): one held while the batch waited behind others and it reached
     /// the head, one that came as the client's wait for a server ended (`set`), or one that
     /// came while the batch was unwritten, held or behind the link's preamble. Sent once the
     /// request runs (`fire_armed`): a cancel that reaches a backend waiting for its next
@@ -92,8 +93,7 @@ impl CancelSlot {
         t.info.client.store(self.pid, Ordering::Relaxed);
         let mut g = self.target.lock().unwrap_or_else(|e| e.into_inner());
         // Nothing of the client's is on the server yet.
-        let sent = self.phase.load(Ordering::Relaxed) >> 2;
-        self.set_phase(Phase::Holding, sent);
+        self.set_phase_only(BackendPhase::Holding);
         if self.queued_cancels.load(Ordering::Acquire) != mark {
             t.in_flight.fetch_add(1, Ordering::SeqCst);
             *g = Target::Armed(t.clone());
@@ -191,20 +191,24 @@ impl CancelSlot {
             }
         }
     }
-    /// The client's task says what its linked backend is doing for it (`Phase`), and how
+    /// The client's task says what its linked backend is doing for it (`BackendPhase`), and how
     /// many requests its session has sent there (`Session::requests_sent`): cancels are
     /// forwarded at once only while it is not holding.
     #[inline]
-    pub(crate) fn set_phase(&self, phase: Phase, sent: u32) {
+    pub(crate) fn set_phase(&self, phase: BackendPhase, sent: u32) {
         let v = sent << 2 | phase as u32;
         if self.phase.load(Ordering::Relaxed) != v {
             self.phase.store(v, Ordering::Release);
         }
     }
+    /// `set_phase` keeping the count of requests sent (a link made, a link ended).
+    fn set_phase_only(&self, phase: BackendPhase) {
+        self.set_phase(phase, self.phase.load(Ordering::Relaxed) >> 2);
+    }
     /// `phase`'s two halves: the requests sent, and whether the client's request runs.
     fn batch_running(&self) -> (u32, bool) {
         let v = self.phase.load(Ordering::Acquire);
-        (v >> 2, v & 3 == Phase::Running as u32)
+        (v >> 2, v & 3 == BackendPhase::Running as u32)
     }
     /// A cancel is armed (`Target::Armed`): the client's task calls `fire_armed` once its
     /// request runs.
@@ -231,8 +235,7 @@ impl CancelSlot {
     pub(crate) fn clear(&self) {
         let old = std::mem::take(&mut *self.target.lock().unwrap_or_else(|e| e.into_inner()));
         self.armed.store(false, Ordering::Release);
-        let sent = self.phase.load(Ordering::Relaxed) >> 2;
-        self.set_phase(Phase::Idle, sent);
+        self.set_phase_only(BackendPhase::Idle);
         match old {
             Target::Now(t) => {
                 let _ = t.info.client.compare_exchange(self.pid, 0, Ordering::Relaxed, Ordering::Relaxed);
@@ -286,7 +289,7 @@ impl CancelSlot {
         match &mut *g {
             Target::Now(t) => {
                 t.in_flight.fetch_add(1, Ordering::SeqCst);
-                if self.phase.load(Ordering::Acquire) & 3 == Phase::Holding as u32 {
+                if self.phase.load(Ordering::Acquire) & 3 == BackendPhase::Holding as u32 {
                     *g = Target::Armed(t.clone());
                     self.armed.store(true, Ordering::Release);
                     return Begun::Armed;
@@ -315,27 +318,11 @@ enum Begun {
     /// Held for the client's batch queued behind others, or one is on its way already.
     Held,
     /// Counted in flight and armed: the client's task (kicked) sends it once the backend
-    /// runs the client's request (`Phase`).
+    /// runs the client's request (`BackendPhase`).
     Armed,
     /// The client has no server: a wait for one ends (kicked), and a link that its wait's
     /// end made meanwhile arms it (`set`).
     NoServer,
-}
-
-/// What a client's linked backend is doing for it (`CancelSlot::set_phase`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Phase {
-    /// Nothing: no server, or the client's requests are all answered. A cancel now is
-    /// forwarded, and the backend drops it, as PostgreSQL does for an idle session.
-    Idle = 0,
-    /// The client's request is not running yet: part of its batch is unwritten or held (a
-    /// statement's shape check), or the link's own preamble runs ahead of it. A cancel now
-    /// would reach the pooler's request, or a backend between two messages, which drops
-    /// it: it is armed, and sent when the request runs.
-    Holding = 1,
-    /// The client's batch is written and its replies are outstanding.
-    Running = 2,
 }
 
 /// Waits before a cancel goes again while the batch it was sent for still runs (`send_for`).
@@ -611,18 +598,18 @@ mod tests {
         slot.fire_armed();
         assert!(!slot.is_armed());
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0, "no runtime here: fired and settled");
-        slot.set_phase(Phase::Running, 3);
+        slot.set_phase(BackendPhase::Running, 3);
         let (sent, _) = slot.batch_running();
         assert!(matches!(slot.begin_cancel(), Begun::Send(_)));
         settle(&t);
         // Sent again while that batch runs; not into the next one.
         assert!(slot.begin_refire(&t, sent));
         settle(&t);
-        slot.set_phase(Phase::Idle, 3);
+        slot.set_phase(BackendPhase::Idle, 3);
         assert!(!slot.begin_refire(&t, sent), "its replies are in");
-        slot.set_phase(Phase::Running, 5);
+        slot.set_phase(BackendPhase::Running, 5);
         assert!(!slot.begin_refire(&t, sent), "the client sent more since");
-        slot.set_phase(Phase::Holding, 5);
+        slot.set_phase(BackendPhase::Holding, 5);
         assert!(matches!(slot.begin_cancel(), Begun::Armed), "the client's next batch, not yet written");
         slot.clear();
         assert_eq!(t.in_flight.load(Ordering::SeqCst), 0);

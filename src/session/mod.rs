@@ -43,7 +43,7 @@ mod park;
 mod pins;
 pub use park::Parked;
 mod pipeline;
-pub(crate) use pipeline::Timed;
+pub(crate) use pipeline::{BackendPhase, Timed};
 pub(crate) mod reply_queue;
 mod retry;
 mod server;

@@ -210,9 +210,16 @@ impl Session {
         self.busy.replies.pushes
     }
 
-    /// Replies to the client's requests are outstanding on the linked server.
-    pub(crate) fn awaiting_replies(&self) -> bool {
-        !self.busy.replies.is_empty()
+    /// What the linked backend is doing for the client (`driver::cancel` forwards a cancel
+    /// at once only while it runs the client's request).
+    pub(crate) fn backend_phase(&self) -> BackendPhase {
+        if !self.request_running() {
+            BackendPhase::Holding
+        } else if self.busy.replies.is_empty() {
+            BackendPhase::Idle
+        } else {
+            BackendPhase::Running
+        }
     }
 
     /// Whether `set_lent` was called since the server was linked.
@@ -227,4 +234,21 @@ impl Session {
 fn plain(s: &crate::stmt::Statement) -> bool {
     // The text never changes: classified once, remembered in the statement.
     s.plain_read.get_or_init(|| crate::stmt::sql::is_plain_read(&s.query))
+}
+
+/// What a client's linked backend is doing for it (`Session::backend_phase`; the driver
+/// keeps it with the client's cancel slot, `CancelSlot::set_phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum BackendPhase {
+    /// Nothing: no server, or the client's requests are all answered. A cancel now is
+    /// forwarded, and the backend drops it, as PostgreSQL does for an idle session.
+    Idle = 0,
+    /// The client's request is not running yet: part of its batch is unwritten or held (a
+    /// statement's shape check), or the link's own preamble runs ahead of it. A cancel now
+    /// would reach the pooler's request, or a backend between two messages, which drops
+    /// it: it is armed, and sent when the request runs.
+    Holding = 1,
+    /// The client's batch is written and its replies are outstanding.
+    Running = 2,
 }

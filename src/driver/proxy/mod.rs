@@ -17,13 +17,13 @@ mod relay;
 
 use crate::driver::Shared;
 use crate::driver::bufpool;
-use crate::driver::cancel::{CancelSlot, Phase};
+use crate::driver::cancel::CancelSlot;
 use crate::driver::pipe::Pipe;
 use crate::driver::server_conn::ServerConn;
 use crate::driver::servers::ServerPool;
 use crate::driver::stream::Stream;
 use crate::error::{Error, SqlState};
-use crate::session::{Action, Session, Timeouts};
+use crate::session::{Action, BackendPhase, Session, Timeouts};
 use bytes::BytesMut;
 use std::future::Future;
 use std::pin::Pin;
@@ -209,15 +209,10 @@ impl Proxy {
             if self.server.is_some() {
                 let midway = self.midway();
                 let session = self.session.get();
-                let phase = if midway || !session.request_running() {
-                    Phase::Holding
-                } else if session.awaiting_replies() {
-                    Phase::Running
-                } else {
-                    Phase::Idle
-                };
+                // Part of a large frame still to pass: the request is not all written.
+                let phase = if midway { BackendPhase::Holding } else { session.backend_phase() };
                 self.slot.set_phase(phase, session.requests_sent());
-                if phase != Phase::Holding && self.slot.is_armed() {
+                if phase != BackendPhase::Holding && self.slot.is_armed() {
                     self.slot.fire_armed();
                 }
             }
