@@ -302,9 +302,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--modes", type=parse_list, help="pgbench -M modes: simple,extended,prepared")
     ap.add_argument("--systems", type=parse_list,
                     help="of direct,parsnip,parsnip-noguard,parsnip-nodefer,parsnip-nocache,parsnip-autoprepare,parsnip-noautoprepare,parsnip-w1,"
-                    "parsnip-stealing,pgbouncer "
+                    "parsnip-percore,parsnip-stealing,pgbouncer "
                     "(parsnip-noguard: plan_guard = false; parsnip-nodefer: defer_begin = false; parsnip-nocache: prepared_statements = false; parsnip-autoprepare: autoprepare = true; parsnip-noautoprepare: autoprepare = false; "
-                    "parsnip-w1: PARSNIP_WORKERS=1; parsnip-base: --parsnip-base-bin; parsnip-stealing: PARSNIP_SCHEDULER=stealing; relay: examples/relay.rs, "
+                    "parsnip-w1: PARSNIP_WORKERS=1; parsnip-percore: PARSNIP_WORKERS=<cores>; parsnip-base: --parsnip-base-bin; parsnip-stealing: PARSNIP_SCHEDULER=stealing; relay: examples/relay.rs, "
                     "a byte relay with no protocol work, the floor of a hop); "
                          "default direct,parsnip,pgbouncer, all four for --table issue13; direct is needed for ratios")
     ap.add_argument("--duration", "-T", type=int, help="seconds per pgbench run (default 10)")
@@ -543,6 +543,8 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
                          if "parsnip-noautoprepare" in systems else "")
                       + ("; parsnip-w1: the same with `PARSNIP_WORKERS=1` (one event loop for everything)"
                          if "parsnip-w1" in systems else "")
+                      + ("; parsnip-percore: the same with one event loop per core (`PARSNIP_WORKERS` = the cores)"
+                         if "parsnip-percore" in systems else "")
                       + ("; parsnip-stealing: the same on tokio's work-stealing runtime (`PARSNIP_SCHEDULER=stealing`)"
                          if "parsnip-stealing" in systems else ""))
     if pgb_version and "pgbouncer" not in skipped:

@@ -24,14 +24,17 @@ from throwaway import HarnessError as BenchError  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALL_SYSTEMS = ("direct", "parsnip", "parsnip-base", "parsnip-noguard", "parsnip-nodefer", "parsnip-nocache", "parsnip-autoprepare",
-               "parsnip-noautoprepare", "parsnip-w1",
+               "parsnip-noautoprepare", "parsnip-w1", "parsnip-percore",
                "parsnip-stealing", "pgbouncer", "relay")
 # relay: examples/relay.rs, a one-thread byte relay with one upstream connection per client and
 # no protocol work: the CPU any proxy pays the kernel for the extra hop (the floor).
-# parsnip-w1 / parsnip-stealing: parsnip with one event loop for everything (PARSNIP_WORKERS=1),
-# or with tokio's work-stealing runtime instead of one event loop per core
-# (PARSNIP_SCHEDULER=stealing): the threading models side by side with the default.
-THREADING = {"parsnip-w1": {"PARSNIP_WORKERS": "1"}, "parsnip-stealing": {"PARSNIP_SCHEDULER": "stealing"}}
+# parsnip-w1 / parsnip-percore / parsnip-stealing: parsnip with one event loop for everything
+# (PARSNIP_WORKERS=1), with one loop per core (the default before it counted the cores a
+# server on this machine needs: with the bench's local PostgreSQL the default is one loop per
+# two cores), or with tokio's work-stealing runtime (PARSNIP_SCHEDULER=stealing): the
+# threading models side by side with the default.
+THREADING = {"parsnip-w1": {"PARSNIP_WORKERS": "1"}, "parsnip-percore": {"PARSNIP_WORKERS": str(os.cpu_count() or 1)},
+             "parsnip-stealing": {"PARSNIP_SCHEDULER": "stealing"}}
 # parsnip-nocache: parsnip with its statement cache off, to show what the cache costs and saves.
 # parsnip-autoprepare: parsnip with `autoprepare = true` (simple-protocol queries from cached
 # statements; the default since issue 24, kept so older commands run);

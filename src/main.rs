@@ -4,7 +4,7 @@
 use clap::Parser;
 use parsnip::config::{Cli, Config, DbUrl, LogFormat, cli::apply_url};
 use parsnip::driver::reload::Reloader;
-use parsnip::driver::{Stop, Threads};
+use parsnip::driver::{Stop, Threads, default_loops};
 use parsnip::embedded::{Cluster, ClusterOptions};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -63,15 +63,24 @@ fn reloader(cli: Cli, embedded_url: Option<DbUrl>, log: Option<LogFilter>) -> Re
     Reloader { load: Box::new(load), applied: Box::new(applied) }
 }
 
-/// How many event loops, and of which kind: `PARSNIP_WORKERS` threads (default: one per
-/// core), each a single-threaded event loop with its own clients and server connections
-/// (`driver::shards`); 1 runs everything on the main thread. `PARSNIP_SCHEDULER=stealing`
-/// runs tokio's work-stealing runtime with that many workers instead (for comparison: it
-/// moves tasks between threads, which costs a one-client transaction a cross-thread wake).
-fn runtime() -> std::io::Result<(tokio::runtime::Runtime, Threads)> {
+/// How many event loops, and of which kind: `PARSNIP_WORKERS` threads (default:
+/// `driver::default_loops`, one per core, or one per two cores when every server runs on
+/// this machine), each a single-threaded event loop with its own clients and server
+/// connections (`driver::shards`); 1 runs everything on the main thread.
+/// `PARSNIP_SCHEDULER=stealing` runs tokio's work-stealing runtime with that many workers
+/// instead (for comparison: it moves tasks between threads, which costs a one-client
+/// transaction a cross-thread wake). Fixed for the life of the process.
+fn runtime(cfg: &Config) -> std::io::Result<(tokio::runtime::Runtime, Threads)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = std::env::var("PARSNIP_WORKERS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|n| *n > 0);
-    let n = workers.unwrap_or(cores);
+    let local = cfg.servers_on_this_machine();
+    let n = workers.unwrap_or_else(|| default_loops(cores, local));
+    let why = match (workers, local) {
+        (Some(_), _) => "PARSNIP_WORKERS",
+        (None, true) => "every server is on this machine: half the cores are left to it",
+        (None, false) => "one per core",
+    };
+    tracing::info!("{n} event loop(s) on {cores} core(s) ({why})");
     let stealing = std::env::var("PARSNIP_SCHEDULER").is_ok_and(|v| v == "stealing");
     if stealing && n > 1 {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?;
@@ -161,7 +170,7 @@ fn main() -> ExitCode {
     let log = init_logging(&cfg);
     log_load_notes(&cfg);
     let reload = reloader(cli, embedded_url, log);
-    let (rt, threads) = match runtime() {
+    let (rt, threads) = match runtime(&cfg) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("parsnip: cannot start runtime: {e}");

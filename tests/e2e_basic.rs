@@ -298,3 +298,50 @@ async fn routes_to_other_database_in_url_mode() {
     })
     .await;
 }
+
+/// The process's event-loop threads (`parsnip-N`; one loop runs on the main thread, which
+/// has none).
+fn loop_threads(p: &Parsnip) -> usize {
+    let pid = p.pid().expect("a parsnip process");
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("its threads")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("parsnip-"))
+        .count()
+}
+
+/// The event loops parsnip runs when `PARSNIP_WORKERS` does not say: one per two cores when
+/// every server is on this machine (its backends need the others), one per core when one is
+/// elsewhere.
+#[tokio::test]
+async fn event_loops_leave_a_server_on_this_machine_half_the_cores() {
+    if direct_mode() {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads_for = |loops: usize| if loops > 1 { loops } else { 0 };
+    let local = Parsnip::with_config_default_loops(&trust_config(""));
+    let loops = (cores / 2).max(1);
+    assert!(
+        local.wait_for_log(&format!("{loops} event loop(s) on {cores} core(s)"), Duration::from_secs(10)),
+        "{}",
+        local.log_tail()
+    );
+    assert_eq!(loop_threads(&local), threads_for(loops), "{}", local.log_tail());
+    bounded(30, "event_loops_leave_a_server_on_this_machine_half_the_cores", async {
+        let c = local.connect("postgres", SUPER_PW, "postgres").await;
+        assert_eq!(c.scalar("select 1").await.expect("select 1"), "1");
+    })
+    .await;
+    // A second database on another machine (TEST-NET: never connected to here).
+    let remote = Parsnip::with_config_default_loops(&format!(
+        "{}\n[databases.elsewhere]\nhost = \"192.0.2.1\"\nport = 5432\n",
+        trust_config("")
+    ));
+    assert!(
+        remote.wait_for_log(&format!("{cores} event loop(s) on {cores} core(s)"), Duration::from_secs(10)),
+        "{}",
+        remote.log_tail()
+    );
+    assert_eq!(loop_threads(&remote), threads_for(cores), "{}", remote.log_tail());
+}

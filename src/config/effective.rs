@@ -20,6 +20,14 @@ impl Config {
         })
     }
 
+    /// Whether every configured server runs on this machine (a unix socket, loopback,
+    /// `localhost`): then PostgreSQL's backends share its cores with parsnip, and the
+    /// default number of event loops leaves them half (`driver::default_loops`). False
+    /// with no database configured.
+    pub fn servers_on_this_machine(&self) -> bool {
+        !self.databases.is_empty() && self.databases.values().all(|db| db.host.on_this_machine())
+    }
+
     /// The database entry clients reach with `name`, and the server database name.
     pub(crate) fn database(&self, name: &str) -> Option<(&DatabaseConfig, String)> {
         if let Some(db) = self.databases.get(name) {

@@ -62,6 +62,18 @@ impl HostList {
         self.0.iter().all(|h| split_port(h).is_ok_and(|(_, p)| p.is_some()))
     }
 
+    /// Whether every entry is a server on this machine: a unix socket directory, a loopback
+    /// address or `localhost` (no entry: libpq's default, the local socket). Such a server's
+    /// backends share this machine's cores with parsnip (`Config::servers_on_this_machine`).
+    pub(crate) fn on_this_machine(&self) -> bool {
+        self.0.iter().filter(|h| !h.is_empty()).all(|h| {
+            let host = split_port(h).map_or(h.as_str(), |(host, _)| host);
+            host.starts_with('/')
+                || host.eq_ignore_ascii_case("localhost")
+                || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        })
+    }
+
     /// (host, port) of each entry, `port` for entries without one.
     pub(crate) fn endpoints(&self, port: u16) -> Result<Vec<(String, u16)>, ConfigError> {
         self.0
@@ -211,6 +223,18 @@ mod tests {
             assert!(HostList::from(bad).endpoints(1).is_err(), "{bad}");
         }
         assert!(HostList::from("").is_empty());
+    }
+
+    #[test]
+    fn servers_on_this_machine_are_sockets_loopback_and_localhost() {
+        for local in
+            ["", "/run/postgresql", "/tmp:6000", "127.0.0.1", "127.0.0.2:5433", "[::1]:7", "::1", "LocalHost:5432"]
+        {
+            assert!(HostList::from(local).on_this_machine(), "{local}");
+        }
+        for remote in ["db.example", "10.0.0.5:5432", "[fe80::1]", "127.0.0.1,10.0.0.5", "localhost.example"] {
+            assert!(!HostList::from(remote).on_this_machine(), "{remote}");
+        }
     }
 
     #[test]

@@ -41,7 +41,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use cancel::CancelRegistry;
 use listen::Listener;
 use servers::ServerPool;
-pub use shards::Threads;
+pub use shards::{Threads, default_loops};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -25,6 +25,18 @@ pub struct Parsnip {
     args: Vec<String>,
 }
 
+/// How many event loops a test pooler runs. The suite's default is two, whatever the
+/// machine: clients and server connections then cross loops (a connection moved to its
+/// client's loop) as they do wherever parsnip has cores to spare, although the binary's own
+/// default on a 2-core machine with its server on it is one loop. The driver matrix runs
+/// that default. `PARSNIP_WORKERS` in the test's environment wins.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Loops {
+    Two,
+    /// What the binary chooses (`driver::default_loops`).
+    Default,
+}
+
 /// True when tests should talk to PostgreSQL directly (development aid).
 pub fn direct_mode() -> bool {
     std::env::var_os("PARSNIP_E2E_DIRECT").is_some_and(|v| !v.is_empty() && v != "0")
@@ -52,11 +64,7 @@ impl Parsnip {
 
     /// [`Parsnip::with_config`] plus extra command-line arguments.
     pub fn with_config_args(toml: &str, args: &[&str]) -> Parsnip {
-        let path = std::env::temp_dir().join(format!(
-            "parsnip-e2e-{}-{}.toml",
-            std::process::id(),
-            FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
+        let path = Self::config_path();
         std::fs::write(&path, toml).expect("writing the config file");
         let mut all = vec!["-c".to_string(), path.display().to_string()];
         all.extend(args.iter().map(|s| s.to_string()));
@@ -69,7 +77,27 @@ impl Parsnip {
         Self::with_config(&trust_config(top))
     }
 
+    /// [`Parsnip::with_config`], with the number of event loops the binary chooses by
+    /// itself, `PARSNIP_WORKERS` removed (the suite's other poolers run two).
+    pub fn with_config_default_loops(toml: &str) -> Parsnip {
+        let path = Self::config_path();
+        std::fs::write(&path, toml).expect("writing the config file");
+        Self::spawn_with(vec!["-c".to_string(), path.display().to_string()], Some(path), Loops::Default)
+    }
+
+    fn config_path() -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "parsnip-e2e-{}-{}.toml",
+            std::process::id(),
+            FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
     fn spawn(args: Vec<String>, config_file: Option<PathBuf>) -> Parsnip {
+        Self::spawn_with(args, config_file, Loops::Two)
+    }
+
+    fn spawn_with(args: Vec<String>, config_file: Option<PathBuf>, loops: Loops) -> Parsnip {
         if direct_mode() {
             return Parsnip {
                 child: None,
@@ -92,7 +120,7 @@ impl Parsnip {
         let mut last_error = String::new();
         for _attempt in 0..5 {
             let port = free_port();
-            match Self::try_spawn(&args, port) {
+            match Self::try_spawn(&args, port, loops) {
                 Ok((child, logs)) => {
                     return Parsnip { child: Some(child), port, logs, config_file, args };
                 }
@@ -110,7 +138,7 @@ impl Parsnip {
         panic!("parsnip did not start: {last_error}");
     }
 
-    fn try_spawn(args: &[String], port: u16) -> Result<(Child, Logs), (String, bool)> {
+    fn try_spawn(args: &[String], port: u16, loops: Loops) -> Result<(Child, Logs), (String, bool)> {
         let listen = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_parsnip"));
         cmd.args(args).args(["--listen", &listen]);
@@ -118,6 +146,15 @@ impl Parsnip {
         // every frame of every pooler a test starts (shown with the log tail on failure).
         if let Ok(level) = std::env::var("PARSNIP_TEST_LOG") {
             cmd.args(["--log-level", &level]);
+        }
+        match loops {
+            Loops::Two if std::env::var_os("PARSNIP_WORKERS").is_none() => {
+                cmd.env("PARSNIP_WORKERS", "2");
+            }
+            Loops::Two => {}
+            Loops::Default => {
+                cmd.env_remove("PARSNIP_WORKERS");
+            }
         }
         cmd.env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
