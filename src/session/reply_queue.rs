@@ -186,8 +186,10 @@ pub(crate) enum ClientFx {
     /// The client's named statements were all deallocated (`DEALLOCATE ALL` through the
     /// extended protocol): what they were.
     ClearedAll {
-        /// The client's statements before.
-        saved: std::collections::HashMap<Box<[u8]>, Arc<Statement>>,
+        /// The client's statements before (boxed: rare, and every queue entry is as large
+        /// as its largest variant).
+        #[allow(clippy::box_collection)]
+        saved: Box<std::collections::HashMap<Box<[u8]>, Arc<Statement>>>,
     },
     /// A named statement was closed.
     Closed {

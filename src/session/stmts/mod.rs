@@ -463,7 +463,7 @@ impl Session {
             ClientFx::Closed { name, stmt } => {
                 self.stmts.named.insert(name, stmt);
             }
-            ClientFx::ClearedAll { saved } => self.stmts.named.extend(saved),
+            ClientFx::ClearedAll { saved } => self.stmts.named.extend(*saved),
         }
     }
 }

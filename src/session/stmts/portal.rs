@@ -257,7 +257,7 @@ impl Session {
         }
         let saved = std::mem::take(&mut self.stmts.named);
         if let Some(p) = self.busy.replies.last_mut() {
-            p.fx.client = ClientFx::ClearedAll { saved };
+            p.fx.client = ClientFx::ClearedAll { saved: Box::new(saved) };
         }
     }
 }
