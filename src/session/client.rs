@@ -76,7 +76,7 @@ impl Session {
         *fm.marks.get_or_insert_with(|| Marks::of(text))
     }
 
-    fn on_client_frame_marked(&mut self, frame: &[u8], mut server: Option<&mut ServerState>) -> bool {
+    fn on_client_frame_marked(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
         if self.busy.phase == Phase::Closing {
             return true;
         }
@@ -140,11 +140,6 @@ impl Session {
         if tag == tags::QUERY && (self.on_lone_begin(frame) || self.on_deferred_end(frame)) {
             return true;
         }
-        if (tag == tags::BIND || self.busy.tx.begin_bind.is_some())
-            && let Some(consumed) = self.on_begin_portal(frame, server.as_deref_mut())
-        {
-            return consumed;
-        }
         // The SQL is looked at once per frame: a frame that waits for a server is fed
         // again once linked and looked at then (a Parse the cache may answer without a
         // server is looked at now); the Parse an autoprepared Query becomes is not looked
@@ -160,7 +155,7 @@ impl Session {
                 self.on_client_linked(frame, srv)
             }
             None => {
-                if sql && tag == tags::PARSE && self.parses_unlinked() {
+                if sql && tag == tags::PARSE && self.answers_unlinked() {
                     self.look_at_sql(frame);
                 }
                 self.on_client_unlinked(frame)
@@ -179,7 +174,7 @@ impl Session {
             // PostgreSQL ignores copy messages outside COPY.
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {}
             tags::CLOSE if self.answers_unlinked() => self.on_close(frame, None),
-            tags::PARSE if self.parses_unlinked() => return self.on_parse(frame, None),
+            tags::PARSE if self.answers_unlinked() => return self.on_parse(frame, None),
             tags::DESCRIBE if self.answers_unlinked() && self.on_describe_unlinked(frame) => {}
             tags::QUERY
             | tags::PARSE
@@ -469,17 +464,6 @@ impl Session {
     /// transaction on the server that holds it.
     fn answers_unlinked(&self) -> bool {
         self.stmts.registry.is_some() && !self.begin_deferred()
-    }
-
-    /// Whether the cache answers a Parse with no server linked: as `answers_unlinked`, and
-    /// inside a deferred block too, where the Parse of a statement the cache does not know
-    /// valid, or under a name the client already uses, still takes a server
-    /// (`parse_frame`): the answers given here cannot fail. pgbench `-M prepared` prepares
-    /// each statement with a blocking call inside its first transaction; had that call
-    /// waited for a server held by another client of the same pgbench thread, both would
-    /// wait for ever.
-    fn parses_unlinked(&self) -> bool {
-        self.stmts.registry.is_some()
     }
 
     pub(super) fn need_server(&mut self, frame: &[u8]) -> bool {
