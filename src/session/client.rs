@@ -155,7 +155,7 @@ impl Session {
                 self.on_client_linked(frame, srv)
             }
             None => {
-                if sql && tag == tags::PARSE && self.answers_unlinked() {
+                if sql && tag == tags::PARSE && self.parses_unlinked() {
                     self.look_at_sql(frame);
                 }
                 self.on_client_unlinked(frame)
@@ -174,7 +174,7 @@ impl Session {
             // PostgreSQL ignores copy messages outside COPY.
             tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => {}
             tags::CLOSE if self.answers_unlinked() => self.on_close(frame, None),
-            tags::PARSE if self.answers_unlinked() => return self.on_parse(frame, None),
+            tags::PARSE if self.parses_unlinked() => return self.on_parse(frame, None),
             tags::DESCRIBE if self.answers_unlinked() && self.on_describe_unlinked(frame) => {}
             tags::QUERY
             | tags::PARSE
@@ -464,6 +464,15 @@ impl Session {
     /// transaction on the server that holds it.
     fn answers_unlinked(&self) -> bool {
         self.stmts.registry.is_some() && !self.begin_deferred()
+    }
+
+    /// Whether the cache answers a Parse with no server linked: as `answers_unlinked`, and
+    /// inside a deferred block too, where the Parse of a statement the cache does not know
+    /// valid, or under a name the client already uses, still takes a server
+    /// (`parse_frame`): the answers given here cannot fail, and the block holds no server
+    /// until a statement runs.
+    fn parses_unlinked(&self) -> bool {
+        self.stmts.registry.is_some()
     }
 
     pub(super) fn need_server(&mut self, frame: &[u8]) -> bool {

@@ -90,6 +90,10 @@ impl Session {
                 return false;
             }
             if let Some(err) = self.stmts.refuse_name(p.name, &registry) {
+                if srv.is_none() && self.begin_deferred() {
+                    // The error fails the block: on the server that holds it.
+                    return self.need_server(&[]);
+                }
                 self.statement_error(err, srv, false);
                 return true;
             }

@@ -211,3 +211,35 @@ fn a_block_that_ran_nothing_ends_without_a_server() {
     assert_eq!(h.actions(), vec![Action::AcquireServer]);
     assert_eq!(h.server_out(), vec![query("BEGIN"), query("COMMIT AND CHAIN")]);
 }
+
+/// Inside a deferred block the cache answers the Parse of a statement it knows valid, as
+/// outside one; a Parse that could fail (a name in use, a statement not known valid) takes
+/// a server, whose block the error then fails.
+#[test]
+fn a_parse_the_cache_knows_is_answered_inside_a_deferred_block() {
+    let mut h = H::cached();
+    h.s.set_defer_begin(true);
+    // An earlier Parse made `UPDATE t SET x = 1` known valid.
+    h.client(parse("u0", "UPDATE t SET x = 1"));
+    h.client(sync());
+    for m in h.server_out().iter().filter(|f| f[0] == b'P' || f[0] == b'S') {
+        h.server(if m[0] == b'P' { msg(b'1', b"") } else { rfq(b'I') });
+    }
+    h.actions();
+    client_frames(&mut h);
+    h.client(query("BEGIN"));
+    client_frames(&mut h);
+    assert!(h.s.begin_deferred());
+    h.client(parse("u", "UPDATE t SET x = 1"));
+    h.client(sync());
+    assert!(h.actions().is_empty(), "no server for a Parse the cache answers");
+    assert_eq!(client_frames(&mut h), vec![msg(b'1', b""), rfq(b'T')]);
+    h.client(parse("u", "UPDATE t SET x = 2"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer], "a name in use: the error fails the server's block");
+    assert_eq!(h.server_out()[0], query("BEGIN"));
+    let mut h = H::cached();
+    h.s.set_defer_begin(true);
+    h.client(query("BEGIN"));
+    h.client(parse("n", "SELECT 42"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer], "a statement not known valid");
+}
