@@ -64,11 +64,7 @@ impl Parsnip {
 
     /// [`Parsnip::with_config`] plus extra command-line arguments.
     pub fn with_config_args(toml: &str, args: &[&str]) -> Parsnip {
-        let path = Self::config_path();
-        std::fs::write(&path, toml).expect("writing the config file");
-        let mut all = vec!["-c".to_string(), path.display().to_string()];
-        all.extend(args.iter().map(|s| s.to_string()));
-        Self::spawn(all, Some(path))
+        Self::with_config_loops(toml, args, Loops::Two)
     }
 
     /// A trust-auth config for the shared cluster: `top` holds extra top-level keys.
@@ -80,17 +76,19 @@ impl Parsnip {
     /// [`Parsnip::with_config`], with the number of event loops the binary chooses by
     /// itself, `PARSNIP_WORKERS` removed (the suite's other poolers run two).
     pub fn with_config_default_loops(toml: &str) -> Parsnip {
-        let path = Self::config_path();
-        std::fs::write(&path, toml).expect("writing the config file");
-        Self::spawn_with(vec!["-c".to_string(), path.display().to_string()], Some(path), Loops::Default)
+        Self::with_config_loops(toml, &[], Loops::Default)
     }
 
-    fn config_path() -> PathBuf {
-        std::env::temp_dir().join(format!(
+    fn with_config_loops(toml: &str, args: &[&str], loops: Loops) -> Parsnip {
+        let path = std::env::temp_dir().join(format!(
             "parsnip-e2e-{}-{}.toml",
             std::process::id(),
             FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ))
+        ));
+        std::fs::write(&path, toml).expect("writing the config file");
+        let mut all = vec!["-c".to_string(), path.display().to_string()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        Self::spawn_with(all, Some(path), loops)
     }
 
     fn spawn(args: Vec<String>, config_file: Option<PathBuf>) -> Parsnip {
