@@ -4,9 +4,10 @@
 # pooler (parsnip BIN, pool 8, transaction mode; or PgBouncer from PGBOUNCER, same pool),
 # runs examples/loadgen (CLIENTS, MODE, WORKLOAD) for 12 s, and over a 6-s window once
 # transactions flow reads the user+system CPU ticks of every `postgres` process and of the
-# pooler from /proc, divided by the transactions the pooler counted (SHOW STATS). Linux
-# only; needs a PostgreSQL with pgbench's tables (scale 10) in database bench that trusts
-# local TCP logins, as bench/instructions.sh does. Run pairs back to back: the figures are
+# pooler from /proc (the pooler's user and system time apart too), divided by the
+# transactions the pooler counted (SHOW STATS). Linux only; needs a PostgreSQL with
+# pgbench's tables (scale 10) in database bench that trusts local TCP logins, as
+# bench/instructions.sh does. Run pairs back to back: the figures are
 # for ratios between systems measured minutes apart, not absolute.
 #
 #   bench/server_cpu.sh BIN|pgbouncer [CLIENTS=64] [MODE=simple] [WORKLOAD=tpcb]
@@ -65,18 +66,22 @@ fi
 for _ in $(seq 100); do pg_isready -q -h 127.0.0.1 -p "$port" && break; sleep 0.1; done
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# The pooler's user and system ticks apart: the kernel's share (sends, receives, wake-ups)
+# is what any pooler doing the same system calls spends.
+utick() { awk '{print $14}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 server_ticks() { for p in $(pgrep -x postgres); do ticks "$p"; done | awk '{s += $1} END {print s + 0}'; }
 xacts() { psql -h 127.0.0.1 -p "$port" -U "$pguser" -d pgbouncer -AtF' ' -c 'SHOW STATS' | awk '$1 == "bench" {print $3}'; }
 
 "$lg" -p "$port" -U "$pguser" -d bench -c "$clients" -T 12 -s 10 -M "$mode" --workload "$workload" >"$work/loadgen.json" 2>&1 &
 load=$!
 sleep 4
-x0=$(xacts); s0=$(server_ticks); p0=$(ticks "$pid")
+x0=$(xacts); s0=$(server_ticks); p0=$(ticks "$pid"); u0=$(utick "$pid")
 sleep 6
-x1=$(xacts); s1=$(server_ticks); p1=$(ticks "$pid")
+x1=$(xacts); s1=$(server_ticks); p1=$(ticks "$pid"); u1=$(utick "$pid")
 wait "$load" || true
 hz=$(getconf CLK_TCK)
 n=$((x1 - x0))
 [ "$n" -gt 0 ] || { echo "no transactions counted" >&2; cat "$work/pooler.log" "$work/loadgen.json" >&2; exit 1; }
 echo "$(basename "$bin") $workload -M $mode, $clients clients: $n transactions in 6 s; CPU us per transaction:" \
-    "PostgreSQL $(( (s1 - s0) * 1000000 / hz / n )), pooler $(( (p1 - p0) * 1000000 / hz / n ))"
+    "PostgreSQL $(( (s1 - s0) * 1000000 / hz / n )), pooler $(( (p1 - p0) * 1000000 / hz / n ))" \
+    "(user $(( (u1 - u0) * 1000000 / hz / n )), system $(( (p1 - p0 - u1 + u0) * 1000000 / hz / n )))"

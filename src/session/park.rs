@@ -204,7 +204,6 @@ impl ClientStmts {
     /// descriptions given (`ParkedStmts::Cached`, `Unnamed` or `None`).
     fn holds_only_unnamed(&self) -> bool {
         self.named.is_empty()
-            && self.sql_prefix.is_empty()
             && self.last_bind.is_none()
             && self.last_plain.is_none()
             && self.as_sent_next.is_none()

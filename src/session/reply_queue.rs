@@ -188,15 +188,14 @@ pub(crate) enum ClientFx {
     ClearedAll {
         /// The client's statements before (boxed: rare, and every queue entry is as large
         /// as its largest variant).
-        #[allow(clippy::box_collection)]
-        saved: Box<std::collections::HashMap<Box<[u8]>, Arc<Statement>>>,
+        saved: Box<crate::session::stmts::names::NamedStmts>,
     },
     /// A named statement was closed.
     Closed {
         /// The client's statement name.
         name: Box<[u8]>,
-        /// What it pointed to.
-        stmt: Arc<Statement>,
+        /// What it held (boxed, as above).
+        named: Box<crate::session::stmts::names::Named>,
     },
 }
 

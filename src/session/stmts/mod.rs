@@ -4,7 +4,8 @@
 //! order, SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD ALL, and the errors
 //! PostgreSQL would give (42P05, 26000) without ever disconnecting the client.
 //!
-//! `ClientStmts` is what one client holds; the handlers are per message: `parse` (Parse),
+//! `ClientStmts` is what one client holds (its names in `names`, one map entry per name);
+//! the handlers are per message: `parse` (Parse),
 //! `portal` (Bind, Describe, Close, Execute), `sql` (PREPARE, EXECUTE, DEALLOCATE in a
 //! simple Query), `autoprepare` (a simple Query run as a cached statement; `fastbind` when
 //! it binds that statement directly), `script`
@@ -14,6 +15,7 @@
 pub(in crate::session) mod autoprepare;
 mod fastbind;
 pub(in crate::session) mod guard;
+pub(in crate::session) mod names;
 mod parse;
 mod portal;
 pub(in crate::session) mod script;
@@ -31,7 +33,6 @@ use crate::state::{ServerState, TxStatus};
 use crate::stmt::memo::BindWatch;
 use crate::stmt::registry::StmtKind;
 use crate::stmt::{Registry, Statement};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -40,17 +41,8 @@ use std::sync::atomic::Ordering;
 pub(in crate::session) struct ClientStmts {
     /// The pool's statement cache; None: statements pass through untouched (session mode).
     pub(in crate::session) registry: Option<Arc<Registry>>,
-    /// The client's named statements.
-    pub(in crate::session) named: HashMap<Box<[u8]>, Arc<Statement>>,
-    /// For names the client gave a SQL `PREPARE`: how many characters its text had before
-    /// the statement's definition ("PREPARE name "), so that errors of the server's
-    /// `PREPARE pn_<k> …` point where PostgreSQL would point. Read only for names that
-    /// hold a SQL-level statement (entries of names dropped since are harmless; pruned).
-    pub(in crate::session) sql_prefix: HashMap<Box<[u8]>, u32>,
-    /// What `pg_prepared_statements` says of the client's names beyond their statements
-    /// (`view`). Read only for names in `named` (entries of names dropped since are
-    /// harmless; pruned).
-    pub(in crate::session) shown: HashMap<Box<[u8]>, view::Shown>,
+    /// The client's named statements, with what its own view of each says (`names`).
+    pub(in crate::session) named: names::NamedStmts,
     /// The client's unnamed statement.
     pub(in crate::session) unnamed: Unnamed,
     /// This client's Parse sequence (identifies its unnamed statement on a server).
@@ -95,7 +87,7 @@ impl ClientStmts {
 
     /// Points the client's names (and unnamed statement) from `old` to `new`.
     pub(super) fn remap(&mut self, old: &Arc<Statement>, new: &Arc<Statement>) {
-        for v in self.named.values_mut() {
+        for v in self.named.statements_mut() {
             if Arc::ptr_eq(v, old) {
                 *v = new.clone();
             }
@@ -460,10 +452,10 @@ impl Session {
                     srv.stmts.unnamed_owner = if p.fx.server_parse.is_some() { Some((u64::MAX, 0)) } else { None };
                 }
             }
-            ClientFx::Closed { name, stmt } => {
-                self.stmts.named.insert(name, stmt);
+            ClientFx::Closed { name, named } => {
+                self.stmts.named.restore(name, *named);
             }
-            ClientFx::ClearedAll { saved } => self.stmts.named.extend(*saved),
+            ClientFx::ClearedAll { saved } => self.stmts.named.restore_all(*saved),
         }
     }
 }

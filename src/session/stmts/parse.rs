@@ -2,7 +2,7 @@
 //! or one prepared on it now), promoted (an unnamed statement seen often enough), or
 //! passed through; `resolve` finds what a name in Bind or Describe refers to.
 
-use super::view::Viewed;
+use super::view::{Shown, Viewed};
 use super::{
     ClientStmts, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, guard, missing, stale_plan, too_many,
 };
@@ -233,9 +233,8 @@ impl Session {
             self.stmts.unnamed = Unnamed::Cached(stmt.clone());
             ClientFx::Unnamed
         } else {
-            self.stmts.named.insert(p.name.into(), stmt.clone());
             let text = viewed.as_ref().map(|v| v.client_text.clone());
-            self.stmts.note_shown(p.name, text, false, self.busy.clock_us);
+            self.stmts.named.insert(p.name.into(), stmt.clone(), Shown::parsed(text, self.busy.clock_us));
             ClientFx::Named { name: p.name.into() }
         };
         if local {
@@ -348,9 +347,10 @@ impl Session {
         let ours = ("PREPARE ".len() + stmt.server_name.len() + 1) as i64;
         let theirs = self
             .stmts
-            .sql_prefix
-            .get(name)
-            .map_or_else(|| char_len(b"PREPARE ") + char_len(name) + 1, |&n| i64::from(n));
+            .named
+            .entry(name)
+            .and_then(|n| n.shown.sql_prefix())
+            .map_or_else(|| char_len(b"PREPARE ") + char_len(name) + 1, i64::from);
         Rename {
             server_name: stmt.server_name.clone(),
             client_name: String::from_utf8_lossy(name).into(),
@@ -370,15 +370,5 @@ impl ClientStmts {
         }
         let cap = registry.cfg.client_cap;
         (self.named.len() >= cap).then(|| too_many(cap))
-    }
-
-    /// Remembers where the definition starts in the client's `PREPARE name …` text.
-    pub(super) fn note_sql_prefix(&mut self, name: &[u8], prefix: &[u8]) {
-        if self.sql_prefix.len() > 2 * self.named.len() + 16 {
-            let named = &self.named;
-            self.sql_prefix.retain(|n, _| named.contains_key(n));
-        }
-        let chars = u32::try_from(char_len(prefix)).unwrap_or(u32::MAX);
-        self.sql_prefix.insert(name.into(), chars);
     }
 }

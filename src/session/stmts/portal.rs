@@ -227,7 +227,7 @@ impl Session {
             ClientFx::None
         } else {
             match self.stmts.named.remove(name) {
-                Some(stmt) => ClientFx::Closed { name: name.into(), stmt },
+                Some(named) => ClientFx::Closed { name: name.into(), named: Box::new(named) },
                 None => ClientFx::None,
             }
         };

@@ -22,7 +22,9 @@
 //! names and positions. What this file must not do: touch anything but the client's names,
 //! the server's statement list and the reply queue entry it builds.
 
-use super::{duplicate, missing, stale_plan, too_many};
+use super::names::NamedStmts;
+use super::view::Shown;
+use super::{char_len, duplicate, missing, stale_plan, too_many};
 use crate::error::{Error, SqlState};
 use crate::protocol::{backend, frontend};
 use crate::session::Session;
@@ -33,7 +35,6 @@ use crate::stmt::lift::Rewrite;
 use crate::stmt::registry::{StmtKind, make_key};
 use crate::stmt::sql::listen::ListenCmd;
 use crate::stmt::sql::{SqlStmt, skip_space, words};
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -66,8 +67,9 @@ enum Event {
     /// A statement answered here: CommandComplete with this tag.
     Tag(&'static str),
     /// The client's name now holds this statement, PREPAREd by this Query text (what
-    /// `pg_prepared_statements` shows for it).
-    Bind(Box<[u8]>, Arc<Statement>, Arc<[u8]>),
+    /// `pg_prepared_statements` shows for it), with this many characters before its
+    /// definition (`view::Shown::prepared`).
+    Bind(Box<[u8]>, Arc<Statement>, Arc<[u8]>, i64),
     /// The client's name was deallocated.
     Unbind(Box<[u8]>),
     /// All the client's names were deallocated.
@@ -90,7 +92,7 @@ struct Names {
 }
 
 impl Names {
-    fn get(&self, held: &HashMap<Box<[u8]>, Arc<Statement>>, name: &[u8]) -> Option<Arc<Statement>> {
+    fn get(&self, held: &NamedStmts, name: &[u8]) -> Option<Arc<Statement>> {
         match self.changes.iter().rev().find(|(n, _)| **n == *name) {
             Some((_, s)) => s.clone(),
             None if self.cleared => None,
@@ -175,7 +177,6 @@ impl Session {
                         make_key(&mut k, &StmtKind::Sql, self.search_path(), def, b"");
                         let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
                         self.busy.key_buf = k;
-                        self.stmts.note_sql_prefix(&name, &text[start..rest]);
                         let here = srv.stmts.has(&stmt);
                         if here {
                             srv.stmts.touch(&stmt);
@@ -198,7 +199,8 @@ impl Session {
                             sc.events.push((ordinal, Event::Prepared(stmt.clone())));
                         }
                         let whole = shown.get_or_insert_with(|| Arc::from(text)).clone();
-                        sc.events.push((ordinal, Event::Bind(name.as_slice().into(), stmt.clone(), whole)));
+                        let prefix = char_len(&text[start..rest]);
+                        sc.events.push((ordinal, Event::Bind(name.as_slice().into(), stmt.clone(), whole, prefix)));
                         names.set(&name, Some(stmt), false);
                         None
                     }
@@ -331,10 +333,9 @@ impl Session {
         {
             match ev {
                 Event::Tag(t) => backend::command_complete(&mut self.to_client, t),
-                Event::Bind(name, s, text) => {
-                    self.stmts.named.insert(name.clone(), s.clone());
-                    let (name, text) = (name.clone(), text.clone());
-                    self.stmts.note_shown(&name, Some(text), true, self.busy.clock_us);
+                Event::Bind(name, s, text, prefix) => {
+                    let shown = Shown::prepared(text.clone(), *prefix, self.busy.clock_us);
+                    self.stmts.named.insert(name.clone(), s.clone(), shown);
                 }
                 Event::Unbind(name) => {
                     self.stmts.named.remove(name);

@@ -3,6 +3,7 @@
 //! DEALLOCATE / DISCARD ALL applied to the client's names.
 
 use super::guard::GuardCmd;
+use super::view::Shown;
 use super::{Unnamed, char_len, duplicate, missing, stale_plan, too_many};
 use crate::protocol::frontend;
 use crate::session::Session;
@@ -126,10 +127,9 @@ impl Session {
         make_key(&mut k, &StmtKind::Sql, self.search_path(), def, b"");
         let stmt = registry.get_or_insert(&k, StmtKind::Sql, def, b"");
         self.busy.key_buf = k;
-        self.stmts.named.insert(name.into(), stmt.clone());
-        self.stmts.note_sql_prefix(name, &text[..rest]);
         // PostgreSQL's view shows the whole Query text of a PREPARE.
-        self.stmts.note_shown(name, Some(text.into()), true, self.busy.clock_us);
+        let shown = Shown::prepared(text.into(), char_len(&text[..rest]), self.busy.clock_us);
+        self.stmts.named.insert(name.into(), stmt.clone(), shown);
         let client = ClientFx::Named { name: name.into() };
         if stmt.is_valid() || srv.stmts.has(&stmt) {
             self.note_fresh_parse(&stmt);

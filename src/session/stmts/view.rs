@@ -17,7 +17,6 @@
 //! (backslashes with `standard_conforming_strings` off, client encodings whose multibyte
 //! characters may hold a `\` or `"` byte).
 
-use super::ClientStmts;
 use crate::protocol::frontend;
 use crate::session::Session;
 use crate::session::reply_queue::{ClientFx, Req};
@@ -26,15 +25,39 @@ use crate::stmt::pgps::{self, Entry, Types};
 use crate::stmt::registry::StmtKind;
 use std::sync::Arc;
 
-/// What the view says of one of the client's names beyond its shared statement.
-#[derive(Debug)]
+/// What the view says of one of the client's names beyond its shared statement, and where
+/// a `PREPARE`'s definition started (kept with the name: `names`).
+#[derive(Clone, Debug)]
 pub(in crate::session) struct Shown {
     /// The text PostgreSQL keeps for it when it is not the statement's query: a PREPARE's
     /// whole Query text, or a Parse's own text when the server got a rewrite of it.
     text: Option<Arc<[u8]>>,
-    from_sql: bool,
     /// The session's clock when the client prepared it (0: unknown).
     at_us: u64,
+    /// For a SQL `PREPARE`: how many characters its text had before the statement's
+    /// definition ("PREPARE name "), so that errors of the server's `PREPARE pn_<k> …`
+    /// point where PostgreSQL would point (`Session::prepare_rename`). 0: a Parse.
+    sql_prefix: u32,
+    from_sql: bool,
+}
+
+impl Shown {
+    /// A name a Parse defined: `text` when the server got a rewrite of the client's.
+    pub(in crate::session) fn parsed(text: Option<Arc<[u8]>>, at_us: u64) -> Shown {
+        Shown { text, at_us, sql_prefix: 0, from_sql: false }
+    }
+
+    /// A name a SQL `PREPARE` defined: its whole Query `text`, and the characters before
+    /// the definition.
+    pub(in crate::session) fn prepared(text: Arc<[u8]>, prefix_chars: i64, at_us: u64) -> Shown {
+        let sql_prefix = u32::try_from(prefix_chars).unwrap_or(u32::MAX);
+        Shown { text: Some(text), at_us, sql_prefix, from_sql: true }
+    }
+
+    /// The characters before a `PREPARE`'s definition, if a `PREPARE` defined the name.
+    pub(in crate::session) fn sql_prefix(&self) -> Option<u32> {
+        (self.sql_prefix != 0).then_some(self.sql_prefix)
+    }
 }
 
 /// A text rewritten for the view: the client's text, and how positions map back.
@@ -47,17 +70,6 @@ pub(in crate::session) struct Viewed {
 /// Client encodings in which a multibyte character may hold an ASCII byte (`\`, `"`):
 /// the statement texts the view quotes could not be escaped byte by byte.
 const UNSAFE_ENCODINGS: [&str; 7] = ["BIG5", "GB18030", "GBK", "JOHAB", "SJIS", "SHIFT_JIS_2004", "UHC"];
-
-impl ClientStmts {
-    /// Remembers how the view shows `name` from now on.
-    pub(in crate::session) fn note_shown(&mut self, name: &[u8], text: Option<Arc<[u8]>>, from_sql: bool, at_us: u64) {
-        if self.shown.len() > 2 * self.named.len() + 16 {
-            let named = &self.named;
-            self.shown.retain(|n, _| named.contains_key(n));
-        }
-        self.shown.insert(name.into(), Shown { text, from_sql, at_us });
-    }
-}
 
 impl Session {
     /// If `text` reads `pg_prepared_statements`: the text to send in its place. `parsing`:
@@ -83,14 +95,14 @@ impl Session {
         let now = self.busy.clock_us;
         let ago = |at: u64| if at == 0 { 0 } else { now.saturating_sub(at) };
         let mut entries: Vec<Entry<'_>> = Vec::with_capacity(self.stmts.named.len() + 1);
-        for (name, s) in &self.stmts.named {
-            let shown = self.stmts.shown.get(name);
+        for (name, n) in self.stmts.named.iter() {
+            let (s, shown) = (&n.stmt, &n.shown);
             let from_sql = s.kind == StmtKind::Sql;
             entries.push(Entry {
                 name,
-                statement: shown.and_then(|v| v.text.as_deref()).unwrap_or(&s.query),
-                from_sql: shown.map_or(from_sql, |v| v.from_sql),
-                ago_us: shown.map_or(0, |v| ago(v.at_us)),
+                statement: shown.text.as_deref().unwrap_or(&s.query),
+                from_sql: shown.from_sql,
+                ago_us: ago(shown.at_us),
                 server_name: &s.server_name,
                 types: if from_sql { Types::Prepare(&s.query) } else { Types::Oids(s.param_types()) },
             });
