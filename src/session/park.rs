@@ -8,8 +8,10 @@
 //! the `Kept` out whole. Owns the line between the two: `at_rest` says when nothing of the
 //! busy half would be lost. Must not touch sockets or free lists; the driver keeps the blank sessions.
 
+use super::stmts::names::NamedStmts;
 use super::stmts::{ClientStmts, Unnamed};
 use super::{Kept, Link, Session};
+use crate::stmt::idmap::IdSet;
 use crate::stmt::{Registry, Statement};
 use std::sync::Arc;
 
@@ -38,7 +40,19 @@ enum ParkedStmts {
     /// promoted statements): the statement and whether the client was told its rows, in
     /// four words.
     Cached(Box<ParkedCached>),
+    /// Named statements and the descriptions given, nothing else (the pgx, asyncpg,
+    /// pgjdbc, `-M prepared` client between transactions): a third of a whole set's box.
+    Named(Box<ParkedNamed>),
     Some(Box<ClientStmts>),
+}
+
+/// See `ParkedStmts::Named`.
+#[derive(Debug)]
+struct ParkedNamed {
+    registry: Option<Arc<Registry>>,
+    unnamed_seq: u64,
+    named: NamedStmts,
+    described: IdSet,
 }
 
 /// See `ParkedStmts::Cached`.
@@ -95,6 +109,13 @@ impl Session {
                 stmt,
                 described,
             }))
+        } else if self.stmts.holds_only_names() {
+            ParkedStmts::Named(Box::new(ParkedNamed {
+                registry: self.stmts.registry.take(),
+                unnamed_seq: std::mem::take(&mut self.stmts.unnamed_seq),
+                named: std::mem::take(&mut self.stmts.named),
+                described: std::mem::take(&mut self.stmts.described),
+            }))
         } else if self.stmts.holds_only_unnamed() {
             // With no named statement and no cached unnamed one, the descriptions the
             // client was given are of statements it can no longer name without a Parse,
@@ -139,6 +160,13 @@ impl Session {
                 self.stmts.unnamed_seq = unnamed_seq;
                 self.stmts.unnamed = Unnamed::Cached(stmt);
             }
+            ParkedStmts::Named(n) => {
+                let ParkedNamed { registry, unnamed_seq, named, described } = *n;
+                self.stmts.registry = registry;
+                self.stmts.unnamed_seq = unnamed_seq;
+                self.stmts.named = named;
+                self.stmts.described = described;
+            }
             ParkedStmts::Some(b) => {
                 // The blank statements stay as the spare: the next client to park keeps
                 // its own in their place.
@@ -160,6 +188,12 @@ impl Session {
     #[cfg(test)]
     pub(crate) fn parked_cached_unnamed(p: &Parked) -> bool {
         matches!(p.stmts, ParkedStmts::Cached(_))
+    }
+
+    /// Tests: `p` keeps named statements and descriptions only (`ParkedStmts::Named`).
+    #[cfg(test)]
+    pub(crate) fn parked_names_only(p: &Parked) -> bool {
+        matches!(p.stmts, ParkedStmts::Named(_))
     }
 
     /// A new session for the client that parked `p` (when no blank one is at hand).
@@ -203,8 +237,19 @@ impl ClientStmts {
     /// Nothing but the registry, the Parse sequence, the unnamed statement and the
     /// descriptions given (`ParkedStmts::Cached`, `Unnamed` or `None`).
     fn holds_only_unnamed(&self) -> bool {
-        self.named.is_empty()
-            && self.last_bind.is_none()
+        self.named.is_empty() && self.holds_no_extras()
+    }
+
+    /// Nothing but the registry, the Parse sequence, named statements and the descriptions
+    /// given (`ParkedStmts::Named`).
+    fn holds_only_names(&self) -> bool {
+        !self.named.is_empty() && matches!(self.unnamed, Unnamed::None) && self.holds_no_extras()
+    }
+
+    /// None of what a set of statements holds beyond the registry, the Parse sequence, the
+    /// names, the unnamed statement and the descriptions given.
+    fn holds_no_extras(&self) -> bool {
+        self.last_bind.is_none()
             && self.last_plain.is_none()
             && self.as_sent_next.is_none()
             && self.dealloc_portal.is_none()

@@ -87,11 +87,11 @@ impl ClientStmts {
 
     /// Points the client's names (and unnamed statement) from `old` to `new`.
     pub(super) fn remap(&mut self, old: &Arc<Statement>, new: &Arc<Statement>) {
-        for v in self.named.statements_mut() {
+        self.named.for_each_statement(|v| {
             if Arc::ptr_eq(v, old) {
                 *v = new.clone();
             }
-        }
+        });
         if let Unnamed::Cached(u) = &self.unnamed
             && Arc::ptr_eq(u, old)
         {

@@ -117,13 +117,10 @@ fn a_client_idle_after_an_extended_commit_is_parked() {
     }
 }
 
-/// A client of the extended protocol with no named statement parks its unnamed statement
-/// (and the descriptions it was given) alone, not a whole set of statements, and gets it
-/// back whole: a later Bind of it runs, re-parsed on a server that does not have it.
-#[test]
-fn an_idle_client_with_only_its_unnamed_statement_parks_it_alone() {
-    let mut h = H::cached();
-    for f in [parse("", "select 1"), msg(b'D', b"S\0"), sync()] {
+/// The client parses statement `name` of one column and has it described; the server
+/// answers; the session, now at rest, is parked.
+fn parse_describe_park(h: &mut H, name: &str) -> crate::session::Parked {
+    for f in [parse(name, "select 1 as a"), msg(b'D', format!("S{name}\0").as_bytes()), sync()] {
         h.client(f);
     }
     h.server_out();
@@ -132,7 +129,16 @@ fn an_idle_client_with_only_its_unnamed_statement_parks_it_alone() {
     h.server(rowdesc(&["a"], 0));
     h.server(rfq(b'I'));
     assert_eq!(h.client_out(), "1tTZ");
-    let p = h.s.park().expect("at rest");
+    h.s.park().expect("at rest")
+}
+
+/// A client of the extended protocol with no named statement parks its unnamed statement
+/// (and the descriptions it was given) alone, not a whole set of statements, and gets it
+/// back whole: a later Bind of it runs, re-parsed on a server that does not have it.
+#[test]
+fn an_idle_client_with_only_its_unnamed_statement_parks_it_alone() {
+    let mut h = H::cached();
+    let p = parse_describe_park(&mut h, "");
     assert!(Session::parked_unnamed_only(&p), "parked alone");
     assert!(!Session::parked_cached_unnamed(&p), "a plain statement keeps its frame");
     h.s.unpark(p);
@@ -150,6 +156,24 @@ fn an_idle_client_with_only_its_unnamed_statement_parks_it_alone() {
     h.server(msg(b'C', b"SELECT 1\0"));
     h.server(rfq(b'I'));
     assert_eq!(h.client_out(), "2CZ");
+}
+
+/// A client of named statements (pgx, asyncpg, pgjdbc, `-M prepared`) parks its names and
+/// the descriptions it was given in a box of their own, not a whole set of statements, and
+/// gets them back: a Describe is answered from what it was told, a Bind runs.
+#[test]
+fn an_idle_client_with_named_statements_parks_them_alone() {
+    let mut h = H::cached();
+    let p = parse_describe_park(&mut h, "s1");
+    assert!(Session::parked_names_only(&p), "names parked alone");
+    h.s.unpark(p);
+    assert_eq!(h.s.prepared_count(), 1);
+    let s1 = h.s.stmts.named.get(b"s1").expect("the name came back").clone();
+    assert!(h.s.stmts.described.contains(&s1.id), "and the description it was given");
+    for f in [bind("s1"), execute(), sync()] {
+        h.client(f);
+    }
+    assert_eq!(h.server_tags(), "BES");
 }
 
 /// A client of unnamed statements only (TPC-B through `-M extended`: a few texts in turn)
