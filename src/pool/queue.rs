@@ -61,6 +61,10 @@ pub(super) struct Waiter<K: Connector> {
 /// How many times a waiter may be passed over for one behind it on the connection's own
 /// thread before it is served first come, first served.
 pub(super) const MAX_PASSED_OVER: u8 = 2;
+/// Every how many janitor ticks `Pool::expire_waiters` reads every waiter's channel for
+/// clients that left; below `SWEEP_FROM` waiters, every tick.
+pub(super) const SWEEP_EVERY: u32 = 16;
+pub(super) const SWEEP_FROM: usize = 256;
 /// How far into the queue a connection looks for a waiter of its own thread.
 const LOOK_AHEAD: usize = 4;
 /// Shorter queues are served strictly first come, first served: the thread a connection

@@ -287,6 +287,43 @@ fn a_waiter_whose_client_left_is_forgotten() {
     assert_eq!(p.counts(), (0, 0, 0));
 }
 
+/// Issue 26: with thousands queued the janitor does not read every waiter's channel each
+/// tick (a cache miss each: 3 % of the CPU at 10,000 clients). Clients gone from the front
+/// of a long queue are forgotten at once, those deeper in it at the next sweep (every
+/// `SWEEP_EVERY` ticks), and none is served meanwhile: a connection given back skips them.
+#[tokio::test]
+async fn clients_that_left_a_long_queue_are_forgotten_in_sweeps() {
+    let p = pool(1);
+    let c = p.acquire().await.expect("one");
+    let n = 2 * queue::SWEEP_FROM;
+    let mut q: Vec<Option<Queued<Opener>>> = (0..n)
+        .map(|_| match p.checkout() {
+            Checkout::Queued(q) => Some(q),
+            _ => panic!("a full pool queues"),
+        })
+        .collect();
+    // The first two and every other one after them leave.
+    for (i, w) in q.iter_mut().enumerate() {
+        if i < 2 || i % 2 == 1 {
+            drop(w.take());
+        }
+    }
+    let left = 2 + (n - 2) / 2;
+    p.expire_waiters();
+    assert_eq!(p.counts().2, n - 2, "the two at the front are forgotten at once");
+    for _ in 2..SWEEP_EVERY {
+        p.expire_waiters();
+    }
+    assert_eq!(p.counts().2, n - 2, "the others wait for the sweep");
+    p.release(c, true);
+    let Ok(Some(Lease::Own(c))) = p.wait_queued(q[2].as_mut().expect("stayed")).await else {
+        panic!("the first that stayed is served, past the ones that left")
+    };
+    p.expire_waiters();
+    assert_eq!(p.counts().2, n - left - 1, "swept");
+    p.release(c, true);
+}
+
 /// Thread per core: a checkout takes the idle connection opened on its own thread, even
 /// when another thread's was given back later; with none of its own it takes another's.
 #[tokio::test]
