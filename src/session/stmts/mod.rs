@@ -4,7 +4,7 @@
 //! order, SQL-level PREPARE / EXECUTE / DEALLOCATE / DISCARD ALL, and the errors
 //! PostgreSQL would give (42P05, 26000) without ever disconnecting the client.
 //!
-//! `ClientStmts` is what one client holds (its names in `names`, one map entry per name);
+//! `ClientStmts` is what one client holds (its names in `names`, one entry per name);
 //! the handlers are per message: `parse` (Parse),
 //! `portal` (Bind, Describe, Close, Execute), `sql` (PREPARE, EXECUTE, DEALLOCATE in a
 //! simple Query), `autoprepare` (a simple Query run as a cached statement; `fastbind` when

@@ -1,11 +1,12 @@
-//! The client's named statements: one map entry per name, holding the shared statement and
+//! The client's named statements: one entry per name, holding the shared statement and
 //! what the client's own view of it says beyond it (`view::Shown`: its text, origin and
 //! time; the characters before a `PREPARE`'s definition, for error positions).
 //!
 //! One collection, not one per fact, and a short list rather than a hash table while the
 //! names are few: every idle client that prepared something carries it (docs/benchmarks.md
-//! "Idle clients"), and each map is a table allocation and a copy of every name. Owns nothing but the map; which names a message may define or drop is the
-//! handlers' (`parse`, `portal`, `sql`, `script`).
+//! "Idle clients"), and each map is a table allocation and a copy of every name. Owns
+//! nothing but the collection; which names a message may define or drop is the handlers'
+//! (`parse`, `portal`, `sql`, `script`).
 
 use super::view::Shown;
 use crate::stmt::Statement;
