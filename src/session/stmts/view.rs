@@ -36,22 +36,22 @@ pub(in crate::session) struct Shown {
     at_us: u64,
     /// For a SQL `PREPARE`: how many characters its text had before the statement's
     /// definition ("PREPARE name "), so that errors of the server's `PREPARE pn_<k> …`
-    /// point where PostgreSQL would point (`Session::prepare_rename`). 0: a Parse.
+    /// point where PostgreSQL would point (`Session::prepare_rename`). 0: a Parse. (Whether
+    /// a `PREPARE` defined the name is its statement's kind, `StmtKind::Sql`.)
     sql_prefix: u32,
-    from_sql: bool,
 }
 
 impl Shown {
     /// A name a Parse defined: `text` when the server got a rewrite of the client's.
     pub(in crate::session) fn parsed(text: Option<Arc<[u8]>>, at_us: u64) -> Shown {
-        Shown { text, at_us, sql_prefix: 0, from_sql: false }
+        Shown { text, at_us, sql_prefix: 0 }
     }
 
     /// A name a SQL `PREPARE` defined: its whole Query `text`, and the characters before
     /// the definition.
     pub(in crate::session) fn prepared(text: Arc<[u8]>, prefix_chars: i64, at_us: u64) -> Shown {
         let sql_prefix = u32::try_from(prefix_chars).unwrap_or(u32::MAX);
-        Shown { text: Some(text), at_us, sql_prefix, from_sql: true }
+        Shown { text: Some(text), at_us, sql_prefix }
     }
 
     /// The characters before a `PREPARE`'s definition, if a `PREPARE` defined the name.
@@ -101,7 +101,7 @@ impl Session {
             entries.push(Entry {
                 name,
                 statement: shown.text.as_deref().unwrap_or(&s.query),
-                from_sql: shown.from_sql,
+                from_sql,
                 ago_us: ago(shown.at_us),
                 server_name: &s.server_name,
                 types: if from_sql { Types::Prepare(&s.query) } else { Types::Oids(s.param_types()) },
