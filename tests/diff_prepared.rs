@@ -100,6 +100,7 @@ scenarios! {
         sql_execute_after_eviction,
         sql_execute_after_eviction_fails_to_prepare,
         sql_execute_inside_explain_and_create_table_as,
+        sql_script_prepare_of_a_known_statement_fails,
     ],
     view => [
         view_lists_each_clients_own_statements,

@@ -3,8 +3,8 @@
 //! one implicit transaction, and stops at the first error. The server gets one Query too,
 //! rewritten statement by statement:
 //!
-//! * a `PREPARE` the cache answers (the statement is valid, or already on this server) and
-//!   a `DEALLOCATE` are taken out of the text; their CommandComplete is made here, at their
+//! * a `PREPARE` the cache answers (the statement is already on this server) and a
+//!   `DEALLOCATE` are taken out of the text; their CommandComplete is made here, at their
 //!   place among the server's replies;
 //! * a `LISTEN`/`UNLISTEN` is taken out too, answered in its place, and applied with the
 //!   Query's ReadyForQuery (`notify`);
@@ -181,7 +181,10 @@ impl Session {
                         if here {
                             srv.stmts.touch(&stmt);
                         }
-                        if stmt.is_valid() || here {
+                        // On this server already: answered here. Otherwise the server runs
+                        // it in its place (also when another server accepted it: this one
+                        // may refuse it now, and must then do so at this point of the text).
+                        if here {
                             t.replace(start..r.end, b"");
                             sc.events.push((ordinal, Event::Tag("PREPARE")));
                         } else {
@@ -199,7 +202,8 @@ impl Session {
                             sc.events.push((ordinal, Event::Prepared(stmt.clone())));
                         }
                         let whole = shown.get_or_insert_with(|| Arc::from(text)).clone();
-                        let prefix = char_len(&text[start..rest]);
+                        // PostgreSQL's positions count from the start of the whole Query.
+                        let prefix = char_len(&text[..rest]);
                         sc.events.push((ordinal, Event::Bind(name.as_slice().into(), stmt.clone(), whole, prefix)));
                         names.set(&name, Some(stmt), false);
                         None
