@@ -22,6 +22,8 @@ sqlstates! {
     PROTOCOL_VIOLATION = "08P01";
     /// 08006: a server connection failed.
     CONNECTION_FAILURE = "08006";
+    /// XX000: internal error (what parsnip kept of a client's state does not add up).
+    INTERNAL_ERROR = "XX000";
     /// 53200: out of memory (the pooler's budget for buffered messages is spent).
     OUT_OF_MEMORY = "53200";
     /// 53400: configuration limit exceeded (a listener's notification queue is full).

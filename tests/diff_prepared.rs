@@ -67,6 +67,7 @@ scenarios! {
         concurrent_pipelines_three_clients,
         describe_from_cache_follows_schema_changes,
         intentional_describe_from_cache_misses_ddl_it_cannot_see,
+        intentional_named_parse_inside_a_deferred_block,
     ],
     errors => [
         parse_existing_name_42p05,

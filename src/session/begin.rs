@@ -10,15 +10,50 @@
 //! A block ended before anything ran in it (BEGIN, then COMMIT or ROLLBACK) needs no
 //! server at all: its end is answered here too.
 //!
+//! The extended protocol's BEGIN (pgbench `-M prepared`, pgjdbc: a Bind of the unnamed
+//! portal to the client's named statement `BEGIN`, maybe a Describe of the portal, its
+//! Execute, then Sync or the transaction's first statement) is answered the same way:
+//! BindComplete, NoData and `BEGIN` from here, as PostgreSQL answers them. Until its Execute
+//! the bound portal is kept as what binding it again needs (`BeginBind`): should any other
+//! message come first that needs a server (a Parse, a Describe of a statement, a Close), the
+//! Bind is sent to the linked server ahead of it, its BindComplete hidden, and the portal
+//! from then on is the server's, as it would have been.
+//!
+//! Inside a block a deferred BEGIN opened, a named Parse is answered without a server too
+//! (`stmts::parse`, `parses_ahead`): pgbench `-M prepared` prepares each statement with a
+//! blocking call inside its first transaction, and the servers that call would wait for may
+//! all be held by clients of its own thread. The server parses the statement ahead of its
+//! first use; a text it refuses fails that use, and the block, and the name goes.
+//!
 //! Owns: the deferred BEGIN, from the answer to the link that sends it (or the answer to
 //! the block's end). Must not touch what a linked session does with a BEGIN (it goes to
 //! its server as written).
 
-use super::reply_queue::Purpose;
+use super::reply_queue::{OnReply, Purpose, Req};
 use super::settings::{TxStmt, bare_tx_stmt, maybe_tx_end, maybe_tx_start};
 use super::{Link, Phase, Session};
 use crate::config::PoolMode;
+use crate::error::{Error, SqlState};
+use crate::protocol::{backend, body, frontend, tags};
 use crate::state::{ServerState, TxStatus};
+use crate::stmt::Statement;
+use std::sync::Arc;
+
+/// The longest Bind tail (format codes, parameter count, result format codes) of a BEGIN
+/// portal answered here: one parameter format code, no parameter, up to four result format
+/// codes. Any other Bind of it goes to a server.
+const BEGIN_TAIL_MAX: usize = 16;
+
+/// The unnamed portal bound here to the client's statement `BEGIN`, not yet executed: what
+/// binding it on a server needs (`Session::bind_begin_on_server`).
+#[derive(Debug)]
+pub(super) struct BeginBind {
+    /// The statement it was bound to (its name is looked up again when it is needed).
+    stmt: Arc<Statement>,
+    /// The Bind's body after the portal and statement names.
+    tail: [u8; BEGIN_TAIL_MAX],
+    tail_len: u8,
+}
 
 /// Fails the server's block for a deferred block the client saw fail; its error is hidden.
 const FAIL_BLOCK: &str =
@@ -71,6 +106,135 @@ impl Session {
         let tag = if self.busy.tx.status == TxStatus::Failed { "ROLLBACK" } else { tag };
         self.busy.tx.begin_deferred = false;
         self.answered_here(Some(tag), TxStatus::Idle);
+        true
+    }
+
+    /// Whether the session may answer a BEGIN here now: transaction pooling with
+    /// `defer_begin`, no server, nothing outstanding, no transaction open or opening.
+    fn may_defer_begin(&self) -> bool {
+        self.kept.defer_begin
+            && self.kept.mode == PoolMode::Transaction
+            && self.link == Link::Unlinked
+            && self.busy.phase == Phase::Ready
+            && self.busy.tx.status == TxStatus::Idle
+            && !self.busy.tx.opening
+            && !self.busy.tx.begin_deferred
+            && self.busy.replies.is_empty()
+            && !self.busy.replies.is_unsynced()
+            && !self.autoprep_feeding()
+    }
+
+    /// An extended-protocol frame looked at for a BEGIN answered here (see the module): a
+    /// Bind of the unnamed portal to the client's statement `BEGIN`, and while that portal
+    /// is bound here, whatever comes after it. Some(consumed) when handled here (a frame
+    /// that needs a server first is not consumed); None: handle it as usual.
+    pub(super) fn on_begin_portal(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> Option<bool> {
+        let tag = frame[0];
+        if self.busy.tx.begin_bind.is_none() {
+            return (tag == tags::BIND && self.bind_begin_here(frame)).then_some(true);
+        }
+        let here = self.link == Link::Unlinked && self.busy.replies.is_empty();
+        match tag {
+            // The portal ends with the batch, or another Bind replaces it.
+            tags::SYNC => {
+                self.busy.tx.begin_bind = None;
+                None
+            }
+            tags::BIND if frontend::bind_names(body(frame)).is_some_and(|(portal, _, _)| portal.is_empty()) => {
+                self.busy.tx.begin_bind = None;
+                (self.bind_begin_here(frame)).then_some(true)
+            }
+            tags::FLUSH | tags::TERMINATE | tags::COPY_DATA | tags::COPY_DONE | tags::COPY_FAIL => None,
+            tags::DESCRIBE if here && frontend::describe_or_close(body(frame)) == Some((b'P', b"")) => {
+                backend::empty(&mut self.to_client, tags::NO_DATA);
+                Some(true)
+            }
+            tags::EXECUTE if here && crate::protocol::read_cstr(body(frame)).is_some_and(|(p, _)| p.is_empty()) => {
+                // PostgreSQL's answer to the BEGIN; the ReadyForQuery at Sync reports the
+                // block (`on_client_unlinked`), and the next server linked gets the BEGIN.
+                self.busy.tx.begin_bind = None;
+                backend::command_complete(&mut self.to_client, "BEGIN");
+                self.busy.tx.status = TxStatus::InBlock;
+                self.busy.tx.begin_deferred = true;
+                self.kept.tally.queries = self.kept.tally.queries.wrapping_add(1);
+                Some(true)
+            }
+            // Anything else uses a server: the portal goes there first.
+            _ => match server.filter(|_| self.link.is_linked()) {
+                None => Some(self.need_server(frame)),
+                Some(srv) => {
+                    if self.bind_begin_on_server(srv) {
+                        None
+                    } else {
+                        Some(false)
+                    }
+                }
+            },
+        }
+    }
+
+    /// A Bind of the unnamed portal to the client's statement `BEGIN`, no parameters, with
+    /// no server and nothing open: answered here (BindComplete), the portal kept. True then.
+    fn bind_begin_here(&mut self, frame: &[u8]) -> bool {
+        if !self.may_defer_begin() || self.stmts.registry.is_none() {
+            return false;
+        }
+        let b = body(frame);
+        let Some((portal, name, at)) = frontend::bind_names(b) else { return false };
+        if !portal.is_empty() || name.is_empty() {
+            return false;
+        }
+        let tail = &b[at..];
+        // No parameter, at most one parameter format code: what PostgreSQL accepts for a
+        // statement without parameters (result format codes of a statement that returns no
+        // rows are not looked at).
+        let u16_at = |p: usize| tail.get(p..p + 2).map(|x| u16::from_be_bytes([x[0], x[1]]) as usize);
+        let Some(formats) = u16_at(0).filter(|n| *n <= 1) else { return false };
+        if u16_at(2 + 2 * formats) != Some(0) || tail.len() > BEGIN_TAIL_MAX {
+            return false;
+        }
+        let Some(stmt) = self.stmts.named.get(name) else { return false };
+        if bare_tx_stmt(&stmt.query) != Some(TxStmt::Begin) || !maybe_tx_start(&stmt.query) {
+            return false;
+        }
+        let mut kept = [0u8; BEGIN_TAIL_MAX];
+        kept[..tail.len()].copy_from_slice(tail);
+        self.busy.tx.begin_bind = Some(BeginBind { stmt: stmt.clone(), tail: kept, tail_len: tail.len() as u8 });
+        backend::empty(&mut self.to_client, tags::BIND_COMPLETE);
+        true
+    }
+
+    /// The portal bound here goes to the linked server, ahead of the frame that needs it
+    /// there: the client's Bind as it was, through the cache, its BindComplete (given
+    /// already) hidden and an error forwarded. False when the Bind waits (a shape check):
+    /// the frame is fed again, and this with it.
+    fn bind_begin_on_server(&mut self, srv: &mut ServerState) -> bool {
+        let Some(b) = self.busy.tx.begin_bind.take() else { return true };
+        let name = self.stmts.named.iter().find(|(_, n)| Arc::ptr_eq(&n.stmt, &b.stmt)).map(|(n, _)| n.to_vec());
+        let Some(name) = name else {
+            // Every message that could have closed or replaced it came through here first.
+            self.fail(Error::fatal(SqlState::INTERNAL_ERROR, "parsnip lost the statement of a BEGIN portal"));
+            return true;
+        };
+        let mut frame = bytes::BytesMut::new();
+        frontend::bind_with_tail(&mut frame, b"", &name, &b.tail[..b.tail_len as usize]);
+        // The batch has had an effect a retry must not repeat.
+        self.busy.retry.batch_executed = true;
+        let before = self.busy.replies.len();
+        if !self.on_client_linked(&frame, srv) {
+            self.busy.tx.begin_bind = Some(b);
+            return false;
+        }
+        if let Some(p) = self
+            .busy
+            .replies
+            .iter_mut()
+            .skip(before)
+            .filter(|p| p.req == Req::Bind && p.on_reply == OnReply::Forward)
+            .last()
+        {
+            p.on_reply = OnReply::Inject;
+        }
         true
     }
 

@@ -76,7 +76,7 @@ impl Session {
         *fm.marks.get_or_insert_with(|| Marks::of(text))
     }
 
-    fn on_client_frame_marked(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
+    fn on_client_frame_marked(&mut self, frame: &[u8], mut server: Option<&mut ServerState>) -> bool {
         if self.busy.phase == Phase::Closing {
             return true;
         }
@@ -139,6 +139,11 @@ impl Session {
         }
         if tag == tags::QUERY && (self.on_lone_begin(frame) || self.on_deferred_end(frame)) {
             return true;
+        }
+        if (tag == tags::BIND || self.busy.tx.begin_bind.is_some())
+            && let Some(consumed) = self.on_begin_portal(frame, server.as_deref_mut())
+        {
+            return consumed;
         }
         // The SQL is looked at once per frame: a frame that waits for a server is fed
         // again once linked and looked at then (a Parse the cache may answer without a
@@ -466,11 +471,10 @@ impl Session {
         self.stmts.registry.is_some() && !self.begin_deferred()
     }
 
-    /// Whether the cache answers a Parse with no server linked: as `answers_unlinked`, and
-    /// inside a deferred block too, where the Parse of a statement the cache does not know
-    /// valid, or under a name the client already uses, still takes a server
-    /// (`parse_frame`): the answers given here cannot fail, and the block holds no server
-    /// until a statement runs.
+    /// Whether a Parse may be answered with no server linked: as `answers_unlinked`, and
+    /// inside a deferred block too, where a named Parse is answered before any server checks
+    /// it (`parses_ahead`) and one under a name the client already uses takes a server, whose
+    /// block its error fails (`parse_frame`).
     fn parses_unlinked(&self) -> bool {
         self.stmts.registry.is_some()
     }

@@ -183,6 +183,13 @@ pub(crate) enum ClientFx {
     },
     /// The unnamed statement was set.
     Unnamed,
+    /// The server parses now a named statement the client was told it has before any server
+    /// checked it (`Session::parses_ahead`): should the server refuse it, the name goes, as
+    /// PostgreSQL would never have made it (kept when the Parse is only skipped).
+    ParsedAhead {
+        /// The client's statement name.
+        name: Box<[u8]>,
+    },
     /// The client's named statements were all deallocated (`DEALLOCATE ALL` through the
     /// extended protocol): what they were.
     ClearedAll {

@@ -21,6 +21,9 @@ pub(super) struct TxState {
     /// A BEGIN was answered here and no server has seen it yet (`begin`): it goes to the
     /// next server linked, ahead of the client's frames.
     pub(super) begin_deferred: bool,
+    /// The unnamed portal bound here to the client's statement `BEGIN`, not yet executed
+    /// (`begin`).
+    pub(super) begin_bind: Option<super::begin::BeginBind>,
     /// Settings made inside the open transaction: kept if it commits.
     pub(super) settings: Vec<SettingStmt>,
     /// The portal bound to a SET/RESET/DISCARD or transaction-control statement, and its
@@ -67,6 +70,7 @@ impl TxState {
             status,
             opening,
             begin_deferred,
+            begin_bind,
             settings,
             tracked_portal,
             ext_done,
@@ -77,6 +81,7 @@ impl TxState {
         *status == TxStatus::Idle
             && !opening
             && !begin_deferred
+            && begin_bind.is_none()
             && settings.is_empty()
             && tracked_portal.is_none()
             && ext_done.is_empty()

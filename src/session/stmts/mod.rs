@@ -271,7 +271,11 @@ impl Session {
         let mut pending = false;
         for p in self.busy.replies.iter() {
             match &p.fx.client {
-                ClientFx::Named { name: n } | ClientFx::Closed { name: n, .. } if **n == *name => pending = true,
+                ClientFx::Named { name: n } | ClientFx::Closed { name: n, .. } | ClientFx::ParsedAhead { name: n }
+                    if **n == *name =>
+                {
+                    pending = true
+                }
                 ClientFx::ClearedAll { .. } => pending = true,
                 _ if pending && p.req == Req::Sync && !p.is_synth() => return true,
                 _ => {}
@@ -442,6 +446,11 @@ impl Session {
             ClientFx::None => {}
             ClientFx::Named { name } => {
                 self.stmts.named.remove(&name);
+            }
+            ClientFx::ParsedAhead { name } => {
+                if p.failed {
+                    self.stmts.named.remove(&name);
+                }
             }
             ClientFx::Unnamed => {
                 self.stmts.unnamed = Unnamed::None;

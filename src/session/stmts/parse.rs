@@ -128,7 +128,10 @@ impl Session {
             Some(registry.for_parse(&key, StmtKind::Protocol, p.query, p.param_types))
         };
         self.busy.key_buf = key;
-        if srv.is_none() && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx) {
+        if srv.is_none()
+            && !self.parses_ahead(&p, in_failed_tx)
+            && !cached.as_ref().is_some_and(|s| s.is_valid() && !in_failed_tx)
+        {
             return self.need_server(&[]);
         }
         if srv.is_some() && cached.as_ref().is_some_and(|s| self.stmt_pending_across_sync(s)) {
@@ -140,6 +143,18 @@ impl Session {
             Some(stmt) => self.parse_cached(&p, stmt, srv, in_failed_tx, &registry, viewed),
             None => self.parse_plain(frame, srv, None),
         }
+    }
+
+    /// Whether the named Parse `p` is answered here before any server checks it: inside a
+    /// block only a deferred BEGIN opened (no server linked, nothing run in it), where
+    /// waiting for a server can wait for ever. pgbench `-M prepared` prepares each statement
+    /// with a blocking call inside its first transaction, and the servers it would wait for
+    /// may all be held by other clients of its own thread, which cannot move while it waits.
+    /// The server parses the statement ahead of its first use in the block
+    /// (`ensure_on_server`); should it refuse the text, that use gets the error, and the
+    /// block fails there as it would have at the Parse.
+    fn parses_ahead(&self, p: &ParseFields<'_>, in_failed_tx: bool) -> bool {
+        !p.name.is_empty() && !in_failed_tx && self.begin_deferred()
     }
 
     /// What serves an unnamed Parse of the statement `key`: the client's promoted statement,
@@ -217,7 +232,8 @@ impl Session {
         viewed: Option<Viewed>,
     ) -> bool {
         let on_server = srv.as_ref().is_some_and(|s| s.stmts.has(&stmt));
-        let local = !in_failed_tx && (on_server || stmt.is_valid());
+        let ahead = srv.is_none() && self.parses_ahead(p, in_failed_tx);
+        let local = !in_failed_tx && (on_server || stmt.is_valid()) || ahead;
         if !local && srv.is_none() {
             return self.need_server(&[]);
         }
@@ -238,7 +254,9 @@ impl Session {
             ClientFx::Named { name: p.name.into() }
         };
         if local {
-            registry.stats.hits.fetch_add(1, Ordering::Relaxed);
+            if !ahead {
+                registry.stats.hits.fetch_add(1, Ordering::Relaxed);
+            }
             self.note_fresh_parse(&stmt);
             self.push_synth(Synth::ParseComplete, Fx { client: client_fx, ..Fx::default() });
         } else if let Some(srv) = srv
@@ -313,6 +331,9 @@ impl Session {
         if self.stmt_pending_across_sync(&cached) {
             return Resolved::Held;
         }
+        // A name given before any server checked its statement (`parses_ahead`): this is
+        // where a server does.
+        let ahead = !name.is_empty() && !cached.validated.load(Ordering::Relaxed);
         let cached = if cached.stale.load(Ordering::Relaxed) && self.stmts.shape_mismatch.is_none() {
             if self.stmts.described.contains(&cached.id) {
                 // Known stale and the client holds its old description: PostgreSQL's answer,
@@ -332,7 +353,8 @@ impl Session {
             self.statement_error(stale_plan(), Some(srv), false);
             return Resolved::Failed;
         }
-        self.ensure_on_server(srv, &cached, OnReply::Inject, ClientFx::None, name);
+        let client = if ahead { ClientFx::ParsedAhead { name: name.into() } } else { ClientFx::None };
+        self.ensure_on_server(srv, &cached, OnReply::Inject, client, name);
         if self.busy.phase == Phase::Held {
             return Resolved::Held;
         }

@@ -138,7 +138,10 @@ impl Session {
                 return true;
             }
             match &p.fx.client {
-                ClientFx::Named { .. } | ClientFx::Closed { .. } | ClientFx::ClearedAll { .. } => pending = true,
+                ClientFx::Named { .. }
+                | ClientFx::Closed { .. }
+                | ClientFx::ClearedAll { .. }
+                | ClientFx::ParsedAhead { .. } => pending = true,
                 _ if pending && p.req == Req::Sync && !p.is_synth() => return true,
                 _ => {}
             }

@@ -212,14 +212,130 @@ fn a_block_that_ran_nothing_ends_without_a_server() {
     assert_eq!(h.server_out(), vec![query("BEGIN"), query("COMMIT AND CHAIN")]);
 }
 
-/// Inside a deferred block the cache answers the Parse of a statement it knows valid, as
-/// outside one; a Parse that could fail (a name in use, a statement not known valid) takes
-/// a server, whose block the error then fails.
-#[test]
-fn a_parse_the_cache_knows_is_answered_inside_a_deferred_block() {
+fn describe_p() -> Vec<u8> {
+    msg(b'D', b"P\0")
+}
+
+/// A cached session with `defer_begin` that has prepared statement `b` as `BEGIN` (and
+/// been given its ParseComplete).
+fn prepared_begin(sql: &str) -> H {
     let mut h = H::cached();
     h.s.set_defer_begin(true);
-    // An earlier Parse made `UPDATE t SET x = 1` known valid.
+    h.client(parse("b", sql));
+    h.client(sync());
+    h.pump();
+    for m in h.server_out().iter().filter(|f| f[0] == b'P' || f[0] == b'S') {
+        let reply = if m[0] == b'P' { msg(b'1', b"") } else { rfq(b'I') };
+        h.server(reply);
+    }
+    h.actions();
+    client_frames(&mut h);
+    h
+}
+
+/// pgbench `-M prepared`'s BEGIN: Bind of its prepared BEGIN, Describe, Execute, Sync, all
+/// answered without a server; the BEGIN goes ahead of the transaction's first statement.
+#[test]
+fn an_extended_begin_is_answered_without_a_server_and_goes_ahead_of_the_first_statement() {
+    let mut h = prepared_begin("BEGIN");
+    for f in [bind("b"), describe_p(), execute(), sync()] {
+        h.client(f);
+    }
+    assert!(h.actions().is_empty(), "no server taken for the BEGIN");
+    assert!(h.server_out().is_empty());
+    assert_eq!(
+        client_frames(&mut h),
+        vec![msg(b'2', b""), msg(b'n', b""), msg(b'C', b"BEGIN\0"), rfq(b'T')],
+        "PostgreSQL's answers"
+    );
+    assert!(h.s.in_transaction() && h.s.begin_deferred());
+    h.client(query("UPDATE t SET x = 1"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    assert_eq!(h.server_out(), vec![query("BEGIN"), query("UPDATE t SET x = 1")]);
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), msg(b'C', b"UPDATE 1\0"), rfq(b'T')] {
+        h.server(m);
+    }
+    assert_eq!(client_frames(&mut h), vec![msg(b'C', b"UPDATE 1\0"), rfq(b'T')], "the BEGIN's replies hidden");
+    // pgjdbc's way: the BEGIN's Bind/Execute and the first statement in one batch.
+    let mut h = prepared_begin("begin");
+    for f in [bind("b"), execute(), query("SELECT 1")] {
+        h.client(f);
+    }
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    assert_eq!(h.server_out(), vec![query("BEGIN"), query("SELECT 1")]);
+}
+
+/// A message that needs a server between the BEGIN portal's Bind and its Execute: the Bind
+/// goes to the server first (its BindComplete, given already, hidden), and the Execute runs
+/// there, as PostgreSQL would have run it.
+#[test]
+fn a_begin_portal_used_on_a_server_is_bound_there_first() {
+    let mut h = prepared_begin("BEGIN");
+    h.client(bind("b"));
+    assert!(h.actions().is_empty());
+    h.client(close_s("other"));
+    h.client(describe_p());
+    h.client(execute());
+    h.client(sync());
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    let tags = h.server_tags();
+    assert!(tags.ends_with("DES") && tags.contains('B'), "the Bind, then the Describe and Execute: {tags}");
+    assert!(tags.find('B') < tags.find('C').or(tags.find('D')), "the Bind ahead of the Close: {tags}");
+    // The server's answers: any injected Parse, then the Bind, Close, Describe, Execute.
+    for t in tags.bytes() {
+        let reply = match t {
+            b'P' => msg(b'1', b""),
+            b'B' => msg(b'2', b""),
+            b'C' => msg(b'3', b""),
+            b'D' => msg(b'n', b""),
+            b'E' => msg(b'C', b"BEGIN\0"),
+            _ => rfq(b'T'),
+        };
+        h.server(reply);
+    }
+    assert_eq!(
+        client_frames(&mut h),
+        vec![msg(b'2', b""), msg(b'3', b""), msg(b'n', b""), msg(b'C', b"BEGIN\0"), rfq(b'T')],
+        "one BindComplete, in its place"
+    );
+    assert!(h.s.in_transaction() && !h.s.begin_deferred());
+}
+
+/// Only a Bind of the unnamed portal to a bare BEGIN without parameters is answered here;
+/// a Bind not executed before Sync opens nothing.
+#[test]
+fn only_a_bare_extended_begin_is_answered_here() {
+    for sql in ["BEGIN ISOLATION LEVEL SERIALIZABLE", "SELECT 1", "START TRANSACTION READ ONLY"] {
+        let mut h = prepared_begin(sql);
+        h.client(bind("b"));
+        assert_eq!(h.actions(), vec![Action::AcquireServer], "{sql}");
+    }
+    let mut h = prepared_begin("BEGIN");
+    h.client(msg(b'B', b"portal\0b\0\0\0\0\0\0\0"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer], "a named portal");
+    let mut h = prepared_begin("BEGIN");
+    h.client(msg(b'B', b"\0b\0\0\0\0\x01\0\0\0\x01x\0\0"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer], "a parameter");
+    let mut h = prepared_begin("BEGIN");
+    h.client(bind("b"));
+    h.client(sync());
+    assert!(h.actions().is_empty());
+    assert_eq!(client_frames(&mut h), vec![msg(b'2', b""), rfq(b'I')]);
+    assert!(!h.s.in_transaction() && !h.s.begin_deferred());
+    // Turned off: to the server.
+    let mut h = prepared_begin("BEGIN");
+    h.s.set_defer_begin(false);
+    h.client(bind("b"));
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+}
+
+/// Inside a deferred block a named Parse is answered without a server (pgbench `-M
+/// prepared` prepares with a blocking call there); a Parse under a name in use takes a
+/// server, whose block its error then fails.
+#[test]
+fn a_named_parse_is_answered_inside_a_deferred_block() {
+    let mut h = prepared_begin("BEGIN");
+    // Another client's Parse made `UPDATE t SET x = 1` known valid.
     h.client(parse("u0", "UPDATE t SET x = 1"));
     h.client(sync());
     for m in h.server_out().iter().filter(|f| f[0] == b'P' || f[0] == b'S') {
@@ -227,7 +343,9 @@ fn a_parse_the_cache_knows_is_answered_inside_a_deferred_block() {
     }
     h.actions();
     client_frames(&mut h);
-    h.client(query("BEGIN"));
+    for f in [bind("b"), execute(), sync()] {
+        h.client(f);
+    }
     client_frames(&mut h);
     assert!(h.s.begin_deferred());
     h.client(parse("u", "UPDATE t SET x = 1"));
@@ -237,9 +355,51 @@ fn a_parse_the_cache_knows_is_answered_inside_a_deferred_block() {
     h.client(parse("u", "UPDATE t SET x = 2"));
     assert_eq!(h.actions(), vec![Action::AcquireServer], "a name in use: the error fails the server's block");
     assert_eq!(h.server_out()[0], query("BEGIN"));
-    let mut h = H::cached();
-    h.s.set_defer_begin(true);
-    h.client(query("BEGIN"));
+    let mut h = prepared_begin("BEGIN");
+    for f in [bind("b"), execute(), sync()] {
+        h.client(f);
+    }
+    client_frames(&mut h);
     h.client(parse("n", "SELECT 42"));
-    assert_eq!(h.actions(), vec![Action::AcquireServer], "a statement not known valid");
+    h.client(sync());
+    assert!(h.actions().is_empty(), "no server for a statement no server has checked yet");
+    assert_eq!(client_frames(&mut h), vec![msg(b'1', b""), rfq(b'T')]);
+    // Its first use takes a server: the BEGIN, then the statement parsed ahead of the Bind.
+    for f in [bind("n"), execute(), sync()] {
+        h.client(f);
+    }
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    let out = h.server_out();
+    assert_eq!(out[0], query("BEGIN"));
+    let tags: String = out[1..].iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "PBES", "parsed on the server ahead of the client's Bind");
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'T')] {
+        h.server(m);
+    }
+    assert_eq!(client_frames(&mut h), vec![msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'T')]);
+}
+
+/// A named Parse answered inside a deferred block that the server then refuses: its first
+/// use gets the server's error, and the block is failed, as the Parse would have left it.
+#[test]
+fn a_parse_answered_ahead_that_the_server_refuses_fails_its_first_use() {
+    let mut h = prepared_begin("BEGIN");
+    for f in [bind("b"), execute(), sync()] {
+        h.client(f);
+    }
+    client_frames(&mut h);
+    h.client(parse("n", "SELEC 42"));
+    h.client(sync());
+    assert!(h.actions().is_empty());
+    assert_eq!(client_frames(&mut h), vec![msg(b'1', b""), rfq(b'T')]);
+    for f in [bind("n"), execute(), sync()] {
+        h.client(f);
+    }
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    h.server_out();
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), err("42601"), rfq(b'E')] {
+        h.server(m);
+    }
+    assert_eq!(client_frames(&mut h), vec![err("42601"), rfq(b'E')]);
+    assert!(h.s.in_transaction() && !h.s.begin_deferred());
 }
