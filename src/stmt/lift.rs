@@ -217,6 +217,14 @@ impl<'a> Rewrite<'a> {
         self.copied = range.end;
         self.edits.push([ss, self.server_chars, cs, self.client_chars]);
     }
+    /// `with` is sent before the client's byte `at` (at or after what was consumed); returns
+    /// the 0-based character position in the sent text where it starts.
+    pub(crate) fn insert(&mut self, at: usize, with: &[u8]) -> i64 {
+        self.copy_to(at);
+        let starts = self.server_chars;
+        self.replace(at..at, with);
+        starts
+    }
     /// The rewritten text and its edits.
     pub(crate) fn finish(mut self) -> (Vec<u8>, Vec<[i64; 4]>) {
         self.copy_to(self.client.len());

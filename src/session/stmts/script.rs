@@ -10,8 +10,11 @@
 //!   Query's ReadyForQuery (`notify`);
 //! * a `PREPARE` the server must run is sent under the statement's server name;
 //! * an `EXECUTE` (also `EXPLAIN … EXECUTE`, `CREATE TABLE … AS EXECUTE`) names the server's
-//!   statement, which is prepared ahead of the Query if this server lacks it (as for a lone
-//!   `EXECUTE`);
+//!   statement. If this server lacks it, its `PREPARE` is put in the text just before (its
+//!   CommandComplete hidden, an error in it worded and placed as PostgreSQL places it in the
+//!   client's own PREPARE), so that what comes before it runs first, as it would have; a
+//!   statement the client made with a protocol-level Parse is prepared ahead of the Query
+//!   instead (as for a lone `EXECUTE`);
 //! * a statement that must fail as PostgreSQL would fail it (a name already taken, the
 //!   client's limit, a stale plan, an unknown name to `DEALLOCATE`) becomes one the server
 //!   fails, and the rest of the text is dropped (PostgreSQL would not run it): the client
@@ -28,6 +31,7 @@ use super::{char_len, duplicate, missing, stale_plan, too_many};
 use crate::error::{Error, SqlState};
 use crate::protocol::{backend, frontend};
 use crate::session::Session;
+use crate::session::error_text::Rename;
 use crate::session::reply_queue::{ClientFx, Fx, OnReply, Pending, Purpose, Req};
 use crate::state::ServerState;
 use crate::stmt::Statement;
@@ -56,6 +60,9 @@ pub(crate) struct Script {
     uses: Vec<(u16, Arc<Statement>)>,
     /// Server statement names sent, and the client's names for them.
     names: Vec<(Box<str>, Box<str>)>,
+    /// PREPAREs put in the text ahead of an EXECUTE (their ordinals): their CommandComplete
+    /// is not the client's, and an error in one is worded for the client's own PREPARE.
+    inserted: Vec<(u16, Rename)>,
     /// Where the texts differ, in characters: (server start, server end, client start,
     /// client end), in order.
     edits: Vec<[i64; 4]>,
@@ -216,9 +223,40 @@ impl Session {
                         None
                     }
                     Some(stmt) if stmt.stale.load(Ordering::Relaxed) => Some(stale_plan()),
+                    Some(stmt) if stmt.kind == StmtKind::Sql && !srv.stmts.has(&stmt) => {
+                        // PREPAREd in its place, just before (not when an earlier PREPARE of
+                        // this script prepares it: the server has it then).
+                        if let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) {
+                            self.close_on_server(srv, victim, &registry);
+                        }
+                        srv.stmts.insert(&stmt);
+                        let mut head = Vec::with_capacity(stmt.query.len() + stmt.server_name.len() + 16);
+                        head.extend_from_slice(b"PREPARE ");
+                        head.extend_from_slice(stmt.server_name.as_bytes());
+                        head.push(b' ');
+                        head.extend_from_slice(&stmt.query);
+                        // A line comment at the end of the definition ends with the line.
+                        head.extend_from_slice(b"\n;");
+                        let at = t.insert(start, &head);
+                        let mut rename = self.prepare_rename(&stmt, &name);
+                        rename.from += at;
+                        rename.shift -= at;
+                        sc.inserted.push((ordinal, rename));
+                        sc.prepared.push((ordinal, stmt.clone()));
+                        ordinal = ordinal.saturating_add(1);
+                        sc.events.push((ordinal, Event::Prepared(stmt.clone())));
+                        t.replace(span, stmt.server_name.as_bytes());
+                        sc.names.push((stmt.server_name.clone(), String::from_utf8_lossy(&name).into()));
+                        if let Some(run) = self.note_executed(&stmt) {
+                            executed.push((start..r.end, run));
+                        }
+                        sc.uses.push((ordinal, stmt));
+                        ordinal = ordinal.saturating_add(1);
+                        None
+                    }
                     Some(stmt) => {
-                        // Prepared ahead of the Query if this server lacks it (not when an
-                        // earlier PREPARE of this script prepares it: the server has it then).
+                        // A protocol-level statement is prepared ahead of the Query if this
+                        // server lacks it.
                         prepared_ahead |= self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None, &name);
                         t.replace(span, stmt.server_name.as_bytes());
                         sc.names.push((stmt.server_name.clone(), String::from_utf8_lossy(&name).into()));
@@ -369,9 +407,13 @@ impl Session {
         match frame[0] {
             crate::protocol::tags::EMPTY_QUERY_RESPONSE => {}
             crate::protocol::tags::COMMAND_COMPLETE => {
-                self.to_client.extend_from_slice(frame);
-                if let Some(sc) = self.busy.replies.head_mut().and_then(|h| h.fx.script.as_mut()) {
+                let sc = self.busy.replies.head_mut().and_then(|h| h.fx.script.as_mut());
+                let ours = sc.as_ref().is_some_and(|sc| sc.inserted.iter().any(|(n, _)| *n == sc.done));
+                if let Some(sc) = sc {
                     sc.done = sc.done.saturating_add(1);
+                }
+                if !ours {
+                    self.to_client.extend_from_slice(frame);
                 }
                 self.script_catch_up();
             }
@@ -384,8 +426,9 @@ impl Session {
     pub(in crate::session) fn on_script_error(&mut self, frame: &[u8], code: &[u8], srv: &mut ServerState) {
         let Some(sc) = self.busy.replies.head_mut().and_then(|h| h.fx.script.take()) else { return };
         let at = sc.done;
-        match &sc.fail {
-            Some((n, e)) if *n == at && code == b"26000" => e.write_to(&mut self.to_client),
+        match (&sc.fail, sc.inserted.iter().find(|(n, _)| *n == at)) {
+            (Some((n, e)), _) if *n == at && code == b"26000" => e.write_to(&mut self.to_client),
+            (_, Some((_, rename))) => rename.rewrite_error(frame, &mut self.to_client),
             _ => sc.rewrite_error(frame, &mut self.to_client),
         }
         sc.undo_from(at, srv, self.registry());
