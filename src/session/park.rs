@@ -40,8 +40,10 @@ enum ParkedStmts {
     /// promoted statements): the statement and whether the client was told its rows, in
     /// four words.
     Cached(Box<ParkedCached>),
-    /// Named statements and the descriptions given, nothing else (the pgx, asyncpg,
-    /// pgjdbc, `-M prepared` client between transactions): a third of a whole set's box.
+    /// Named statements, the descriptions given and the unnamed statement, if any (boxed
+    /// apart: the pgx, asyncpg, pgjdbc, `-M prepared` client has none; psycopg, which parses
+    /// unnamed below its prepare threshold, has one), nothing else: a third of a whole set's
+    /// box.
     Named(Box<ParkedNamed>),
     Some(Box<ClientStmts>),
 }
@@ -53,6 +55,7 @@ struct ParkedNamed {
     unnamed_seq: u64,
     named: NamedStmts,
     described: IdSet,
+    unnamed: Option<Box<Unnamed>>,
 }
 
 /// See `ParkedStmts::Cached`.
@@ -115,6 +118,10 @@ impl Session {
                 unnamed_seq: std::mem::take(&mut self.stmts.unnamed_seq),
                 named: std::mem::take(&mut self.stmts.named),
                 described: std::mem::take(&mut self.stmts.described),
+                unnamed: match std::mem::take(&mut self.stmts.unnamed) {
+                    Unnamed::None => None,
+                    unnamed => Some(Box::new(unnamed)),
+                },
             }))
         } else if self.stmts.holds_only_unnamed() {
             // With no named statement and no cached unnamed one, the descriptions the
@@ -161,11 +168,12 @@ impl Session {
                 self.stmts.unnamed = Unnamed::Cached(stmt);
             }
             ParkedStmts::Named(n) => {
-                let ParkedNamed { registry, unnamed_seq, named, described } = *n;
+                let ParkedNamed { registry, unnamed_seq, named, described, unnamed } = *n;
                 self.stmts.registry = registry;
                 self.stmts.unnamed_seq = unnamed_seq;
                 self.stmts.named = named;
                 self.stmts.described = described;
+                self.stmts.unnamed = unnamed.map(|u| *u).unwrap_or_default();
             }
             ParkedStmts::Some(b) => {
                 // The blank statements stay as the spare: the next client to park keeps
@@ -240,10 +248,10 @@ impl ClientStmts {
         self.named.is_empty() && self.holds_no_extras()
     }
 
-    /// Nothing but the registry, the Parse sequence, named statements and the descriptions
-    /// given (`ParkedStmts::Named`).
+    /// Nothing but the registry, the Parse sequence, named statements, the descriptions
+    /// given and the unnamed statement (`ParkedStmts::Named`).
     fn holds_only_names(&self) -> bool {
-        !self.named.is_empty() && matches!(self.unnamed, Unnamed::None) && self.holds_no_extras()
+        !self.named.is_empty() && self.holds_no_extras()
     }
 
     /// None of what a set of statements holds beyond the registry, the Parse sequence, the
@@ -257,5 +265,18 @@ impl ClientStmts {
             && self.fresh_in_tx.is_none()
             && self.fresh_sql.is_none()
             && self.listen.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The names' box stays a third of a whole set's: the unnamed statement sits in a box of
+    /// its own when there is one, a word when there is none.
+    #[test]
+    fn the_names_box_holds_the_unnamed_statement_in_a_word() {
+        let named = std::mem::size_of::<super::ParkedNamed>();
+        let whole = std::mem::size_of::<super::ClientStmts>();
+        assert!(named <= 104, "{named} B");
+        assert!(named * 5 / 2 <= whole, "{named} B against a whole set's {whole} B");
     }
 }

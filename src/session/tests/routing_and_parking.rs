@@ -176,6 +176,33 @@ fn an_idle_client_with_named_statements_parks_them_alone() {
     assert_eq!(h.server_tags(), "BES");
 }
 
+/// A client that holds an unnamed statement beside its named ones (psycopg, which parses
+/// unnamed until a text reaches its prepare threshold) parks them in the names' box too,
+/// and gets both back: the unnamed one is parsed again on a server that lacks it.
+#[test]
+fn an_idle_client_with_named_and_unnamed_statements_parks_them_in_one_small_box() {
+    let mut h = H::cached();
+    let p = parse_describe_park(&mut h, "s1");
+    h.s.unpark(p);
+    for f in [parse("", "select 2 as b"), bind(""), execute(), sync()] {
+        h.client(f);
+    }
+    assert_eq!(h.server_tags(), "PBES");
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'I')] {
+        h.server(m);
+    }
+    assert_eq!(h.client_out(), "12CZ");
+    let p = h.s.park().expect("at rest");
+    assert!(Session::parked_names_only(&p), "not a whole set of statements");
+    h.s.unpark(p);
+    assert_eq!(h.s.prepared_count(), 1);
+    h.srv = ServerState::default();
+    for f in [bind(""), execute(), sync()] {
+        h.client(f);
+    }
+    assert_eq!(h.server_tags(), "PBES", "the unnamed statement came back, parsed again here");
+}
+
 /// A client of unnamed statements only (TPC-B through `-M extended`: a few texts in turn)
 /// is told the rows of each; parked (as the harness parks it at each ReadyForQuery, and
 /// here once more), it keeps the description of its last one only: it can name no other
