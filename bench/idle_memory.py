@@ -2,10 +2,12 @@
 """Memory per idle client: log N clients in through parsnip, run one query each, leave
 them idle, and divide parsnip's RSS growth by N (DESIGN.md budget: <= 1.5 KiB).
 
-Usage: bench/idle_memory.py [--clients 8000] [--prepared] [--no-build] [--pg-bin DIR]
+Usage: bench/idle_memory.py [--clients 8000] [--prepared | --mixed] [--no-build] [--pg-bin DIR]
                             [--pgbouncer-bin PATH]
 --prepared: each client prepares a named statement and executes it (extended protocol, as
 pgx, asyncpg or pgjdbc do) instead of one simple Query, and keeps it while idle.
+--mixed: as --prepared, then runs another text as an unnamed statement (as psycopg does
+below its prepare threshold), and keeps both while idle.
 Starts its own throwaway PostgreSQL via `parsnip --embedded` (trust auth), so it needs
 only the release binary (cargo build --release) and PostgreSQL's binaries.
 --pgbouncer-bin: side by side in one run instead: a throwaway cluster of the benchmark's
@@ -46,6 +48,11 @@ def msg(kind, body):
 # Parse "s1", Bind it with one text parameter, Describe the portal, Execute, Sync.
 EXTENDED = (msg(b"P", b"s1\0select $1::int + 1\0\0\0") + msg(b"B", b"\0s1\0\0\0\0\1" + struct.pack("!I", 2) + b"41\0\0")
             + msg(b"D", b"P\0") + msg(b"E", b"\0" + struct.pack("!I", 0)) + msg(b"S", b""))
+# --mixed: then Parse an unnamed statement, Bind, Describe, Execute, Sync.
+UNNAMED = (msg(b"P", b"\0select $1::int * 2\0\0\0") + msg(b"B", b"\0\0\0\0\0\1" + struct.pack("!I", 2) + b"21\0\0")
+           + msg(b"D", b"P\0") + msg(b"E", b"\0" + struct.pack("!I", 0)) + msg(b"S", b""))
+# What "prepared" clients send, and what the report calls them.
+PREPARED = {"msgs": EXTENDED, "kind": "prepared-statement"}
 
 
 async def client(port, conns, prepared=False, db=b"postgres"):
@@ -53,8 +60,10 @@ async def client(port, conns, prepared=False, db=b"postgres"):
     params = b"user\0postgres\0database\0" + db + b"\0\0"
     writer.write(struct.pack("!II", 8 + len(params), 196608) + params)
     await read_until_ready(reader)
-    writer.write(EXTENDED if prepared else msg(b"Q", b"select 1\0"))
+    writer.write(PREPARED["msgs"] if prepared else msg(b"Q", b"select 1\0"))
     await read_until_ready(reader)
+    if prepared and PREPARED["msgs"] is not EXTENDED:
+        await read_until_ready(reader)
     conns.append(writer)
 
 
@@ -90,7 +99,7 @@ def report(name: str, clients: int, prepared: bool, rss: tuple) -> float:
     first = clients // 3
     per = (after - base) / clients
     marginal = (after - mid) / (clients - first)
-    kind = "prepared-statement" if prepared else "simple-Query"
+    kind = PREPARED["kind"] if prepared else "simple-Query"
     print(f"idle-memory: {name}: {clients} idle {kind} clients, RSS {base/1024:.1f} -> {mid/1024:.1f} "
           f"({first} clients) -> {after/1024:.1f} MiB; {per:.2f} KiB per idle client overall, "
           f"{marginal:.2f} KiB per additional idle client (clients {first + 1}..{clients})", flush=True)
@@ -147,12 +156,16 @@ async def main():
     ap.add_argument("--clients", type=int, default=8000)
     ap.add_argument("--prepared", action="store_true", help="clients prepare and execute a named statement "
                     "(extended protocol) instead of one simple Query")
+    ap.add_argument("--mixed", action="store_true", help="as --prepared, and an unnamed statement beside it")
     ap.add_argument("--no-build", action="store_true", help="use target/release/parsnip as it is")
     ap.add_argument("--pg-bin", metavar="DIR", help="PostgreSQL bin dir of the embedded cluster (default: as"
                     " parsnip finds it: $PARSNIP_PG_BIN, pg_config --bindir, the newest /usr/lib/postgresql/*/bin)")
     ap.add_argument("--pgbouncer-bin", metavar="PATH", help="also measure this PgBouncer (e.g. 1.25 from "
                     "bench/build_pgbouncer.sh), side by side with parsnip in front of one throwaway cluster")
     a = ap.parse_args()
+    if a.mixed:
+        PREPARED.update(msgs=EXTENDED + UNNAMED, kind="named-and-unnamed-statement")
+        a.prepared = True
     await (side_by_side(a) if a.pgbouncer_bin else embedded(a))
 
 
