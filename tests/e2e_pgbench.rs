@@ -725,14 +725,24 @@ async fn server_parses_each_statement_once_per_server_connection() {
         .await;
         eprintln!("{}", parsnip_plain.summary());
 
-        // The classification works: every run parsed exactly the script's 7 statements.
-        for r in [&direct_ext, &direct_prep, &parsnip_prep, &parsnip_promo, &parsnip_plain] {
+        // The classification works: every run parsed exactly the script's 7 statements, but
+        // for `-M extended` through parsnip, whose unnamed `BEGIN;` parsnip answers itself
+        // (`defer_begin`) and sends as its own simple-Query BEGIN ahead of the transaction's
+        // first statement (counted below): never parsed as the client wrote it.
+        for r in [&direct_ext, &direct_prep, &parsnip_prep] {
             assert_eq!(r.distinct_script().len(), TPCB_STATEMENTS.len(), "distinct statements\n{}", r.detail());
         }
+        for r in [&parsnip_promo, &parsnip_plain] {
+            let distinct = r.distinct_script();
+            assert_eq!(distinct.len(), TPCB_STATEMENTS.len() - 1, "distinct statements\n{}", r.detail());
+            assert!(!distinct.iter().any(|t| t.starts_with("BEGIN")), "BEGIN; parsed\n{}", r.detail());
+        }
 
-        // Without a cache, PostgreSQL parses every execution.
+        // Without a cache, PostgreSQL parses every execution (through parsnip, all but the
+        // BEGIN it answered).
         assert!(direct_ext.script() >= txns * stmts, "direct -M extended parses\n{}", direct_ext.detail());
-        assert!(parsnip_plain.script() >= txns * stmts, "parsnip without promotion\n{}", parsnip_plain.detail());
+        let unbegun = txns * (stmts - 1);
+        assert!(parsnip_plain.script() >= unbegun, "parsnip without promotion\n{}", parsnip_plain.detail());
         // Directly, -M prepared parses each statement once per client connection.
         assert_eq!(direct_prep.script(), CLIENTS * stmts, "direct -M prepared parses\n{}", direct_prep.detail());
 

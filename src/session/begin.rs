@@ -31,6 +31,7 @@
 
 use super::reply_queue::{OnReply, Purpose, Req};
 use super::settings::{TxStmt, bare_tx_stmt, maybe_tx_end, maybe_tx_start};
+use super::stmts::Unnamed;
 use super::{Link, Phase, Session};
 use crate::config::PoolMode;
 use crate::error::{Error, SqlState};
@@ -48,11 +49,24 @@ const BEGIN_TAIL_MAX: usize = 16;
 /// binding it on a server needs (`Session::bind_begin_on_server`).
 #[derive(Debug)]
 pub(super) struct BeginBind {
-    /// The statement it was bound to (its name is looked up again when it is needed).
-    stmt: Arc<Statement>,
+    /// The named statement it was bound to (its name is looked up again when it is
+    /// needed); None: the client's unnamed statement, a `BEGIN` answered here
+    /// (`parse_begin_here`).
+    stmt: Option<Arc<Statement>>,
     /// The Bind's body after the portal and statement names.
     tail: [u8; BEGIN_TAIL_MAX],
     tail_len: u8,
+}
+
+/// A statement text that is a bare `BEGIN` (no transaction modes).
+fn is_bare_begin(sql: &[u8]) -> bool {
+    bare_tx_stmt(sql) == Some(TxStmt::Begin) && maybe_tx_start(sql)
+}
+
+/// A Parse frame of the unnamed statement as a bare `BEGIN`, with no parameter types.
+fn parse_of_bare_begin(frame: &[u8]) -> bool {
+    frontend::parse_fields(body(frame))
+        .is_some_and(|p| p.name.is_empty() && p.param_types.is_empty() && is_bare_begin(p.query))
 }
 
 /// Fails the server's block for a deferred block the client saw fail; its error is hidden.
@@ -173,6 +187,31 @@ impl Session {
         }
     }
 
+    /// A Parse of the unnamed statement as a bare `BEGIN`, no parameter types, with no server
+    /// and nothing open (pgbench `-M extended`): answered here (ParseComplete) and kept as
+    /// the client's unnamed statement, which a server parses again when anything needs it
+    /// there (`resolve`); a Bind and Execute of it that follow are answered here too. True
+    /// then.
+    pub(super) fn parse_begin_here(&mut self, frame: &[u8]) -> bool {
+        if !self.may_defer_begin() || self.stmts.registry.is_none() || !parse_of_bare_begin(frame) {
+            return false;
+        }
+        match &self.stmts.unnamed {
+            // The same text as before: a server that still holds it as this client's
+            // unnamed statement holds what PostgreSQL would have parsed now.
+            Unnamed::Plain { frame: f, .. } if f.as_slice() == frame => {}
+            _ => {
+                self.stmts.unnamed_seq += 1;
+                let seq = self.stmts.unnamed_seq;
+                self.stmts.unnamed =
+                    Unnamed::Plain { frame: frame.to_vec(), seq, measure: None, shape: None, stale: false };
+            }
+        }
+        self.stmts.as_sent_next = None;
+        backend::empty(&mut self.to_client, tags::PARSE_COMPLETE);
+        true
+    }
+
     /// A Bind of the unnamed portal to the client's statement `BEGIN`, no parameters, with
     /// no server and nothing open: answered here (BindComplete), the portal kept. True then.
     fn bind_begin_here(&mut self, frame: &[u8]) -> bool {
@@ -181,7 +220,7 @@ impl Session {
         }
         let b = body(frame);
         let Some((portal, name, at)) = frontend::bind_names(b) else { return false };
-        if !portal.is_empty() || name.is_empty() {
+        if !portal.is_empty() {
             return false;
         }
         let tail = &b[at..];
@@ -193,13 +232,21 @@ impl Session {
         if u16_at(2 + 2 * formats) != Some(0) || tail.len() > BEGIN_TAIL_MAX {
             return false;
         }
-        let Some(stmt) = self.stmts.named.get(name) else { return false };
-        if bare_tx_stmt(&stmt.query) != Some(TxStmt::Begin) || !maybe_tx_start(&stmt.query) {
-            return false;
-        }
+        let stmt = if name.is_empty() {
+            match &self.stmts.unnamed {
+                Unnamed::Plain { frame, .. } if parse_of_bare_begin(frame) => None,
+                _ => return false,
+            }
+        } else {
+            let Some(stmt) = self.stmts.named.get(name) else { return false };
+            if !is_bare_begin(&stmt.query) {
+                return false;
+            }
+            Some(stmt.clone())
+        };
         let mut kept = [0u8; BEGIN_TAIL_MAX];
         kept[..tail.len()].copy_from_slice(tail);
-        self.busy.tx.begin_bind = Some(BeginBind { stmt: stmt.clone(), tail: kept, tail_len: tail.len() as u8 });
+        self.busy.tx.begin_bind = Some(BeginBind { stmt, tail: kept, tail_len: tail.len() as u8 });
         backend::empty(&mut self.to_client, tags::BIND_COMPLETE);
         true
     }
@@ -210,7 +257,10 @@ impl Session {
     /// the frame is fed again, and this with it.
     fn bind_begin_on_server(&mut self, srv: &mut ServerState) -> bool {
         let Some(b) = self.busy.tx.begin_bind.take() else { return true };
-        let name = self.stmts.named.iter().find(|(_, n)| Arc::ptr_eq(&n.stmt, &b.stmt)).map(|(n, _)| n.to_vec());
+        let name = match &b.stmt {
+            None => Some(Vec::new()),
+            Some(stmt) => self.stmts.named.iter().find(|(_, n)| Arc::ptr_eq(&n.stmt, stmt)).map(|(n, _)| n.to_vec()),
+        };
         let Some(name) = name else {
             // Every message that could have closed or replaced it came through here first.
             self.fail(Error::fatal(SqlState::INTERNAL_ERROR, "parsnip lost the statement of a BEGIN portal"));

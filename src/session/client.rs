@@ -145,6 +145,9 @@ impl Session {
         {
             return consumed;
         }
+        if tag == tags::PARSE && self.parse_begin_here(frame) {
+            return true;
+        }
         // The SQL is looked at once per frame: a frame that waits for a server is fed
         // again once linked and looked at then (a Parse the cache may answer without a
         // server is looked at now); the Parse an autoprepared Query becomes is not looked

@@ -403,3 +403,51 @@ fn a_parse_answered_ahead_that_the_server_refuses_fails_its_first_use() {
     assert_eq!(client_frames(&mut h), vec![err("42601"), rfq(b'E')]);
     assert!(h.s.in_transaction() && !h.s.begin_deferred());
 }
+
+/// pgbench `-M extended`'s BEGIN: a Parse of the unnamed statement, its Bind, Execute and
+/// Sync, all answered without a server; the BEGIN goes ahead of the transaction's first
+/// statement, and the unnamed statement is parsed on a server only when it is used there.
+#[test]
+fn an_unnamed_extended_begin_is_answered_without_a_server() {
+    let mut h = H::cached();
+    h.s.set_defer_begin(true);
+    for f in [parse("", "BEGIN;"), bind(""), describe_p(), execute(), sync()] {
+        h.client(f);
+    }
+    assert!(h.actions().is_empty(), "no server taken for the BEGIN");
+    assert!(h.server_out().is_empty());
+    assert_eq!(
+        client_frames(&mut h),
+        vec![msg(b'1', b""), msg(b'2', b""), msg(b'n', b""), msg(b'C', b"BEGIN\0"), rfq(b'T')],
+        "PostgreSQL's answers"
+    );
+    assert!(h.s.in_transaction() && h.s.begin_deferred());
+    for f in [parse("", "UPDATE t SET x = 1"), bind(""), execute(), sync()] {
+        h.client(f);
+    }
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    let out = h.server_out();
+    assert_eq!(out[0], query("BEGIN"));
+    let tags: String = out[1..].iter().map(|f| f[0] as char).collect();
+    assert_eq!(tags, "PBES", "the client's batch, after the BEGIN");
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"UPDATE 1\0"), rfq(b'T')] {
+        h.server(m);
+    }
+    assert_eq!(client_frames(&mut h), vec![msg(b'1', b""), msg(b'2', b""), msg(b'C', b"UPDATE 1\0"), rfq(b'T')]);
+    // A BEGIN parsed here, then described: the server parses it first, as the client's.
+    let mut h = H::cached();
+    h.s.set_defer_begin(true);
+    h.client(parse("", "begin"));
+    assert!(h.actions().is_empty());
+    h.client(msg(b'D', b"S\0"));
+    h.client(sync());
+    assert_eq!(h.actions(), vec![Action::AcquireServer]);
+    assert_eq!(h.server_tags(), "PDS");
+    // A BEGIN with transaction modes, or parameter types: the server's.
+    for sql in ["BEGIN ISOLATION LEVEL SERIALIZABLE", "BEGIN; SELECT 1"] {
+        let mut h = H::cached();
+        h.s.set_defer_begin(true);
+        h.client(parse("", sql));
+        assert_eq!(h.actions(), vec![Action::AcquireServer], "{sql}");
+    }
+}
