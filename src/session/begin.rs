@@ -10,9 +10,11 @@
 //! A block ended before anything ran in it (BEGIN, then COMMIT or ROLLBACK) needs no
 //! server at all: its end is answered here too.
 //!
-//! The extended protocol's BEGIN (pgbench `-M prepared`, pgjdbc: a Bind of the unnamed
-//! portal to the client's named statement `BEGIN`, maybe a Describe of the portal, its
-//! Execute, then Sync or the transaction's first statement) is answered the same way:
+//! The extended protocol's BEGIN (a Bind of the unnamed portal to the client's named
+//! statement `BEGIN`, as pgbench `-M prepared` sends it, or to its unnamed statement just
+//! parsed as one, whose ParseComplete comes from here too, as pgbench `-M extended` sends
+//! it; maybe a Describe of the portal, its Execute, then Sync or the transaction's first
+//! statement) is answered the same way:
 //! BindComplete, NoData and `BEGIN` from here, as PostgreSQL answers them. Until its Execute
 //! the bound portal is kept as what binding it again needs (`BeginBind`): should any other
 //! message come first that needs a server (a Parse, a Describe of a statement, a Close), the
