@@ -223,41 +223,34 @@ impl Session {
                         None
                     }
                     Some(stmt) if stmt.stale.load(Ordering::Relaxed) => Some(stale_plan()),
-                    Some(stmt) if stmt.kind == StmtKind::Sql && !srv.stmts.has(&stmt) => {
-                        // PREPAREd in its place, just before (not when an earlier PREPARE of
-                        // this script prepares it: the server has it then).
-                        if let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) {
-                            self.close_on_server(srv, victim, &registry);
-                        }
-                        srv.stmts.insert(&stmt);
-                        let mut head = Vec::with_capacity(stmt.query.len() + stmt.server_name.len() + 16);
-                        head.extend_from_slice(b"PREPARE ");
-                        head.extend_from_slice(stmt.server_name.as_bytes());
-                        head.push(b' ');
-                        head.extend_from_slice(&stmt.query);
-                        // A line comment at the end of the definition ends with the line.
-                        head.extend_from_slice(b"\n;");
-                        let at = t.insert(start, &head);
-                        let mut rename = self.prepare_rename(&stmt, &name);
-                        rename.from += at;
-                        rename.shift -= at;
-                        sc.inserted.push((ordinal, rename));
-                        sc.prepared.push((ordinal, stmt.clone()));
-                        ordinal = ordinal.saturating_add(1);
-                        sc.events.push((ordinal, Event::Prepared(stmt.clone())));
-                        t.replace(span, stmt.server_name.as_bytes());
-                        sc.names.push((stmt.server_name.clone(), String::from_utf8_lossy(&name).into()));
-                        if let Some(run) = self.note_executed(&stmt) {
-                            executed.push((start..r.end, run));
-                        }
-                        sc.uses.push((ordinal, stmt));
-                        ordinal = ordinal.saturating_add(1);
-                        None
-                    }
                     Some(stmt) => {
-                        // A protocol-level statement is prepared ahead of the Query if this
-                        // server lacks it.
-                        prepared_ahead |= self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None, &name);
+                        if stmt.kind == StmtKind::Sql && !srv.stmts.has(&stmt) {
+                            // PREPAREd in its place, just before (not when an earlier PREPARE
+                            // of this script prepares it: the server has it then).
+                            if let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) {
+                                self.close_on_server(srv, victim, &registry);
+                            }
+                            srv.stmts.insert(&stmt);
+                            let mut head = Vec::with_capacity(stmt.query.len() + stmt.server_name.len() + 16);
+                            head.extend_from_slice(b"PREPARE ");
+                            head.extend_from_slice(stmt.server_name.as_bytes());
+                            head.push(b' ');
+                            head.extend_from_slice(&stmt.query);
+                            // A line comment at the end of the definition ends with the line.
+                            head.extend_from_slice(b"\n;");
+                            let at = t.insert(start, &head);
+                            let mut rename = self.prepare_rename(&stmt, &name);
+                            rename.from += at;
+                            rename.shift -= at;
+                            sc.inserted.push((ordinal, rename));
+                            sc.prepared.push((ordinal, stmt.clone()));
+                            ordinal = ordinal.saturating_add(1);
+                            sc.events.push((ordinal, Event::Prepared(stmt.clone())));
+                        } else {
+                            // A protocol-level statement is prepared ahead of the Query if
+                            // this server lacks it.
+                            prepared_ahead |= self.ensure_on_server(srv, &stmt, OnReply::Inject, ClientFx::None, &name);
+                        }
                         t.replace(span, stmt.server_name.as_bytes());
                         sc.names.push((stmt.server_name.clone(), String::from_utf8_lossy(&name).into()));
                         if let Some(run) = self.note_executed(&stmt) {

@@ -368,15 +368,21 @@ fn a_named_parse_is_answered_inside_a_deferred_block() {
     for f in [bind("n"), execute(), sync()] {
         h.client(f);
     }
+    assert_eq!(begin_then(&mut h, b"SELECT 1\0"), "PBES", "parsed on the server ahead of the client's Bind");
+    assert_eq!(client_frames(&mut h), vec![msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'T')]);
+}
+
+/// A deferred block's first batch that needs a server (a Parse, Bind, Execute, Sync): the
+/// server gets the BEGIN first, then the batch, whose tags are returned; it answers both, the
+/// batch's Execute with the CommandComplete `tag`.
+fn begin_then(h: &mut H, tag: &[u8]) -> String {
     assert_eq!(h.actions(), vec![Action::AcquireServer]);
     let out = h.server_out();
     assert_eq!(out[0], query("BEGIN"));
-    let tags: String = out[1..].iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "PBES", "parsed on the server ahead of the client's Bind");
-    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'T')] {
+    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), msg(b'1', b""), msg(b'2', b""), msg(b'C', tag), rfq(b'T')] {
         h.server(m);
     }
-    assert_eq!(client_frames(&mut h), vec![msg(b'2', b""), msg(b'C', b"SELECT 1\0"), rfq(b'T')]);
+    out[1..].iter().map(|f| f[0] as char).collect()
 }
 
 /// A named Parse answered inside a deferred block that the server then refuses: its first
@@ -425,14 +431,7 @@ fn an_unnamed_extended_begin_is_answered_without_a_server() {
     for f in [parse("", "UPDATE t SET x = 1"), bind(""), execute(), sync()] {
         h.client(f);
     }
-    assert_eq!(h.actions(), vec![Action::AcquireServer]);
-    let out = h.server_out();
-    assert_eq!(out[0], query("BEGIN"));
-    let tags: String = out[1..].iter().map(|f| f[0] as char).collect();
-    assert_eq!(tags, "PBES", "the client's batch, after the BEGIN");
-    for m in [msg(b'C', b"BEGIN\0"), rfq(b'T'), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"UPDATE 1\0"), rfq(b'T')] {
-        h.server(m);
-    }
+    assert_eq!(begin_then(&mut h, b"UPDATE 1\0"), "PBES", "the client's batch, after the BEGIN");
     assert_eq!(client_frames(&mut h), vec![msg(b'1', b""), msg(b'2', b""), msg(b'C', b"UPDATE 1\0"), rfq(b'T')]);
     // A BEGIN parsed here, then described: the server parses it first, as the client's.
     let mut h = H::cached();
