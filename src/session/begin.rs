@@ -79,20 +79,7 @@ impl Session {
     /// A simple Query from a client with no server: if it is a lone BEGIN the session may
     /// answer (see the module), it is answered; true then.
     pub(super) fn on_lone_begin(&mut self, frame: &[u8]) -> bool {
-        if !self.kept.defer_begin
-            || self.kept.mode != PoolMode::Transaction
-            || self.link != Link::Unlinked
-            || self.busy.phase != Phase::Ready
-            || self.busy.tx.status != TxStatus::Idle
-            || self.busy.tx.opening
-            || !self.busy.replies.is_empty()
-            || self.busy.replies.is_unsynced()
-            || self.autoprep_feeding()
-        {
-            return false;
-        }
-        let begin = self.query_text_of(frame).filter(|t| maybe_tx_start(t)).and_then(bare_tx_stmt);
-        if begin != Some(TxStmt::Begin) {
+        if !self.may_defer_begin() || !self.query_text_of(frame).is_some_and(is_bare_begin) {
             return false;
         }
         self.answered_here(Some("BEGIN"), TxStatus::InBlock);

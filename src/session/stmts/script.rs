@@ -195,18 +195,9 @@ impl Session {
                             t.replace(start..r.end, b"");
                             sc.events.push((ordinal, Event::Tag("PREPARE")));
                         } else {
-                            if let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) {
-                                self.close_on_server(srv, victim, &registry);
-                            }
-                            srv.stmts.insert(&stmt);
-                            sc.prepared.push((ordinal, stmt.clone()));
-                            let mut head = b"PREPARE ".to_vec();
-                            head.extend_from_slice(stmt.server_name.as_bytes());
-                            head.push(b' ');
+                            let head = self.prepare_in_script(srv, &stmt, &mut sc, &mut ordinal);
                             t.replace(start..rest, &head);
                             sc.names.push((stmt.server_name.clone(), String::from_utf8_lossy(&name).into()));
-                            ordinal = ordinal.saturating_add(1);
-                            sc.events.push((ordinal, Event::Prepared(stmt.clone())));
                         }
                         let whole = shown.get_or_insert_with(|| Arc::from(text)).clone();
                         // PostgreSQL's positions count from the start of the whole Query.
@@ -227,25 +218,16 @@ impl Session {
                         if stmt.kind == StmtKind::Sql && !srv.stmts.has(&stmt) {
                             // PREPAREd in its place, just before (not when an earlier PREPARE
                             // of this script prepares it: the server has it then).
-                            if let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) {
-                                self.close_on_server(srv, victim, &registry);
-                            }
-                            srv.stmts.insert(&stmt);
-                            let mut head = Vec::with_capacity(stmt.query.len() + stmt.server_name.len() + 16);
-                            head.extend_from_slice(b"PREPARE ");
-                            head.extend_from_slice(stmt.server_name.as_bytes());
-                            head.push(b' ');
-                            head.extend_from_slice(&stmt.query);
+                            let prepared_at = ordinal;
+                            let mut sql = self.prepare_in_script(srv, &stmt, &mut sc, &mut ordinal);
+                            sql.extend_from_slice(&stmt.query);
                             // A line comment at the end of the definition ends with the line.
-                            head.extend_from_slice(b"\n;");
-                            let at = t.insert(start, &head);
+                            sql.extend_from_slice(b"\n;");
+                            let at = t.insert(start, &sql);
                             let mut rename = self.prepare_rename(&stmt, &name);
                             rename.from += at;
                             rename.shift -= at;
-                            sc.inserted.push((ordinal, rename));
-                            sc.prepared.push((ordinal, stmt.clone()));
-                            ordinal = ordinal.saturating_add(1);
-                            sc.events.push((ordinal, Event::Prepared(stmt.clone())));
+                            sc.inserted.push((prepared_at, rename));
                         } else {
                             // A protocol-level statement is prepared ahead of the Query if
                             // this server lacks it.
@@ -315,6 +297,32 @@ impl Session {
         self.busy.tx.note_start(runs);
         self.send_script(runs, &sql, sc);
         true
+    }
+
+    /// `stmt` is PREPAREd on this server at `ordinal` of the script `sc` (which moves past
+    /// it): room made for it, recorded as on the server (undone should the script stop
+    /// before it), validated once it completes. Returns the head of its text, `PREPARE
+    /// <server name> `, with room for the definition.
+    fn prepare_in_script(
+        &mut self,
+        srv: &mut ServerState,
+        stmt: &Arc<Statement>,
+        sc: &mut Script,
+        ordinal: &mut u16,
+    ) -> Vec<u8> {
+        let registry = self.registry().clone();
+        if let Some(victim) = srv.stmts.evict_candidate(registry.cfg.server_cap) {
+            self.close_on_server(srv, victim, &registry);
+        }
+        srv.stmts.insert(stmt);
+        sc.prepared.push((*ordinal, stmt.clone()));
+        *ordinal = ordinal.saturating_add(1);
+        sc.events.push((*ordinal, Event::Prepared(stmt.clone())));
+        let mut head = Vec::with_capacity(stmt.query.len() + stmt.server_name.len() + 16);
+        head.extend_from_slice(b"PREPARE ");
+        head.extend_from_slice(stmt.server_name.as_bytes());
+        head.push(b' ');
+        head
     }
 
     /// Why a script cannot be rewritten safely, if it cannot: its statements would not be

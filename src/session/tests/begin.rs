@@ -233,6 +233,18 @@ fn prepared_begin(sql: &str) -> H {
     h
 }
 
+/// A session inside a block its prepared BEGIN opened, answered here (see below); the
+/// client has read the answers.
+fn in_a_block_of_a_prepared_begin() -> H {
+    let mut h = prepared_begin("BEGIN");
+    for f in [bind("b"), execute(), sync()] {
+        h.client(f);
+    }
+    client_frames(&mut h);
+    assert!(h.s.begin_deferred());
+    h
+}
+
 /// pgbench `-M prepared`'s BEGIN: Bind of its prepared BEGIN, Describe, Execute, Sync, all
 /// answered without a server; the BEGIN goes ahead of the transaction's first statement.
 #[test]
@@ -355,11 +367,7 @@ fn a_named_parse_is_answered_inside_a_deferred_block() {
     h.client(parse("u", "UPDATE t SET x = 2"));
     assert_eq!(h.actions(), vec![Action::AcquireServer], "a name in use: the error fails the server's block");
     assert_eq!(h.server_out()[0], query("BEGIN"));
-    let mut h = prepared_begin("BEGIN");
-    for f in [bind("b"), execute(), sync()] {
-        h.client(f);
-    }
-    client_frames(&mut h);
+    let mut h = in_a_block_of_a_prepared_begin();
     h.client(parse("n", "SELECT 42"));
     h.client(sync());
     assert!(h.actions().is_empty(), "no server for a statement no server has checked yet");
@@ -389,11 +397,7 @@ fn begin_then(h: &mut H, tag: &[u8]) -> String {
 /// use gets the server's error, and the block is failed, as the Parse would have left it.
 #[test]
 fn a_parse_answered_ahead_that_the_server_refuses_fails_its_first_use() {
-    let mut h = prepared_begin("BEGIN");
-    for f in [bind("b"), execute(), sync()] {
-        h.client(f);
-    }
-    client_frames(&mut h);
+    let mut h = in_a_block_of_a_prepared_begin();
     h.client(parse("n", "SELEC 42"));
     h.client(sync());
     assert!(h.actions().is_empty());
