@@ -52,6 +52,7 @@ scenarios! {
         autoprepare_grammar_constants,
         autoprepare_syntax_errors,
         autoprepare_writes_in_blocks_follow_ddl,
+        reads_in_blocks_follow_ddl,
     ],
     named => [
         named_one_batch,

@@ -199,6 +199,9 @@ impl Session {
     }
 
     pub(super) fn on_client_linked(&mut self, frame: &[u8], srv: &mut ServerState) -> bool {
+        if self.hold_behind_guard() {
+            return false;
+        }
         // The frames an autoprepared plain read becomes are that read's.
         if self.busy.wants_reads && !self.autoprep_feeding() && !self.is_read_batch(frame) {
             if self.link.state().is_some_and(|l| l.on_reads) {
@@ -346,11 +349,15 @@ impl Session {
     }
 
     /// Keeps the frame in the batch a transparent retry replays: outside transactions, and
-    /// inside one from where a savepoint guard may be needed (`stmts::guard`). True if kept.
+    /// inside one from where a savepoint guard may be needed (`stmts::guard`), or from the
+    /// Parse of an autoprepared Query there (its replay starts at its Parse: the unnamed
+    /// statement it made is gone after its Sync). True if kept.
     fn record_for_retry(&mut self, frame: &[u8]) -> bool {
         let record = (self.busy.tx.status == TxStatus::Idle
             || (self.busy.tx.status == TxStatus::InBlock
-                && (self.stmts.fresh_in_tx.is_some() || !self.busy.retry.batch.is_empty())))
+                && (self.stmts.fresh_in_tx.is_some()
+                    || !self.busy.retry.batch.is_empty()
+                    || self.busy.retry.autoprep.is_some())))
             && matches!(frame[0], tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE | tags::SYNC);
         if record {
             self.busy.retry.record(frame);

@@ -98,6 +98,8 @@ impl Session {
         self.release_held();
         // Portals end with their transaction: none is left to describe.
         self.stmts.forget_portals();
+        // Nothing is in flight at rest.
+        self.stmts.guard_in_flight = false;
         // What the last link was (a read pool's) is set afresh at the next one.
         self.busy.wants_reads = false;
         self.busy.tx_since = None;
@@ -265,6 +267,7 @@ impl ClientStmts {
             && self.fresh_in_tx.is_none()
             && self.fresh_sql.is_none()
             && self.listen.is_none()
+            && !self.pipelines_in_block
     }
 }
 

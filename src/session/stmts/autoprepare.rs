@@ -170,7 +170,7 @@ impl Session {
         // Parse carries them.
         let fresh: Option<(Lifted, Vec<u8>)>;
         let origin = if memo.find(text, escapes_everywhere) {
-            if self.busy.tx.status == TxStatus::InBlock && !self.serves_in_block(memo) {
+            if self.busy.tx.status == TxStatus::InBlock && !self.serves_in_block_lifted(memo) {
                 // The cache would not serve it here: the Query costs less as it is.
                 return false;
             }
@@ -216,13 +216,13 @@ impl Session {
     }
 
     /// Inside a transaction block, whether the cache may serve the lifted text of
-    /// `memo.templates[0]` (`guard::serves_in_block`): unless the registry holds its
-    /// statement and it needs a guard there, the batch is worth feeding. Not yet promoted,
-    /// it is a sighting towards that. (Asked before `bind_fast`, whose own lookup then
-    /// finds the statement this one kept.)
-    fn serves_in_block(&mut self, memo: &mut Memo) -> bool {
+    /// `memo.templates[0]` (`guard`'s `serves_in_block`): unless the registry holds its
+    /// statement and it may not serve it there, the batch is worth feeding. Not yet
+    /// promoted, it is a sighting towards that. (Asked before `bind_fast`, whose own lookup
+    /// then finds the statement this one kept.)
+    fn serves_in_block_lifted(&mut self, memo: &mut Memo) -> bool {
         let Some(registry) = self.stmts.registry.clone() else { return false };
-        self.known_statement(memo, &registry).is_none_or(|s| super::guard::serves_in_block(&s))
+        self.known_statement(memo, &registry).is_none_or(|s| self.serves_in_block(&s))
     }
 
     /// True while an autoprepared Query's frames are fed: what is answered now is part of

@@ -86,8 +86,8 @@ impl Session {
         let Some(s) = self.known_statement(memo, &registry) else { return false };
         if !srv.stmts.has(&s)
             || !s.is_valid()
-            // In a block, only what needs no savepoint guard there.
-            || in_block && !super::guard::serves_in_block(&s)
+            // In a block, what returns rows goes as frames: its first use there is guarded.
+            || in_block && !super::guard::returns_nothing(&s)
             || self.stmts.as_sent_next == Some(s.id)
             || self.stmts.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &s))
         {

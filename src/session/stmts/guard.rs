@@ -111,14 +111,54 @@ pub(super) fn returns_nothing(stmt: &Statement) -> bool {
 
 /// Whether the cache may serve `stmt` inside a transaction block with no guard: it returns
 /// nothing (its replan cannot fail with 0A000), or no server has run it yet (it is prepared
-/// afresh where it is used). A guard's savepoint would cost more than the parse it saves, so
-/// a statement that needs one goes as the client sent it there (`parse::lookup_unnamed`,
-/// `autoprepare`, `fastbind`).
-pub(super) fn serves_in_block(stmt: &Statement) -> bool {
+/// afresh where it is used).
+pub(super) fn needs_no_guard(stmt: &Statement) -> bool {
     returns_nothing(stmt) || !stmt.is_valid()
 }
 
 impl Session {
+    /// Whether the cache serves `stmt` to this client inside a transaction block: always,
+    /// a statement that returns rows under a savepoint guard at its first use there (which
+    /// costs PostgreSQL less than parsing and planning it again); only what needs no guard
+    /// for a client that pipelines there (`hold_behind_guard`).
+    pub(super) fn serves_in_block(&self, stmt: &Statement) -> bool {
+        !self.stmts.pipelines_in_block || needs_no_guard(stmt)
+    }
+
+    /// Whether a client frame must wait because a use sent under a savepoint guard, in a
+    /// batch the client already ended, is still unanswered. Should that use fail with
+    /// 0A000, the pooler rolls back to the savepoint and replays the batch (`try_retry`),
+    /// which it can do only while nothing the client sent after the batch has reached the
+    /// server: a later COMMIT would otherwise end the failed transaction. The client is
+    /// then known to pipeline inside blocks and the cache stops needing guards for it
+    /// (`serves_in_block`), so it waits at most once.
+    pub(in crate::session) fn hold_behind_guard(&mut self) -> bool {
+        if !self.stmts.guard_in_flight {
+            return false;
+        }
+        // A guarded use queued, and after it the end of its batch: its Sync (or the guarded
+        // request is a simple Query, a batch of its own).
+        let (mut guarded, mut ended) = (false, false);
+        for p in self.busy.replies.iter() {
+            if p.fx.guarded {
+                guarded = true;
+                ended = p.req == Req::Query;
+            } else if guarded && p.req == Req::Sync && !p.is_synth() {
+                ended = true;
+            }
+            if ended {
+                break;
+            }
+        }
+        if !guarded {
+            self.stmts.guard_in_flight = false;
+        }
+        if ended {
+            self.stmts.pipelines_in_block = true;
+        }
+        ended
+    }
+
     /// A Parse inside a transaction block was answered from the cache with `stmt`: its
     /// first use is guarded, unless it is known to return no rows (its shape is NoData: an
     /// INSERT, UPDATE or DELETE without RETURNING). PostgreSQL raises 0A000 only when a
@@ -154,6 +194,7 @@ impl Session {
     /// Opens the guard before the first use of `stmt`.
     pub(super) fn open_guard(&mut self, stmt: &Statement, srv: &mut ServerState) {
         self.stmts.forget_fresh(stmt);
+        self.stmts.guard_in_flight = true;
         self.guard_command(GuardCmd::Savepoint, srv);
     }
 

@@ -72,6 +72,13 @@ pub(in crate::session) struct ClientStmts {
     /// would have prepared them afresh. Boxed and None when empty, as above.
     #[allow(clippy::box_collection)]
     pub(in crate::session) fresh_sql: Option<Box<Vec<u64>>>,
+    /// A use was sent under a savepoint guard and may still await its answer (`guard`;
+    /// cleared when one is looked for and none is queued).
+    pub(in crate::session) guard_in_flight: bool,
+    /// This client sent a batch while a guarded one before it was unanswered (it pipelines
+    /// inside transaction blocks): inside a block, the cache serves it from now on only
+    /// statements that need no guard there, so that it is not held back again (`guard`).
+    pub(in crate::session) pipelines_in_block: bool,
     /// The client's LISTEN channels and the notifications waiting for it
     /// (`session::notify`); None for a client that never listened. Kept here, not in
     /// `Kept`, so that it costs an idle client that never listens nothing: this box is

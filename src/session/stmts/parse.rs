@@ -4,7 +4,7 @@
 
 use super::view::{Shown, Viewed};
 use super::{
-    ClientStmts, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, guard, missing, stale_plan, too_many,
+    ClientStmts, DEALLOCATE_ALL_STANDIN, Resolved, Unnamed, char_len, duplicate, missing, stale_plan, too_many,
 };
 use crate::error::Error;
 use crate::protocol::frontend::ParseFields;
@@ -162,14 +162,15 @@ impl Session {
     fn lookup_unnamed(&self, key: &[u8], registry: &Registry, p: &ParseFields<'_>, linked: bool) -> Lookup {
         let settled = !self.earlier_batch_in_flight();
         let idle = self.busy.tx.status == TxStatus::Idle && settled;
-        // Inside a block, only what needs no guard there (`guard::serves_in_block`).
+        // Inside a block, what `serves_in_block` allows: a statement that returns rows gets
+        // its savepoint guard at its first use there (`note_fresh_parse`).
         let in_block = self.busy.tx.status == TxStatus::InBlock && settled;
         match &self.stmts.unnamed {
             Unnamed::Cached(s)
                 if s.has_key(key)
                     && !s.stale.load(Ordering::Relaxed)
                     && !s.infers_stale_types()
-                    && (idle || in_block && guard::returns_nothing(s)) =>
+                    && (idle || in_block && self.serves_in_block(s)) =>
             {
                 return self.guarded(s.clone(), registry);
             }
@@ -190,7 +191,7 @@ impl Session {
         };
         if (idle || in_block)
             && let Some(s) = registry.promote_unnamed(key, after, p.query, p.param_types)
-            && (idle || guard::serves_in_block(&s))
+            && (idle || self.serves_in_block(&s))
         {
             return self.guarded(s, registry);
         }

@@ -178,6 +178,7 @@ impl Session {
         let retry = alone && ((fresh && self.busy.tx.status == TxStatus::Idle) || guarded);
         if guarded {
             self.stmts.forget_fresh(&stmt);
+            self.stmts.guard_in_flight = true;
             self.guard_query(GuardCmd::Savepoint, Purpose::Guard);
         }
         if retry {

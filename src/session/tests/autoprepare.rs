@@ -137,12 +137,12 @@ fn a_template_serves_the_next_client_of_its_busy_half() {
     drop(first);
 }
 
-/// Inside a transaction block the cache serves no statement that returns rows and has run
-/// before (a stale plan would need a savepoint guard there), so such a Query is not lifted
-/// into a batch that would only cost more: it goes to the server as it is, and runs as a
-/// cached statement again after the block.
+/// Inside a transaction block the cache serves a statement that returns rows too, under a
+/// savepoint guard at its first use there (a stale plan's 0A000 is then rolled back and
+/// retried, not the client's transaction): the Query is not parsed and planned again. After
+/// the block it is bound directly, with no guard.
 #[test]
-fn inside_a_transaction_block_a_query_goes_as_it_is() {
+fn inside_a_transaction_block_a_query_that_returns_rows_is_served_under_a_guard() {
     let mut h = autoprepared();
     let sql = |aid: u32| query(&format!("SELECT abalance FROM pgbench_accounts WHERE aid = {aid};"));
     let mut sent = vec![];
@@ -161,13 +161,22 @@ fn inside_a_transaction_block_a_query_goes_as_it_is() {
     assert_eq!(h.client_out(), "CZ");
     h.client(sql(3));
     let out = h.server_out();
-    assert_eq!(out.iter().map(|f| f[0] as char).collect::<String>(), "Q", "the Query as it is");
-    assert!(text(&out[0]).contains("aid = 3"), "{}", text(&out[0]));
+    let tags: String = out.iter().map(|f| f[0] as char).collect();
+    // SAVEPOINT (its statement parsed on this server first), the Bind, RELEASE, then the
+    // Describe, Execute and Sync of the client's batch.
+    assert_eq!(tags, "PBECBPBECDES", "the cached statement under a guard");
+    assert!(text(&out[0]).contains("SAVEPOINT parsnip_guard"), "{}", text(&out[0]));
+    assert!(text(&out[4]).ends_with("3\0\0"), "{:?}", text(&out[4]));
+    assert!(text(&out[5]).contains("RELEASE SAVEPOINT parsnip_guard"), "{}", text(&out[5]));
+    for reply in [&b"1"[..], b"2", b"C", b"3", b"2", b"1", b"2", b"C", b"3"] {
+        let body: &[u8] = if reply == b"C" { b"SAVEPOINT\0" } else { b"" };
+        h.server(msg(reply[0], body));
+    }
     h.server(rowdesc(&["abalance"], 16400));
     h.server(msg(b'D', b"\0\x01\0\0\0\x010"));
     h.server(msg(b'C', b"SELECT 1\0"));
     h.server(rfq(b'T'));
-    assert_eq!(h.client_out(), "TDCZ");
+    assert_eq!(h.client_out(), "TDCZ", "the guard's replies are hidden");
     h.client(query("COMMIT"));
     h.server_out();
     h.server(msg(b'C', b"COMMIT\0"));
@@ -175,7 +184,7 @@ fn inside_a_transaction_block_a_query_goes_as_it_is() {
     assert_eq!(h.client_out(), "CZ");
     h.client(sql(4));
     let t = h.server_tags();
-    assert_eq!(t, "BDES", "the cached statement again after the block");
+    assert_eq!(t, "BDES", "bound directly after the block");
     answer(&mut h, false);
     assert_eq!(h.client_out(), "TDCZ");
 }
