@@ -7,17 +7,19 @@
 //! nothing the frames would meet can turn out otherwise, the four messages are written
 //! and queued here at once, with every effect the frames would have had: the Parse's
 //! (`parse_cached`: counters, the described set), the Bind's (`on_bind`, `resolve`,
-//! `send_use`: the server's LRU touch, the portal bookkeeping, the retry point), the
-//! Execute's (`time_execute`), the retry's record of the batch (a transparent retry
-//! replays it as frames) and the `Pending::simple` marks of `autoprep_after_frame`.
-//! Anything else — a transaction block (unless the statement returns nothing, so that
-//! no savepoint guard is needed), an earlier batch kept for a retry, a statement
+//! `send_use`: the server's LRU touch, the portal bookkeeping, the retry point, and inside
+//! a transaction block the savepoint guard of a statement that returns rows, whose Parse
+//! made it fresh there), the Execute's (`time_execute`), the retry's record of the batch
+//! (a transparent retry replays it as frames) and the `Pending::simple` marks of
+//! `autoprep_after_frame`. Anything else — a block where the cache does not serve the
+//! statement (`serves_in_block`), an earlier batch kept for a retry, a statement
 //! that must be prepared or checked first, one the plan guard runs as sent this time, a
 //! text that sets or pins anything — is left to the frames.
 //!
 //! Owns: `Known`, what a template's lifted text was last found cached as.
 
 use super::autoprepare::Memo;
+use super::guard::GuardCmd;
 use super::{DEALLOCATE_ALL_STANDIN, cached_bind_text};
 use crate::protocol::frontend;
 use crate::session::reply_queue::{Fx, OnReply, Pending, Req};
@@ -86,8 +88,7 @@ impl Session {
         let Some(s) = self.known_statement(memo, &registry) else { return false };
         if !srv.stmts.has(&s)
             || !s.is_valid()
-            // In a block, what returns rows goes as frames: its first use there is guarded.
-            || in_block && !super::guard::returns_nothing(&s)
+            || in_block && !self.serves_in_block(&s)
             || self.stmts.as_sent_next == Some(s.id)
             || self.stmts.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &s))
         {
@@ -101,7 +102,10 @@ impl Session {
             return false;
         }
         let origin = memo.origin_for(text);
-        self.bound_now(memo, text, s, origin, &registry, srv);
+        // In a block, a statement that returns rows is bound under a savepoint guard (its
+        // first use in the block: the Query's Parse makes it fresh there every time).
+        let guarded = in_block && !super::guard::returns_nothing(&s);
+        self.bound_now(memo, text, s, origin, guarded, &registry, srv);
         true
     }
 
@@ -136,12 +140,14 @@ impl Session {
 
     /// Writes and queues the batch of `memo.templates[0]` bound to `s` (see the module doc),
     /// in the order its frames would have done it.
+    #[allow(clippy::too_many_arguments)]
     fn bound_now(
         &mut self,
         memo: &Memo,
         text: &[u8],
         s: Arc<Statement>,
         origin: Arc<Origin>,
+        guarded: bool,
         registry: &Registry,
         srv: &mut ServerState,
     ) {
@@ -165,9 +171,13 @@ impl Session {
         put_bind_text(batch, text, &memo.applied.values);
         let b_end = batch.len();
         batch.extend_from_slice(DESCRIBE_EXECUTE_SYNC);
-        // The Bind's tail: everything after its two names ("" and "").
-        frontend::bind_with_tail(&mut self.to_server, b"", s.server_name.as_bytes(), &batch[p_end + 7..b_end]);
         self.busy.retry.frame_at = p_end as u32;
+        if guarded {
+            self.open_guard(&s, srv);
+        }
+        // The Bind's tail: everything after its two names ("" and "").
+        let batch = &self.busy.retry.batch;
+        frontend::bind_with_tail(&mut self.to_server, b"", s.server_name.as_bytes(), &batch[p_end + 7..b_end]);
         srv.stmts.touch(&s);
         if self.stmts.last_plain.as_ref().is_some_and(|(p, _)| p.is_empty()) {
             self.stmts.last_plain = None;
@@ -181,9 +191,12 @@ impl Session {
         }
         self.kept.tally.binds = self.kept.tally.binds.wrapping_add(1);
         self.stmts.last_bind = Some((Box::default(), s.clone()));
-        let replay_from = self.retry_point();
-        let fx = Fx { uses: Some(s.clone()), replay_from, ..Fx::default() };
+        let replay_from = if guarded { Some(p_end as u32) } else { self.retry_point() };
+        let fx = Fx { uses: Some(s.clone()), replay_from, guarded, ..Fx::default() };
         self.push_simple(Pending::with(Req::Bind, OnReply::Forward, fx), &origin);
+        if guarded {
+            self.guard_command(GuardCmd::Release, srv);
+        }
 
         // Describe P "", Execute "" (timed for the statement) and Sync, written at once.
         self.to_server.extend_from_slice(DESCRIBE_EXECUTE_SYNC);

@@ -139,8 +139,8 @@ fn a_template_serves_the_next_client_of_its_busy_half() {
 
 /// Inside a transaction block the cache serves a statement that returns rows too, under a
 /// savepoint guard at its first use there (a stale plan's 0A000 is then rolled back and
-/// retried, not the client's transaction): the Query is not parsed and planned again. After
-/// the block it is bound directly, with no guard.
+/// retried, not the client's transaction): the Query is bound directly, not parsed and
+/// planned again. After the block it is bound directly with no guard.
 #[test]
 fn inside_a_transaction_block_a_query_that_returns_rows_is_served_under_a_guard() {
     let mut h = autoprepared();
@@ -159,12 +159,14 @@ fn inside_a_transaction_block_a_query_that_returns_rows_is_served_under_a_guard(
     h.server(msg(b'C', b"BEGIN\0"));
     h.server(rfq(b'T'));
     assert_eq!(h.client_out(), "CZ");
+    let bound_before = h.s.busy.lifts.as_ref().map_or(0, |m| m.fast_binds);
     h.client(sql(3));
     let out = h.server_out();
     let tags: String = out.iter().map(|f| f[0] as char).collect();
     // SAVEPOINT (its statement parsed on this server first), the Bind, RELEASE, then the
     // Describe, Execute and Sync of the client's batch.
     assert_eq!(tags, "PBECBPBECDES", "the cached statement under a guard");
+    assert_eq!(h.s.busy.lifts.as_ref().map_or(0, |m| m.fast_binds), bound_before + 1, "bound directly");
     assert!(text(&out[0]).contains("SAVEPOINT parsnip_guard"), "{}", text(&out[0]));
     assert!(text(&out[4]).ends_with("3\0\0"), "{:?}", text(&out[4]));
     assert!(text(&out[5]).contains("RELEASE SAVEPOINT parsnip_guard"), "{}", text(&out[5]));
