@@ -129,6 +129,7 @@ scenarios! {
         alter_then_fresh_parse_in_transaction_batch,
         alter_then_parse_in_the_batch_that_begins,
         alter_then_parse_in_tx_with_commit_pipelined,
+        alter_then_cursor_read_in_tx,
         alter_then_parse_of_nodata_in_tx,
         alter_by_the_client_after_its_parse_in_transaction,
         alter_then_sql_prepare_inside_transaction,

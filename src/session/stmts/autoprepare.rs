@@ -222,7 +222,7 @@ impl Session {
     /// then finds the statement this one kept.)
     fn serves_in_block_lifted(&mut self, memo: &mut Memo) -> bool {
         let Some(registry) = self.stmts.registry.clone() else { return false };
-        self.known_statement(memo, &registry).is_none_or(|s| self.serves_in_block(&s))
+        self.known_statement(memo, &registry).is_none_or(|s| self.serves_in_block(&s, true))
     }
 
     /// True while an autoprepared Query's frames are fed: what is answered now is part of

@@ -88,7 +88,7 @@ impl Session {
         let Some(s) = self.known_statement(memo, &registry) else { return false };
         if !srv.stmts.has(&s)
             || !s.is_valid()
-            || in_block && !self.serves_in_block(&s)
+            || in_block && !self.serves_in_block(&s, true)
             || self.stmts.as_sent_next == Some(s.id)
             || self.stmts.shape_mismatch.as_ref().is_some_and(|m| Arc::ptr_eq(m, &s))
         {

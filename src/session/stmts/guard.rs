@@ -117,12 +117,16 @@ pub(super) fn needs_no_guard(stmt: &Statement) -> bool {
 }
 
 impl Session {
-    /// Whether the cache serves `stmt` to this client inside a transaction block: always,
-    /// a statement that returns rows under a savepoint guard at its first use there (which
-    /// costs PostgreSQL less than parsing and planning it again); only what needs no guard
-    /// for a client that pipelines there (`hold_behind_guard`).
-    pub(super) fn serves_in_block(&self, stmt: &Statement) -> bool {
-        !self.stmts.pipelines_in_block || needs_no_guard(stmt)
+    /// Whether the cache serves `stmt` to this client inside a transaction block: what
+    /// needs no guard, always; a statement that returns rows, under a savepoint guard at its
+    /// first use there (which costs PostgreSQL less than parsing and planning it again),
+    /// only for an autoprepared Query (`autoprepared`), whose batch parsnip ends with a
+    /// Sync itself, so that a 0A000 can always be retried, and not for a client that
+    /// pipelines inside blocks (`hold_behind_guard`). A client's own extended batch may
+    /// end with Flush instead (node-postgres' pg-cursor reads a portal in chunks so),
+    /// where no retry is possible and PostgreSQL, parsing afresh, would not have failed.
+    pub(super) fn serves_in_block(&self, stmt: &Statement, autoprepared: bool) -> bool {
+        needs_no_guard(stmt) || autoprepared && !self.stmts.pipelines_in_block
     }
 
     /// Whether a client frame must wait because a use sent under a savepoint guard, in a

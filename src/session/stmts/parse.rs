@@ -162,15 +162,16 @@ impl Session {
     fn lookup_unnamed(&self, key: &[u8], registry: &Registry, p: &ParseFields<'_>, linked: bool) -> Lookup {
         let settled = !self.earlier_batch_in_flight();
         let idle = self.busy.tx.status == TxStatus::Idle && settled;
-        // Inside a block, what `serves_in_block` allows: a statement that returns rows gets
-        // its savepoint guard at its first use there (`note_fresh_parse`).
+        // Inside a block, what `serves_in_block` allows: a statement that returns rows (for
+        // an autoprepared Query) gets its savepoint guard at its first use there
+        // (`note_fresh_parse`).
         let in_block = self.busy.tx.status == TxStatus::InBlock && settled;
         match &self.stmts.unnamed {
             Unnamed::Cached(s)
                 if s.has_key(key)
                     && !s.stale.load(Ordering::Relaxed)
                     && !s.infers_stale_types()
-                    && (idle || in_block && self.serves_in_block(s)) =>
+                    && (idle || in_block && self.serves_in_block(s, self.busy.retry.autoprep.is_some())) =>
             {
                 return self.guarded(s.clone(), registry);
             }
@@ -191,7 +192,7 @@ impl Session {
         };
         if (idle || in_block)
             && let Some(s) = registry.promote_unnamed(key, after, p.query, p.param_types)
-            && (idle || self.serves_in_block(&s))
+            && (idle || self.serves_in_block(&s, self.busy.retry.autoprep.is_some()))
         {
             return self.guarded(s, registry);
         }

@@ -191,6 +191,53 @@ fn inside_a_transaction_block_a_query_that_returns_rows_is_served_under_a_guard(
     assert_eq!(h.client_out(), "TDCZ");
 }
 
+/// A client that sends its next Query before a guarded read is answered (it pipelines inside
+/// the block) waits for that answer, once: a 0A000 there is rolled back and replayed only
+/// while nothing after the batch reached the server (a COMMIT behind it would end the failed
+/// transaction). From then on the cache serves it, inside blocks, only what needs no guard:
+/// its next block's read goes as the Query it is, and is not held.
+#[test]
+fn a_query_behind_a_guarded_read_waits_once_then_reads_go_as_they_are_in_blocks() {
+    let mut h = autoprepared();
+    let sql = |aid: u32| query(&format!("SELECT abalance FROM pgbench_accounts WHERE aid = {aid};"));
+    for aid in [1, 2] {
+        h.client(sql(aid));
+        let t = h.server_tags();
+        answer(&mut h, t.starts_with('P'));
+        h.client_out();
+    }
+    let begin = |h: &mut H| {
+        h.client(query("BEGIN"));
+        h.server_out();
+        h.server(msg(b'C', b"BEGIN\0"));
+        h.server(rfq(b'T'));
+        h.client_out();
+    };
+    begin(&mut h);
+    // The read, and the COMMIT right behind it.
+    h.client(sql(3));
+    h.client(query("COMMIT"));
+    assert_eq!(h.server_tags(), "PBECBPBECDES", "the read under its guard; the COMMIT waits");
+    for reply in [&b"1"[..], b"2", b"C", b"3", b"2", b"1", b"2", b"C", b"3"] {
+        let body: &[u8] = if reply == b"C" { b"SAVEPOINT\0" } else { b"" };
+        h.server(msg(reply[0], body));
+    }
+    h.server(rowdesc(&["abalance"], 16400));
+    h.server(msg(b'D', b"\0\x01\0\0\0\x010"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'T'));
+    assert_eq!(h.server_tags(), "Q", "the COMMIT goes once the guarded read is answered");
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "TDCZCZ");
+    assert!(h.s.stmts.pipelines_in_block);
+    // The next block: the read goes as it is (no guard), and the COMMIT is not held.
+    begin(&mut h);
+    h.client(sql(4));
+    h.client(query("COMMIT"));
+    assert_eq!(h.server_tags(), "QQ", "the read as it is, the COMMIT behind it");
+}
+
 /// The server's replies to one autoprepared UPDATE's batch inside a block.
 fn answer_update(h: &mut H, parse: bool) {
     answer_with(h, parse, &[msg(b'n', b""), msg(b'C', b"UPDATE 1\0")], b'T');
