@@ -170,14 +170,7 @@ fn inside_a_transaction_block_a_query_that_returns_rows_is_served_under_a_guard(
     assert!(text(&out[0]).contains("SAVEPOINT parsnip_guard"), "{}", text(&out[0]));
     assert!(text(&out[4]).ends_with("3\0\0"), "{:?}", text(&out[4]));
     assert!(text(&out[5]).contains("RELEASE SAVEPOINT parsnip_guard"), "{}", text(&out[5]));
-    for reply in [&b"1"[..], b"2", b"C", b"3", b"2", b"1", b"2", b"C", b"3"] {
-        let body: &[u8] = if reply == b"C" { b"SAVEPOINT\0" } else { b"" };
-        h.server(msg(reply[0], body));
-    }
-    h.server(rowdesc(&["abalance"], 16400));
-    h.server(msg(b'D', b"\0\x01\0\0\0\x010"));
-    h.server(msg(b'C', b"SELECT 1\0"));
-    h.server(rfq(b'T'));
+    answer_guarded_read(&mut h);
     assert_eq!(h.client_out(), "TDCZ", "the guard's replies are hidden");
     h.client(query("COMMIT"));
     h.server_out();
@@ -218,14 +211,7 @@ fn a_query_behind_a_guarded_read_waits_once_then_reads_go_as_they_are_in_blocks(
     h.client(sql(3));
     h.client(query("COMMIT"));
     assert_eq!(h.server_tags(), "PBECBPBECDES", "the read under its guard; the COMMIT waits");
-    for reply in [&b"1"[..], b"2", b"C", b"3", b"2", b"1", b"2", b"C", b"3"] {
-        let body: &[u8] = if reply == b"C" { b"SAVEPOINT\0" } else { b"" };
-        h.server(msg(reply[0], body));
-    }
-    h.server(rowdesc(&["abalance"], 16400));
-    h.server(msg(b'D', b"\0\x01\0\0\0\x010"));
-    h.server(msg(b'C', b"SELECT 1\0"));
-    h.server(rfq(b'T'));
+    answer_guarded_read(&mut h);
     assert_eq!(h.server_tags(), "Q", "the COMMIT goes once the guarded read is answered");
     h.server(msg(b'C', b"COMMIT\0"));
     h.server(rfq(b'I'));
@@ -236,6 +222,20 @@ fn a_query_behind_a_guarded_read_waits_once_then_reads_go_as_they_are_in_blocks(
     h.client(sql(4));
     h.client(query("COMMIT"));
     assert_eq!(h.server_tags(), "QQ", "the read as it is, the COMMIT behind it");
+}
+
+/// The server's replies to an autoprepared read bound under its guard inside a block: the
+/// SAVEPOINT (parsed first), the read's BindComplete, the RELEASE (parsed first), the row and
+/// ReadyForQuery.
+fn answer_guarded_read(h: &mut H) {
+    for reply in [&b"1"[..], b"2", b"C", b"3", b"2", b"1", b"2", b"C", b"3"] {
+        let body: &[u8] = if reply == b"C" { b"SAVEPOINT\0" } else { b"" };
+        h.server(msg(reply[0], body));
+    }
+    h.server(rowdesc(&["abalance"], 16400));
+    h.server(msg(b'D', b"\0\x01\0\0\0\x010"));
+    h.server(msg(b'C', b"SELECT 1\0"));
+    h.server(rfq(b'T'));
 }
 
 /// The server's replies to one autoprepared UPDATE's batch inside a block.
