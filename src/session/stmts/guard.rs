@@ -134,8 +134,10 @@ impl Session {
     /// 0A000, the pooler rolls back to the savepoint and replays the batch (`try_retry`),
     /// which it can do only while nothing the client sent after the batch has reached the
     /// server: a later COMMIT would otherwise end the failed transaction. The client is
-    /// then known to pipeline inside blocks and the cache stops needing guards for it
-    /// (`serves_in_block`), so it waits at most once.
+    /// then known to pipeline inside blocks and its autoprepared reads there go as the
+    /// Queries they are (`serves_in_block`), so they hold it at most once; a named
+    /// statement it parses inside a transaction is still guarded at its first use, and
+    /// each such use holds what follows it.
     pub(in crate::session) fn hold_behind_guard(&mut self) -> bool {
         if !self.stmts.guard_in_flight {
             return false;
@@ -197,9 +199,16 @@ impl Session {
 
     /// Opens the guard before the first use of `stmt`.
     pub(super) fn open_guard(&mut self, stmt: &Statement, srv: &mut ServerState) {
+        self.guarding(stmt);
+        self.guard_command(GuardCmd::Savepoint, srv);
+    }
+
+    /// The first use of `stmt` in this transaction is being sent under a guard (its
+    /// SAVEPOINT next): no later use needs one, and what the client sends behind it may
+    /// have to wait for its answer (`hold_behind_guard`).
+    pub(super) fn guarding(&mut self, stmt: &Statement) {
         self.stmts.forget_fresh(stmt);
         self.stmts.guard_in_flight = true;
-        self.guard_command(GuardCmd::Savepoint, srv);
     }
 
     /// Runs a savepoint command as a simple Query of the pooler's (around a client's SQL

@@ -76,8 +76,8 @@ pub(in crate::session) struct ClientStmts {
     /// cleared when one is looked for and none is queued).
     pub(in crate::session) guard_in_flight: bool,
     /// This client sent a batch while a guarded one before it was unanswered (it pipelines
-    /// inside transaction blocks): inside a block, the cache serves it from now on only
-    /// statements that need no guard there, so that it is not held back again (`guard`).
+    /// inside transaction blocks): inside a block, its autoprepared reads go as the Queries
+    /// they are from now on, so that they do not hold it back again (`guard`).
     pub(in crate::session) pipelines_in_block: bool,
     /// The client's LISTEN channels and the notifications waiting for it
     /// (`session::notify`); None for a client that never listened. Kept here, not in

@@ -177,8 +177,7 @@ impl Session {
         let guarded = alone && srv.stmts.has(&stmt) && self.guard_wanted(name, srv) == Some(stmt.id);
         let retry = alone && ((fresh && self.busy.tx.status == TxStatus::Idle) || guarded);
         if guarded {
-            self.stmts.forget_fresh(&stmt);
-            self.stmts.guard_in_flight = true;
+            self.guarding(&stmt);
             self.guard_query(GuardCmd::Savepoint, Purpose::Guard);
         }
         if retry {
