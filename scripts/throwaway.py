@@ -295,9 +295,15 @@ class Postgres:
         with open(self.data / "postgresql.conf", "a") as f:
             f.write(f"\n# {self.label}\n" + "".join(f"{k} = {v}\n" for k, v in conf.items()))
         logf = open(self.log_path, "ab")
+        # A process group of its own (a Ctrl-C at the terminal reaches the harness, which
+        # stops it in order), but the harness's session: with the kernel's autogroup
+        # scheduling (Linux's default) each session is one scheduling group, and a server in
+        # a session of its own got the share of one group against the poolers' and clients'
+        # together, leaving a backend runnable but unscheduled for up to 1.7 s now and then
+        # (docs/benchmarks.md, "The `-S` fairness tail").
         self.proc = subprocess.Popen(
             [self.bin("postgres"), "-D", str(self.data)], cwd=self.tmp, stdin=subprocess.DEVNULL,
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, **as_user(self.user),
+            stdout=logf, stderr=subprocess.STDOUT, process_group=0, **as_user(self.user),
         )
         logf.close()
         CLEANUPS.push(self.stop)

@@ -282,8 +282,8 @@ async fn client(
         Err(e) => Err(e.to_string()),
     };
     match opened {
-        Ok((Conn::Tcp(s), rd)) => run(s, rd, &shared, rng, &acc).await,
-        Ok((Conn::Unix(s), rd)) => run(s, rd, &shared, rng, &acc).await,
+        Ok((Conn::Tcp(s), rd)) => run(id, s, rd, &shared, rng, &acc).await,
+        Ok((Conn::Unix(s), rd)) => run(id, s, rd, &shared, rng, &acc).await,
         Err(e) => {
             if shared.phase() < Phase::Stop as u8 {
                 shared.fail(e.clone());
@@ -295,6 +295,7 @@ async fn client(
 
 /// A logged-in client's life: idle until the start, transactions until the stop, goodbye.
 async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+    id: usize,
     mut s: S,
     mut rd: Reader,
     shared: &Shared,
@@ -336,6 +337,16 @@ async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 res.txns += 1;
                 let us = end.duration_since(start).as_micros().min(u32::MAX as u128) as u32;
                 acc.borrow_mut().latencies_us.push(us);
+                if shared.args.slow_ms.is_some_and(|ms| f64::from(us) > ms * 1000.0) {
+                    let at = start.saturating_duration_since(shared.window_start());
+                    eprintln!(
+                        "loadgen: slow: client {id} thread {:?} started {:.1} ms into the window (unix {:.3} s), took {:.1} ms",
+                        std::thread::current().name().unwrap_or("?"),
+                        at.as_secs_f64() * 1000.0,
+                        unix_s(start),
+                        f64::from(us) / 1000.0
+                    );
+                }
             }
             Ok(_) => {}
         }
@@ -364,6 +375,13 @@ async fn run<S: AsyncRead + AsyncWrite + Unpin>(
         .await;
     }
     res
+}
+
+/// `at` as seconds since the Unix epoch (to line a slow transaction up with a server's log).
+fn unix_s(at: Instant) -> f64 {
+    let now = std::time::SystemTime::now();
+    let back = Instant::now().saturating_duration_since(at);
+    now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().saturating_sub(back).as_secs_f64()
 }
 
 /// pgbench's scale: the number of rows of pgbench_branches, read over one connection.

@@ -67,6 +67,10 @@ pub struct Args {
     /// Seconds to wait with every client idle before reading --watch-pid's RSS.
     #[arg(long, default_value_t = 2.0)]
     pub idle_settle: f64,
+    /// Print every measured transaction slower than this many milliseconds on stderr (when
+    /// it started, from the window's start; its client; its thread): where a tail comes from.
+    #[arg(long)]
+    pub slow_ms: Option<f64>,
 }
 
 fn main() {
