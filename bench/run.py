@@ -345,6 +345,9 @@ def main(argv: list[str]) -> int:
                     "--settle (default 0.3)")
     ap.add_argument("--nice", type=int, default=0, help="run the whole benchmark (PostgreSQL, poolers, pgbench) "
                     "at this niceness, e.g. -5 on a machine shared with builds (negative needs root)")
+    ap.add_argument("--server-cpus", help="run PostgreSQL on these CPUs (e.g. 1 or 2-3) and everything else "
+                    "(poolers, client) on the others: the server then never waits for a CPU behind "
+                    "the pooler or the client (docs/benchmarks.md, \"The -S fairness tail\")")
     ap.add_argument("--pause", type=float, default=1.0, help="seconds between runs (default 1)")
     ap.add_argument("--tmpdir", help="where to create the throwaway cluster (default: system temp dir)")
     args = ap.parse_args(argv)
@@ -426,6 +429,44 @@ def make_certificate(tmp: Path, user) -> tuple[str, str]:
     return str(cert), str(key)
 
 
+def split_cpus(spec: str) -> tuple[set[int], set[int]]:
+    """`--server-cpus`: (the server's CPUs, the others this process may use); BenchError when
+    either would be empty."""
+    mine = os.sched_getaffinity(0)
+    server: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            server.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise BenchError(f"--server-cpus {spec!r}: expected CPU numbers like 1 or 2-3") from None
+    server &= mine
+    rest = mine - server
+    if not server or not rest:
+        raise BenchError(f"--server-cpus {spec!r} must leave CPUs on both sides (this process may use "
+                         f"{sorted(mine)})")
+    return server, rest
+
+
+def pin_tree(pid: int, cpus: set[int]) -> None:
+    """Moves `pid` and its children (PostgreSQL's postmaster and the processes it started) to
+    `cpus`; backends forked later inherit the postmaster's affinity."""
+    kids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(d.name))
+    for p in [pid, *kids]:
+        try:
+            os.sched_setaffinity(p, cpus)
+        except OSError as e:
+            raise BenchError(f"--server-cpus: could not move process {p}: {e}") from None
+
+
 def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str) -> int:
     user = service_user()
     install = not args.no_install
@@ -472,11 +513,17 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         shutil.copy2(loadgen_bin, tmp / "loadgen-bin")
         loadgen_bin = tmp / "loadgen-bin"
     pg = Postgres(bindir, tmp, user)
+    server_cpus = split_cpus(args.server_cpus) if args.server_cpus else None
+    if server_cpus:
+        # The harness and every child but the server's processes: the other CPUs.
+        os.sched_setaffinity(0, server_cpus[1])
     if args.tls:
         TRANSPORT["tls"] = make_certificate(tmp, user)
         pg.settings.update({"ssl": "on", "ssl_cert_file": f"'{TRANSPORT['tls'][0]}'",
                             "ssl_key_file": f"'{TRANSPORT['tls'][1]}'"})
     pg.start()
+    if server_cpus:
+        pin_tree(pg.proc.pid, server_cpus[0])
     pg.init_pgbench(args.scale)
 
     bench = Bench(args, pg, tmp, systems, parsnip_bin, pgb_bin, user)
@@ -517,6 +564,7 @@ def run_all(args, systems: list[str], grid: dict[int, list[Case]], command: str)
         f"-T {args.duration}, {args.rounds} round(s), systems alternated "
         f"({', '.join(s for s in systems if s not in skipped)}) within each case"
         + (f", niceness {args.nice}" if args.nice else "")
+        + (f", PostgreSQL on CPUs {args.server_cpus} and everything else on the others" if args.server_cpus else "")
         + (", unix sockets on every hop" if args.unix
            else ", pgbench on TCP 127.0.0.1, poolers to PostgreSQL over its unix socket" if args.server_unix
            else ", TCP on 127.0.0.1 on every hop")
