@@ -166,12 +166,13 @@ impl Session {
         // an autoprepared Query) gets its savepoint guard at its first use there
         // (`note_fresh_parse`).
         let in_block = self.busy.tx.status == TxStatus::InBlock && settled;
+        let autoprepared = self.busy.retry.autoprep.is_some();
         match &self.stmts.unnamed {
             Unnamed::Cached(s)
                 if s.has_key(key)
                     && !s.stale.load(Ordering::Relaxed)
                     && !s.infers_stale_types()
-                    && (idle || in_block && self.serves_in_block(s, self.busy.retry.autoprep.is_some())) =>
+                    && (idle || in_block && self.serves_in_block(s, autoprepared)) =>
             {
                 return self.guarded(s.clone(), registry);
             }
@@ -185,14 +186,10 @@ impl Session {
         // statement can go stale under DDL (PostgreSQL re-parses unnamed ones), and only
         // there can that be retried transparently. Inside a block, as above.
         // An autoprepared Query's statement is cached after `autoprepare_after` sightings.
-        let after = if self.busy.retry.autoprep.is_some() {
-            registry.cfg.autoprepare_after
-        } else {
-            registry.cfg.promote_unnamed_after
-        };
+        let after = if autoprepared { registry.cfg.autoprepare_after } else { registry.cfg.promote_unnamed_after };
         if (idle || in_block)
             && let Some(s) = registry.promote_unnamed(key, after, p.query, p.param_types)
-            && (idle || self.serves_in_block(&s, self.busy.retry.autoprep.is_some()))
+            && (idle || self.serves_in_block(&s, autoprepared))
         {
             return self.guarded(s, registry);
         }
