@@ -212,6 +212,43 @@ async fn sleeper_ahead(p: &Parsnip, console: &Pg, db: &str, a_secs: f64, b_sql: 
     SleeperAhead { d, a_cancel, b_cancel, ta, tb }
 }
 
+/// Two batches queued behind a running one: A's (a read, running a second now), then
+/// B's, written with `MSG_MORE` because C waits to write behind it (`cork_ahead`), then C's,
+/// which sends both. Each client gets its own answer, in order, on one connection. Simple
+/// Queries, so that no statement has to be prepared on the server A got first.
+#[tokio::test]
+async fn two_batches_behind_a_running_one_each_get_their_own_answer() {
+    const DB: &str = "pipechaindb";
+    let p = trust_db(DB, "", &format!("{POOL}\nautoprepare = false"));
+    bounded(60, "two_batches_behind_a_running_one_each_get_their_own_answer", async {
+        let console = p.connect("postgres", SUPER_PW, "parsnip").await;
+        let a = p.connect("postgres", SUPER_PW, DB).await;
+        let b = p.connect("postgres", SUPER_PW, DB).await;
+        let c = p.connect("postgres", SUPER_PW, DB).await;
+        // The pool's simple reads timed: fast.
+        assert_eq!(a.scalar("select 1").await.unwrap(), "1");
+        let d = p.connect("postgres", SUPER_PW, DB).await;
+        let e = p.connect("postgres", SUPER_PW, DB).await;
+        d.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        e.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        let ta = tokio::spawn(async move { a.scalar("select pg_sleep(1)::text || 'a'").await });
+        wait_stat(&p, &console, DB, "cl_waiting", "1").await;
+        let tb = tokio::spawn(async move { b.scalar("select 11::text || 'b'").await });
+        wait_stat(&p, &console, DB, "cl_waiting", "2").await;
+        let tc = tokio::spawn(async move { c.scalar("select 22::text || 'c'").await });
+        wait_stat(&p, &console, DB, "cl_waiting", "3").await;
+        e.batch_execute("COMMIT").await.unwrap();
+        wait_stat(&p, &console, DB, "pipelined", "2").await;
+        assert_eq!(tc.await.unwrap().unwrap(), "22c", "C's own answer");
+        assert_eq!(tb.await.unwrap().unwrap(), "11b", "B's own answer");
+        assert_eq!(ta.await.unwrap().unwrap(), "a", "A's own answer");
+        d.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(pool_stat(&console, DB, "sv_open").await, "2", "no connection was closed");
+        assert_eq!(e.scalar("select 7").await.unwrap(), "7");
+    })
+    .await;
+}
+
 /// B's batch waits behind A's on one connection and B cancels: the cancel must reach B's
 /// query (held until B's batch runs), never A's.
 #[tokio::test]

@@ -47,6 +47,10 @@ pub(crate) struct PipeInner {
     writer: Option<u32>,
     /// The writer has written since it got that role.
     wrote: bool,
+    /// Batches written with `MSG_MORE` wait in the kernel for the writer's next write
+    /// (`Stream::flush_some_more`): whoever gives up the writer's role without writing
+    /// pushes them out (`push`).
+    corked: bool,
     /// A new head has bytes waiting in `rbuf` (read by the ticket before it).
     handed_over: bool,
     /// Tickets waiting to become head.
@@ -93,6 +97,7 @@ impl PipeInner {
             in_flight: 1,
             writer: Some(0),
             wrote: true,
+            corked: false,
             handed_over: false,
             waiting: Vec::new(),
             dead: false,
@@ -158,11 +163,29 @@ impl PipeInner {
         self.writer != Some(t) || self.wrote
     }
 
-    /// The writer `t` wrote to the connection.
+    /// The writer `t` wrote to the connection; `corked`: with `MSG_MORE`, so that its
+    /// batch waits in the kernel for the next writer's. A write without it sends whatever
+    /// waited.
     #[inline]
-    pub(crate) fn note_write(&mut self, t: u32) {
+    pub(crate) fn note_write(&mut self, t: u32, corked: bool) {
         if self.writer == Some(t) {
             self.wrote = true;
+            self.corked = corked;
+        }
+    }
+
+    /// Whether batches wait in the kernel for the writer's next write.
+    #[inline]
+    pub(crate) fn is_corked(&self) -> bool {
+        self.corked
+    }
+
+    /// Sends the batches written with `MSG_MORE` now.
+    pub(crate) fn push(&mut self) {
+        if std::mem::take(&mut self.corked)
+            && let Some(c) = &self.conn
+        {
+            c.stream.push();
         }
     }
 
@@ -171,6 +194,8 @@ impl PipeInner {
     /// connection when no ticket is left.
     pub(crate) fn retract(&mut self, t: u32, back: Option<u32>) -> Option<Box<ServerConn>> {
         if t.wrapping_add(1) == self.next && self.writer == Some(t) {
+            // What was written ahead of it waited for its write.
+            self.push();
             self.next = t;
             self.in_flight -= 1;
             self.writer = back;
@@ -208,6 +233,7 @@ impl PipeInner {
             return self.retract(t, None);
         }
         if self.writer == Some(t) {
+            self.push();
             self.writer = None;
         }
         if self.dead {
@@ -327,8 +353,8 @@ mod tests {
         let woken = Arc::new(Count(AtomicUsize::new(0)));
         let waker = Waker::from(woken.clone());
         assert!(!p.wait_head(b, &waker), "b waits for a");
-        p.note_write(b);
-        p.note_write(c);
+        p.note_write(b, false);
+        p.note_write(c, false);
         p.finish(0);
         assert_eq!(woken.0.load(Ordering::SeqCst), 1, "b woken when a is done");
         assert!(p.is_head(b) && !p.is_alone(b));
@@ -357,7 +383,7 @@ mod tests {
     fn leaving_out_of_turn_breaks_the_connection_from_that_ticket_on() {
         let mut p = inner();
         let b = p.add_ticket();
-        p.note_write(b);
+        p.note_write(b, false);
         let woken = Arc::new(Count(AtomicUsize::new(0)));
         let waker = Waker::from(woken.clone());
         let c = p.add_ticket();
@@ -378,7 +404,7 @@ mod tests {
     fn a_failed_writer_costs_the_batches_ahead_nothing() {
         let mut p = inner();
         let b = p.add_ticket();
-        p.note_write(b);
+        p.note_write(b, false);
         // b's write broke (its client's garbage made the server end the connection, say):
         // a's replies were sent before the server read b's batch.
         p.doom(b);
@@ -394,12 +420,44 @@ mod tests {
     }
 
     #[test]
+    fn whoever_gives_up_the_writers_role_without_writing_pushes_what_waited() {
+        // b wrote behind a with MSG_MORE and lent on to c: b's batch waits for c's write.
+        let mut p = inner();
+        let b = p.add_ticket();
+        p.note_write(b, true);
+        assert!(p.is_corked());
+        let c = p.add_ticket();
+        // c writes: its plain write sent both.
+        p.note_write(c, false);
+        assert!(!p.is_corked());
+        // c corks in turn and lends to d, whose client leaves before writing.
+        p.note_write(c, true);
+        let d = p.add_ticket();
+        p.retract(d, Some(c));
+        assert!(!p.is_corked(), "taken back: pushed");
+        // Lent again, to e, who finishes without ever writing.
+        p.note_write(c, true);
+        let e = p.add_ticket();
+        p.finish(e);
+        assert!(!p.is_corked(), "left without writing: pushed");
+        // A writer that leaves having written with MSG_MORE pushes too.
+        let f = p.add_ticket();
+        p.note_write(f, true);
+        p.finish(f);
+        assert!(!p.is_corked(), "the last writer's own batch goes");
+        // Only the writer's write counts.
+        let g = p.add_ticket();
+        p.note_write(b, true);
+        assert!(!p.is_corked() && !p.wrote_as(g));
+    }
+
+    #[test]
     fn a_doomed_head_breaks_at_once_and_the_earliest_doom_counts() {
         let mut p = inner();
         let b = p.add_ticket();
-        p.note_write(b);
+        p.note_write(b, false);
         let c = p.add_ticket();
-        p.note_write(c);
+        p.note_write(c, false);
         p.doom(c);
         p.doom(b);
         p.finish(0);

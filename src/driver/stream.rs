@@ -209,6 +209,41 @@ impl Stream {
             let _ = s.set_nodelay(true);
         }
     }
+    /// Whether `flush_some_more` can hold bytes back here: plain TCP only.
+    pub(crate) fn can_cork(&self) -> bool {
+        matches!(self, Stream::Tcp(_))
+    }
+    /// Like `flush_some`, with `MSG_MORE` on plain TCP: the kernel keeps what does not
+    /// fill a segment until the next write without it, or `push` (about 200 ms at worst,
+    /// when nothing else comes). Elsewhere it is `flush_some`.
+    pub(crate) fn flush_some_more(&self, buf: &mut BytesMut) -> io::Result<bool> {
+        let Stream::Tcp(s) = self else { return self.flush_some(buf) };
+        use std::os::fd::AsRawFd;
+        let fd = s.as_raw_fd();
+        while !buf.is_empty() {
+            let r = s.try_io(Interest::WRITABLE, || {
+                // SAFETY: `buf` is a live, initialised slice of the length given; `fd` is
+                // this socket's descriptor, open while `s` is.
+                let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+                if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+            });
+            match r {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => bytes::Buf::advance(buf, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        buf.clear();
+        Ok(true)
+    }
+    /// Sends at once what `flush_some_more` left in the kernel (setting `TCP_NODELAY`
+    /// again pushes the pending segments out).
+    pub(crate) fn push(&self) {
+        if let Stream::Tcp(s) = self {
+            let _ = s.set_nodelay(true);
+        }
+    }
     /// Writes as much of `buf` as the socket takes now, removing it from `buf`.
     /// `Ok(true)` when `buf` is now empty.
     pub(crate) fn flush_some(&self, buf: &mut BytesMut) -> io::Result<bool> {
@@ -224,5 +259,63 @@ impl Stream {
         }
         buf.clear();
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Bytes in the socket's send queue not sent yet (`SIOCOUTQNSD`, linux/sockios.h).
+    fn unsent(s: &Stream) -> i32 {
+        const SIOCOUTQNSD: libc::c_ulong = 0x894B;
+        let mut n: libc::c_int = -1;
+        let fd = s.raw_fd().expect("a socket");
+        // SAFETY: the ioctl writes one int to `n`, a live local.
+        let rc = unsafe { libc::ioctl(fd, SIOCOUTQNSD as _, &mut n) };
+        assert_eq!(rc, 0, "SIOCOUTQNSD: {}", io::Error::last_os_error());
+        n
+    }
+
+    /// A loopback TCP pair: ours as a `Stream` (Nagle off, as every connection parsnip
+    /// opens), the peer's a blocking std socket.
+    async fn pair() -> (Stream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (peer, _) = l.accept().unwrap();
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        let s = Stream::Tcp(ours);
+        s.set_nodelay();
+        (s, peer)
+    }
+
+    #[tokio::test]
+    async fn bytes_written_with_more_wait_for_the_next_write_and_go_in_one_segment() {
+        let (s, mut peer) = pair().await;
+        assert!(s.can_cork());
+        let mut first = BytesMut::from(&b"first;"[..]);
+        assert!(s.flush_some_more(&mut first).unwrap());
+        assert!(first.is_empty());
+        assert_eq!(unsent(&s), 6, "held in the kernel, not sent");
+        let mut second = BytesMut::from(&b"second"[..]);
+        assert!(s.flush_some(&mut second).unwrap());
+        assert_eq!(unsent(&s), 0, "a write without MSG_MORE sends both");
+        let mut got = [0u8; 64];
+        let n = peer.read(&mut got).unwrap();
+        assert_eq!(&got[..n], b"first;second", "one segment, one read");
+    }
+
+    #[tokio::test]
+    async fn push_sends_what_waited() {
+        let (s, mut peer) = pair().await;
+        let mut b = BytesMut::from(&b"held"[..]);
+        assert!(s.flush_some_more(&mut b).unwrap());
+        assert_eq!(unsent(&s), 4);
+        s.push();
+        assert_eq!(unsent(&s), 0, "pushed out at once");
+        let mut got = [0u8; 16];
+        let n = peer.read(&mut got).unwrap();
+        assert_eq!(&got[..n], b"held");
     }
 }

@@ -58,6 +58,15 @@ impl Session {
     /// hostile-client test found it). Nor is one that armed such a timer on this link with
     /// `SET LOCAL`: its signal may outlive the statement (`state::timers`).
     pub(crate) fn pipelinable(&self, limit_us: u32) -> Option<Pipelinable> {
+        if !self.to_server.is_empty() {
+            return None;
+        }
+        self.pipelinable_unwritten(limit_us)
+    }
+
+    /// `pipelinable` for the batch `to_server` holds, before it is written (the driver
+    /// decides from it how to write it).
+    pub(crate) fn pipelinable_unwritten(&self, limit_us: u32) -> Option<Pipelinable> {
         let link = self.link.state()?;
         if self.kept.mode == PoolMode::Session
             || self.kept.pins.holds()
@@ -70,7 +79,6 @@ impl Session {
             || self.stmts.dealloc_portal.is_some()
             || self.busy.tx.tracked_portal.is_some()
             || self.stmts.fresh_in_tx.is_some()
-            || !self.to_server.is_empty()
             || self.may_be_cancelled()
         {
             return None;

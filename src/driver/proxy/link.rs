@@ -245,21 +245,24 @@ impl Proxy {
 
     /// Lets the first queued client write its batch behind this one's on the linked
     /// server (the session has found the batch qualifies, and it is written out): this
-    /// client goes on reading its replies, and writes nothing more there.
-    pub(super) fn lend(&mut self) {
+    /// client goes on reading its replies, and writes nothing more there. True when a
+    /// client took it.
+    pub(super) fn lend(&mut self) -> bool {
         let depth = self.shared.cfg.load().pipeline_depth;
         let (pipe, t) = match self.server.take() {
             Some(Linked::Own(s)) => (Pipe::new(s), 0),
             Some(Linked::Shared(pipe, t)) => (pipe, t),
-            None => return,
+            None => return false,
         };
         // (`Pool::lend` refuses while a cancel is on its way: it could land on the batch
         // written behind this one.)
-        if servers::lend(&self.pool, &pipe, t, depth) {
+        let lent = servers::lend(&self.pool, &pipe, t, depth);
+        if lent {
             tracing::trace!(target: "parsnip::links", session = self.slot.pid, ticket = t, "lent");
             self.session.get().set_lent();
         }
         self.server = Some(Linked::Shared(pipe, t));
+        lent
     }
 
     /// The session ended normally: send what is left, settle the server, close.
@@ -400,7 +403,9 @@ impl Proxy {
             // replays, the statements it prepares are recorded as done), so they must reach
             // it — taking the ticket back would leave that record wrong for every later user.
             if !g.dead && !g.wrote_as(t) && !self.session.get().to_server.is_empty() {
-                g.note_write(t);
+                // (Nothing is written until its turn: what waited for its write goes now.)
+                g.push();
+                g.note_write(t, false);
             }
             if g.dead || !g.wrote_as(t) {
                 // Broken, or a ticket that never wrote: it leaves at once.

@@ -253,6 +253,13 @@ impl Proxy {
                 deadline.is_some()
             };
             let timer = timer.as_mut().filter(|_| has_deadline);
+            // A writer that waits without having written sends what waited for its write.
+            if let Some(Linked::Shared(pipe, t)) = &self.server {
+                let mut g = pipe.lock();
+                if g.is_corked() && g.is_writer(*t) {
+                    g.push();
+                }
+            }
             let ev = self.wait(timer, &mut stop_registered, graceful, unlinked_idle).await;
             match ev {
                 Event::Client => {

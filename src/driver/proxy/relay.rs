@@ -112,18 +112,26 @@ impl Proxy {
     pub(super) fn flush(&mut self) -> std::io::Result<bool> {
         let mut passed = false;
         if !self.session.get().to_server.is_empty() {
-            self.flush_server();
+            let cork = self.cork_ahead();
+            self.flush_server(cork);
             // A frame passing through: what the server took makes room for more of it
             // (the client's buffer may be full, so no read would come to move it on).
             while self.midway() && self.session.get().to_server.len() < HIGH_WATER && self.pump_inflow() {
                 passed = !self.midway();
                 if !self.session.get().to_server.is_empty() {
-                    self.flush_server();
+                    self.flush_server(false);
                 }
             }
             // (A batch with a frame still passing through is not written out.)
-            if self.session.get().to_server.is_empty() && self.server.is_some() && !self.midway() {
-                self.batch_written();
+            let lent = self.session.get().to_server.is_empty()
+                && self.server.is_some()
+                && !self.midway()
+                && self.batch_written();
+            if cork && !lent {
+                // Nobody writes behind it after all: it goes now.
+                if let Some(Linked::Shared(pipe, _)) = &self.server {
+                    pipe.lock().push();
+                }
             }
         }
         let session = self.session.get();
@@ -146,35 +154,64 @@ impl Proxy {
     }
 
     /// A batch is written out: if it may have others queued behind it, it is timed, and
-    /// lent to a waiting client when its statements are known to be fast.
-    fn batch_written(&mut self) {
+    /// lent to a waiting client when its statements are known to be fast. True when lent.
+    fn batch_written(&mut self) -> bool {
         let cfg = self.shared.cfg.load();
         if cfg.pipeline_depth <= 1 {
-            return;
+            return false;
         }
-        let Some(p) = self.session.get().pipelinable(cfg.pipeline_max_statement_us()) else { return };
+        let Some(p) = self.session.get().pipelinable(cfg.pipeline_max_statement_us()) else { return false };
         let now = Instant::now();
         match &mut self.server {
             Some(Linked::Own(s)) => s.timing = Some((now.into_std(), p.timed)),
             Some(Linked::Shared(pipe, t)) => pipe.lock().time_ticket(*t, p.timed, now.into_std()),
-            None => return,
+            None => return false,
         }
         // A client that has already sent more (a pipelining client) keeps its server for it.
-        if p.fast && self.cbuf.is_empty() && self.pool.ticket_waiter() {
-            self.lend();
-        }
+        p.fast && self.cbuf.is_empty() && self.pool.ticket_waiter() && self.lend()
     }
 
-    /// Writes what the session has for the server, without blocking.
-    fn flush_server(&mut self) {
+    /// Whether the batch about to be written may wait in the kernel for the next client's
+    /// (`Stream::flush_some_more`), so that the server gets both in one segment: one
+    /// transmission and at most one wake-up of its backend instead of two. Only a batch
+    /// written behind others still running (the backend has work meanwhile), on plain
+    /// TCP, that will be lent on (`batch_written`'s conditions, checked before the write,
+    /// and a client waiting); if it is not lent after all, it is pushed at once.
+    fn cork_ahead(&mut self) -> bool {
+        let Some(Linked::Shared(pipe, t)) = &self.server else { return false };
+        if !self.cbuf.is_empty() || self.midway() {
+            return false;
+        }
+        let cfg = self.shared.cfg.load();
+        {
+            let g = pipe.lock();
+            if g.is_head(*t)
+                || !g.is_writer(*t)
+                || g.is_doomed()
+                || g.depth() >= cfg.pipeline_depth
+                || g.conn.as_ref().is_none_or(|c| !c.stream.can_cork())
+            {
+                return false;
+            }
+        }
+        self.pool.ticket_waiter()
+            && self.session.get().pipelinable_unwritten(cfg.pipeline_max_statement_us()).is_some_and(|p| p.fast)
+    }
+
+    /// Writes what the session has for the server, without blocking; `cork`: with
+    /// `MSG_MORE` (`cork_ahead`).
+    fn flush_server(&mut self, cork: bool) {
         let ok = match &self.server {
             Some(Linked::Own(s)) => s.stream.flush_some(&mut self.session.get().to_server).is_ok(),
             Some(Linked::Shared(pipe, t)) => {
                 let mut g = pipe.lock();
+                let out = &mut self.session.get().to_server;
                 let ok = !g.dead
                     && g.is_writer(*t)
-                    && g.conn.as_ref().is_some_and(|c| c.stream.flush_some(&mut self.session.get().to_server).is_ok());
-                g.note_write(*t);
+                    && g.conn.as_ref().is_some_and(|c| {
+                        if cork { c.stream.flush_some_more(out) } else { c.stream.flush_some(out) }.is_ok()
+                    });
+                g.note_write(*t, cork && ok);
                 if !ok {
                     if !g.dead && !g.is_writer(*t) {
                         tracing::warn!("a lent session wrote to its server: closing that connection");
