@@ -63,9 +63,11 @@ pub(crate) struct PipeInner {
     /// reads that far, so nothing they sent is lost to another client's failure; nothing
     /// more is lent, and the connection breaks (`dead`) once that ticket's turn comes.
     doomed: Option<u32>,
-    /// Tickets whose batch is timed, with what its duration is recorded on.
-    timed: VecDeque<(u32, Timed)>,
-    /// Since when the head's batch has had the server to itself.
+    /// Tickets whose batch is timed, with what its duration is recorded on and when it
+    /// was written.
+    timed: VecDeque<(u32, Timed, Instant)>,
+    /// Since when the head's batch has had the server to itself: when the replies of the
+    /// batch before it were read (`ServerConn::read_at`), or when it was written if later.
     head_since: Instant,
     /// Cancel slots of tickets behind the head, told when their batch reaches it.
     slots: VecDeque<(u32, Arc<CancelSlot>)>,
@@ -87,7 +89,7 @@ impl PipeInner {
     /// Ticket 0, the head and writer, on `conn` (its batch's timing carried over).
     fn with(mut conn: Option<Box<ServerConn>>) -> PipeInner {
         let (head_since, timed) = match conn.as_mut().and_then(|c| c.timing.take()) {
-            Some((t0, s)) => (t0, VecDeque::from([(0, s)])),
+            Some((t0, s)) => (t0, VecDeque::from([(0, s, t0)])),
             None => (Instant::now(), VecDeque::new()),
         };
         PipeInner {
@@ -143,12 +145,13 @@ impl PipeInner {
         t
     }
 
-    /// Ticket `t`'s batch, just written, is timed for `s` (from when it is head).
+    /// Ticket `t`'s batch, just written, is timed for `s` (from when it is head, or from
+    /// now if later).
     pub(crate) fn time_ticket(&mut self, t: u32, s: Timed, now: Instant) {
         if self.head == t {
             self.head_since = now;
         }
-        self.timed.push_back((t, s));
+        self.timed.push_back((t, s, now));
     }
 
     /// Ticket `t` (behind the head) holds its client's cancels in `slot` until its batch
@@ -247,14 +250,18 @@ impl PipeInner {
             self.in_flight = self.in_flight.saturating_sub(1);
             return self.take_if_done();
         }
-        let now = Instant::now();
-        if let Some((_, s)) = self.timed.iter().find(|(w, _)| *w == t) {
-            s.note(now.saturating_duration_since(self.head_since).as_micros() as u64);
+        // Its replies were in when they were read, however long its session took to get
+        // to them: under load that wait is the event loop's, not the server's, and
+        // replies read together took the server about no time apart.
+        let end = self.conn.as_ref().map_or_else(Instant::now, |c| c.read_at).max(self.head_since);
+        if let Some((_, s, written)) = self.timed.iter().find(|(w, ..)| *w == t) {
+            let start = self.head_since.max(*written);
+            s.note(end.saturating_duration_since(start).as_micros() as u64);
         }
         // Its entries (a client may have sent several batches), and any left by a ticket
         // that never finished in order.
-        self.timed.retain(|(w, _)| w.wrapping_sub(t) as i32 > 0);
-        self.head_since = now;
+        self.timed.retain(|(w, ..)| w.wrapping_sub(t) as i32 > 0);
+        self.head_since = end;
         self.head = self.head.wrapping_add(1);
         self.in_flight -= 1;
         self.handed_over = self.conn.as_ref().is_some_and(|c| !c.rbuf.is_empty());

@@ -145,6 +145,10 @@ pub struct ServerConn {
     /// The batch in flight that may be pipelined behind: when it was written, and what
     /// its duration is recorded on.
     pub(crate) timing: Option<(Instant, crate::session::Timed)>,
+    /// When bytes last came off the socket (`relay::read_available`): a batch's replies
+    /// were in by then, however long its session took to get to them (what the batch's
+    /// duration ends at, `timing`).
+    pub(crate) read_at: Instant,
     /// Bytes of a large frame still to come that go straight to the client (or are
     /// dropped) as they arrive, not buffered whole (`Session::stream_server_frame`).
     pub(crate) streaming: usize,
@@ -354,6 +358,7 @@ async fn connect_inner(target: &ServerTarget, creds: &Credentials) -> Result<Ser
         created: now,
         last_used: now,
         timing: None,
+        read_at: now,
         streaming: 0,
         held: None,
         home: crate::pool::home::here(),

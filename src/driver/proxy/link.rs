@@ -198,7 +198,10 @@ impl Proxy {
         match self.server.take() {
             Some(Linked::Own(mut s)) => {
                 if let Some((t0, stmt)) = s.timing.take() {
-                    stmt.note(t0.elapsed().as_micros() as u64);
+                    // Until its replies were read (`ServerConn::read_at`), not until its
+                    // session got to them.
+                    let end = if s.read_at >= t0 { s.read_at } else { std::time::Instant::now() };
+                    stmt.note(end.saturating_duration_since(t0).as_micros() as u64);
                 }
                 // Bytes left unread would belong to nobody: never reuse such a connection.
                 // Bytes the session queued for it and never wrote were written against what

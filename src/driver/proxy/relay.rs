@@ -486,9 +486,13 @@ pub(super) fn read_available(s: &mut ServerConn) -> bool {
         s.rbuf.reserve(READ_CHUNK);
         match s.stream.try_read_buf(&mut s.rbuf) {
             Ok(0) => return true,
-            // A read that did not fill the buffer took all there was.
-            Ok(_) if s.rbuf.capacity() > s.rbuf.len() => return false,
-            Ok(_) => {}
+            Ok(_) => {
+                s.read_at = std::time::Instant::now();
+                // A read that did not fill the buffer took all there was.
+                if s.rbuf.capacity() > s.rbuf.len() {
+                    return false;
+                }
+            }
             Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
         }
     }
