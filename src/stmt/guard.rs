@@ -217,6 +217,9 @@ pub(crate) struct Guard {
     execs: u64,
     /// As-sent samples the current probe still wants.
     probe_left: u32,
+    /// Times a probe was started or asked for more (`arm`): what tells `GuardCell` to
+    /// allow `probe_left` choices again.
+    arms: u32,
     /// When the next periodic probe starts (in executions).
     next_probe: u64,
     /// Recent cached log-times: a moving mean and mean absolute deviation, updated with
@@ -259,6 +262,7 @@ impl Guard {
             w: Window::default(),
             execs: 0,
             probe_left: PROBE,
+            arms: 0,
             next_probe: PERIOD,
             recent: None,
             deviated: (0, 0),
@@ -292,6 +296,20 @@ impl Guard {
         }
     }
 
+    /// A probe wants at least `n` more as-sent samples.
+    fn arm(&mut self, n: u32) {
+        self.probe_left = self.probe_left.max(n);
+        self.arms = self.arms.wrapping_add(1);
+    }
+
+    /// The probe: (times armed, as-sent samples it still wants; 0: none running). Samples
+    /// are chosen long before they are recorded when clients queue for a server: the
+    /// caller lets no more be chosen than the probe wants until it is armed again
+    /// (`registry::GuardCell`).
+    pub(crate) fn probe(&self) -> (u32, u32) {
+        (self.arms, self.probe_left)
+    }
+
     /// While demoted: (cached µs, as-sent µs) that demoted it.
     pub(crate) fn demotion(&self) -> Option<(u64, u64)> {
         self.demoted.map(|(_, c, p)| (c, p))
@@ -321,7 +339,8 @@ impl Guard {
             self.retried_at = Some(self.execs);
             // Found slower before: one test on the samples to come is enough to demote again.
             self.suspect = Some(self.execs);
-            self.probe_left = PROBE;
+            self.probe_left = 0;
+            self.arm(PROBE);
             self.next_probe = self.execs + PERIOD;
             self.recent = None;
             return Some(Verdict::Retried);
@@ -336,7 +355,7 @@ impl Guard {
         }
         if self.execs >= self.next_probe {
             self.next_probe = self.execs + PERIOD;
-            self.probe_left = self.probe_left.max(PROBE);
+            self.arm(PROBE);
         }
         self.since_eval += 1;
         if cached && self.suspect.is_none() && self.since_eval < EVAL_EVERY {
@@ -368,7 +387,7 @@ impl Guard {
             let every = (SHIFT_EVERY as f64 * self.gain) as u64;
             if self.shifted_at.is_none_or(|at| self.execs >= at + every) {
                 self.shifted_at = Some(self.execs);
-                self.probe_left = self.probe_left.max(PROBE);
+                self.arm(PROBE);
             }
             return;
         }
@@ -417,12 +436,12 @@ impl Guard {
             Some(_) => {
                 self.suspect = Some(self.execs);
                 self.w.keep_last(0);
-                self.probe_left = self.probe_left.max(PROBE);
+                self.arm(PROBE);
                 None
             }
             None => {
                 if leaning {
-                    self.probe_left = self.probe_left.max(MIN_SAMPLES);
+                    self.arm(MIN_SAMPLES);
                 }
                 self.unsuspect()
             }
