@@ -129,9 +129,16 @@ impl PipeInner {
     }
 
     /// Batches in flight.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn depth(&self) -> usize {
         self.in_flight
+    }
+
+    /// The writer `from` may lend the connection on: it is not doomed and has fewer than
+    /// `depth` batches in flight.
+    #[inline]
+    pub(crate) fn may_lend(&self, from: u32, depth: usize) -> bool {
+        !self.is_doomed() && self.in_flight < depth && self.is_writer(from)
     }
 
     /// A new last ticket, which becomes the writer (taken from `from`).

@@ -442,8 +442,7 @@ pub(crate) fn lend(pool: &Arc<ServerPool>, pipe: &Arc<Pipe>, from: u32, depth: u
         let mut p = pipe.lock();
         // A connection past its lifetime takes no more batches: it must come back to the
         // pool once to be closed.
-        if p.is_doomed() || p.depth() >= depth || !p.is_writer(from) || p.conn.as_ref().is_none_or(|c| pool.expired(c))
-        {
+        if !p.may_lend(from, depth) || p.conn.as_ref().is_none_or(|c| pool.expired(c)) {
             return None;
         }
         let t = p.add_ticket();

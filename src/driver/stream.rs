@@ -220,46 +220,40 @@ impl Stream {
         let Stream::Tcp(s) = self else { return self.flush_some(buf) };
         use std::os::fd::AsRawFd;
         let fd = s.as_raw_fd();
-        while !buf.is_empty() {
-            let r = s.try_io(Interest::WRITABLE, || {
-                // SAFETY: `buf` is a live, initialised slice of the length given; `fd` is
+        drain(buf, |b| {
+            s.try_io(Interest::WRITABLE, || {
+                // SAFETY: `b` is a live, initialised slice of the length given; `fd` is
                 // this socket's descriptor, open while `s` is.
-                let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+                let n = unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_MORE | libc::MSG_NOSIGNAL) };
                 if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
-            });
-            match r {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => bytes::Buf::advance(buf, n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
-        buf.clear();
-        Ok(true)
+            })
+        })
     }
-    /// Sends at once what `flush_some_more` left in the kernel (setting `TCP_NODELAY`
-    /// again pushes the pending segments out).
+    /// Sends at once what `flush_some_more` left in the kernel: setting `TCP_NODELAY`
+    /// again pushes the pending segments out.
     pub(crate) fn push(&self) {
-        if let Stream::Tcp(s) = self {
-            let _ = s.set_nodelay(true);
-        }
+        self.set_nodelay();
     }
     /// Writes as much of `buf` as the socket takes now, removing it from `buf`.
     /// `Ok(true)` when `buf` is now empty.
     pub(crate) fn flush_some(&self, buf: &mut BytesMut) -> io::Result<bool> {
-        while !buf.is_empty() {
-            match self.try_write(buf) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    bytes::Buf::advance(buf, n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
-        buf.clear();
-        Ok(true)
+        drain(buf, |b| self.try_write(b))
     }
+}
+
+/// Writes `buf` with `write` until it is empty (`Ok(true)`) or the socket takes no more
+/// (`Ok(false)`), removing what was written.
+fn drain(buf: &mut BytesMut, mut write: impl FnMut(&[u8]) -> io::Result<usize>) -> io::Result<bool> {
+    while !buf.is_empty() {
+        match write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes::Buf::advance(buf, n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    buf.clear();
+    Ok(true)
 }
 
 #[cfg(test)]

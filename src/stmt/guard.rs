@@ -339,7 +339,7 @@ impl Guard {
             self.retried_at = Some(self.execs);
             // Found slower before: one test on the samples to come is enough to demote again.
             self.suspect = Some(self.execs);
-            self.probe_left = 0;
+            // (No probe runs while demoted: `demote` ended it.)
             self.arm(PROBE);
             self.next_probe = self.execs + PERIOD;
             self.recent = None;

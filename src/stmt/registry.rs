@@ -115,7 +115,7 @@ pub struct Statement {
 pub(crate) struct GuardCell {
     pub(crate) guard: Mutex<super::guard::Guard>,
     /// `Guard::one_in` as of the last execution recorded.
-    pub(crate) one_in: std::sync::atomic::AtomicU32,
+    pub(crate) one_in: AtomicU32,
     /// Executions chosen for so far (the sampling hash's input).
     pub(crate) seq: AtomicU64,
     /// As-sent executions that may still be chosen for the probe running (u32::MAX: none

@@ -186,9 +186,7 @@ impl Proxy {
         {
             let g = pipe.lock();
             if g.is_head(*t)
-                || !g.is_writer(*t)
-                || g.is_doomed()
-                || g.depth() >= cfg.pipeline_depth
+                || !g.may_lend(*t, cfg.pipeline_depth)
                 || g.conn.as_ref().is_none_or(|c| !c.stream.can_cork())
             {
                 return false;
