@@ -13,7 +13,9 @@
 #   bench/server_cpu.sh BIN|pgbouncer [CLIENTS=64] [MODE=simple] [WORKLOAD=tpcb]
 #
 # Env: PGPORT (5432) and PGUSER (postgres) of that PostgreSQL; PGBOUNCER (a PgBouncer 1.25
-# binary, run as PGBOUNCER_USER, default postgres: it refuses root); LG (loadgen binary).
+# binary, run as PGBOUNCER_USER, default postgres: it refuses root); LG (loadgen binary);
+# SYSCALLS=1: also count the pooler's system calls and context switches per transaction over
+# the same window (`perf stat` on tracepoints: needs perf, no hardware counters).
 set -euo pipefail
 bin=${1:?usage: bench/server_cpu.sh BIN|pgbouncer [CLIENTS] [MODE] [WORKLOAD]}
 clients=${2:-64}
@@ -51,7 +53,9 @@ ignore_startup_parameters = extra_float_digits
 max_prepared_statements = 200
 EOF
     chown -R "${PGBOUNCER_USER:-postgres}" "$work"
-    su "${PGBOUNCER_USER:-postgres}" -c "exec ${PGBOUNCER:?PGBOUNCER: a PgBouncer binary} $work/pgbouncer.ini" \
+    # 10,000 clients need more descriptors than a login's default 1,024.
+    prlimit --nofile=20000 su "${PGBOUNCER_USER:-postgres}" -s /bin/sh \
+        -c "ulimit -n 20000; exec ${PGBOUNCER:?PGBOUNCER: a PgBouncer binary} $work/pgbouncer.ini" \
         >"$work/pooler.log" 2>&1 &
     pid=$!
     # su's child is PgBouncer: its CPU is what is read.
@@ -76,7 +80,12 @@ xacts() { psql -h 127.0.0.1 -p "$port" -U "$pguser" -d pgbouncer -AtF' ' -c 'SHO
 load=$!
 sleep 4
 x0=$(xacts); s0=$(server_ticks); p0=$(ticks "$pid"); u0=$(utick "$pid")
-sleep 6
+if [ "${SYSCALLS:-}" = 1 ]; then
+    perf stat -x, -o "$work/perf.csv" -p "$pid" -e raw_syscalls:sys_enter,syscalls:sys_enter_sendto \
+        -e syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,context-switches -- sleep 6
+else
+    sleep 6
+fi
 x1=$(xacts); s1=$(server_ticks); p1=$(ticks "$pid"); u1=$(utick "$pid")
 wait "$load" || true
 hz=$(getconf CLK_TCK)
@@ -85,3 +94,8 @@ n=$((x1 - x0))
 echo "$(basename "$bin") $workload -M $mode, $clients clients: $n transactions in 6 s; CPU us per transaction:" \
     "PostgreSQL $(( (s1 - s0) * 1000000 / hz / n )), pooler $(( (p1 - p0) * 1000000 / hz / n ))" \
     "(user $(( (u1 - u0) * 1000000 / hz / n )), system $(( (p1 - p0 - u1 + u0) * 1000000 / hz / n )))"
+if [ "${SYSCALLS:-}" = 1 ]; then
+    # perf's CSV: count,unit,event,...
+    awk -F, -v n="$n" '$3 != "" && $1 ~ /^[0-9]+$/ { sub(/^(raw_)?syscalls:(sys_enter_)?/, "", $3); if ($3 == "sys_enter") $3 = "system calls"; printf "%s%s %.1f", sep, $3, $1 / n; sep = ", " }
+        END { print " per transaction" }' "$work/perf.csv"
+fi

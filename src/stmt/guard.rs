@@ -26,8 +26,9 @@
 //! * A first finding empties the window and asks for a second one on fresh samples (a
 //!   chance finding rarely repeats); only that one demotes.
 //! * Sampling is cheap in the steady state (1 in `sample_one_in`, reached after
-//!   8 × `sample_one_in` executions: one in executions/8 before, so a young text's first
-//!   change of parameters is seen soon; both spaced further by the cache's *gain*, how
+//!   8 × `sample_one_in` executions: one in executions/8 before (the caller counts those
+//!   it has chosen for too, not only those recorded: `registry::GuardCell`), so a young
+//!   text's first change of parameters is seen soon; both spaced further by the cache's *gain*, how
 //!   many times faster than as sent it ran at the last test that found nothing, up to
 //!   `MAX_GAIN`: an as-sent sample costs about that many cached executions, and a cache
 //!   that wins by that much needs a larger change to lose) and denser (1 in 2)
@@ -290,10 +291,17 @@ impl Guard {
             // a few dozen executions; then 1 in `sample_one_in`.
             // A cache that wins by `gain` spaces them by it too: each as-sent sample costs
             // about `gain` cached executions.
-            let young = u32::try_from(self.execs / 8).unwrap_or(u32::MAX);
-            let steady = (f64::from(self.cfg.sample_one_in) * self.gain) as u32;
-            young.clamp(2, steady.max(2))
+            young_one_in(self.execs, self.steady_one_in().unwrap_or(2))
         }
+    }
+
+    /// The rate sampling grows to once the text is no longer young (`one_in`); None while
+    /// demoted or probing, when the rate does not depend on the executions so far.
+    pub(crate) fn steady_one_in(&self) -> Option<u32> {
+        if self.demoted.is_some() || self.probe_left > 0 {
+            return None;
+        }
+        Some(((f64::from(self.cfg.sample_one_in) * self.gain) as u32).max(2))
     }
 
     /// A probe wants at least `n` more as-sent samples.
@@ -466,6 +474,11 @@ impl Guard {
         self.probe_left = 0;
         Verdict::Demoted { cached_us, as_sent_us }
     }
+}
+
+/// One in `execs`/8, from 2 up to `steady` (`Guard::one_in` while the text is young).
+pub(crate) fn young_one_in(execs: u64, steady: u32) -> u32 {
+    u32::try_from(execs / 8).unwrap_or(u32::MAX).clamp(2, steady.max(2))
 }
 
 /// Whether execution number `seq` of the statement with id `id` runs as sent when one in

@@ -128,6 +128,11 @@ pub(crate) struct GuardCell {
     probe_quota: AtomicU32,
     /// `Guard::probe`'s count of arms when `probe_quota` was last set.
     probe_arms: AtomicU32,
+    /// `Guard::steady_one_in` as of the last execution recorded (0: None). While the text
+    /// is young, sampling thins out with executions *chosen* (`seq`), not only those
+    /// recorded: with a queue of clients, recording lags choosing by the queue's length,
+    /// and a rate that followed the records alone stayed at one in two for all of it.
+    steady: AtomicU32,
 }
 
 impl GuardCell {
@@ -138,6 +143,7 @@ impl GuardCell {
             seq: AtomicU64::new(0),
             probe_quota: AtomicU32::new(if left == 0 { u32::MAX } else { left }),
             probe_arms: AtomicU32::new(arms),
+            steady: AtomicU32::new(g.steady_one_in().unwrap_or(0)),
             guard: Mutex::new(g),
         }
     }
@@ -145,17 +151,24 @@ impl GuardCell {
     /// Whether the next execution runs as the client sent it.
     #[inline]
     pub(crate) fn as_sent(&self, id: u64) -> bool {
-        let one_in = self.one_in.load(Ordering::Relaxed);
-        one_in == 1
-            || (super::guard::sampled(id, self.seq.fetch_add(1, Ordering::Relaxed), one_in)
-                && self
-                    .probe_quota
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| match q {
-                        u32::MAX => Some(q),
-                        0 => None,
-                        n => Some(n - 1),
-                    })
-                    .is_ok())
+        let mut one_in = self.one_in.load(Ordering::Relaxed);
+        if one_in == 1 {
+            return true;
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let steady = self.steady.load(Ordering::Relaxed);
+        if steady > one_in {
+            one_in = one_in.max(super::guard::young_one_in(seq, steady));
+        }
+        super::guard::sampled(id, seq, one_in)
+            && self
+                .probe_quota
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| match q {
+                    u32::MAX => Some(q),
+                    0 => None,
+                    n => Some(n - 1),
+                })
+                .is_ok()
     }
 
     /// Records an execution; what it changed, if anything (None also when another thread
@@ -164,6 +177,7 @@ impl GuardCell {
         let mut g = self.guard.try_lock().ok()?;
         let v = g.record(cached, us);
         self.one_in.store(g.one_in(), Ordering::Relaxed);
+        self.steady.store(g.steady_one_in().unwrap_or(0), Ordering::Relaxed);
         self.note_probe(&g);
         v
     }
@@ -571,7 +585,8 @@ mod tests {
             cell.record(false, 500);
         }
         assert_eq!(cell.guard.lock().unwrap().probe().1, 0);
-        assert!((0..1000).filter(|_| cell.as_sent(7)).count() > wanted as usize, "no limit between probes");
+        assert_eq!(cell.probe_quota.load(Ordering::Relaxed), u32::MAX, "no limit between probes");
+        assert!((0..1000).any(|_| cell.as_sent(7)), "sampling goes on");
         // A new probe (a shift, a lean, the periodic one) allows its own samples again.
         let mut g = cell.guard.lock().unwrap();
         let arms = g.probe().0;
@@ -583,5 +598,28 @@ mod tests {
         let left = cell.guard.lock().unwrap().probe().1;
         assert!(left > 0);
         assert_eq!((0..1000).filter(|_| cell.as_sent(7)).count(), left as usize);
+    }
+
+    /// After its first probe a text is sampled densely while young: one execution in
+    /// executions/8. With clients queued, those executions are chosen long before they are
+    /// recorded; the rate thins out with the choices, not only with the records.
+    #[test]
+    fn a_young_text_thins_its_samples_with_executions_chosen() {
+        let cell = GuardCell::new(super::super::guard::Guard::new(super::super::guard::GuardConfig::default()));
+        let wanted = cell.guard.lock().unwrap().probe().1 as usize;
+        let chosen = (0..wanted * 4).filter(|_| cell.as_sent(7)).count();
+        assert_eq!(chosen, wanted);
+        // The probe's samples and as many cached executions come back.
+        for i in 0..wanted * 4 {
+            cell.record(i >= wanted, 500);
+        }
+        let recorded = cell.guard.lock().unwrap().one_in();
+        assert_eq!(recorded, super::super::guard::young_one_in(wanted as u64 * 4, 256), "young, by the records");
+        // 1,000 queued executions chosen before any of them has run: by the records alone
+        // one in `recorded` (about 250 of them); thinned by the choices, about
+        // 8 × ln(1032/32), under 30 (the hash makes it vary a little).
+        let as_sent = (0..1000).filter(|_| cell.as_sent(7)).count();
+        assert!(as_sent < 60, "{as_sent} of 1,000 queued executions run as sent; one in {recorded} by the records");
+        assert!(as_sent > 0, "a young text is still sampled");
     }
 }
