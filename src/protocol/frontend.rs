@@ -125,6 +125,26 @@ pub(crate) fn terminate(buf: &mut BytesMut) {
     write_msg(buf, tags::TERMINATE, |_| {});
 }
 
+/// Whether the whole frames at the start of `buf` (what a client sent after a Parse) end
+/// its extended-protocol batch with a Sync: only Parse, Bind, Describe, Execute and Close
+/// come before it. False at a Flush, at any other message, and where the frames read so
+/// far run out before a Sync.
+pub fn syncs_before_flush(mut buf: &[u8]) -> bool {
+    while buf.len() >= 5 {
+        match buf[0] {
+            tags::SYNC => return true,
+            tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE => {}
+            _ => return false,
+        }
+        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+        match len.checked_add(1).filter(|&n| n >= 5 && n <= buf.len()) {
+            Some(n) => buf = &buf[n..],
+            None => return false,
+        }
+    }
+    false
+}
+
 /// SQL text of a Query body (without the NUL).
 pub fn query_text(body: &[u8]) -> Option<&[u8]> {
     read_cstr(body).map(|(q, _)| q)
@@ -202,6 +222,30 @@ pub(crate) fn describe_or_close(body: &[u8]) -> Option<(u8, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_is_synced_ahead_only_up_to_its_first_flush() {
+        let mut batch = BytesMut::new();
+        bind_no_params(&mut batch, b"", b"");
+        describe_portal(&mut batch, b"");
+        execute(&mut batch, b"");
+        let mut synced = batch.clone();
+        sync(&mut synced);
+        assert!(syncs_before_flush(&synced));
+        assert!(!syncs_before_flush(&batch), "no Sync read yet");
+        assert!(!syncs_before_flush(&synced[..synced.len() - 1]), "the Sync not whole yet");
+        // pg-cursor: Execute with a row limit, then Flush; the Sync comes later.
+        let mut cursor = batch.clone();
+        flush(&mut cursor);
+        sync(&mut cursor);
+        assert!(!syncs_before_flush(&cursor));
+        let mut query_first = BytesMut::new();
+        query(&mut query_first, "SELECT 1");
+        sync(&mut query_first);
+        assert!(!syncs_before_flush(&query_first), "a Query is no part of the batch");
+        assert!(!syncs_before_flush(b"B\0\0\0\x03S\0\0\0\x04"), "an impossible length");
+        assert!(!syncs_before_flush(b""));
+    }
 
     #[test]
     fn parse_reader() {

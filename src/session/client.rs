@@ -43,6 +43,17 @@ impl Session {
         fed
     }
 
+    /// The driver's word on the client frame it feeds next (a Parse): the frames it has
+    /// already read after it end the batch with a Sync before any Flush
+    /// (`frontend::syncs_before_flush`). Inside a transaction block the cache serves an
+    /// unnamed read only in such a batch (`stmts::guard`'s `serves_in_block`): a guarded
+    /// use's 0A000 is retried at the batch's Sync, and a batch a Flush ends (node-postgres'
+    /// pg-cursor reads a portal in chunks so) has none to retry at. Holds for that one
+    /// frame.
+    pub fn note_synced_ahead(&mut self, synced: bool) {
+        self.busy.frame_marks.synced_ahead = synced;
+    }
+
     pub(super) fn on_client_frame(&mut self, frame: &[u8], server: Option<&mut ServerState>) -> bool {
         if frame[0] == tags::QUERY
             && let Some(text) = frontend::query_text(body(frame))

@@ -311,6 +311,10 @@ struct FrameMarks {
     /// Its Query text: address and length.
     text: Option<(usize, usize)>,
     marks: Option<crate::stmt::sql::Marks>,
+    /// The frames the driver has read after this one end its batch with a Sync before any
+    /// Flush (`Session::note_synced_ahead`, told before a Parse): a guarded use in that
+    /// batch can be retried.
+    synced_ahead: bool,
 }
 
 impl Busy {

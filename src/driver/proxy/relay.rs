@@ -368,6 +368,9 @@ impl Feed<'_> {
                 }
                 break;
             };
+            if cbuf[at] == crate::protocol::tags::PARSE {
+                session.note_synced_ahead(crate::protocol::frontend::syncs_before_flush(&cbuf[at + n..]));
+            }
             match session.handle_client(&cbuf[at..at + n], state.as_deref_mut()) {
                 Fed::Consumed => {}
                 // Fed again from `at` once linked, or after the server's next frames.

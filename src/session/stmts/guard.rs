@@ -120,13 +120,14 @@ impl Session {
     /// Whether the cache serves `stmt` to this client inside a transaction block: what
     /// needs no guard, always; a statement that returns rows, under a savepoint guard at its
     /// first use there (which costs PostgreSQL less than parsing and planning it again),
-    /// only for an autoprepared Query (`autoprepared`), whose batch parsnip ends with a
-    /// Sync itself, so that a 0A000 can always be retried, and not for a client that
+    /// only where a 0A000 can be retried (`retryable`): an autoprepared Query, whose batch
+    /// parsnip ends with a Sync itself, or a client's extended batch whose Sync the driver
+    /// has already read (`Session::note_synced_ahead`); and not for a client that
     /// pipelines inside blocks (`hold_behind_guard`). A client's own extended batch may
     /// end with Flush instead (node-postgres' pg-cursor reads a portal in chunks so),
     /// where no retry is possible and PostgreSQL, parsing afresh, would not have failed.
-    pub(super) fn serves_in_block(&self, stmt: &Statement, autoprepared: bool) -> bool {
-        needs_no_guard(stmt) || autoprepared && !self.stmts.pipelines_in_block
+    pub(super) fn serves_in_block(&self, stmt: &Statement, retryable: bool) -> bool {
+        needs_no_guard(stmt) || retryable && !self.stmts.pipelines_in_block
     }
 
     /// Whether a client frame must wait because a use sent under a savepoint guard, in a

@@ -162,17 +162,18 @@ impl Session {
     fn lookup_unnamed(&self, key: &[u8], registry: &Registry, p: &ParseFields<'_>, linked: bool) -> Lookup {
         let settled = !self.earlier_batch_in_flight();
         let idle = self.busy.tx.status == TxStatus::Idle && settled;
-        // Inside a block, what `serves_in_block` allows: a statement that returns rows (for
-        // an autoprepared Query) gets its savepoint guard at its first use there
-        // (`note_fresh_parse`).
+        // Inside a block, what `serves_in_block` allows: a statement that returns rows (in
+        // an autoprepared Query, or a batch read up to its Sync) gets its savepoint guard at
+        // its first use there (`note_fresh_parse`).
         let in_block = self.busy.tx.status == TxStatus::InBlock && settled;
         let autoprepared = self.busy.retry.autoprep.is_some();
+        let retryable = autoprepared || self.busy.frame_marks.synced_ahead;
         match &self.stmts.unnamed {
             Unnamed::Cached(s)
                 if s.has_key(key)
                     && !s.stale.load(Ordering::Relaxed)
                     && !s.infers_stale_types()
-                    && (idle || in_block && self.serves_in_block(s, autoprepared)) =>
+                    && (idle || in_block && self.serves_in_block(s, retryable)) =>
             {
                 return self.guarded(s.clone(), registry);
             }
@@ -189,7 +190,7 @@ impl Session {
         let after = if autoprepared { registry.cfg.autoprepare_after } else { registry.cfg.promote_unnamed_after };
         if (idle || in_block)
             && let Some(s) = registry.promote_unnamed(key, after, p.query, p.param_types)
-            && (idle || self.serves_in_block(&s, autoprepared))
+            && (idle || self.serves_in_block(&s, retryable))
         {
             return self.guarded(s, registry);
         }

@@ -126,6 +126,11 @@ impl H {
         self.pending.push(frame);
         self.pump();
     }
+    /// Frames the client sent together, read by the driver in one read.
+    fn client_batch(&mut self, frames: Vec<Vec<u8>>) {
+        self.pending.extend(frames);
+        self.pump();
+    }
     fn server(&mut self, frame: Vec<u8>) {
         self.s.handle_server(&frame, &mut self.srv);
         self.pump();
@@ -161,6 +166,11 @@ impl H {
             }
             // As the driver: a session lent for pipelining is fed nothing until released.
             while !(self.pending.is_empty() || self.linked && self.s.is_lent()) {
+                if self.pending[0][0] == crate::protocol::tags::PARSE {
+                    // As the driver: whether the frames read after a Parse end its batch.
+                    let ahead: Vec<u8> = self.pending[1..].concat();
+                    self.s.note_synced_ahead(frontend::syncs_before_flush(&ahead));
+                }
                 let srv = if self.linked { Some(&mut self.srv) } else { None };
                 if self.s.handle_client(&self.pending[0], srv) != Fed::Consumed {
                     break;

@@ -428,6 +428,112 @@ fn a_cached_parse_in_a_block_is_guarded_unless_it_returns_nothing() {
     }
 }
 
+/// Inside a block, an unnamed read the cache holds is served from it (under a savepoint
+/// guard at its first use there) only in a batch whose Sync the driver read with it: a
+/// 0A000 is retried at that Sync. A batch the client ends with Flush (node-postgres'
+/// pg-cursor reads a portal in chunks so), or whose Sync has not arrived yet, goes as sent.
+#[test]
+fn an_unnamed_read_in_a_block_is_served_only_with_its_sync_read() {
+    let sql = "SELECT a FROM t WHERE id = $1";
+    let batch = |end: Vec<Vec<u8>>| {
+        let mut fs = vec![parse("", sql), bind(""), msg(b'D', b"P\0"), execute()];
+        fs.extend(end);
+        fs
+    };
+    for (case, end, served) in [
+        ("synced", vec![sync()], true),
+        ("flushed", vec![msg(b'H', b""), sync()], false),
+        ("sync not read yet", vec![], false),
+    ] {
+        let mut h = H::cached();
+        // Promoted, run and described outside a block.
+        for _ in 0..4 {
+            h.client_batch(batch(vec![sync()]));
+            let sent = h.server_tags();
+            answer_read(&mut h, sent.starts_with('P'), b'I');
+            h.client_out();
+        }
+        h.begin();
+        h.server_out();
+        h.client_batch(batch(end));
+        let out = h.server_out();
+        let texts: Vec<String> = out.iter().map(|f| text(f)).collect();
+        let parsed = out.iter().any(|f| f[0] == b'P' && text(f).contains(sql));
+        assert_eq!(!parsed, served, "{case}: {texts:?}");
+        assert_eq!(texts.iter().any(|t| t.contains("SAVEPOINT parsnip_guard")), served, "{case}: {texts:?}");
+    }
+}
+
+/// A client that sends its next batch before a guarded one is answered (it pipelines inside
+/// the block) waits for that answer, once: a 0A000 there is rolled back and replayed only
+/// while nothing after the batch reached the server (a COMMIT behind it would end the failed
+/// transaction). From then on the cache serves it, inside blocks, only what needs no guard:
+/// its next block's read goes as it sent it, and is not held.
+#[test]
+fn a_batch_behind_a_guarded_one_waits_once_then_reads_go_as_sent_in_blocks() {
+    let mut h = H::cached();
+    let sql = "SELECT a FROM t WHERE id = $1";
+    let read = |h: &mut H| h.client_batch(vec![parse("", sql), bind(""), msg(b'D', b"P\0"), execute(), sync()]);
+    // Promoted, run and described outside a block.
+    for _ in 0..4 {
+        read(&mut h);
+        let sent = h.server_tags();
+        answer_read(&mut h, sent.starts_with('P'), b'I');
+        h.client_out();
+    }
+    // The read, and the COMMIT right behind it.
+    let (out, texts) = block_of_a_read_and_commit(&mut h, read);
+    assert!(texts.iter().any(|t| t.contains("SAVEPOINT parsnip_guard")), "guarded: {texts:?}");
+    assert!(!texts.iter().any(|t| t.contains("COMMIT")), "the COMMIT waits: {texts:?}");
+    assert!(!out.iter().any(|f| f[0] == b'P' && text(f).contains(sql)), "served by the cache: {texts:?}");
+    for m in [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SAVEPOINT\0"), msg(b'3', b"")] {
+        h.server(m);
+    }
+    for m in [msg(b'2', b""), msg(b'1', b""), msg(b'2', b""), msg(b'C', b"RELEASE\0"), msg(b'3', b"")] {
+        h.server(m);
+    }
+    for m in [rowdesc(&["a"], 16400), msg(b'D', b"\0\x01\0\0\0\x010"), msg(b'C', b"SELECT 1\0"), rfq(b'T')] {
+        h.server(m);
+    }
+    assert_eq!(h.server_tags(), "Q", "the COMMIT goes once the guarded batch is answered");
+    h.server(msg(b'C', b"COMMIT\0"));
+    h.server(rfq(b'I'));
+    assert_eq!(h.client_out(), "12TDCZCZ");
+    assert!(h.s.stmts.pipelines_in_block);
+    // The next block: the read goes as sent (no guard), and the COMMIT is not held.
+    let (out, texts) = block_of_a_read_and_commit(&mut h, read);
+    assert!(!texts.iter().any(|t| t.contains("parsnip_guard")), "no guard: {texts:?}");
+    assert!(out.first().is_some_and(|f| f[0] == b'P' && text(f).contains(sql)), "parsed as sent: {texts:?}");
+    assert!(out.last().is_some_and(|f| text(f).contains("COMMIT")), "not held: {texts:?}");
+}
+
+/// The replies to an unnamed read: its ParseComplete (when the server parsed it), then
+/// BindComplete, its rows and ReadyForQuery with `status`.
+fn answer_read(h: &mut H, parse: bool, status: u8) {
+    if parse {
+        h.server(msg(b'1', b""));
+    }
+    for m in [msg(b'2', b""), rowdesc(&["a"], 16400), msg(b'D', b"\0\x01\0\0\0\x010"), msg(b'C', b"SELECT 1\0")] {
+        h.server(m);
+    }
+    h.server(rfq(status));
+}
+
+/// BEGIN (answered), then `read` and a COMMIT sent right behind it: what reached the server
+/// for them, and its text.
+fn block_of_a_read_and_commit(h: &mut H, read: impl Fn(&mut H)) -> (Vec<Vec<u8>>, Vec<String>) {
+    h.client(query("BEGIN"));
+    h.server_out();
+    h.server(msg(b'C', b"BEGIN\0"));
+    h.server(rfq(b'T'));
+    h.client_out();
+    read(h);
+    h.client(query("COMMIT"));
+    let out = h.server_out();
+    let texts = out.iter().map(|f| text(f)).collect();
+    (out, texts)
+}
+
 /// A Parse the cache answers: its ParseComplete waits for the client's Sync, and then for
 /// the server's first answer to the batch, and goes with it (PostgreSQL sends a batch's
 /// replies together at its Sync): one write to the client, not two. A Flush lets it go at
