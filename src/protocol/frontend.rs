@@ -130,16 +130,11 @@ pub(crate) fn terminate(buf: &mut BytesMut) {
 /// come before it. False at a Flush, at any other message, and where the frames read so
 /// far run out before a Sync.
 pub fn syncs_before_flush(mut buf: &[u8]) -> bool {
-    while buf.len() >= 5 {
+    while let Ok(Some(n)) = super::split_frame(buf, usize::MAX) {
         match buf[0] {
             tags::SYNC => return true,
-            tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE => {}
+            tags::PARSE | tags::BIND | tags::DESCRIBE | tags::EXECUTE | tags::CLOSE => buf = &buf[n..],
             _ => return false,
-        }
-        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-        match len.checked_add(1).filter(|&n| n >= 5 && n <= buf.len()) {
-            Some(n) => buf = &buf[n..],
-            None => return false,
         }
     }
     false

@@ -291,17 +291,19 @@ impl Guard {
             // a few dozen executions; then 1 in `sample_one_in`.
             // A cache that wins by `gain` spaces them by it too: each as-sent sample costs
             // about `gain` cached executions.
-            young_one_in(self.execs, self.steady_one_in().unwrap_or(2))
+            young_one_in(self.execs, self.steady())
         }
     }
 
     /// The rate sampling grows to once the text is no longer young (`one_in`); None while
     /// demoted or probing, when the rate does not depend on the executions so far.
     pub(crate) fn steady_one_in(&self) -> Option<u32> {
-        if self.demoted.is_some() || self.probe_left > 0 {
-            return None;
-        }
-        Some(((f64::from(self.cfg.sample_one_in) * self.gain) as u32).max(2))
+        (self.demoted.is_none() && self.probe_left == 0).then(|| self.steady())
+    }
+
+    /// One in `sample_one_in`, spaced by the cache's gain.
+    fn steady(&self) -> u32 {
+        ((f64::from(self.cfg.sample_one_in) * self.gain) as u32).max(2)
     }
 
     /// A probe wants at least `n` more as-sent samples.

@@ -17,7 +17,7 @@ pub(super) fn answer(h: &mut H, parse: bool) {
 
 /// The server's replies to an autoprepared batch: its ParseComplete if `parse`, its
 /// BindComplete, `rest`, and ReadyForQuery with `status`.
-fn answer_with(h: &mut H, parse: bool, rest: &[Vec<u8>], status: u8) {
+pub(super) fn answer_with(h: &mut H, parse: bool, rest: &[Vec<u8>], status: u8) {
     if parse {
         h.server(msg(b'1', b""));
     }

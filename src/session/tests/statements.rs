@@ -512,15 +512,10 @@ fn a_batch_behind_a_guarded_one_waits_once_then_reads_go_as_sent_in_blocks() {
 }
 
 /// The replies to an unnamed read: its ParseComplete (when the server parsed it), then
-/// BindComplete, its rows and ReadyForQuery with `status`.
+/// BindComplete, its row and ReadyForQuery with `status`.
 fn answer_read(h: &mut H, parse: bool, status: u8) {
-    if parse {
-        h.server(msg(b'1', b""));
-    }
-    for m in [msg(b'2', b""), rowdesc(&["a"], 16400), msg(b'D', b"\0\x01\0\0\0\x010"), msg(b'C', b"SELECT 1\0")] {
-        h.server(m);
-    }
-    h.server(rfq(status));
+    let row = [rowdesc(&["a"], 16400), msg(b'D', b"\0\x01\0\0\0\x010"), msg(b'C', b"SELECT 1\0")];
+    super::autoprepare::answer_with(h, parse, &row, status);
 }
 
 /// BEGIN (answered), then `read` and a COMMIT sent right behind it: what reached the server
